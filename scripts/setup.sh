@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# defines: the one place that installs what moetrain needs to build and test; safe to run twice.
+# Versions are pinned to what Debian 12 (bookworm) ships; the GPU machine has none of these and
+# gets header-only copies through scripts/fetch_deps.sh once the CUDA backend needs them.
+set -euo pipefail
+
+APT_PACKAGES=(
+  cmake ninja-build g++
+  nlohmann-json3-dev=3.11.2-2
+  libtomlplusplus-dev=3.3.0+ds-1
+  libcli11-dev=2.1.2+ds-1
+  libfmt-dev=9.1.0+ds1-2
+  libgtest-dev=1.12.1-0.2
+  libbenchmark-dev=1.7.1-1
+)
+
+missing=()
+for spec in "${APT_PACKAGES[@]}"; do
+  name="${spec%%=*}"
+  want="${spec#*=}"
+  have="$(dpkg-query -W -f='${Status} ${Version}' "$name" 2>/dev/null || true)"
+  if [[ "$have" != "install ok installed"* ]]; then
+    missing+=("$spec")
+  elif [[ "$spec" == *=* && "$have" != *" $want" ]]; then
+    missing+=("$spec")
+  fi
+done
+
+if ((${#missing[@]})); then
+  SUDO=""
+  if [[ "$(id -u)" != 0 ]]; then SUDO="sudo"; fi
+  echo "setup: installing ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+else
+  echo "setup: all build dependencies present"
+fi

@@ -1,0 +1,41 @@
+// defines: Device (where a tensor's bytes live) and Stream (the ordered queue an op runs on).
+// On the CPU a stream is a token that keeps op signatures identical across backends; on CUDA it
+// wraps a cudaStream_t owned elsewhere (src/ops/cuda).
+#pragma once
+
+#include <string>
+
+namespace moetrain {
+
+enum class DeviceKind : uint8_t { CPU, CUDA };
+
+struct Device {
+  DeviceKind kind = DeviceKind::CPU;
+  int index = 0;
+
+  static Device cpu() { return {DeviceKind::CPU, 0}; }
+  static Device cuda(int index = 0) { return {DeviceKind::CUDA, index}; }
+  bool is_cpu() const { return kind == DeviceKind::CPU; }
+  bool is_cuda() const { return kind == DeviceKind::CUDA; }
+  bool operator==(const Device&) const = default;
+  std::string str() const;
+};
+
+// Parses "cpu", "cuda", "cuda:N"; anything else is an error naming what was given.
+Device parse_device(const std::string& text);
+
+class Stream {
+ public:
+  Stream() = default;
+  Stream(Device device, void* native) : device_(device), native_(native) {}
+  static Stream& cpu();  // the process-wide CPU stream token
+
+  Device device() const { return device_; }
+  void* native() const { return native_; }  // cudaStream_t on CUDA, nullptr on the CPU
+
+ private:
+  Device device_ = Device::cpu();
+  void* native_ = nullptr;
+};
+
+}  // namespace moetrain

@@ -1,0 +1,31 @@
+// defines: causal grouped-query attention over packed documents. A micro-batch is a flat run of T
+// tokens cut into documents by cu_seqlens; a query attends only to keys of its own document, at or
+// before its position. Forward saves the log-sum-exp per (token, head) for the backward.
+#pragma once
+
+#include "core/device.h"
+#include "core/tensor.h"
+
+namespace moetrain::ops {
+
+struct AttentionParams {
+  float softmax_scale = 1.0f;  // usually 1 / sqrt(head dim)
+  bool causal = true;
+  int sliding_window = 0;      // 0: unlimited; w > 0: a query sees the w most recent keys (itself included)
+};
+
+// q [T, nh, hd], k [T, nkv, hd], v [T, nkv, hdv], nh % nkv == 0 (query head h reads kv head
+// h / (nh / nkv)); cu_seqlens i32 [D + 1] on the CPU (0 = c0 < c1 < ... < cD = T);
+// out [T, nh, hdv]; lse [T, nh] (f32, or f64 with f64 inputs).
+void attention_forward(Stream& stream, Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                       const Tensor& cu_seqlens, const AttentionParams& params);
+// dq, dk, dv are overwritten (not accumulated). Reductions run in ascending token order.
+void attention_backward(Stream& stream, Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q,
+                        const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                        const Tensor& cu_seqlens, const AttentionParams& params);
+
+// Validates cu_seqlens for `num_tokens`: i32, 1-D, >= 2 entries, starts at 0, strictly increasing,
+// ends at num_tokens. The error names the first entry that breaks a rule.
+void validate_cu_seqlens(const Tensor& cu_seqlens, int64_t num_tokens, const char* what);
+
+}  // namespace moetrain::ops

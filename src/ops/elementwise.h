@@ -1,0 +1,21 @@
+// defines: elementwise ops the blocks share: residual add, in-place accumulate and scale, casts.
+#pragma once
+
+#include "core/device.h"
+#include "core/tensor.h"
+
+namespace moetrain::ops {
+
+// out = a + b (out may alias a or b). Same shape and float dtype.
+void add_forward(Stream& stream, Tensor out, const Tensor& a, const Tensor& b);
+// acc += x
+void accumulate(Stream& stream, Tensor acc, const Tensor& x);
+// x *= factor
+void scale_inplace(Stream& stream, Tensor x, double factor);
+// out = in converted to out's dtype (f64, f32, bf16), element by element with the rules of dtype.h.
+void cast(Stream& stream, Tensor out, const Tensor& in);
+// Rounds every element of an f32 tensor to the nearest bf16 value, in place (the exact lanes'
+// layer-boundary rounding).
+void round_to_bf16_inplace(Stream& stream, Tensor x);
+
+}  // namespace moetrain::ops

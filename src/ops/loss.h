@@ -1,0 +1,31 @@
+// defines: cross-entropy over next-token targets with an ignore index. The per-token losses and
+// log-sum-exps are kept so that the loss sum and its count can be reduced in a fixed order and
+// the backward can be scaled by the global token count (DESIGN.md section 1).
+#pragma once
+
+#include <cstdint>
+
+#include "core/device.h"
+#include "core/tensor.h"
+
+namespace moetrain::ops {
+
+constexpr int kIgnoreIndex = -100;
+
+// losses [T] = lse - logits[t, target] (0 where target == ignore_index); lse [T]. logits [T, V],
+// targets i32 [T]; a target outside [0, V) that is not the ignore index is an error.
+void cross_entropy_forward(Stream& stream, Tensor losses, Tensor lse, const Tensor& logits, const Tensor& targets,
+                           int ignore_index = kIgnoreIndex);
+// dlogits [T, V] = scale * (softmax(logits) - onehot(target)) on counted rows, 0 on ignored rows.
+void cross_entropy_backward(Stream& stream, Tensor dlogits, const Tensor& logits, const Tensor& lse,
+                            const Tensor& targets, double scale, int ignore_index = kIgnoreIndex);
+
+struct LossTotals {
+  double sum = 0.0;   // sum of per-token losses, accumulated in f64 in ascending token order
+  int64_t count = 0;  // number of targets != ignore_index
+};
+// Reduces per-token losses into the sum and the count (host values).
+LossTotals cross_entropy_totals(Stream& stream, const Tensor& losses, const Tensor& targets,
+                                int ignore_index = kIgnoreIndex);
+
+}  // namespace moetrain::ops

@@ -1,0 +1,25 @@
+// defines: RMSNorm forward and backward, plain (scale w) and zero-centred (scale 1 + w, Qwen3.5).
+// Applies over the last dimension D of x viewed as [N, D]; the same op serves the per-head q/k norm
+// (x [T, nh, hd], w [hd]).
+#pragma once
+
+#include "core/device.h"
+#include "core/tensor.h"
+
+namespace moetrain::ops {
+
+struct RmsNormParams {
+  float eps = 1e-6f;
+  bool zero_centered = false;
+};
+
+// y = x * rstd * scale, rstd[n] = 1 / sqrt(mean(x[n]^2) + eps). rstd [N] has x's float dtype.
+void rmsnorm_forward(Stream& stream, Tensor y, Tensor rstd, const Tensor& x, const Tensor& w,
+                     const RmsNormParams& params);
+// dx = rstd * (scale*dy - xhat * mean(scale*dy*xhat)), xhat = x * rstd. dx may alias dy.
+void rmsnorm_backward_input(Stream& stream, Tensor dx, const Tensor& dy, const Tensor& x, const Tensor& w,
+                            const Tensor& rstd, const RmsNormParams& params);
+// dw += sum_n dy[n] * xhat[n] (rows summed in ascending order). Same for both variants.
+void rmsnorm_backward_weight(Stream& stream, Tensor dw, const Tensor& dy, const Tensor& x, const Tensor& rstd);
+
+}  // namespace moetrain::ops

@@ -1,0 +1,37 @@
+// defines: MoE token permutation. The T*K (token, slot) choices of the router are grouped by
+// expert into a routing plan; tokens are copied into expert order before the expert MLP and the
+// expert outputs are combined back, weighted by the router, afterwards.
+#pragma once
+
+#include <cstdint>
+
+#include "core/device.h"
+#include "core/tensor.h"
+
+namespace moetrain::ops {
+
+struct RoutingPlan {
+  int64_t num_tokens = 0;
+  int64_t top_k = 0;
+  int64_t num_experts = 0;
+  Tensor expert_offsets;  // i32 [E + 1]: permuted rows of expert e are [offsets[e], offsets[e + 1])
+  Tensor row_choice;      // i32 [T*K]: the flat choice t*K + k that each permuted row holds
+  Tensor choice_row;      // i32 [T*K]: the permuted row of each flat choice t*K + k
+};
+
+// Groups choices by expert; within an expert, choices keep ascending (t, k) order (a stable sort),
+// so the plan is a function of topk_index alone. topk_index i32 [T, K], values in [0, E).
+RoutingPlan make_routing_plan(Stream& stream, const Tensor& topk_index, int64_t num_experts);
+
+// permuted [T*K, H]: row r = x[row_choice[r] / K]
+void permute_forward(Stream& stream, Tensor permuted, const Tensor& x, const RoutingPlan& plan);
+// dx [T, H] = sum over k (ascending) of dpermuted[choice_row[t*K + k]]
+void permute_backward(Stream& stream, Tensor dx, const Tensor& dpermuted, const RoutingPlan& plan);
+// y [T, H] = sum over k (ascending) of weight[t, k] * expert_out[choice_row[t*K + k]]
+void unpermute_forward(Stream& stream, Tensor y, const Tensor& expert_out, const Tensor& topk_weight,
+                       const RoutingPlan& plan);
+// dexpert_out [T*K, H] and dtopk_weight [T, K] from dy [T, H]
+void unpermute_backward(Stream& stream, Tensor dexpert_out, Tensor dtopk_weight, const Tensor& dy,
+                        const Tensor& expert_out, const Tensor& topk_weight, const RoutingPlan& plan);
+
+}  // namespace moetrain::ops
