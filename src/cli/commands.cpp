@@ -1,11 +1,14 @@
-// defines: the command table of the `moetrain` program.
+// defines: the command table of the `moetrain` program. Every command's errors are caught here
+// and printed as one message; the exit code is non-zero.
 #include "cli/commands.h"
 
 #include <cstdio>
 #include <exception>
+#include <functional>
 
 #include <CLI/CLI.hpp>
 
+#include "cli/check_golden.h"
 #include "core/error.h"
 
 namespace moetrain::cli {
@@ -13,12 +16,29 @@ namespace moetrain::cli {
 int run_main(int argc, char** argv) {
   CLI::App app{"moetrain: pre-training engine for Mixture-of-Experts language models"};
   app.require_subcommand(1);
+  std::function<int()> command;
+
+  CheckGoldenOptions golden;
+  CLI::App* check = app.add_subcommand("check-golden", "Check the engine's math against a Hugging Face reference dump");
+  check->add_option("--model", golden.model_dir, "HF model folder (config.json + safetensors)")->required();
+  check->add_option("--reference", golden.reference, "reference.safetensors of the dump")->required();
+  check->add_option("--device", golden.device, "cpu | cuda[:N]")->capture_default_str();
+  check->add_option("--case", golden.cases, "batch | packed | trajectory | all")->capture_default_str();
+  check->callback([&] { command = [&] { return run_check_golden(golden); }; });
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
-  return 0;
+  try {
+    return command();
+  } catch (const Error& e) {
+    std::fprintf(stderr, "moetrain: error: %s\n", e.what());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "moetrain: unexpected error: %s\n", e.what());
+  }
+  return 1;
 }
 
 }  // namespace moetrain::cli

@@ -23,6 +23,24 @@ Device parse_device(const std::string& text) {
   MT_FAIL("device: expected 'cpu', 'cuda' or 'cuda:N' but found '{}'", text);
 }
 
+namespace {
+constexpr int kMaxDevices = 16;
+Stream* g_device_streams[kMaxDevices] = {};
+}  // namespace
+
+Stream& default_stream(Device device) {
+  if (device.is_cpu()) return Stream::cpu();
+  MT_CHECK(device.index >= 0 && device.index < kMaxDevices && g_device_streams[device.index] != nullptr,
+           "device: no stream registered for {}; the CUDA backend was not set up", device.str());
+  return *g_device_streams[device.index];
+}
+
+void register_default_stream(Device device, Stream* stream) {
+  MT_CHECK(device.is_cuda() && device.index >= 0 && device.index < kMaxDevices,
+           "device: cannot register a stream for {}", device.str());
+  g_device_streams[device.index] = stream;
+}
+
 Stream& Stream::cpu() {
   static Stream stream;
   return stream;

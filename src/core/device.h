@@ -38,4 +38,9 @@ class Stream {
   void* native_ = nullptr;
 };
 
+// The stream blocks run their ops on for `device`: the CPU token, or the compute stream a backend
+// registered for its device at setup.
+Stream& default_stream(Device device);
+void register_default_stream(Device device, Stream* stream);
+
 }  // namespace moetrain

@@ -1,0 +1,234 @@
+// defines: the check-golden command: the batch, packed and trajectory cases of a reference dump,
+// compared tensor by tensor with relative error ||ours - ref|| / ||ref||.
+#include "cli/check_golden.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "io/safetensors.h"
+#include "model/causal_lm.h"
+#include "ops/optim.h"
+#include "train/optimizer.h"
+
+namespace moetrain::cli {
+
+namespace {
+
+// Thresholds of the fp32 CPU reference path (DESIGN.md section 5).
+struct Thresholds {
+  double logits = 1e-5;
+  double loss = 1e-5;
+  double grads = 1e-4;
+  double router_logits = 1e-5;
+  double trajectory_loss = 1e-5;
+  double trajectory_grad_norm = 1e-4;
+  double trajectory_weights = 1e-4;
+};
+
+double relative_error(const Tensor& ours, const Tensor& ref) {
+  MT_CHECK(ours.numel() == ref.numel(), "check-golden: comparing {} with reference {}", ours.describe(), ref.describe());
+  const Tensor a = ours.to(DType::F64), b = ref.to(DType::F64);
+  const double* pa = a.data<double>();
+  const double* pb = b.data<double>();
+  double diff = 0.0, norm = 0.0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    diff += (pa[i] - pb[i]) * (pa[i] - pb[i]);
+    norm += pb[i] * pb[i];
+  }
+  if (norm == 0.0) return diff == 0.0 ? 0.0 : INFINITY;
+  return std::sqrt(diff / norm);
+}
+
+Tensor scalar_tensor(double value) { return Tensor::from_vector<double>({value}, {1}); }
+
+class Report {
+ public:
+  // One line per group: the worst tensor of the group decides.
+  void group(const std::string& name, const std::vector<std::pair<std::string, double>>& errors, double threshold) {
+    double worst = 0.0;
+    std::string worst_name = "-";
+    for (const auto& [tensor, error] : errors) {
+      if (worst_name == "-" || std::isnan(error) || (!std::isnan(worst) && error > worst)) {
+        worst = error;
+        worst_name = tensor;
+      }
+    }
+    const bool ok = !errors.empty() && worst <= threshold;
+    line(ok, fmt::format("{:<28} worst rel err {:.3e} (threshold {:.0e}) in {} [{} tensor(s)]", name, worst, threshold,
+                         worst_name, errors.size()));
+  }
+  void line(bool ok, const std::string& text) {
+    std::printf("[%s] %s\n", ok ? " ok " : "FAIL", text.c_str());
+    std::fflush(stdout);
+    (ok ? passed_ : failed_)++;
+  }
+  int passed() const { return passed_; }
+  int failed() const { return failed_; }
+
+ private:
+  int passed_ = 0;
+  int failed_ = 0;
+};
+
+std::vector<int> top_k_of(const float* row, int64_t experts, int64_t k) {
+  std::vector<int> order(static_cast<size_t>(experts));
+  for (int64_t e = 0; e < experts; ++e) order[static_cast<size_t>(e)] = static_cast<int>(e);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return row[a] > row[b]; });
+  order.resize(static_cast<size_t>(k));
+  std::sort(order.begin(), order.end());
+  return order;
+}
+
+// A top-k flip is a token whose selected experts differ from the reference's. It is reported with
+// the reference's margin between the k-th and (k+1)-th logit, so a rounding near-tie is told apart
+// from a real difference; either way the check fails rather than tolerating it.
+void check_routing(Report& report, const std::string& label, const model::CausalLm& model,
+                   const std::vector<Tensor>& ours, const io::SafetensorsReader& ref) {
+  const int64_t k = model.config().num_experts_per_tok, experts = model.config().num_experts;
+  int64_t flips = 0, tokens = 0;
+  std::string first;
+  for (size_t layer = 0; layer < ours.size(); ++layer) {
+    const Tensor ref_logits = ref.tensor(fmt::format("router_logits.{}", layer)).to(DType::F32);
+    const Tensor our_logits = ours[layer].to(DType::F32);
+    for (int64_t t = 0; t < ref_logits.size(0); ++t, ++tokens) {
+      const float* r = ref_logits.data<float>() + t * experts;
+      if (top_k_of(r, experts, k) == top_k_of(our_logits.data<float>() + t * experts, experts, k)) continue;
+      std::vector<float> sorted(r, r + experts);
+      std::sort(sorted.begin(), sorted.end(), std::greater<float>());
+      if (flips++ == 0) {
+        first = fmt::format("; first: MoE layer {} token {}, reference margin {:.2e}", layer, t,
+                            sorted[static_cast<size_t>(k - 1)] - sorted[static_cast<size_t>(k)]);
+      }
+    }
+  }
+  report.line(flips == 0, fmt::format("{:<28} {} top-k flip(s) in {} token-layer choices{}", label + "/routing", flips,
+                                      tokens, first));
+}
+
+std::vector<std::pair<std::string, double>> compare_named(const std::vector<std::pair<std::string, Tensor>>& ours,
+                                                          const io::SafetensorsReader& ref, const std::string& prefix,
+                                                          Report& report, const std::string& label) {
+  std::vector<std::pair<std::string, double>> errors;
+  std::set<std::string> seen;
+  for (const auto& [name, tensor] : ours) {
+    seen.insert(name);
+    if (!ref.contains(prefix + name)) {
+      report.line(false, fmt::format("{}: the reference has no '{}'", label, prefix + name));
+      continue;
+    }
+    errors.emplace_back(name, relative_error(tensor, ref.tensor(prefix + name)));
+  }
+  for (const std::string& name : ref.names()) {
+    if (name.rfind(prefix, 0) == 0 && !seen.count(name.substr(prefix.size()))) {
+      report.line(false, fmt::format("{}: the engine has no parameter for reference '{}'", label, name));
+    }
+  }
+  return errors;
+}
+
+void run_forward_backward_case(Report& report, const std::string& label, const std::string& prefix,
+                               model::CausalLm& model, const model::MicroBatch& batch,
+                               const io::SafetensorsReader& ref, const Thresholds& th) {
+  model.params().zero_grads();
+  model::ForwardObservation observed;
+  const model::StepLoss step = model::forward_backward(model, {batch}, 0, &observed);
+  const Tensor ref_logits = ref.tensor(prefix + "logits");
+  report.group(label + "/logits", {{prefix + "logits", relative_error(observed.logits[0], ref_logits)}}, th.logits);
+  report.group(label + "/loss", {{prefix + "loss", relative_error(scalar_tensor(step.loss), ref.tensor(prefix + "loss"))}},
+               th.loss);
+  if (ref.contains(prefix + "num_tokens")) {
+    const int64_t ref_count = ref.tensor(prefix + "num_tokens").to(DType::I64).item<int64_t>();
+    report.line(ref_count == step.num_targets, fmt::format("{:<28} {} counted targets (reference {})",
+                                                           label + "/num_tokens", step.num_targets, ref_count));
+  }
+  if (model.config().is_moe() && prefix.empty()) {
+    std::vector<std::pair<std::string, double>> errors;
+    for (size_t i = 0; i < observed.router_logits[0].size(); ++i) {
+      const std::string name = fmt::format("router_logits.{}", i);
+      errors.emplace_back(name, relative_error(observed.router_logits[0][i], ref.tensor(name)));
+    }
+    report.group(label + "/router_logits", errors, th.router_logits);
+    check_routing(report, label, model, observed.router_logits[0], ref);
+  }
+  report.group(label + "/grads", compare_named(model.params().export_hf(true), ref, prefix + "grad.", report, label),
+               th.grads);
+}
+
+void run_batch_case(Report& report, model::CausalLm& model, const io::SafetensorsReader& ref, const Thresholds& th) {
+  const model::MicroBatch batch = model::MicroBatch::from_rows(ref.tensor("input_ids"), ref.tensor("targets"));
+  run_forward_backward_case(report, "batch", "", model, batch, ref, th);
+}
+
+void run_packed_case(Report& report, model::CausalLm& model, const io::SafetensorsReader& ref, const Thresholds& th) {
+  const model::MicroBatch batch = model::MicroBatch::packed(ref.tensor("packed.input_ids").clone(),
+                                                            ref.tensor("packed.targets").clone(),
+                                                            ref.tensor("packed.cu_seqlens").clone());
+  const auto ours = batch.position_ids.to_vector<int32_t>();
+  const auto theirs = ref.tensor("packed.position_ids").to_vector<int32_t>();
+  report.line(ours == theirs, fmt::format("{:<28} {} documents, positions restart per document: {}", "packed/positions",
+                                          batch.num_documents(), ours == theirs ? "same as reference" : "DIFFERENT"));
+  run_forward_backward_case(report, "packed", "packed.", model, batch, ref, th);
+}
+
+void run_trajectory_case(Report& report, const std::string& model_dir, Device device, const io::SafetensorsReader& ref,
+                         const Thresholds& th) {
+  auto model = model::CausalLm::from_hf(model_dir, device);
+  train::AdamW optimizer(model->params(), {1e-3, 0.9, 0.95, 1e-8, 0.1});
+  const Tensor ref_losses = ref.tensor("traj.loss").to(DType::F64);
+  const Tensor ref_norms = ref.tensor("traj.grad_norm").to(DType::F64);
+  const int64_t steps = ref_losses.numel();
+  std::vector<double> losses, norms;
+  for (int64_t step = 0; step < steps; ++step) {
+    std::vector<model::MicroBatch> batches;
+    for (int mb = 0;; ++mb) {
+      const std::string key = fmt::format("traj.step{}.mb{}.", step, mb);
+      if (!ref.contains(key + "input_ids")) break;
+      batches.push_back(model::MicroBatch::from_rows(ref.tensor(key + "input_ids"), ref.tensor(key + "targets")));
+    }
+    MT_CHECK(!batches.empty(), "check-golden: trajectory step {} has no micro-batches in the reference", step);
+    model->params().zero_grads();
+    losses.push_back(model::forward_backward(*model, batches).loss);
+    norms.push_back(ops::clip_by_global_norm(default_stream(device), model->params().all_grads(), 1.0));
+    optimizer.step(1e-3);
+  }
+  report.group("trajectory/loss", {{"traj.loss", relative_error(Tensor::from_vector(losses, {steps}), ref_losses)}},
+               th.trajectory_loss);
+  report.group("trajectory/grad_norm",
+               {{"traj.grad_norm", relative_error(Tensor::from_vector(norms, {steps}), ref_norms)}},
+               th.trajectory_grad_norm);
+  report.group("trajectory/final_weights",
+               compare_named(model->params().export_hf(false), ref, "traj.final.", report, "trajectory"),
+               th.trajectory_weights);
+}
+
+}  // namespace
+
+int run_check_golden(const CheckGoldenOptions& options) {
+  const std::set<std::string> known{"batch", "packed", "trajectory", "all"};
+  MT_CHECK(known.count(options.cases), "check-golden: --case expects batch, packed, trajectory or all but found '{}'",
+           options.cases);
+  const Device device = parse_device(options.device);
+  const Thresholds th;
+  const io::SafetensorsReader ref = io::SafetensorsReader::open(options.reference);
+  auto model = model::CausalLm::from_hf(options.model_dir, device);
+  std::printf("check-golden: %s (%s, %lld parameters) against %s on %s\n", options.model_dir.c_str(),
+              model->config().model_type.c_str(), static_cast<long long>(model->params().num_parameters()),
+              options.reference.c_str(), device.str().c_str());
+  Report report;
+  const bool all = options.cases == "all";
+  if (all || options.cases == "batch") run_batch_case(report, *model, ref, th);
+  if (all || options.cases == "packed") run_packed_case(report, *model, ref, th);
+  if (all || options.cases == "trajectory") run_trajectory_case(report, options.model_dir, device, ref, th);
+  std::printf("%d passed, %d failed\n", report.passed(), report.failed());
+  return report.failed() == 0 ? 0 : 1;
+}
+
+}  // namespace moetrain::cli

@@ -1,0 +1,545 @@
+// defines: the safetensors reader (header parsing and validation, views into the mapping, sharded
+// sets through an index) and the atomic single-file and sharded writers.
+#include "io/safetensors.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <limits>
+#include <set>
+#include <sstream>
+#include <string_view>
+#include <system_error>
+#include <tuple>
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <unistd.h>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace moetrain::io {
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+// The bound Hugging Face's reader puts on the header, so a corrupt length cannot ask for gigabytes.
+constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+constexpr const char* kMetadataKey = "__metadata__";
+constexpr const char* kSingleFileName = "model.safetensors";
+constexpr const char* kIndexFileName = "model.safetensors.index.json";
+
+std::string errno_text(int error) { return std::system_category().message(error); }
+
+std::string known_dtype_names() {
+  std::string names;
+  for (DType d : {DType::F64, DType::F32, DType::BF16, DType::F16, DType::F8E4M3, DType::F8E5M2, DType::I64, DType::I32,
+                  DType::I16, DType::I8, DType::U64, DType::U32, DType::U16, DType::U8, DType::Bool}) {
+    if (!names.empty()) names += ", ";
+    names += dtype_safetensors_name(d);
+  }
+  return names;
+}
+
+// nlohmann keeps the last of two equal keys silently; the parser callback sees every key, so the
+// first repeated one is recorded here (with the key of the enclosing object, if any).
+struct DuplicateKey {
+  bool found = false;
+  std::string key;
+  std::string parent;  // key under which the object holding the duplicate sits; empty at top level
+};
+
+// Parses `text`; throws moetrain::Error starting with `what` when it is not JSON.
+json parse_json(std::string_view text, const std::string& what, DuplicateKey* duplicate) {
+  std::vector<std::set<std::string>> seen;  // keys of each open object
+  std::vector<std::string> last_key;        // most recent key of each open object
+  json::parser_callback_t callback = [&](int, json::parse_event_t event, json& parsed) {
+    if (event == json::parse_event_t::object_start) {
+      seen.emplace_back();
+      last_key.emplace_back();
+    } else if (event == json::parse_event_t::object_end) {
+      seen.pop_back();
+      last_key.pop_back();
+    } else if (event == json::parse_event_t::key) {
+      const auto& key = parsed.get_ref<const std::string&>();
+      if (!seen.back().insert(key).second && !duplicate->found) {
+        duplicate->found = true;
+        duplicate->key = key;
+        if (seen.size() >= 2) duplicate->parent = last_key[seen.size() - 2];
+      }
+      last_key.back() = key;
+    }
+    return true;
+  };
+  try {
+    return json::parse(text.begin(), text.end(), callback, /*allow_exceptions=*/true);
+  } catch (const json::exception& e) {
+    MT_FAIL("{} is not valid JSON: {}", what, e.what());
+  }
+}
+
+uint64_t checked_span_bytes(const Shape& shape, DType dtype, bool* overflow) {
+  uint64_t bytes = dtype_size(dtype);
+  *overflow = false;
+  for (int64_t extent : shape) {
+    if (__builtin_mul_overflow(bytes, static_cast<uint64_t>(extent), &bytes)) *overflow = true;
+  }
+  return bytes;
+}
+
+SafetensorsEntry parse_entry(const std::string& name, const json& value, const std::string& path) {
+  MT_CHECK(value.is_object(),
+           "safetensors: tensor '{}' in {}: entry is a JSON {}, expected an object with dtype, shape and "
+           "data_offsets",
+           name, path, value.type_name());
+  SafetensorsEntry entry;
+  entry.name = name;
+
+  const auto dtype_it = value.find("dtype");
+  MT_CHECK(dtype_it != value.end(), "safetensors: tensor '{}' in {} has no 'dtype'", name, path);
+  MT_CHECK(dtype_it->is_string(), "safetensors: tensor '{}' in {}: dtype is a JSON {}, expected a string", name, path,
+           dtype_it->type_name());
+  const auto& dtype_name = dtype_it->get_ref<const std::string&>();
+  MT_CHECK(dtype_from_safetensors_name(dtype_name, &entry.dtype),
+           "safetensors: tensor '{}' in {} has unknown dtype '{}' (expected one of {})", name, path, dtype_name,
+           known_dtype_names());
+
+  const auto shape_it = value.find("shape");
+  MT_CHECK(shape_it != value.end(), "safetensors: tensor '{}' in {} has no 'shape'", name, path);
+  MT_CHECK(shape_it->is_array(), "safetensors: tensor '{}' in {}: shape is a JSON {}, expected an array", name, path,
+           shape_it->type_name());
+  for (size_t i = 0; i < shape_it->size(); ++i) {
+    const json& extent = (*shape_it)[i];
+    MT_CHECK(extent.is_number_unsigned() &&
+                 extent.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()),
+             "safetensors: tensor '{}' in {}: shape entry {} is {}, expected a non-negative integer", name, path, i,
+             extent.dump());
+    entry.shape.push_back(extent.get<int64_t>());
+  }
+
+  const auto offsets_it = value.find("data_offsets");
+  MT_CHECK(offsets_it != value.end(), "safetensors: tensor '{}' in {} has no 'data_offsets'", name, path);
+  const json& offsets = *offsets_it;
+  MT_CHECK(
+      offsets.is_array() && offsets.size() == 2 && offsets[0].is_number_unsigned() && offsets[1].is_number_unsigned(),
+      "safetensors: tensor '{}' in {}: data_offsets is {}, expected two non-negative integers [begin, end]", name, path,
+      offsets.dump());
+  entry.begin = offsets[0].get<uint64_t>();
+  entry.end = offsets[1].get<uint64_t>();
+  MT_CHECK(entry.begin <= entry.end, "safetensors: tensor '{}' in {}: data_offsets [{}, {}] begin after they end", name,
+           path, entry.begin, entry.end);
+
+  bool overflow = false;
+  const uint64_t expected = checked_span_bytes(entry.shape, entry.dtype, &overflow);
+  MT_CHECK(!overflow, "safetensors: tensor '{}' in {}: shape {} x {} overflows 64 bits of bytes", name, path,
+           shape_str(entry.shape), dtype_name);
+  MT_CHECK(entry.end - entry.begin == expected,
+           "safetensors: tensor '{}' in {} spans {} bytes (data_offsets [{}, {}]) but shape {} x {} ({} bytes each) "
+           "needs {} bytes",
+           name, path, entry.end - entry.begin, entry.begin, entry.end, shape_str(entry.shape), dtype_name,
+           dtype_size(entry.dtype), expected);
+  return entry;
+}
+
+std::map<std::string, std::string> parse_metadata(const json& value, const std::string& path) {
+  MT_CHECK(value.is_object(), "safetensors: {} in {} is a JSON {}, expected an object of strings", kMetadataKey, path,
+           value.type_name());
+  std::map<std::string, std::string> metadata;
+  for (const auto& [key, item] : value.items()) {
+    MT_CHECK(item.is_string(), "safetensors: {} in {}: key '{}' holds a JSON {}, expected a string", kMetadataKey, path,
+             key, item.type_name());
+    metadata.emplace(key, item.get<std::string>());
+  }
+  return metadata;
+}
+
+// Tensors must tile the data section exactly: sorted by offset, each begins where the previous ends
+// and the last ends at the section's end.
+void check_layout(std::vector<const SafetensorsEntry*> entries, uint64_t data_size, const std::string& path) {
+  for (const SafetensorsEntry* e : entries) {
+    MT_CHECK(e->end <= data_size, "safetensors: tensor '{}' in {} ends at byte {} but the data section has {}", e->name,
+             path, e->end, data_size);
+  }
+  std::sort(entries.begin(), entries.end(), [](const SafetensorsEntry* a, const SafetensorsEntry* b) {
+    return std::tie(a->begin, a->end, a->name) < std::tie(b->begin, b->end, b->name);
+  });
+  uint64_t covered = 0;
+  const SafetensorsEntry* previous = nullptr;
+  for (const SafetensorsEntry* e : entries) {
+    MT_CHECK(e->begin >= covered,
+             "safetensors: tensors '{}' and '{}' in {} overlap: '{}' begins at byte {} but '{}' ends at byte {}",
+             previous->name, e->name, path, e->name, e->begin, previous->name, covered);
+    MT_CHECK(e->begin == covered,
+             "safetensors: {} has a hole: bytes [{}, {}) of the data section, {} tensor '{}', belong to no tensor",
+             path, covered, e->begin, previous ? fmt::format("between tensor '{}' and", previous->name) : "before",
+             e->name);
+    covered = e->end;
+    previous = e;
+  }
+  MT_CHECK(covered == data_size,
+           "safetensors: {} has a hole: bytes [{}, {}) at the end of the data section{} belong to no tensor", path,
+           covered, data_size, previous ? fmt::format(", after tensor '{}',", previous->name) : "");
+}
+
+std::string read_text_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  MT_CHECK(in.good(), "safetensors: cannot open {}: {}", path, errno_text(errno));
+  std::ostringstream text;
+  text << in.rdbuf();
+  MT_CHECK(!in.bad(), "safetensors: cannot read {}: {}", path, errno_text(errno));
+  return text.str();
+}
+
+bool ends_with(const std::string& text, std::string_view suffix) {
+  return text.size() >= suffix.size() && text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// ---- writing ----
+
+void validate_for_writing(const std::vector<std::pair<std::string, Tensor>>& tensors, const std::string& what) {
+  std::set<std::string> names;
+  for (const auto& [name, tensor] : tensors) {
+    MT_CHECK(!name.empty(), "safetensors: writing {}: a tensor has an empty name", what);
+    MT_CHECK(name != kMetadataKey, "safetensors: writing {}: '{}' is reserved for the metadata, not a tensor name",
+             what, name);
+    MT_CHECK(names.insert(name).second,
+             "safetensors: writing {}: tensor name '{}' appears twice (names must be unique)", what, name);
+    MT_CHECK(tensor.defined(), "safetensors: writing {}: tensor '{}' is undefined", what, name);
+    MT_CHECK(tensor.device().is_cpu() && tensor.is_contiguous(),
+             "safetensors: writing {}: tensor '{}' is {}{}, expected a contiguous CPU tensor", what, name,
+             tensor.describe(), tensor.is_contiguous() ? "" : " (not contiguous)");
+  }
+}
+
+std::string build_header(const std::vector<std::pair<std::string, Tensor>>& tensors,
+                         const std::map<std::string, std::string>& metadata, const std::string& what) {
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) {
+    nlohmann::ordered_json meta = nlohmann::ordered_json::object();
+    for (const auto& [key, value] : metadata) meta[key] = value;
+    header[kMetadataKey] = std::move(meta);
+  }
+  uint64_t offset = 0;
+  for (const auto& [name, tensor] : tensors) {
+    const uint64_t bytes = tensor.nbytes();
+    nlohmann::ordered_json entry = nlohmann::ordered_json::object();
+    entry["dtype"] = std::string(dtype_safetensors_name(tensor.dtype()));
+    entry["shape"] = tensor.shape();
+    entry["data_offsets"] = nlohmann::ordered_json::array({offset, offset + bytes});
+    header[name] = std::move(entry);
+    offset += bytes;
+  }
+  std::string text;
+  try {
+    text = header.dump();
+  } catch (const nlohmann::ordered_json::exception& e) {
+    MT_FAIL("safetensors: writing {}: cannot encode the header (names and metadata must be UTF-8): {}", what, e.what());
+  }
+  text.append((8 - text.size() % 8) % 8, ' ');
+  return text;
+}
+
+struct Chunk {
+  const void* data;
+  size_t bytes;
+};
+
+void write_all(int fd, const Chunk& chunk, const std::string& path) {
+  const auto* p = static_cast<const uint8_t*>(chunk.data);
+  size_t left = chunk.bytes;
+  while (left > 0) {
+    const ssize_t written = ::write(fd, p, left);
+    if (written < 0 && errno == EINTR) continue;
+    MT_CHECK(written > 0, "safetensors: cannot write {} ({} bytes left): {}", path, left,
+             written < 0 ? errno_text(errno) : std::string("write wrote nothing"));
+    p += written;
+    left -= static_cast<size_t>(written);
+  }
+}
+
+void fsync_folder_of(const std::string& path) {
+  std::string folder = fs::path(path).parent_path().string();
+  if (folder.empty()) folder = ".";
+  const int fd = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  MT_CHECK(fd >= 0, "safetensors: cannot open folder {} to sync it: {}", folder, errno_text(errno));
+  const int rc = ::fsync(fd);
+  const int error = errno;
+  ::close(fd);
+  MT_CHECK(rc == 0, "safetensors: cannot sync folder {}: {}", folder, errno_text(error));
+}
+
+// Writes the chunks to "<path>.tmp", syncs it, renames it over `path` and syncs the folder. On any
+// failure the temporary file is removed and `path` is untouched.
+void write_file_atomically(const std::string& path, const std::vector<Chunk>& chunks) {
+  const std::string tmp = path + ".tmp";
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  MT_CHECK(fd >= 0, "safetensors: cannot create {}: {}", tmp, errno_text(errno));
+  try {
+    for (const Chunk& chunk : chunks) write_all(fd, chunk, tmp);
+    MT_CHECK(::fsync(fd) == 0, "safetensors: cannot sync {}: {}", tmp, errno_text(errno));
+    const int rc = ::close(fd);
+    fd = -1;
+    MT_CHECK(rc == 0, "safetensors: cannot close {}: {}", tmp, errno_text(errno));
+    MT_CHECK(::rename(tmp.c_str(), path.c_str()) == 0, "safetensors: cannot rename {} to {}: {}", tmp, path,
+             errno_text(errno));
+  } catch (...) {
+    if (fd >= 0) ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  fsync_folder_of(path);
+}
+
+// Writes one file of already validated tensors.
+void write_validated(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                     const std::map<std::string, std::string>& metadata) {
+  const std::string header = build_header(tensors, metadata, path);
+  uint8_t length[8];
+  for (int i = 0; i < 8; ++i) length[i] = static_cast<uint8_t>(uint64_t(header.size()) >> (8 * i));
+  std::vector<Chunk> chunks = {{length, sizeof(length)}, {header.data(), header.size()}};
+  for (const auto& [name, tensor] : tensors) {
+    if (tensor.nbytes() > 0) chunks.push_back({tensor.raw_data(), tensor.nbytes()});
+  }
+  write_file_atomically(path, chunks);
+}
+
+}  // namespace
+
+// ---- SafetensorsFile ----
+
+SafetensorsFile SafetensorsFile::open(const std::string& path) {
+  SafetensorsFile file;
+  file.path_ = path;
+  file.file_ = MappedFile::open(path);
+  const uint8_t* bytes = file.file_->data();
+  const uint64_t size = file.file_->size();
+  MT_CHECK(size >= 8, "safetensors: {} has {} bytes, fewer than the 8-byte header length (truncated?)", path, size);
+
+  uint64_t header_bytes = 0;
+  for (int i = 0; i < 8; ++i) header_bytes |= uint64_t(bytes[i]) << (8 * i);
+  MT_CHECK(header_bytes <= kMaxHeaderBytes,
+           "safetensors: {} declares a header of {} bytes, more than the limit of {} bytes (corrupt or not a "
+           "safetensors file)",
+           path, header_bytes, kMaxHeaderBytes);
+  MT_CHECK(header_bytes <= size - 8,
+           "safetensors: {} declares a header of {} bytes but the file has only {} bytes after the length field "
+           "(truncated or not a safetensors file)",
+           path, header_bytes, size - 8);
+  file.data_start_ = 8 + header_bytes;
+  const uint64_t data_size = size - file.data_start_;
+
+  const std::string_view text(reinterpret_cast<const char*>(bytes + 8), header_bytes);
+  DuplicateKey duplicate;
+  const json header = parse_json(text, fmt::format("safetensors: header of {}", path), &duplicate);
+  MT_CHECK(header.is_object(), "safetensors: header of {} is a JSON {}, expected an object", path, header.type_name());
+  if (duplicate.found) {
+    if (duplicate.parent.empty()) {
+      MT_FAIL("safetensors: header of {} names tensor '{}' twice (duplicate names)", path, duplicate.key);
+    }
+    MT_FAIL("safetensors: header of {} has key '{}' twice in the entry of '{}' (duplicate names)", path, duplicate.key,
+            duplicate.parent);
+  }
+
+  std::vector<const SafetensorsEntry*> layout;
+  for (const auto& [name, value] : header.items()) {
+    if (name == kMetadataKey) {
+      file.metadata_ = parse_metadata(value, path);
+      continue;
+    }
+    file.entries_.emplace(name, parse_entry(name, value, path));
+  }
+  for (const auto& [name, entry] : file.entries_) layout.push_back(&entry);
+  check_layout(std::move(layout), data_size, path);
+  return file;
+}
+
+std::vector<std::string> SafetensorsFile::names() const {
+  std::vector<std::string> names;
+  names.reserve(entries_.size());
+  for (const auto& [name, entry] : entries_) names.push_back(name);
+  return names;
+}
+
+const SafetensorsEntry& SafetensorsFile::entry(const std::string& name) const {
+  const auto it = entries_.find(name);
+  MT_CHECK(it != entries_.end(), "safetensors: no tensor '{}' in {} (it holds {} tensors)", name, path_,
+           entries_.size());
+  return it->second;
+}
+
+Tensor SafetensorsFile::tensor(const std::string& name) const {
+  const SafetensorsEntry& e = entry(name);
+  const uint8_t* data = file_->data() + data_start_ + e.begin;
+  if (reinterpret_cast<uintptr_t>(data) % dtype_size(e.dtype) == 0) {
+    // The mapping is read-only; from_blob takes a mutable pointer because Tensor has no const view.
+    return Tensor::from_blob(const_cast<uint8_t*>(data), e.shape, e.dtype, Device::cpu(), file_);
+  }
+  Tensor copy = Tensor::empty(e.shape, e.dtype);
+  if (e.end > e.begin) std::memcpy(copy.raw_data(), data, e.end - e.begin);
+  return copy;
+}
+
+// ---- SafetensorsReader ----
+
+SafetensorsReader SafetensorsReader::open(const std::string& path) {
+  SafetensorsReader reader;
+  reader.path_ = path;
+  std::error_code error;
+  std::string index_path;
+  if (fs::is_directory(path, error)) {
+    const std::string single = (fs::path(path) / kSingleFileName).string();
+    const std::string index = (fs::path(path) / kIndexFileName).string();
+    const bool has_single = fs::exists(single, error);
+    const bool has_index = fs::exists(index, error);
+    MT_CHECK(!(has_single && has_index), "safetensors: folder {} holds both {} and {}; one of them is stale, remove it",
+             path, kSingleFileName, kIndexFileName);
+    MT_CHECK(has_single || has_index, "safetensors: folder {} holds neither {} nor {}", path, kSingleFileName,
+             kIndexFileName);
+    if (has_single) {
+      reader.files_.push_back(SafetensorsFile::open(single));
+    } else {
+      index_path = index;
+    }
+  } else if (ends_with(path, ".json")) {
+    index_path = path;
+  } else {
+    reader.files_.push_back(SafetensorsFile::open(path));
+  }
+
+  if (index_path.empty()) {
+    for (const std::string& name : reader.files_[0].names()) reader.file_of_.emplace(name, 0);
+    return reader;
+  }
+
+  // A sharded set: the index's weight_map must agree exactly with what the shards hold.
+  const std::string what = fmt::format("safetensors index {}", index_path);
+  DuplicateKey duplicate;
+  const json index = parse_json(read_text_file(index_path), what, &duplicate);
+  MT_CHECK(index.is_object(), "{} is a JSON {}, expected an object with a 'weight_map'", what, index.type_name());
+  MT_CHECK(!duplicate.found, "{} has key '{}' twice{}", what, duplicate.key,
+           duplicate.parent.empty() ? "" : fmt::format(" in '{}'", duplicate.parent));
+  const auto map_it = index.find("weight_map");
+  MT_CHECK(map_it != index.end() && map_it->is_object(), "{} has no 'weight_map' object (found {})", what,
+           map_it == index.end() ? std::string("none") : std::string("a JSON ") + map_it->type_name());
+  MT_CHECK(!map_it->empty(), "{}: weight_map names no tensors", what);
+
+  const fs::path folder = fs::path(index_path).parent_path();
+  std::map<std::string, std::string> weight_map;  // tensor -> shard path
+  std::map<std::string, std::string> shards;      // shard path -> first tensor assigned to it
+  for (const auto& [name, shard] : map_it->items()) {
+    MT_CHECK(shard.is_string() && !shard.get_ref<const std::string&>().empty(),
+             "{}: weight_map entry of tensor '{}' is {}, expected a shard file name", what, name, shard.dump());
+    const std::string shard_path = (folder / shard.get<std::string>()).string();
+    weight_map.emplace(name, shard_path);
+    shards.emplace(shard_path, name);
+  }
+  for (const auto& [shard_path, first_tensor] : shards) {
+    MT_CHECK(fs::is_regular_file(shard_path, error), "{}: shard {} (of tensor '{}') does not exist", what, shard_path,
+             first_tensor);
+    reader.files_.push_back(SafetensorsFile::open(shard_path));
+    const size_t index_of_file = reader.files_.size() - 1;
+    for (const std::string& name : reader.files_.back().names()) {
+      const auto [it, inserted] = reader.file_of_.emplace(name, index_of_file);
+      MT_CHECK(inserted, "{}: tensor '{}' appears in two shards, {} and {}", what, name,
+               reader.files_[it->second].path(), shard_path);
+    }
+  }
+  for (const auto& [name, shard_path] : weight_map) {
+    const auto it = reader.file_of_.find(name);
+    MT_CHECK(it != reader.file_of_.end() && reader.files_[it->second].path() == shard_path,
+             "{} assigns tensor '{}' to shard {} but that shard does not contain it{}", what, name, shard_path,
+             it == reader.file_of_.end() ? std::string(" (no shard does)")
+                                         : fmt::format(" (it is in {})", reader.files_[it->second].path()));
+  }
+  for (const auto& [name, file_index] : reader.file_of_) {
+    MT_CHECK(weight_map.count(name) != 0, "{}: shard {} holds tensor '{}' that the index does not list", what,
+             reader.files_[file_index].path(), name);
+  }
+  return reader;
+}
+
+std::vector<std::string> SafetensorsReader::names() const {
+  std::vector<std::string> names;
+  names.reserve(file_of_.size());
+  for (const auto& [name, file_index] : file_of_) names.push_back(name);
+  return names;
+}
+
+const SafetensorsFile& SafetensorsReader::file_for(const std::string& name) const {
+  const auto it = file_of_.find(name);
+  MT_CHECK(it != file_of_.end(), "safetensors: no tensor '{}' in {} ({} tensors in {} file{})", name, path_,
+           file_of_.size(), files_.size(), files_.size() == 1 ? "" : "s");
+  return files_[it->second];
+}
+
+const SafetensorsEntry& SafetensorsReader::entry(const std::string& name) const { return file_for(name).entry(name); }
+Tensor SafetensorsReader::tensor(const std::string& name) const { return file_for(name).tensor(name); }
+std::string SafetensorsReader::file_of(const std::string& name) const { return file_for(name).path(); }
+
+// ---- writers ----
+
+void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  validate_for_writing(tensors, path);
+  write_validated(path, tensors, metadata);
+}
+
+std::vector<std::string> write_safetensors_sharded(const std::string& dir, const std::string& stem,
+                                                   const std::vector<std::pair<std::string, Tensor>>& tensors,
+                                                   uint64_t max_shard_bytes,
+                                                   const std::map<std::string, std::string>& metadata) {
+  MT_CHECK(!stem.empty() && stem.find('/') == std::string::npos,
+           "safetensors: sharded write to {}: stem '{}' must be a non-empty file name without '/'", dir, stem);
+  validate_for_writing(tensors, fmt::format("{}/{}", dir, stem));
+
+  // Greedy in the given order: a shard closes when the next tensor would push it past the limit.
+  std::vector<std::vector<std::pair<std::string, Tensor>>> groups;
+  uint64_t group_bytes = 0;
+  uint64_t total_bytes = 0;
+  for (const auto& item : tensors) {
+    const uint64_t bytes = item.second.nbytes();
+    if (groups.empty() || (!groups.back().empty() && group_bytes + bytes > max_shard_bytes)) {
+      groups.emplace_back();
+      group_bytes = 0;
+    }
+    groups.back().push_back(item);
+    group_bytes += bytes;
+    total_bytes += bytes;
+  }
+
+  std::error_code error;
+  fs::create_directories(dir, error);
+  MT_CHECK(!error, "safetensors: cannot create folder {}: {}", dir, error.message());
+
+  if (groups.size() <= 1) {
+    const std::string path = (fs::path(dir) / (stem + ".safetensors")).string();
+    write_validated(path, tensors, metadata);
+    return {path};
+  }
+
+  std::vector<std::string> written;
+  json weight_map = json::object();
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const std::string file_name = fmt::format("{}-{:05d}-of-{:05d}.safetensors", stem, i + 1, groups.size());
+    const std::string path = (fs::path(dir) / file_name).string();
+    write_validated(path, groups[i], metadata);
+    written.push_back(path);
+    for (const auto& [name, tensor] : groups[i]) weight_map[name] = file_name;
+  }
+  json index = json::object();
+  index["metadata"] = json::object({{"total_size", total_bytes}});
+  index["weight_map"] = std::move(weight_map);
+  const std::string text = index.dump(2) + "\n";
+  const std::string index_path = (fs::path(dir) / (stem + ".safetensors.index.json")).string();
+  write_file_atomically(index_path, {{text.data(), text.size()}});
+  written.push_back(index_path);
+  return written;
+}
+
+}  // namespace moetrain::io

@@ -1,0 +1,79 @@
+// defines: MicroBatch construction and validation.
+#include "model/batch.h"
+
+#include <vector>
+
+#include "ops/attention.h"
+#include "ops/loss.h"
+
+namespace moetrain::model {
+
+namespace {
+
+Tensor positions_for(const Tensor& cu_seqlens, int64_t num_tokens) {
+  std::vector<int32_t> positions(static_cast<size_t>(num_tokens));
+  const int32_t* cu = cu_seqlens.data<int32_t>();
+  for (int64_t d = 0; d + 1 < cu_seqlens.numel(); ++d) {
+    for (int32_t t = cu[d]; t < cu[d + 1]; ++t) positions[static_cast<size_t>(t)] = t - cu[d];
+  }
+  return Tensor::from_vector(positions, {num_tokens});
+}
+
+}  // namespace
+
+int64_t MicroBatch::num_targets() const {
+  const int32_t* t = targets.data<int32_t>();
+  int64_t n = 0;
+  for (int64_t i = 0; i < targets.numel(); ++i) n += t[i] != ops::kIgnoreIndex;
+  return n;
+}
+
+MicroBatch MicroBatch::from_rows(const Tensor& input_ids, const Tensor& targets) {
+  expect_dtype(input_ids, DType::I32, "micro-batch input_ids");
+  MT_CHECK(input_ids.dim() == 2, "micro-batch input_ids: expected [B, T] but found {}", input_ids.describe());
+  expect_shape(targets, input_ids.shape(), "micro-batch targets");
+  const int64_t rows = input_ids.size(0), cols = input_ids.size(1);
+  std::vector<int32_t> cu(static_cast<size_t>(rows + 1));
+  for (int64_t b = 0; b <= rows; ++b) cu[static_cast<size_t>(b)] = static_cast<int32_t>(b * cols);
+  return packed(input_ids.clone().view({-1}), targets.clone().view({-1}), Tensor::from_vector(cu, {rows + 1}));
+}
+
+MicroBatch MicroBatch::packed(const Tensor& input_ids, const Tensor& targets, const Tensor& cu_seqlens) {
+  MicroBatch mb;
+  mb.input_ids = input_ids.view({-1});
+  mb.targets = targets.view({-1});
+  mb.cu_seqlens = cu_seqlens.view({-1});
+  ops::validate_cu_seqlens(mb.cu_seqlens, mb.input_ids.numel(), "micro-batch cu_seqlens");
+  mb.position_ids = positions_for(mb.cu_seqlens, mb.input_ids.numel());
+  return mb;
+}
+
+void MicroBatch::validate(int64_t vocab_size) const {
+  expect_dtype(input_ids, DType::I32, "micro-batch input_ids");
+  expect_dtype(targets, DType::I32, "micro-batch targets");
+  expect_dtype(position_ids, DType::I32, "micro-batch position_ids");
+  MT_CHECK(input_ids.dim() == 1 && input_ids.numel() > 0, "micro-batch input_ids: expected a non-empty [T] but found {}",
+           input_ids.describe());
+  expect_shape(targets, input_ids.shape(), "micro-batch targets");
+  expect_shape(position_ids, input_ids.shape(), "micro-batch position_ids");
+  ops::validate_cu_seqlens(cu_seqlens, num_tokens(), "micro-batch cu_seqlens");
+  const int32_t* ids = input_ids.data<int32_t>();
+  const int32_t* tgt = targets.data<int32_t>();
+  const int32_t* pos = position_ids.data<int32_t>();
+  const int32_t* cu = cu_seqlens.data<int32_t>();
+  for (int64_t t = 0; t < num_tokens(); ++t) {
+    MT_CHECK(ids[t] >= 0 && ids[t] < vocab_size, "micro-batch: token id {} at position {} is outside the vocabulary [0, {})",
+             ids[t], t, vocab_size);
+    MT_CHECK(tgt[t] == ops::kIgnoreIndex || (tgt[t] >= 0 && tgt[t] < vocab_size),
+             "micro-batch: target {} at position {} is neither -100 nor inside the vocabulary [0, {})", tgt[t], t,
+             vocab_size);
+  }
+  for (int64_t d = 0; d < num_documents(); ++d) {
+    for (int32_t t = cu[d]; t < cu[d + 1]; ++t) {
+      MT_CHECK(pos[t] == t - cu[d], "micro-batch: position_ids[{}] is {} but document {} starts at token {}, so {} was expected",
+               t, pos[t], d, cu[d], t - cu[d]);
+    }
+  }
+}
+
+}  // namespace moetrain::model

@@ -1,0 +1,33 @@
+// defines: MicroBatch, one flat run of tokens with its document boundaries. Packed is the general
+// case: a fixed window of B rows of T tokens is cu_seqlens = [0, T, 2T, ..., BT], so the same
+// kernels and numerics serve both (DESIGN.md section 4).
+#pragma once
+
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace moetrain::model {
+
+struct MicroBatch {
+  Tensor input_ids;     // i32 [T]
+  Tensor targets;       // i32 [T]; -100 = not counted in the loss
+  Tensor position_ids;  // i32 [T]; restart at 0 in every document
+  Tensor cu_seqlens;    // i32 [D + 1] on the CPU; document d is tokens [cu[d], cu[d + 1])
+
+  int64_t num_tokens() const { return input_ids.numel(); }
+  int64_t num_documents() const { return cu_seqlens.numel() - 1; }
+  // Number of targets that count (!= -100).
+  int64_t num_targets() const;
+
+  // B rows of T tokens, each row one document: input_ids and targets i32 [B, T].
+  static MicroBatch from_rows(const Tensor& input_ids, const Tensor& targets);
+  // Documents packed into one run; positions restart at each cu_seqlens boundary.
+  static MicroBatch packed(const Tensor& input_ids, const Tensor& targets, const Tensor& cu_seqlens);
+
+  // Fails closed on anything a kernel would misread: dtypes, shapes, cu_seqlens rules, positions
+  // that do not restart per document, ids or targets outside the vocabulary.
+  void validate(int64_t vocab_size) const;
+};
+
+}  // namespace moetrain::model

@@ -1,0 +1,156 @@
+// defines: the whole-model prolog, epilog and the single-rank forward/backward driver.
+#include "model/causal_lm.h"
+
+#include "io/safetensors.h"
+#include "model/qwen3.h"
+#include "ops/embedding.h"
+#include "ops/gemm.h"
+#include "ops/loss.h"
+
+namespace moetrain::model {
+
+namespace {
+
+std::vector<ParamSpec> param_specs_for(const io::ModelConfig& config) {
+  switch (config.family) {
+    case io::ModelFamily::Qwen3:
+    case io::ModelFamily::Qwen3Moe: return qwen3_param_specs(config);
+  }
+  MT_FAIL("model: no parameter layout for model_type '{}'", config.model_type);
+}
+
+std::unique_ptr<DecoderLayer> make_layer(const io::ModelConfig& config, ParameterStore& store, int64_t layer) {
+  switch (config.family) {
+    case io::ModelFamily::Qwen3:
+    case io::ModelFamily::Qwen3Moe: return std::make_unique<Qwen3DecoderLayer>(config, store, layer);
+  }
+  MT_FAIL("model: no decoder layer for model_type '{}'", config.model_type);
+}
+
+const char* head_name(const ParameterStore& store) { return store.contains("lm_head") ? "lm_head" : "embed"; }
+
+int64_t count_targets(const std::vector<MicroBatch>& batches) {
+  int64_t n = 0;
+  for (const MicroBatch& mb : batches) n += mb.num_targets();
+  return n;
+}
+
+}  // namespace
+
+CausalLm::CausalLm(const io::ModelConfig& config, Device device)
+    : config_(config), device_(device), params_(std::make_unique<ParameterStore>(param_specs_for(config), device)) {
+  final_norm_.eps = static_cast<float>(config.rms_norm_eps);
+  for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) layers_.push_back(make_layer(config_, *params_, layer));
+}
+
+std::unique_ptr<CausalLm> CausalLm::from_hf(const std::string& dir, Device device) {
+  const io::ModelConfig config = io::load_model_config(dir);
+  auto model = std::make_unique<CausalLm>(config, device);
+  model->params().load_hf(io::SafetensorsReader::open(dir));
+  return model;
+}
+
+Tensor CausalLm::embed_forward(const MicroBatch& batch) const {
+  Tensor hidden = Tensor::empty({batch.num_tokens(), config_.hidden_size}, DType::F32, device_);
+  ops::embedding_forward(default_stream(device_), hidden, batch.input_ids, params_->param("embed"));
+  return hidden;
+}
+
+void CausalLm::embed_backward(const MicroBatch& batch, const Tensor& d_hidden) const {
+  ops::embedding_backward_weight(default_stream(device_), params_->grad("embed"), d_hidden, batch.input_ids);
+}
+
+LossSum CausalLm::head_forward(EpilogRecord& r, const Tensor& hidden, const MicroBatch& batch) const {
+  Stream& s = default_stream(device_);
+  const int64_t T = hidden.size(0);
+  r.hidden = hidden;
+  r.batch = &batch;
+  r.rstd = Tensor::empty({T}, hidden.dtype(), device_);
+  r.normed = Tensor::empty(hidden.shape(), hidden.dtype(), device_);
+  ops::rmsnorm_forward(s, r.normed, r.rstd, hidden, params_->param("final_norm"), final_norm_);
+  r.logits = Tensor::empty({T, config_.vocab_size}, hidden.dtype(), device_);
+  ops::linear_forward(s, r.logits, r.normed, params_->param(head_name(*params_)));
+  r.losses = Tensor::empty({T}, hidden.dtype(), device_);
+  r.lse = Tensor::empty({T}, hidden.dtype(), device_);
+  ops::cross_entropy_forward(s, r.losses, r.lse, r.logits, batch.targets);
+  const ops::LossTotals totals = ops::cross_entropy_totals(s, r.losses, batch.targets);
+  return {totals.sum, totals.count};
+}
+
+Tensor CausalLm::head_backward_input(EpilogRecord& r, double loss_scale) const {
+  Stream& s = default_stream(device_);
+  Tensor d_logits = Tensor::empty(r.logits.shape(), r.logits.dtype(), device_);
+  ops::cross_entropy_backward(s, d_logits, r.logits, r.lse, r.batch->targets, loss_scale);
+  r.logits = d_logits;  // the logits are no longer needed; keep their gradient for the weight pass
+  r.d_normed = Tensor::empty(r.normed.shape(), r.normed.dtype(), device_);
+  ops::linear_backward_input(s, r.d_normed, d_logits, params_->param(head_name(*params_)));
+  Tensor d_hidden = Tensor::empty(r.hidden.shape(), r.hidden.dtype(), device_);
+  ops::rmsnorm_backward_input(s, d_hidden, r.d_normed, r.hidden, params_->param("final_norm"), r.rstd, final_norm_);
+  return d_hidden;
+}
+
+void CausalLm::head_backward_weight(EpilogRecord& r) const {
+  Stream& s = default_stream(device_);
+  ops::linear_backward_weight(s, params_->grad(head_name(*params_)), r.logits, r.normed);
+  ops::rmsnorm_backward_weight(s, params_->grad("final_norm"), r.d_normed, r.hidden, r.rstd);
+  r = EpilogRecord{};
+}
+
+StepLoss forward_backward(const CausalLm& model, const std::vector<MicroBatch>& batches, int64_t global_num_targets,
+                          ForwardObservation* observe) {
+  const int64_t local_targets = count_targets(batches);
+  const int64_t denominator = global_num_targets > 0 ? global_num_targets : local_targets;
+  MT_CHECK(denominator > 0, "forward_backward: the step has no counted targets (every target is -100)");
+  const double loss_scale = 1.0 / static_cast<double>(denominator);
+  StepLoss step;
+  for (const MicroBatch& batch : batches) {
+    batch.validate(model.config().vocab_size);
+    std::vector<LayerRecord> records(model.layers().size());
+    Tensor hidden = model.embed_forward(batch);
+    std::vector<Tensor> router_logits;
+    for (size_t i = 0; i < model.layers().size(); ++i) {
+      hidden = model.layers()[i]->reference_forward(records[i], hidden, batch);
+      if (records[i].stage1_out.routing.defined()) router_logits.push_back(records[i].stage1_out.routing.logits);
+    }
+    EpilogRecord epilog;
+    const LossSum sum = model.head_forward(epilog, hidden, batch);
+    step.ce_sum += sum.ce_sum;
+    step.num_targets += sum.num_targets;
+    if (observe) {
+      observe->logits.push_back(epilog.logits);
+      observe->router_logits.push_back(std::move(router_logits));
+    }
+    Tensor d_hidden = model.head_backward_input(epilog, loss_scale);
+    model.head_backward_weight(epilog);
+    for (size_t i = model.layers().size(); i-- > 0;) d_hidden = model.layers()[i]->reference_backward(records[i], d_hidden);
+    model.embed_backward(batch, d_hidden);
+  }
+  step.loss = step.ce_sum / static_cast<double>(denominator);
+  return step;
+}
+
+StepLoss forward_only(const CausalLm& model, const std::vector<MicroBatch>& batches, ForwardObservation* observe) {
+  StepLoss step;
+  for (const MicroBatch& batch : batches) {
+    batch.validate(model.config().vocab_size);
+    Tensor hidden = model.embed_forward(batch);
+    std::vector<Tensor> router_logits;
+    for (const auto& layer : model.layers()) {
+      LayerRecord record;
+      hidden = layer->reference_forward(record, hidden, batch);
+      if (record.stage1_out.routing.defined()) router_logits.push_back(record.stage1_out.routing.logits);
+    }
+    EpilogRecord epilog;
+    const LossSum sum = model.head_forward(epilog, hidden, batch);
+    step.ce_sum += sum.ce_sum;
+    step.num_targets += sum.num_targets;
+    if (observe) {
+      observe->logits.push_back(epilog.logits);
+      observe->router_logits.push_back(std::move(router_logits));
+    }
+  }
+  step.loss = step.num_targets > 0 ? step.ce_sum / static_cast<double>(step.num_targets) : 0.0;
+  return step;
+}
+
+}  // namespace moetrain::model

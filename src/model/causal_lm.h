@@ -1,0 +1,85 @@
+// defines: CausalLm, a whole decoder-only model: its parameters, the prolog (token embedding),
+// the decoder layers, and the epilog (final norm, LM head, cross-entropy). forward_backward runs
+// it over a list of micro-batches with the token-weighted loss of DESIGN.md section 1: the sum of
+// cross-entropy over every counted target of the step divided by their number.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "io/model_config.h"
+#include "model/batch.h"
+#include "model/decoder_layer.h"
+#include "model/parameter_store.h"
+#include "ops/norm.h"
+
+namespace moetrain::model {
+
+struct EpilogRecord {
+  Tensor hidden, rstd, normed;  // final norm input, its rstd, its output
+  Tensor logits, lse, losses;   // [T, V], [T], [T]
+  const MicroBatch* batch = nullptr;
+  Tensor d_normed;  // kept by backward_input for backward_weight
+};
+
+struct LossSum {
+  double ce_sum = 0.0;
+  int64_t num_targets = 0;
+};
+
+class CausalLm {
+ public:
+  // Zero parameters of the layout `config` implies.
+  explicit CausalLm(const io::ModelConfig& config, Device device = Device::cpu());
+  // A Hugging Face model folder: config.json and its safetensors (single file or sharded).
+  static std::unique_ptr<CausalLm> from_hf(const std::string& dir, Device device = Device::cpu());
+
+  const io::ModelConfig& config() const { return config_; }
+  ParameterStore& params() { return *params_; }
+  const ParameterStore& params() const { return *params_; }
+  const std::vector<std::unique_ptr<DecoderLayer>>& layers() const { return layers_; }
+  Device device() const { return device_; }
+
+  // Prolog: hidden [T, H] = embedding of the batch's tokens.
+  Tensor embed_forward(const MicroBatch& batch) const;
+  void embed_backward(const MicroBatch& batch, const Tensor& d_hidden) const;
+
+  // Epilog: final norm, head, per-token cross-entropy; the logits stay in the record.
+  LossSum head_forward(EpilogRecord& record, const Tensor& hidden, const MicroBatch& batch) const;
+  // d_hidden for d(loss)/d(ce_sum) = loss_scale (1 / the step's global target count).
+  Tensor head_backward_input(EpilogRecord& record, double loss_scale) const;
+  void head_backward_weight(EpilogRecord& record) const;
+
+ private:
+  io::ModelConfig config_;
+  Device device_;
+  std::unique_ptr<ParameterStore> params_;
+  std::vector<std::unique_ptr<DecoderLayer>> layers_;
+  ops::RmsNormParams final_norm_;
+};
+
+// What a caller may want to look at besides the loss (check-golden, tests).
+struct ForwardObservation {
+  std::vector<Tensor> logits;                      // per micro-batch, [T, V]
+  std::vector<std::vector<Tensor>> router_logits;  // per micro-batch, per MoE layer, [T, E]
+};
+
+struct StepLoss {
+  double loss = 0.0;  // ce_sum / num_targets
+  double ce_sum = 0.0;
+  int64_t num_targets = 0;
+};
+
+// Forward and backward of every micro-batch in order, accumulating into the parameter gradients
+// (which the caller zeroes). The loss scale is 1 / the targets counted over all the micro-batches,
+// or 1 / global_num_targets when that is given (> 0: the count over every data-parallel rank).
+StepLoss forward_backward(const CausalLm& model, const std::vector<MicroBatch>& batches,
+                          int64_t global_num_targets = 0, ForwardObservation* observe = nullptr);
+
+// Forward only (no records kept past each layer); fills `observe` when given.
+StepLoss forward_only(const CausalLm& model, const std::vector<MicroBatch>& batches,
+                      ForwardObservation* observe = nullptr);
+
+}  // namespace moetrain::model

@@ -1,0 +1,123 @@
+// defines: ParameterStore allocation, HF import/export and seeded initialisation.
+#include "model/parameter_store.h"
+
+#include <set>
+
+#include <fmt/format.h>
+
+#include "core/rng.h"
+#include "io/safetensors.h"
+
+namespace moetrain::model {
+
+namespace {
+
+void check_pieces_tile(const ParamSpec& spec) {
+  int64_t expected_offset = 0;
+  for (const HfPiece& piece : spec.pieces) {
+    MT_CHECK(piece.offset == expected_offset, "parameter store: piece '{}' of '{}' starts at element {} but {} was expected",
+             piece.hf_name, spec.name, piece.offset, expected_offset);
+    expected_offset += shape_numel(piece.hf_shape);
+  }
+  MT_CHECK(expected_offset == shape_numel(spec.shape), "parameter store: pieces of '{}' cover {} elements but it has {}",
+           spec.name, expected_offset, shape_numel(spec.shape));
+}
+
+Tensor piece_view(const Tensor& whole, const HfPiece& piece) {
+  const int64_t n = shape_numel(piece.hf_shape);
+  return whole.view({-1}).slice(piece.offset, piece.offset + n).view(piece.hf_shape);
+}
+
+}  // namespace
+
+ParameterStore::ParameterStore(std::vector<ParamSpec> specs, Device device) : specs_(std::move(specs)) {
+  for (size_t i = 0; i < specs_.size(); ++i) {
+    const ParamSpec& spec = specs_[i];
+    MT_CHECK(index_.emplace(spec.name, i).second, "parameter store: duplicate parameter '{}'", spec.name);
+    check_pieces_tile(spec);
+    params_.push_back(Tensor::zeros(spec.shape, DType::F32, device));
+    grads_.push_back(Tensor::zeros(spec.shape, DType::F32, device));
+  }
+}
+
+Tensor ParameterStore::param(const std::string& name) const {
+  auto it = index_.find(name);
+  MT_CHECK(it != index_.end(), "parameter store: no parameter '{}'", name);
+  return params_[it->second];
+}
+
+Tensor ParameterStore::grad(const std::string& name) const {
+  auto it = index_.find(name);
+  MT_CHECK(it != index_.end(), "parameter store: no parameter '{}'", name);
+  return grads_[it->second];
+}
+
+int64_t ParameterStore::num_parameters() const {
+  int64_t n = 0;
+  for (const Tensor& p : params_) n += p.numel();
+  return n;
+}
+
+void ParameterStore::zero_grads() {
+  for (Tensor& g : grads_) g.zero_();
+}
+
+void ParameterStore::load_hf(const io::SafetensorsReader& reader) {
+  std::vector<std::string> problems;
+  std::set<std::string> expected;
+  for (const ParamSpec& spec : specs_) {
+    for (const HfPiece& piece : spec.pieces) {
+      expected.insert(piece.hf_name);
+      if (!reader.contains(piece.hf_name)) {
+        problems.push_back(fmt::format("missing tensor '{}' (expected shape {})", piece.hf_name, shape_str(piece.hf_shape)));
+        continue;
+      }
+      const io::SafetensorsEntry& entry = reader.entry(piece.hf_name);
+      if (entry.shape != piece.hf_shape) {
+        problems.push_back(fmt::format("tensor '{}' has shape {} but the config implies {}", piece.hf_name,
+                                       shape_str(entry.shape), shape_str(piece.hf_shape)));
+      } else if (!dtype_is_floating(entry.dtype)) {
+        problems.push_back(fmt::format("tensor '{}' has dtype {} but a float dtype was expected", piece.hf_name,
+                                       dtype_name(entry.dtype)));
+      }
+    }
+  }
+  for (const std::string& name : reader.names()) {
+    if (!expected.count(name)) problems.push_back(fmt::format("unexpected tensor '{}'", name));
+  }
+  MT_CHECK(problems.empty(), "model weights: {} problem(s) with the checkpoint:\n  {}", problems.size(),
+           fmt::join(problems, "\n  "));
+  for (size_t i = 0; i < specs_.size(); ++i) {
+    for (const HfPiece& piece : specs_[i].pieces) {
+      Tensor source = reader.tensor(piece.hf_name);
+      if (source.dtype() != DType::F32) source = source.to(DType::F32);
+      piece_view(params_[i], piece).copy_from(source);
+    }
+  }
+}
+
+std::vector<std::pair<std::string, Tensor>> ParameterStore::export_hf(bool of_grads) const {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (size_t i = 0; i < specs_.size(); ++i) {
+    const Tensor& whole = of_grads ? grads_[i] : params_[i];
+    const Tensor host = whole.device().is_cpu() ? whole : whole.to(Device::cpu());
+    for (const HfPiece& piece : specs_[i].pieces) out.emplace_back(piece.hf_name, piece_view(host, piece).clone());
+  }
+  return out;
+}
+
+void ParameterStore::init_random(uint64_t seed, double std) {
+  for (size_t i = 0; i < specs_.size(); ++i) {
+    Tensor host = Tensor::empty(specs_[i].shape, DType::F32);
+    float* p = host.data<float>();
+    if (!specs_[i].is_matrix()) {
+      for (int64_t j = 0; j < host.numel(); ++j) p[j] = 1.0f;
+    } else {
+      Rng rng = Rng::for_key(seed, specs_[i].name);
+      for (int64_t j = 0; j < host.numel(); ++j) p[j] = static_cast<float>(rng.normal() * std);
+    }
+    params_[i].copy_from(host);
+  }
+}
+
+}  // namespace moetrain::model

@@ -1,0 +1,68 @@
+// defines: ParameterStore, the model's parameters and gradients in the engine's internal layout,
+// and the mapping between that layout and Hugging Face tensor names. An internal tensor is the
+// row-major concatenation of one or more HF tensors (experts stacked into [E, ...], gate and up
+// projections fused into one [2I, H] weight), so every HF tensor is a contiguous block of it.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace moetrain::io {
+class SafetensorsReader;
+}
+
+namespace moetrain::model {
+
+// One HF tensor inside an internal parameter, starting at element `offset`.
+struct HfPiece {
+  std::string hf_name;
+  Shape hf_shape;
+  int64_t offset = 0;
+};
+
+struct ParamSpec {
+  std::string name;  // internal name, e.g. "layers.1.experts.gate_up"
+  Shape shape;
+  std::vector<HfPiece> pieces;  // cover the tensor exactly, in offset order
+  bool is_matrix() const { return shape.size() >= 2; }  // weight decay applies to these
+};
+
+class ParameterStore {
+ public:
+  // Allocates zero parameters and zero gradients for `specs` (fp32 masters on `device`). The
+  // pieces of each spec must tile it exactly; names must be unique.
+  ParameterStore(std::vector<ParamSpec> specs, Device device = Device::cpu());
+
+  const std::vector<ParamSpec>& specs() const { return specs_; }
+  bool contains(const std::string& name) const { return index_.count(name) != 0; }
+  Tensor param(const std::string& name) const;
+  Tensor grad(const std::string& name) const;
+  std::vector<Tensor> all_params() const { return params_; }
+  std::vector<Tensor> all_grads() const { return grads_; }
+  int64_t num_parameters() const;
+  void zero_grads();
+
+  // Fills every parameter from HF tensors. All checks run before any byte is copied: every
+  // expected HF name present with the expected shape, no unexpected names; the error lists every
+  // missing, unexpected and mis-shaped name at once. Tensors of another float dtype are converted.
+  void load_hf(const io::SafetensorsReader& reader);
+  // HF name -> tensor (copies), in spec order; `of_grads` exports the gradients instead.
+  std::vector<std::pair<std::string, Tensor>> export_hf(bool of_grads = false) const;
+
+  // Every parameter from N(0, std^2), norms (1-D) set to 1; each tensor from its own stream
+  // Rng::for_key(seed, name), so the values do not depend on the order or the mesh.
+  void init_random(uint64_t seed, double std);
+
+ private:
+  std::vector<ParamSpec> specs_;
+  std::map<std::string, size_t> index_;
+  std::vector<Tensor> params_;
+  std::vector<Tensor> grads_;
+};
+
+}  // namespace moetrain::model

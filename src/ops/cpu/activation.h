@@ -1,0 +1,15 @@
+// defines: the CPU reference of SwiGLU (ops/activation.h): y = silu(gate) * up over gate_up [N, 2I], rows in
+// parallel.
+#pragma once
+
+#include "core/tensor.h"
+#include "ops/activation.h"
+
+namespace moetrain::ops::cpu {
+
+// The arguments are validated by ops::swiglu_forward / ops::swiglu_backward; f32 or f64, contiguous.
+void swiglu_forward(const Tensor& y, const Tensor& gate_up);
+// Column j of gate and of up are read before either gradient is written, so dgate_up may alias gate_up.
+void swiglu_backward(const Tensor& dgate_up, const Tensor& dy, const Tensor& gate_up);
+
+}  // namespace moetrain::ops::cpu

@@ -1,0 +1,204 @@
+// defines: the CPU attention reference. Every output element is computed by one thread with its reductions in
+// ascending token order, and a query only ever reads its own document, so a document's rows do not depend on what
+// else is packed into the micro-batch or on the thread count.
+#include "ops/cpu/attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "ops/cpu/dispatch.h"
+
+namespace moetrain::ops::cpu {
+
+namespace {
+
+struct Span {
+  int64_t begin = 0;
+  int64_t end = 0;
+};
+
+// The document [begin, end) of every token.
+std::vector<Span> document_of_tokens(const Tensor& cu_seqlens) {
+  const int32_t* cu = cu_seqlens.data<int32_t>();
+  const int64_t num_docs = cu_seqlens.numel() - 1;
+  std::vector<Span> spans(static_cast<size_t>(cu[num_docs]));
+  for (int64_t d = 0; d < num_docs; ++d) {
+    for (int64_t t = cu[d]; t < cu[d + 1]; ++t) spans[static_cast<size_t>(t)] = {cu[d], cu[d + 1]};
+  }
+  return spans;
+}
+
+// Keys visible to query i of document `doc`.
+Span visible_keys(int64_t i, Span doc, const AttentionParams& params) {
+  Span keys{doc.begin, params.causal ? i + 1 : doc.end};
+  if (params.sliding_window > 0) {
+    keys.begin = std::max(keys.begin, i - params.sliding_window + 1);
+    if (!params.causal) keys.end = std::min(keys.end, i + params.sliding_window);
+  }
+  return keys;
+}
+
+// Queries that see key j of document `doc` (the transpose of visible_keys).
+Span visible_queries(int64_t j, Span doc, const AttentionParams& params) {
+  Span queries{params.causal ? j : doc.begin, doc.end};
+  if (params.sliding_window > 0) {
+    queries.end = std::min(queries.end, j + params.sliding_window);
+    if (!params.causal) queries.begin = std::max(queries.begin, j - params.sliding_window + 1);
+  }
+  return queries;
+}
+
+template <typename T>
+T dot(const T* a, const T* b, int64_t n) {
+  T s = T(0);
+  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+// y += a * x over n contiguous elements.
+template <typename T>
+void axpy(T* y, T a, const T* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+struct Dims {
+  int64_t tokens, nh, nkv, hd, hdv, group;
+};
+
+Dims dims_of(const Tensor& q, const Tensor& k, const Tensor& v) {
+  const int64_t nh = q.size(1), nkv = k.size(1);
+  return {q.size(0), nh, nkv, q.size(2), v.size(2), nh / nkv};
+}
+
+template <typename T>
+void forward_impl(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                  const Tensor& cu_seqlens, const AttentionParams& params) {
+  const Dims n = dims_of(q, k, v);
+  const std::vector<Span> docs = document_of_tokens(cu_seqlens);
+  const T scale = static_cast<T>(params.softmax_scale);
+  const T* qp = q.data<T>();
+  const T* kp = k.data<T>();
+  const T* vp = v.data<T>();
+  T* op = out.data<T>();
+  T* lp = lse.data<T>();
+  const int64_t pairs = n.tokens * n.nh;
+#pragma omp parallel
+  {
+    std::vector<T> p;  // scores, then probabilities, of the visible keys of one (query, head)
+#pragma omp for schedule(dynamic, 4)
+    for (int64_t pair = 0; pair < pairs; ++pair) {
+      const int64_t i = pair / n.nh, h = pair % n.nh, g = h / n.group;
+      const Span keys = visible_keys(i, docs[static_cast<size_t>(i)], params);
+      p.resize(static_cast<size_t>(keys.end - keys.begin));
+      const T* qi = qp + pair * n.hd;
+      T max = -std::numeric_limits<T>::infinity();
+      for (int64_t j = keys.begin; j < keys.end; ++j) {
+        const T s = dot(qi, kp + (j * n.nkv + g) * n.hd, n.hd) * scale;
+        p[static_cast<size_t>(j - keys.begin)] = s;
+        max = std::max(max, s);
+      }
+      T sum = T(0);
+      for (T& x : p) {
+        x = std::exp(x - max);
+        sum += x;
+      }
+      T* oi = op + pair * n.hdv;
+      std::fill(oi, oi + n.hdv, T(0));
+      for (int64_t j = keys.begin; j < keys.end; ++j) {
+        axpy(oi, p[static_cast<size_t>(j - keys.begin)] / sum, vp + (j * n.nkv + g) * n.hdv, n.hdv);
+      }
+      lp[pair] = max + std::log(sum);
+    }
+  }
+}
+
+template <typename T>
+void backward_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
+                   const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, const Tensor& cu_seqlens,
+                   const AttentionParams& params) {
+  const Dims n = dims_of(q, k, v);
+  const std::vector<Span> docs = document_of_tokens(cu_seqlens);
+  const T scale = static_cast<T>(params.softmax_scale);
+  const T* qp = q.data<T>();
+  const T* kp = k.data<T>();
+  const T* vp = v.data<T>();
+  const T* dop = dout.data<T>();
+  const T* op = out.data<T>();
+  const T* lp = lse.data<T>();
+  T* dqp = dq.data<T>();
+  T* dkp = dk.data<T>();
+  T* dvp = dv.data<T>();
+
+  // D[i, h] = dot(dout_i, out_i): the softmax backward's row term.
+  const int64_t pairs = n.tokens * n.nh;
+  std::vector<T> row_term(static_cast<size_t>(pairs));
+#pragma omp parallel for
+  for (int64_t pair = 0; pair < pairs; ++pair) {
+    row_term[static_cast<size_t>(pair)] = dot(dop + pair * n.hdv, op + pair * n.hdv, n.hdv);
+  }
+
+  // dq_i = scale * sum_j dS_ij k_j, one (query, head) per iteration.
+#pragma omp parallel for schedule(dynamic, 4)
+  for (int64_t pair = 0; pair < pairs; ++pair) {
+    const int64_t i = pair / n.nh, h = pair % n.nh, g = h / n.group;
+    const Span keys = visible_keys(i, docs[static_cast<size_t>(i)], params);
+    const T* qi = qp + pair * n.hd;
+    const T* doi = dop + pair * n.hdv;
+    T* dqi = dqp + pair * n.hd;
+    std::fill(dqi, dqi + n.hd, T(0));
+    for (int64_t j = keys.begin; j < keys.end; ++j) {
+      const T* kj = kp + (j * n.nkv + g) * n.hd;
+      const T prob = std::exp(dot(qi, kj, n.hd) * scale - lp[pair]);
+      const T dprob = dot(doi, vp + (j * n.nkv + g) * n.hdv, n.hdv);
+      axpy(dqi, prob * (dprob - row_term[static_cast<size_t>(pair)]), kj, n.hd);
+    }
+    for (int64_t d = 0; d < n.hd; ++d) dqi[d] *= scale;
+  }
+
+  // dk_j, dv_j: one (key token, kv head) per iteration, summing over the query heads of that kv head (ascending)
+  // and, within a head, over the queries that see key j (ascending).
+  const int64_t kv_pairs = n.tokens * n.nkv;
+#pragma omp parallel for schedule(dynamic, 4)
+  for (int64_t kv_pair = 0; kv_pair < kv_pairs; ++kv_pair) {
+    const int64_t j = kv_pair / n.nkv, g = kv_pair % n.nkv;
+    const Span queries = visible_queries(j, docs[static_cast<size_t>(j)], params);
+    const T* kj = kp + kv_pair * n.hd;
+    const T* vj = vp + kv_pair * n.hdv;
+    T* dkj = dkp + kv_pair * n.hd;
+    T* dvj = dvp + kv_pair * n.hdv;
+    std::fill(dkj, dkj + n.hd, T(0));
+    std::fill(dvj, dvj + n.hdv, T(0));
+    for (int64_t h = g * n.group; h < (g + 1) * n.group; ++h) {
+      for (int64_t i = queries.begin; i < queries.end; ++i) {
+        const int64_t pair = i * n.nh + h;
+        const T* qi = qp + pair * n.hd;
+        const T* doi = dop + pair * n.hdv;
+        const T prob = std::exp(dot(qi, kj, n.hd) * scale - lp[pair]);
+        axpy(dvj, prob, doi, n.hdv);
+        const T dprob = dot(doi, vj, n.hdv);
+        axpy(dkj, prob * (dprob - row_term[static_cast<size_t>(pair)]), qi, n.hd);
+      }
+    }
+    for (int64_t d = 0; d < n.hd; ++d) dkj[d] *= scale;
+  }
+}
+
+}  // namespace
+
+void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                       const Tensor& cu_seqlens, const AttentionParams& params) {
+  dispatch_float(q.dtype(), "attention_forward",
+                 [&]<typename T>() { forward_impl<T>(out, lse, q, k, v, cu_seqlens, params); });
+}
+
+void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
+                        const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                        const Tensor& cu_seqlens, const AttentionParams& params) {
+  dispatch_float(q.dtype(), "attention_backward",
+                 [&]<typename T>() { backward_impl<T>(dq, dk, dv, dout, q, k, v, out, lse, cu_seqlens, params); });
+}
+
+}  // namespace moetrain::ops::cpu

@@ -1,0 +1,72 @@
+// defines: the CPU AdamW update and sum of squares. The AdamW element math follows PyTorch's kernels step by step
+// (each step rounded to T, as fp32 tensors are on the GPU), so an fp32 run tracks torch.optim.AdamW closely.
+#include "ops/cpu/optim.h"
+
+#include <cmath>
+#include <cstdint>
+
+#include "ops/cpu/dispatch.h"
+
+namespace moetrain::ops::cpu {
+
+namespace {
+
+// at::lerp: start + w * (end - start) when |w| < 0.5, else end - (end - start) * (1 - w).
+template <typename T>
+T lerp(T start, T end, T weight) {
+  const T diff = end - start;
+  return std::abs(weight) < T(0.5) ? start + weight * diff : end - diff * (T(1) - weight);
+}
+
+}  // namespace
+
+void adamw_step(const Tensor& param, const Tensor& exp_avg, const Tensor& exp_avg_sq, const Tensor& grad,
+                const AdamWParams& params) {
+  // Python-side scalars of torch.optim.adamw, in double.
+  const double step = static_cast<double>(params.step);
+  const double decay = 1.0 - params.lr * params.weight_decay;
+  const double bias_correction1 = 1.0 - std::pow(params.beta1, step);
+  const double bias_correction2 = 1.0 - std::pow(params.beta2, step);
+  const double step_size = params.lr / bias_correction1;
+  const double bias_correction2_sqrt = std::sqrt(bias_correction2);
+
+  dispatch_float(param.dtype(), "adamw_step", [&]<typename T>() {
+    T* p = param.data<T>();
+    T* m = exp_avg.data<T>();
+    T* v = exp_avg_sq.data<T>();
+    const T* g = grad.data<T>();
+    const T t_decay = static_cast<T>(decay);
+    const T t_one_minus_beta1 = static_cast<T>(1.0 - params.beta1);
+    const T t_beta2 = static_cast<T>(params.beta2);
+    const T t_one_minus_beta2 = static_cast<T>(1.0 - params.beta2);
+    const T t_neg_step_size = static_cast<T>(-step_size);
+    const T t_bc2_sqrt = static_cast<T>(bias_correction2_sqrt);
+    const T t_eps = static_cast<T>(params.eps);
+    const bool apply_decay = params.weight_decay != 0.0;
+    const int64_t n = param.numel();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      if (apply_decay) p[i] = p[i] * t_decay;                                    // param.mul_(1 - lr * wd)
+      m[i] = lerp(m[i], g[i], t_one_minus_beta1);                               // exp_avg.lerp_(grad, 1 - b1)
+      v[i] = v[i] * t_beta2;                                                    // exp_avg_sq.mul_(b2)
+      v[i] = v[i] + t_one_minus_beta2 * (g[i] * g[i]);                          // .addcmul_(grad, grad, 1 - b2)
+      const T denom = std::sqrt(v[i]) / t_bc2_sqrt + t_eps;                     // (sqrt(v) / bc2_sqrt).add_(eps)
+      p[i] = p[i] + t_neg_step_size * (m[i] / denom);                           // param.addcdiv_(m, denom, -ss)
+    }
+  });
+}
+
+double sum_of_squares(const Tensor& x) {
+  double sum = 0.0;
+  dispatch_float(x.dtype(), "sum_of_squares", [&]<typename T>() {
+    const T* px = x.data<T>();
+    const int64_t n = x.numel();
+    for (int64_t i = 0; i < n; ++i) {
+      const double value = static_cast<double>(px[i]);
+      sum += value * value;
+    }
+  });
+  return sum;
+}
+
+}  // namespace moetrain::ops::cpu

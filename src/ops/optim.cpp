@@ -1,0 +1,96 @@
+// defines: the public optimizer ops: argument validation (shapes, dtypes, contiguity, devices, hyper-parameter
+// ranges) and dispatch to the CPU reference; the global norm and clipping are composed here from it.
+#include "ops/optim.h"
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "ops/cpu/dispatch.h"
+#include "ops/cpu/elementwise.h"
+#include "ops/cpu/optim.h"
+
+namespace moetrain::ops {
+
+namespace {
+
+void check_stream(const Stream& stream, const char* op) {
+  MT_CHECK(stream.device().is_cpu(), "{}: no kernel for a {} stream in this build", op, stream.device().str());
+}
+
+// A contiguous CPU tensor of f32 or f64; `name` may carry an index ("grads[3]").
+void check_float(const Tensor& t, const char* op, const std::string& name) {
+  const std::string what = fmt::format("{}: {}", op, name);
+  expect_contiguous(t, what);
+  require_cpu(t, op);
+  MT_CHECK(t.dtype() == DType::F32 || t.dtype() == DType::F64, "{}: expected {} in f32 or f64 but found {}", op, name,
+           t.describe());
+}
+
+void check_like(const Tensor& t, const Tensor& like, const char* op, const char* name) {
+  const std::string what = fmt::format("{}: {}", op, name);
+  expect_shape(t, like.shape(), what);
+  expect_dtype(t, like.dtype(), what);
+  expect_contiguous(t, what);
+  require_cpu(t, op);
+}
+
+void check_adamw_params(const AdamWParams& p, const char* op) {
+  MT_CHECK(std::isfinite(p.lr) && p.lr >= 0.0, "{}: expected lr >= 0 but found {}", op, p.lr);
+  MT_CHECK(p.beta1 >= 0.0 && p.beta1 < 1.0, "{}: expected beta1 in [0, 1) but found {}", op, p.beta1);
+  MT_CHECK(p.beta2 >= 0.0 && p.beta2 < 1.0, "{}: expected beta2 in [0, 1) but found {}", op, p.beta2);
+  MT_CHECK(std::isfinite(p.eps) && p.eps >= 0.0, "{}: expected eps >= 0 but found {}", op, p.eps);
+  MT_CHECK(std::isfinite(p.weight_decay) && p.weight_decay >= 0.0, "{}: expected weight_decay >= 0 but found {}", op,
+           p.weight_decay);
+  MT_CHECK(p.step >= 1, "{}: expected step >= 1 (1 on the first update) but found {}", op, p.step);
+}
+
+}  // namespace
+
+void adamw_step(Stream& stream, Tensor param, Tensor exp_avg, Tensor exp_avg_sq, const Tensor& grad,
+                const AdamWParams& params) {
+  constexpr const char* op = "adamw_step";
+  check_stream(stream, op);
+  check_float(param, op, "param");
+  check_like(exp_avg, param, op, "exp_avg");
+  check_like(exp_avg_sq, param, op, "exp_avg_sq");
+  check_like(grad, param, op, "grad");
+  check_adamw_params(params, op);
+  cpu::adamw_step(param, exp_avg, exp_avg_sq, grad, params);
+}
+
+double sum_of_squares(Stream& stream, const Tensor& x) {
+  constexpr const char* op = "sum_of_squares";
+  check_stream(stream, op);
+  check_float(x, op, "x");
+  return cpu::sum_of_squares(x);
+}
+
+double global_norm(Stream& stream, const std::vector<Tensor>& tensors) {
+  constexpr const char* op = "global_norm";
+  check_stream(stream, op);
+  for (size_t i = 0; i < tensors.size(); ++i) check_float(tensors[i], op, fmt::format("tensors[{}]", i));
+  double total = 0.0;
+  for (const Tensor& t : tensors) total += cpu::sum_of_squares(t);
+  return std::sqrt(total);
+}
+
+double clip_by_global_norm(Stream& stream, const std::vector<Tensor>& grads, double max_norm) {
+  constexpr const char* op = "clip_by_global_norm";
+  check_stream(stream, op);
+  MT_CHECK(!std::isnan(max_norm), "{}: expected a max_norm (<= 0 disables clipping) but found NaN", op);
+  for (size_t i = 0; i < grads.size(); ++i) check_float(grads[i], op, fmt::format("grads[{}]", i));
+  double total = 0.0;
+  for (const Tensor& g : grads) total += cpu::sum_of_squares(g);
+  const double norm = std::sqrt(total);
+  if (max_norm <= 0.0) return norm;
+  // torch.nn.utils.clip_grad_norm_: clip_coef = max_norm / (norm + 1e-6), clamped to at most 1. A coefficient of 1
+  // leaves the values as they are, so only a real clip touches them. A non-finite norm is returned for the caller
+  // to act on (skip the step) and the gradients are left unchanged.
+  const double coefficient = max_norm / (norm + 1e-6);
+  if (!std::isfinite(norm) || !(coefficient < 1.0)) return norm;
+  for (const Tensor& g : grads) cpu::scale_inplace(g, coefficient);
+  return norm;
+}
+
+}  // namespace moetrain::ops

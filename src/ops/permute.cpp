@@ -1,0 +1,130 @@
+// defines: the public permutation ops: validation of the routing choices, the plan and the tensors, and dispatch
+// to the CPU reference.
+#include "ops/permute.h"
+
+#include <cstdint>
+#include <limits>
+#include <string>
+
+#include "ops/cpu/dispatch.h"
+#include "ops/cpu/permute.h"
+
+namespace moetrain::ops {
+
+namespace {
+
+void check_argument(const Tensor& t, const Shape& shape, DType dtype, const char* op, const char* name) {
+  const std::string what = fmt::format("{}: {}", op, name);
+  expect_shape(t, shape, what);
+  expect_dtype(t, dtype, what);
+  expect_contiguous(t, what);
+  require_cpu(t, op);
+}
+
+// The plan's tensors have the right shapes, and choice_row / row_choice are inverse permutations of the T*K
+// choices (so every permuted row is written exactly once).
+void check_plan(const RoutingPlan& plan, const char* op) {
+  MT_CHECK(plan.num_tokens >= 0 && plan.top_k >= 1 && plan.num_experts >= 1,
+           "{}: expected a routing plan with T >= 0, K >= 1, E >= 1 but found T = {}, K = {}, E = {}", op,
+           plan.num_tokens, plan.top_k, plan.num_experts);
+  const int64_t choices = plan.num_tokens * plan.top_k;
+  check_argument(plan.expert_offsets, {plan.num_experts + 1}, DType::I32, op, "plan.expert_offsets");
+  check_argument(plan.row_choice, {choices}, DType::I32, op, "plan.row_choice");
+  check_argument(plan.choice_row, {choices}, DType::I32, op, "plan.choice_row");
+  const int32_t* offsets = plan.expert_offsets.data<int32_t>();
+  MT_CHECK(offsets[0] == 0 && offsets[plan.num_experts] == choices,
+           "{}: plan.expert_offsets must run from 0 to T*K = {} but runs from {} to {}", op, choices, offsets[0],
+           offsets[plan.num_experts]);
+  const int32_t* row_choice = plan.row_choice.data<int32_t>();
+  const int32_t* choice_row = plan.choice_row.data<int32_t>();
+  for (int64_t c = 0; c < choices; ++c) {
+    const int32_t row = choice_row[c];
+    MT_CHECK(row >= 0 && row < choices && row_choice[row] == c,
+             "{}: plan.choice_row[{}] = {} is not a row whose plan.row_choice is {} (the plan is not a permutation "
+             "of the T*K = {} choices)",
+             op, c, row, c, choices);
+  }
+}
+
+}  // namespace
+
+RoutingPlan make_routing_plan(Stream& stream, const Tensor& topk_index, int64_t num_experts) {
+  (void)stream;
+  constexpr const char* op = "make_routing_plan";
+  expect_defined(topk_index, "make_routing_plan: topk_index");
+  MT_CHECK(topk_index.dim() == 2, "{}: expected topk_index [T, K] but found {}", op, topk_index.describe());
+  check_argument(topk_index, topk_index.shape(), DType::I32, op, "topk_index");
+  const int64_t tokens = topk_index.size(0), top_k = topk_index.size(1);
+  MT_CHECK(top_k >= 1, "{}: expected topk_index [T, K] with K >= 1 but found {}", op, topk_index.describe());
+  MT_CHECK(num_experts >= 1 && num_experts < std::numeric_limits<int32_t>::max(),
+           "{}: num_experts must be in [1, 2^31 - 1) but found {}", op, num_experts);
+  MT_CHECK(tokens * top_k <= std::numeric_limits<int32_t>::max(),
+           "{}: T*K = {} choices do not fit the i32 plan (at most 2^31 - 1)", op, tokens * top_k);
+  const int32_t* index = topk_index.data<int32_t>();
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t k = 0; k < top_k; ++k) {
+      const int32_t e = index[t * top_k + k];
+      MT_CHECK(e >= 0 && e < num_experts, "{}: topk_index[token {}, slot {}] = {} is outside [0, E = {})", op, t, k, e,
+               num_experts);
+    }
+  }
+  return cpu::make_routing_plan(topk_index, num_experts);
+}
+
+void permute_forward(Stream& stream, Tensor permuted, const Tensor& x, const RoutingPlan& plan) {
+  (void)stream;
+  constexpr const char* op = "permute_forward";
+  check_plan(plan, op);
+  expect_defined(x, "permute_forward: x");
+  MT_CHECK(x.dim() == 2, "{}: expected x [T, H] but found {}", op, x.describe());
+  const int64_t hidden = x.size(1);
+  check_argument(x, {plan.num_tokens, hidden}, x.dtype(), op, "x");
+  check_argument(permuted, {plan.num_tokens * plan.top_k, hidden}, x.dtype(), op, "permuted");
+  cpu::permute_forward(permuted, x, plan);
+}
+
+void permute_backward(Stream& stream, Tensor dx, const Tensor& dpermuted, const RoutingPlan& plan) {
+  (void)stream;
+  constexpr const char* op = "permute_backward";
+  check_plan(plan, op);
+  expect_defined(dpermuted, "permute_backward: dpermuted");
+  MT_CHECK(dpermuted.dim() == 2, "{}: expected dpermuted [T*K, H] but found {}", op, dpermuted.describe());
+  const int64_t hidden = dpermuted.size(1);
+  check_argument(dpermuted, {plan.num_tokens * plan.top_k, hidden}, dpermuted.dtype(), op, "dpermuted");
+  check_argument(dx, {plan.num_tokens, hidden}, dpermuted.dtype(), op, "dx");
+  cpu::permute_backward(dx, dpermuted, plan);
+}
+
+void unpermute_forward(Stream& stream, Tensor y, const Tensor& expert_out, const Tensor& topk_weight,
+                       const RoutingPlan& plan) {
+  (void)stream;
+  constexpr const char* op = "unpermute_forward";
+  check_plan(plan, op);
+  expect_defined(expert_out, "unpermute_forward: expert_out");
+  MT_CHECK(expert_out.dim() == 2, "{}: expected expert_out [T*K, H] but found {}", op, expert_out.describe());
+  const int64_t hidden = expert_out.size(1);
+  const DType dtype = expert_out.dtype();
+  check_argument(expert_out, {plan.num_tokens * plan.top_k, hidden}, dtype, op, "expert_out");
+  check_argument(topk_weight, {plan.num_tokens, plan.top_k}, dtype, op, "topk_weight");
+  check_argument(y, {plan.num_tokens, hidden}, dtype, op, "y");
+  cpu::unpermute_forward(y, expert_out, topk_weight, plan);
+}
+
+void unpermute_backward(Stream& stream, Tensor dexpert_out, Tensor dtopk_weight, const Tensor& dy,
+                        const Tensor& expert_out, const Tensor& topk_weight, const RoutingPlan& plan) {
+  (void)stream;
+  constexpr const char* op = "unpermute_backward";
+  check_plan(plan, op);
+  expect_defined(dy, "unpermute_backward: dy");
+  MT_CHECK(dy.dim() == 2, "{}: expected dy [T, H] but found {}", op, dy.describe());
+  const int64_t hidden = dy.size(1);
+  const DType dtype = dy.dtype();
+  check_argument(dy, {plan.num_tokens, hidden}, dtype, op, "dy");
+  check_argument(expert_out, {plan.num_tokens * plan.top_k, hidden}, dtype, op, "expert_out");
+  check_argument(topk_weight, {plan.num_tokens, plan.top_k}, dtype, op, "topk_weight");
+  check_argument(dexpert_out, {plan.num_tokens * plan.top_k, hidden}, dtype, op, "dexpert_out");
+  check_argument(dtopk_weight, {plan.num_tokens, plan.top_k}, dtype, op, "dtopk_weight");
+  cpu::unpermute_backward(dexpert_out, dtopk_weight, dy, expert_out, topk_weight, plan);
+}
+
+}  // namespace moetrain::ops

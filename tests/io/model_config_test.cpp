@@ -1,0 +1,341 @@
+// Tests for io/model_config: the golden config.json files, both spellings of renamed fields, the
+// JSON writer's round trip, and one bad input per check.
+#include "io/model_config.h"
+
+#include <fstream>
+#include <string>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "testing/test_data.h"
+
+namespace moetrain::io {
+namespace {
+
+using nlohmann::json;
+
+// A minimal valid qwen3_moe config.json as a JSON object, for tests to edit.
+json small_moe_json() {
+  return json::parse(R"({
+    "model_type": "qwen3_moe",
+    "vocab_size": 100,
+    "hidden_size": 32,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 64,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 1000000,
+    "moe_intermediate_size": 16,
+    "num_experts_per_tok": 2,
+    "num_experts": 4
+  })");
+}
+
+json small_dense_json() {
+  return json::parse(R"({
+    "model_type": "qwen3",
+    "vocab_size": 100,
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "intermediate_size": 64,
+    "rms_norm_eps": 1e-6
+  })");
+}
+
+ModelConfig parse(const json& j) { return parse_model_config(j.dump(), "test/config.json"); }
+
+// Parses `j` expecting an Error whose message holds every string of `needles`.
+void expect_error(const json& j, std::initializer_list<std::string> needles) {
+  try {
+    parse(j);
+    ADD_FAILURE() << "expected an error for " << j.dump();
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    for (const std::string& needle : needles) {
+      EXPECT_NE(message.find(needle), std::string::npos) << "message '" << message << "' lacks '" << needle << "'";
+    }
+  }
+}
+
+void expect_same(const ModelConfig& a, const ModelConfig& b) {
+  EXPECT_EQ(a.family, b.family);
+  EXPECT_EQ(a.model_type, b.model_type);
+  EXPECT_EQ(a.vocab_size, b.vocab_size);
+  EXPECT_EQ(a.hidden_size, b.hidden_size);
+  EXPECT_EQ(a.num_hidden_layers, b.num_hidden_layers);
+  EXPECT_EQ(a.num_attention_heads, b.num_attention_heads);
+  EXPECT_EQ(a.num_key_value_heads, b.num_key_value_heads);
+  EXPECT_EQ(a.head_dim, b.head_dim);
+  EXPECT_EQ(a.intermediate_size, b.intermediate_size);
+  EXPECT_EQ(a.rms_norm_eps, b.rms_norm_eps);
+  EXPECT_EQ(a.rope_theta, b.rope_theta);
+  EXPECT_EQ(a.partial_rotary_factor, b.partial_rotary_factor);
+  EXPECT_EQ(a.attention_bias, b.attention_bias);
+  EXPECT_EQ(a.tie_word_embeddings, b.tie_word_embeddings);
+  EXPECT_EQ(a.max_position_embeddings, b.max_position_embeddings);
+  EXPECT_EQ(a.num_experts, b.num_experts);
+  EXPECT_EQ(a.num_experts_per_tok, b.num_experts_per_tok);
+  EXPECT_EQ(a.moe_intermediate_size, b.moe_intermediate_size);
+  EXPECT_EQ(a.norm_topk_prob, b.norm_topk_prob);
+  EXPECT_EQ(a.decoder_sparse_step, b.decoder_sparse_step);
+  EXPECT_EQ(a.mlp_only_layers, b.mlp_only_layers);
+  EXPECT_EQ(a.router_aux_loss_coef, b.router_aux_loss_coef);
+}
+
+TEST(ModelConfig, ParsesGoldenQwen3) {
+  const ModelConfig c = load_model_config(testing::test_data_path("golden/qwen3/config.json"));
+  EXPECT_EQ(c.family, ModelFamily::Qwen3);
+  EXPECT_EQ(c.model_type, "qwen3");
+  EXPECT_EQ(c.vocab_size, 512);
+  EXPECT_EQ(c.hidden_size, 64);
+  EXPECT_EQ(c.num_hidden_layers, 2);
+  EXPECT_EQ(c.num_attention_heads, 4);
+  EXPECT_EQ(c.num_key_value_heads, 2);
+  EXPECT_EQ(c.head_dim, 32);
+  EXPECT_EQ(c.intermediate_size, 96);
+  EXPECT_EQ(c.rms_norm_eps, 1e-6);
+  EXPECT_EQ(c.rope_theta, 10000.0);
+  EXPECT_EQ(c.partial_rotary_factor, 1.0);
+  EXPECT_FALSE(c.attention_bias);
+  EXPECT_FALSE(c.tie_word_embeddings);
+  EXPECT_EQ(c.max_position_embeddings, 4096);
+  EXPECT_FALSE(c.is_moe());
+  EXPECT_FALSE(c.layer_is_moe(0));
+  EXPECT_FALSE(c.layer_is_moe(1));
+}
+
+TEST(ModelConfig, ParsesGoldenQwen3Moe) {
+  const ModelConfig c = load_model_config(testing::test_data_path("golden/qwen3_moe/config.json"));
+  EXPECT_EQ(c.family, ModelFamily::Qwen3Moe);
+  EXPECT_EQ(c.model_type, "qwen3_moe");
+  EXPECT_EQ(c.vocab_size, 512);
+  EXPECT_EQ(c.hidden_size, 64);
+  EXPECT_EQ(c.num_hidden_layers, 3);
+  EXPECT_EQ(c.num_attention_heads, 4);
+  EXPECT_EQ(c.num_key_value_heads, 2);
+  EXPECT_EQ(c.head_dim, 32);
+  EXPECT_EQ(c.intermediate_size, 96);
+  EXPECT_EQ(c.rope_theta, 10000.0);
+  EXPECT_TRUE(c.is_moe());
+  EXPECT_EQ(c.num_experts, 8);  // spelled num_local_experts in the file
+  EXPECT_EQ(c.num_experts_per_tok, 2);
+  EXPECT_EQ(c.moe_intermediate_size, 48);
+  EXPECT_TRUE(c.norm_topk_prob);
+  EXPECT_EQ(c.decoder_sparse_step, 1);
+  EXPECT_EQ(c.mlp_only_layers, (std::vector<int64_t>{0}));
+  EXPECT_EQ(c.router_aux_loss_coef, 0.001);
+  EXPECT_FALSE(c.layer_is_moe(0));
+  EXPECT_TRUE(c.layer_is_moe(1));
+  EXPECT_TRUE(c.layer_is_moe(2));
+}
+
+TEST(ModelConfig, LoadsFromModelFolder) {
+  const ModelConfig c = load_model_config(testing::test_data_path("golden/qwen3_moe"));
+  EXPECT_EQ(c.num_experts, 8);
+}
+
+TEST(ModelConfig, LoadNamesMissingFile) {
+  try {
+    load_model_config("/nonexistent/moetrain/config.json");
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("/nonexistent/moetrain/config.json"), std::string::npos) << e.what();
+  }
+}
+
+TEST(ModelConfig, AcceptsBothExpertCountSpellings) {
+  json j = small_moe_json();
+  EXPECT_EQ(parse(j).num_experts, 4);
+  j.erase("num_experts");
+  j["num_local_experts"] = 6;
+  EXPECT_EQ(parse(j).num_experts, 6);
+  j["num_experts"] = 6;  // both, agreeing
+  EXPECT_EQ(parse(j).num_experts, 6);
+}
+
+TEST(ModelConfig, AcceptsBothRopeSpellings) {
+  json top = small_dense_json();
+  top["rope_theta"] = 500000.0;
+  top["rope_scaling"] = nullptr;
+  EXPECT_EQ(parse(top).rope_theta, 500000.0);
+
+  json nested = small_dense_json();
+  nested["rope_parameters"] = {{"rope_theta", 250000.0}, {"rope_type", "default"}, {"partial_rotary_factor", 0.5}};
+  const ModelConfig c = parse(nested);
+  EXPECT_EQ(c.rope_theta, 250000.0);
+  EXPECT_EQ(c.partial_rotary_factor, 0.5);
+}
+
+TEST(ModelConfig, AppliesDefaults) {
+  const ModelConfig c = parse(small_dense_json());
+  EXPECT_EQ(c.num_key_value_heads, 4);  // = num_attention_heads
+  EXPECT_EQ(c.head_dim, 8);             // = hidden_size / num_attention_heads
+  EXPECT_EQ(c.rope_theta, 10000.0);
+  EXPECT_EQ(c.partial_rotary_factor, 1.0);
+  EXPECT_FALSE(c.attention_bias);
+  EXPECT_FALSE(c.tie_word_embeddings);
+  EXPECT_EQ(c.num_experts, 0);
+
+  const ModelConfig m = parse(small_moe_json());
+  EXPECT_FALSE(m.norm_topk_prob);
+  EXPECT_EQ(m.decoder_sparse_step, 1);
+  EXPECT_TRUE(m.mlp_only_layers.empty());
+  EXPECT_EQ(m.router_aux_loss_coef, 0.0);
+  for (int64_t l = 0; l < 4; ++l) EXPECT_TRUE(m.layer_is_moe(l)) << l;
+}
+
+TEST(ModelConfig, DecoderSparseStepSelectsMoeLayers) {
+  json j = small_moe_json();
+  j["decoder_sparse_step"] = 2;
+  j["mlp_only_layers"] = {3};
+  const ModelConfig c = parse(j);
+  EXPECT_FALSE(c.layer_is_moe(0));
+  EXPECT_TRUE(c.layer_is_moe(1));
+  EXPECT_FALSE(c.layer_is_moe(2));
+  EXPECT_FALSE(c.layer_is_moe(3));  // (3 + 1) % 2 == 0 but listed in mlp_only_layers
+}
+
+TEST(ModelConfig, JsonRoundTripGivesBackTheConfig) {
+  for (const char* name : {"golden/qwen3/config.json", "golden/qwen3_moe/config.json"}) {
+    SCOPED_TRACE(name);
+    const ModelConfig c = load_model_config(testing::test_data_path(name));
+    const std::string text = model_config_to_json(c);
+    expect_same(parse_model_config(text, "written"), c);
+  }
+  json j = small_moe_json();
+  j["rope_parameters"] = {{"rope_theta", 123456.789}, {"rope_type", "default"}, {"partial_rotary_factor", 0.25}};
+  j.erase("rope_theta");
+  j["rms_norm_eps"] = 1.0 / 3.0;
+  j["router_aux_loss_coef"] = 0.1;
+  j["decoder_sparse_step"] = 2;
+  j["mlp_only_layers"] = {0, 3};
+  j["attention_bias"] = true;
+  j["tie_word_embeddings"] = true;
+  j["head_dim"] = 16;
+  j["norm_topk_prob"] = true;
+  const ModelConfig c = parse(j);
+  expect_same(parse_model_config(model_config_to_json(c), "written"), c);
+}
+
+TEST(ModelConfig, JsonWriterUsesTransformersNames) {
+  const ModelConfig c = load_model_config(testing::test_data_path("golden/qwen3_moe/config.json"));
+  const json j = json::parse(model_config_to_json(c));
+  EXPECT_EQ(j.at("architectures"), json::array({"Qwen3MoeForCausalLM"}));
+  EXPECT_EQ(j.at("model_type"), "qwen3_moe");
+  EXPECT_EQ(j.at("num_experts"), 8);
+  EXPECT_EQ(j.at("rope_parameters").at("rope_type"), "default");
+  EXPECT_EQ(j.at("rope_parameters").at("rope_theta"), 10000.0);
+  EXPECT_EQ(j.at("dtype"), "float32");
+  EXPECT_EQ(j.at("mlp_only_layers"), json::array({0}));
+
+  const ModelConfig d = load_model_config(testing::test_data_path("golden/qwen3/config.json"));
+  const json jd = json::parse(model_config_to_json(d));
+  EXPECT_EQ(jd.at("architectures"), json::array({"Qwen3ForCausalLM"}));
+  EXPECT_FALSE(jd.contains("num_experts"));
+}
+
+TEST(ModelConfig, RejectsMissingRequiredField) {
+  for (const char* field : {"vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                            "intermediate_size", "rms_norm_eps", "moe_intermediate_size", "num_experts_per_tok"}) {
+    json j = small_moe_json();
+    j.erase(field);
+    expect_error(j, {field, "missing", "test/config.json"});
+  }
+  json j = small_moe_json();
+  j.erase("num_experts");
+  expect_error(j, {"num_experts", "missing"});
+  json d = small_dense_json();
+  d.erase("model_type");
+  expect_error(d, {"model_type", "missing"});
+}
+
+TEST(ModelConfig, RejectsWrongJsonType) {
+  json j = small_dense_json();
+  j["hidden_size"] = "32";
+  expect_error(j, {"hidden_size", "integer", "string", "test/config.json"});
+  j = small_dense_json();
+  j["rms_norm_eps"] = "1e-6";
+  expect_error(j, {"rms_norm_eps", "number"});
+  j = small_dense_json();
+  j["vocab_size"] = 100.5;
+  expect_error(j, {"vocab_size", "integer"});
+  j = small_dense_json();
+  j["tie_word_embeddings"] = 1;
+  expect_error(j, {"tie_word_embeddings", "true or false"});
+  j = small_moe_json();
+  j["mlp_only_layers"] = {"0"};
+  expect_error(j, {"mlp_only_layers", "integers"});
+  j = small_dense_json();
+  j["rope_parameters"] = {{"rope_theta", "big"}};
+  expect_error(j, {"rope_parameters.rope_theta", "number"});
+}
+
+TEST(ModelConfig, RejectsUnknownModelType) {
+  json j = small_dense_json();
+  j["model_type"] = "llama";
+  expect_error(j, {"model_type", "'llama'", "qwen3, qwen3_moe"});
+}
+
+TEST(ModelConfig, RejectsMalformedJson) {
+  try {
+    parse_model_config("{\"model_type\": \"qwen3\",, }", "bad/config.json");
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("bad/config.json"), std::string::npos) << message;
+    EXPECT_NE(message.find("at byte 24"), std::string::npos) << message;
+  }
+}
+
+TEST(ModelConfig, RejectsHeadsNotDivisible) {
+  json j = small_dense_json();
+  j["num_key_value_heads"] = 3;
+  expect_error(j, {"num_attention_heads (4)", "num_key_value_heads (3)"});
+}
+
+TEST(ModelConfig, RejectsConflictingExpertCounts) {
+  json j = small_moe_json();
+  j["num_local_experts"] = 8;
+  expect_error(j, {"num_experts (4)", "num_local_experts (8)"});
+}
+
+TEST(ModelConfig, RejectsUnsupportedRopeType) {
+  json j = small_dense_json();
+  j["rope_parameters"] = {{"rope_theta", 10000.0}, {"rope_type", "yarn"}, {"factor", 4.0}};
+  expect_error(j, {"rope_type", "'yarn'"});
+  j = small_dense_json();
+  j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 2.0}};
+  expect_error(j, {"rope_scaling.rope_type", "'linear'"});
+}
+
+TEST(ModelConfig, RejectsConflictingRopeTheta) {
+  json j = small_dense_json();
+  j["rope_theta"] = 10000.0;
+  j["rope_parameters"] = {{"rope_theta", 20000.0}, {"rope_type", "default"}};
+  expect_error(j, {"rope_theta"});
+}
+
+TEST(ModelConfig, RejectsOutOfRangeValues) {
+  json j = small_dense_json();
+  j["hidden_size"] = 0;
+  expect_error(j, {"hidden_size", "positive", "0"});
+  j = small_moe_json();
+  j["num_experts_per_tok"] = 5;
+  expect_error(j, {"num_experts_per_tok (5)", "num_experts (4)"});
+  j = small_moe_json();
+  j["mlp_only_layers"] = {4};
+  expect_error(j, {"mlp_only_layers", "4", "num_hidden_layers = 4"});
+  j = small_moe_json();
+  j["mlp_only_layers"] = {-1};
+  expect_error(j, {"mlp_only_layers", "-1"});
+  j = small_moe_json();
+  j["num_experts"] = 0;
+  expect_error(j, {"num_experts", "positive"});
+}
+
+}  // namespace
+}  // namespace moetrain::io

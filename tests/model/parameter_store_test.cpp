@@ -1,0 +1,121 @@
+// Tests for model/parameter_store: HF name mapping, loading checks, export round trip.
+#include "model/parameter_store.h"
+
+#include <filesystem>
+#include <fstream>
+
+#include <gtest/gtest.h>
+
+#include "io/model_config.h"
+#include "io/safetensors.h"
+#include "model/causal_lm.h"
+#include "model/qwen3.h"
+#include "testing/test_data.h"
+
+namespace moetrain::model {
+namespace {
+
+std::vector<std::pair<std::string, Tensor>> golden_weights(const std::string& family) {
+  const auto reader = io::SafetensorsReader::open(testing::test_data_path("golden/" + family + "/model.safetensors"));
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (const auto& name : reader.names()) out.emplace_back(name, reader.tensor(name).clone());
+  return out;
+}
+
+// A model folder with the golden config and the given weights.
+std::string write_model_dir(const std::string& family, const std::vector<std::pair<std::string, Tensor>>& weights) {
+  const std::string dir = testing::make_temp_dir("model_" + family);
+  std::filesystem::copy_file(testing::test_data_path("golden/" + family + "/config.json"), dir + "/config.json");
+  io::write_safetensors(dir + "/model.safetensors", weights);
+  return dir;
+}
+
+std::string load_error(const std::string& dir) {
+  try {
+    CausalLm::from_hf(dir);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(ParameterStore, StacksExpertsAndFusesGateUp) {
+  const auto config = io::load_model_config(testing::test_data_path("golden/qwen3_moe"));
+  const auto model = CausalLm::from_hf(testing::test_data_path("golden/qwen3_moe"));
+  const Tensor gate_up = model->params().param("layers.1.experts.gate_up");
+  EXPECT_EQ(gate_up.shape(), (Shape{8, 96, 64}));
+  const auto reader = io::SafetensorsReader::open(testing::test_data_path("golden/qwen3_moe"));
+  const Tensor up3 = reader.tensor("model.layers.1.mlp.experts.3.up_proj.weight");
+  const float* ours = gate_up.data<float>() + (3 * 96 + 48) * 64;
+  const float* theirs = up3.data<float>();
+  for (int64_t i = 0; i < up3.numel(); ++i) ASSERT_EQ(ours[i], theirs[i]) << i;
+  EXPECT_FALSE(model->params().contains("layers.0.router"));  // mlp_only_layers = [0]
+  EXPECT_TRUE(model->params().contains("layers.0.mlp.gate_up"));
+}
+
+TEST(ParameterStore, ExportRoundTripsEveryHfTensor) {
+  const auto model = CausalLm::from_hf(testing::test_data_path("golden/qwen3_moe"));
+  const auto exported = model->params().export_hf();
+  const auto original = golden_weights("qwen3_moe");
+  ASSERT_EQ(exported.size(), original.size());
+  std::map<std::string, Tensor> by_name(original.begin(), original.end());
+  for (const auto& [name, tensor] : exported) {
+    ASSERT_TRUE(by_name.count(name)) << name;
+    EXPECT_EQ(tensor.shape(), by_name[name].shape()) << name;
+    EXPECT_EQ(tensor.to_vector<float>(), by_name[name].to_vector<float>()) << name;
+  }
+}
+
+TEST(ParameterStore, ReportsEveryMissingTensor) {
+  auto weights = golden_weights("qwen3");
+  std::erase_if(weights, [](const auto& w) {
+    return w.first == "model.norm.weight" || w.first == "model.layers.1.mlp.up_proj.weight";
+  });
+  const std::string message = load_error(write_model_dir("qwen3", weights));
+  EXPECT_NE(message.find("missing tensor 'model.norm.weight'"), std::string::npos) << message;
+  EXPECT_NE(message.find("missing tensor 'model.layers.1.mlp.up_proj.weight'"), std::string::npos) << message;
+}
+
+TEST(ParameterStore, RejectsWrongShapeForConfig) {
+  auto weights = golden_weights("qwen3");
+  for (auto& [name, tensor] : weights) {
+    if (name == "model.layers.0.self_attn.q_proj.weight") tensor = Tensor::zeros({64, 64}, DType::F32);
+  }
+  const std::string message = load_error(write_model_dir("qwen3", weights));
+  EXPECT_NE(message.find("'model.layers.0.self_attn.q_proj.weight' has shape [64, 64] but the config implies [128, 64]"),
+            std::string::npos)
+      << message;
+}
+
+TEST(ParameterStore, RejectsUnexpectedTensor) {
+  auto weights = golden_weights("qwen3");
+  weights.emplace_back("model.layers.7.mlp.gate_proj.weight", Tensor::zeros({2, 2}, DType::F32));
+  const std::string message = load_error(write_model_dir("qwen3", weights));
+  EXPECT_NE(message.find("unexpected tensor 'model.layers.7.mlp.gate_proj.weight'"), std::string::npos) << message;
+}
+
+TEST(ParameterStore, LoadsBf16CheckpointsByConverting) {
+  auto weights = golden_weights("qwen3");
+  for (auto& [name, tensor] : weights) tensor = tensor.to(DType::BF16);
+  const auto model = CausalLm::from_hf(write_model_dir("qwen3", weights));
+  const Tensor norm = model->params().param("final_norm");
+  const Tensor expected = golden_weights("qwen3").front().second;  // sorted: lm_head.weight first
+  EXPECT_EQ(model->params().param("lm_head").to_vector<float>(), expected.to(DType::BF16).to(DType::F32).to_vector<float>());
+  EXPECT_EQ(norm.dtype(), DType::F32);
+}
+
+TEST(ParameterStore, SeededInitIsIndependentOfOrder) {
+  const auto config = io::load_model_config(testing::test_data_path("golden/qwen3_moe"));
+  ParameterStore a(qwen3_param_specs(config));
+  auto reversed = qwen3_param_specs(config);
+  std::reverse(reversed.begin(), reversed.end());
+  ParameterStore b(reversed);
+  a.init_random(7, 0.02);
+  b.init_random(7, 0.02);
+  for (const auto& spec : a.specs()) {
+    EXPECT_EQ(a.param(spec.name).to_vector<float>(), b.param(spec.name).to_vector<float>()) << spec.name;
+  }
+}
+
+}  // namespace
+}  // namespace moetrain::model
