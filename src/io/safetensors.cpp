@@ -132,7 +132,8 @@ SafetensorsEntry parse_entry(const std::string& name, const json& value, const s
       offsets.dump());
   entry.begin = offsets[0].get<uint64_t>();
   entry.end = offsets[1].get<uint64_t>();
-  MT_CHECK(entry.begin <= entry.end, "safetensors: tensor '{}' in {}: data_offsets [{}, {}] begin after they end", name,
+  MT_CHECK(entry.begin <= entry.end,
+           "safetensors: tensor '{}' in {}: data_offsets [{}, {}] begin after they end (expected begin <= end)", name,
            path, entry.begin, entry.end);
 
   bool overflow = false;
@@ -368,8 +369,8 @@ std::vector<std::string> SafetensorsFile::names() const {
 
 const SafetensorsEntry& SafetensorsFile::entry(const std::string& name) const {
   const auto it = entries_.find(name);
-  MT_CHECK(it != entries_.end(), "safetensors: no tensor '{}' in {} (it holds {} tensors)", name, path_,
-           entries_.size());
+  MT_CHECK(it != entries_.end(), "safetensors: no tensor '{}' in {} (it holds {} tensor{})", name, path_,
+           entries_.size(), entries_.size() == 1 ? "" : "s");
   return it->second;
 }
 

@@ -22,8 +22,9 @@ void GatedMlp::add_dense_specs(const io::ModelConfig& config, int64_t layer, std
 void GatedMlp::add_expert_specs(const io::ModelConfig& config, int64_t layer, std::vector<ParamSpec>& specs) {
   const std::string in = fmt::format("layers.{}.experts.", layer);
   const int64_t h = config.hidden_size, i = config.moe_intermediate_size, e_count = config.num_experts;
-  ParamSpec gate_up{in + "gate_up", {e_count, 2 * i, h}, {}};
-  ParamSpec down{in + "down", {e_count, h, i}, {}};
+  const std::string fused = fmt::format("model.layers.{}.mlp.experts.", layer);
+  ParamSpec gate_up{in + "gate_up", {e_count, 2 * i, h}, {}, fused + "gate_up_proj"};
+  ParamSpec down{in + "down", {e_count, h, i}, {}, fused + "down_proj"};
   for (int64_t e = 0; e < e_count; ++e) {
     const std::string hf = fmt::format("model.layers.{}.mlp.experts.{}.", layer, e);
     gate_up.pieces.push_back({hf + "gate_proj.weight", {i, h}, e * 2 * i * h});

@@ -106,6 +106,21 @@ std::vector<std::pair<std::string, Tensor>> ParameterStore::export_hf(bool of_gr
   return out;
 }
 
+std::vector<std::pair<std::string, Tensor>> ParameterStore::export_hf_runtime(
+    bool of_grads, const std::function<bool(const std::string&)>& use_fused) const {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (size_t i = 0; i < specs_.size(); ++i) {
+    const Tensor& whole = of_grads ? grads_[i] : params_[i];
+    const Tensor host = whole.device().is_cpu() ? whole : whole.to(Device::cpu());
+    if (!specs_[i].hf_fused_name.empty() && use_fused(specs_[i].hf_fused_name)) {
+      out.emplace_back(specs_[i].hf_fused_name, host.clone());
+      continue;
+    }
+    for (const HfPiece& piece : specs_[i].pieces) out.emplace_back(piece.hf_name, piece_view(host, piece).clone());
+  }
+  return out;
+}
+
 void ParameterStore::init_random(uint64_t seed, double std) {
   for (size_t i = 0; i < specs_.size(); ++i) {
     Tensor host = Tensor::empty(specs_[i].shape, DType::F32);

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -29,6 +30,9 @@ struct ParamSpec {
   std::string name;  // internal name, e.g. "layers.1.experts.gate_up"
   Shape shape;
   std::vector<HfPiece> pieces;  // cover the tensor exactly, in offset order
+  // The name transformers (5.x) gives the whole tensor in memory when it fuses the checkpoint's
+  // pieces (e.g. "model.layers.1.mlp.experts.gate_up_proj"); empty when it keeps the pieces.
+  std::string hf_fused_name = "";
   bool is_matrix() const { return shape.size() >= 2; }  // weight decay applies to these
 };
 
@@ -53,6 +57,10 @@ class ParameterStore {
   void load_hf(const io::SafetensorsReader& reader);
   // HF name -> tensor (copies), in spec order; `of_grads` exports the gradients instead.
   std::vector<std::pair<std::string, Tensor>> export_hf(bool of_grads = false) const;
+  // Like export_hf, but a fused tensor is exported whole under its hf_fused_name when `use_fused`
+  // says that name is wanted (how transformers names parameters and gradients in memory).
+  std::vector<std::pair<std::string, Tensor>> export_hf_runtime(bool of_grads,
+                                                                const std::function<bool(const std::string&)>& use_fused) const;
 
   // Every parameter from N(0, std^2), norms (1-D) set to 1; each tensor from its own stream
   // Rng::for_key(seed, name), so the values do not depend on the order or the mesh.

@@ -29,8 +29,8 @@ void check_table(const Tensor& table, const char* op, const char* name) {
   expect_contiguous(table, fmt::format("{}: {}", op, name));
   require_cpu(table, op);
   MT_CHECK(table.dim() == 2, "{}: expected {} [V, H] but found {}", op, name, table.describe());
-  MT_CHECK(table.dtype() == DType::F32 || table.dtype() == DType::F64, "{}: expected {} in f32 or f64 but found {}",
-           op, name, table.describe());
+  MT_CHECK(table.dtype() == DType::F32 || table.dtype() == DType::F64, "{}: expected {} in f32 or f64 but found {}", op,
+           name, table.describe());
 }
 
 // ids i32 [T] with every entry in [0, V); returns T.

@@ -2,11 +2,13 @@
 // sets, zero-copy reads, the Hugging Face golden file, and one test per kind of malformed input.
 #include "io/safetensors.h"
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <initializer_list>
+#include <optional>
 #include <string_view>
 
 #include <gtest/gtest.h>
@@ -128,8 +130,9 @@ TEST(Safetensors, RoundTripsEveryDtypeIncludingScalarsAndEmptyTensors) {
   write_safetensors(path, tensors);
 
   const SafetensorsFile file = SafetensorsFile::open(path);
-  EXPECT_EQ(file.names().size(), tensors.size());
-  EXPECT_TRUE(std::is_sorted(file.names().begin(), file.names().end()));
+  const std::vector<std::string> names = file.names();
+  EXPECT_EQ(names.size(), tensors.size());
+  EXPECT_TRUE(std::is_sorted(names.begin(), names.end()));
   EXPECT_TRUE(file.metadata().empty());
   for (const auto& [name, expected] : tensors) {
     ASSERT_TRUE(file.contains(name)) << name;

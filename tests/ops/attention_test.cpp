@@ -48,8 +48,7 @@ struct Reference {
 };
 
 Reference reference_attention(const Inputs& in, const std::vector<int32_t>& cu, const ops::AttentionParams& params) {
-  const int64_t tokens = in.q.size(0), nh = in.q.size(1), hd = in.q.size(2), nkv = in.k.size(1),
-                hdv = in.v.size(2);
+  const int64_t tokens = in.q.size(0), nh = in.q.size(1), hd = in.q.size(2), nkv = in.k.size(1), hdv = in.v.size(2);
   Reference ref{Tensor::zeros({tokens, nh, hdv}, DType::F64), Tensor::zeros({tokens, nh}, DType::F64)};
   const double inf = std::numeric_limits<double>::infinity();
   for (size_t doc = 0; doc + 1 < cu.size(); ++doc) {
@@ -65,7 +64,8 @@ Reference reference_attention(const Inputs& in, const std::vector<int32_t>& cu, 
           double s = -inf;
           if (visible) {
             s = 0.0;
-            for (int64_t d = 0; d < hd; ++d) s += value(in.q, (i * nh + h) * hd + d) * value(in.k, (j * nkv + g) * hd + d);
+            for (int64_t d = 0; d < hd; ++d)
+              s += value(in.q, (i * nh + h) * hd + d) * value(in.k, (j * nkv + g) * hd + d);
             s *= params.softmax_scale;
           }
           scores[static_cast<size_t>(j - begin)] = s;
@@ -109,8 +109,7 @@ Grads run_backward(const Inputs& in, const Outputs& o, const Tensor& dout, const
                    const ops::AttentionParams& params) {
   Grads g{Tensor::empty(in.q.shape(), in.q.dtype()), Tensor::empty(in.k.shape(), in.k.dtype()),
           Tensor::empty(in.v.shape(), in.v.dtype())};
-  ops::attention_backward(Stream::cpu(), g.dq, g.dk, g.dv, dout, in.q, in.k, in.v, o.out, o.lse, cu_tensor(cu),
-                          params);
+  ops::attention_backward(Stream::cpu(), g.dq, g.dk, g.dv, dout, in.q, in.k, in.v, o.out, o.lse, cu_tensor(cu), params);
   return g;
 }
 
@@ -269,18 +268,33 @@ TEST(Attention, ValidateCuSeqlensNamesTheBrokenRule) {
   const char* what = "test: cu_seqlens";
   expect_error([&] { ops::validate_cu_seqlens(Tensor::zeros({3}, DType::I64), 4, what); },
                "test: cu_seqlens: expected dtype i32 but found i64");
-  expect_error([&] { ops::validate_cu_seqlens(Tensor::zeros({2, 2}, DType::I32), 4, what); },
-               "test: cu_seqlens: expected a 1-D tensor");
+  expect_error(
+      [&] {
+        ops::validate_cu_seqlens(Tensor::zeros({2, 2}, DType::I32), 4, what);
+      },
+      "test: cu_seqlens: expected a 1-D tensor");
   expect_error([&] { ops::validate_cu_seqlens(cu_tensor({0}), 0, what); },
                "test: cu_seqlens: expected at least 2 entries (one document) but found 1");
-  expect_error([&] { ops::validate_cu_seqlens(cu_tensor({1, 2, 4}), 4, what); },
-               "test: cu_seqlens: entry [0] must be 0 but found 1");
-  expect_error([&] { ops::validate_cu_seqlens(cu_tensor({0, 2, 2, 4}), 4, what); },
-               "test: cu_seqlens: entries must strictly increase but entry [2] = 2 follows entry [1] = 2");
-  expect_error([&] { ops::validate_cu_seqlens(cu_tensor({0, 3, 1, 4}), 4, what); },
-               "entry [2] = 1 follows entry [1] = 3");
-  expect_error([&] { ops::validate_cu_seqlens(cu_tensor({0, 2, 3}), 4, what); },
-               "test: cu_seqlens: the last entry [2] must equal the token count 4 but found 3");
+  expect_error(
+      [&] {
+        ops::validate_cu_seqlens(cu_tensor({1, 2, 4}), 4, what);
+      },
+      "test: cu_seqlens: entry [0] must be 0 but found 1");
+  expect_error(
+      [&] {
+        ops::validate_cu_seqlens(cu_tensor({0, 2, 2, 4}), 4, what);
+      },
+      "test: cu_seqlens: entries must strictly increase but entry [2] = 2 follows entry [1] = 2");
+  expect_error(
+      [&] {
+        ops::validate_cu_seqlens(cu_tensor({0, 3, 1, 4}), 4, what);
+      },
+      "entry [2] = 1 follows entry [1] = 3");
+  expect_error(
+      [&] {
+        ops::validate_cu_seqlens(cu_tensor({0, 2, 3}), 4, what);
+      },
+      "test: cu_seqlens: the last entry [2] must equal the token count 4 but found 3");
   EXPECT_NO_THROW(ops::validate_cu_seqlens(cu_tensor({0, 1, 4}), 4, what));
 }
 
@@ -289,8 +303,11 @@ TEST(Attention, ForwardAndBackwardRejectBadCuSeqlens) {
   const Inputs in = random_inputs(d, DType::F32, 1);
   expect_error([&] { run_forward(in, {0, 3, 5}, {}); }, "attention_forward: cu_seqlens: the last entry [2]");
   const Outputs o = run_forward(in, {0, 6}, {});
-  expect_error([&] { run_backward(in, o, o.out, {0, 4, 4, 6}, {}); },
-               "attention_backward: cu_seqlens: entries must strictly increase but entry [2] = 4");
+  expect_error(
+      [&] {
+        run_backward(in, o, o.out, {0, 4, 4, 6}, {});
+      },
+      "attention_backward: cu_seqlens: entries must strictly increase but entry [2] = 4");
 }
 
 TEST(Attention, RejectsMismatchedShapesAndDtypes) {
@@ -308,22 +325,30 @@ TEST(Attention, RejectsMismatchedShapesAndDtypes) {
                                random_tensor({6, 3, 3}, DType::F32, rng), cu, {});
       },
       "the query heads (nh = 4) must be a multiple of the kv heads (nkv = 3)");
-  expect_error([&] { ops::attention_forward(s, Tensor::empty({6, 4, 4}, DType::F32), lse, in.q, in.k, in.v, cu, {}); },
-               "attention_forward: out: expected shape [6, 4, 3] but found [6, 4, 4]");
-  expect_error([&] { ops::attention_forward(s, out, Tensor::empty({6, 2}, DType::F32), in.q, in.k, in.v, cu, {}); },
-               "attention_forward: lse: expected shape [6, 4] but found [6, 2]");
+  expect_error(
+      [&] {
+        ops::attention_forward(s, Tensor::empty({6, 4, 4}, DType::F32), lse, in.q, in.k, in.v, cu, {});
+      },
+      "attention_forward: out: expected shape [6, 4, 3] but found [6, 4, 4]");
+  expect_error(
+      [&] {
+        ops::attention_forward(s, out, Tensor::empty({6, 2}, DType::F32), in.q, in.k, in.v, cu, {});
+      },
+      "attention_forward: lse: expected shape [6, 4] but found [6, 2]");
   expect_error([&] { ops::attention_forward(s, out, lse, in.q, in.k, in.v.to(DType::F64), cu, {}); },
                "attention_forward: v: expected dtype f32 but found f64");
-  expect_error([&] { ops::attention_forward(s, out, lse, in.q, in.k, in.v, cu, {1.0f, true, -1}); },
-               "sliding_window must be >= 0");
+  expect_error(
+      [&] {
+        ops::attention_forward(s, out, lse, in.q, in.k, in.v, cu, {1.0f, true, -1});
+      },
+      "sliding_window must be >= 0");
   ops::attention_forward(s, out, lse, in.q, in.k, in.v, cu, {});
   Tensor dq = Tensor::empty(in.q.shape(), DType::F32), dk = Tensor::empty(in.k.shape(), DType::F32),
          dv = Tensor::empty(in.v.shape(), DType::F32);
   expect_error([&] { ops::attention_backward(s, dq, dk, dv, out.slice(0, 5), in.q, in.k, in.v, out, lse, cu, {}); },
                "attention_backward: dout: expected shape [6, 4, 3] but found [5, 4, 3]");
-  expect_error(
-      [&] { ops::attention_backward(s, dq, dv, dv, out, in.q, in.k, in.v, out, lse, cu, {}); },
-      "attention_backward: dk: expected shape [6, 2, 4] but found [6, 2, 3]");
+  expect_error([&] { ops::attention_backward(s, dq, dv, dv, out, in.q, in.k, in.v, out, lse, cu, {}); },
+               "attention_backward: dk: expected shape [6, 2, 4] but found [6, 2, 3]");
 }
 
 }  // namespace

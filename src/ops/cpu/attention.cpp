@@ -58,6 +58,20 @@ T dot(const T* a, const T* b, int64_t n) {
   return s;
 }
 
+// out[b] = dot(a, rows[b]) for kBlock rows at once: independent chains, each summed in ascending order, which
+// keeps the adders busy. Callers fill a partial block by repeating its last valid row and ignore the extra
+// results, so every dot product is computed by the same instructions wherever it falls in a block.
+constexpr int64_t kBlock = 4;
+
+template <typename T>
+void dot_block(const T* a, const T* const (&rows)[kBlock], int64_t n, T (&out)[kBlock]) {
+  T acc[kBlock] = {};
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t b = 0; b < kBlock; ++b) acc[b] += a[i] * rows[b][i];
+  }
+  for (int64_t b = 0; b < kBlock; ++b) out[b] = acc[b];
+}
+
 // y += a * x over n contiguous elements.
 template <typename T>
 void axpy(T* y, T a, const T* x, int64_t n) {
@@ -95,10 +109,16 @@ void forward_impl(const Tensor& out, const Tensor& lse, const Tensor& q, const T
       p.resize(static_cast<size_t>(keys.end - keys.begin));
       const T* qi = qp + pair * n.hd;
       T max = -std::numeric_limits<T>::infinity();
-      for (int64_t j = keys.begin; j < keys.end; ++j) {
-        const T s = dot(qi, kp + (j * n.nkv + g) * n.hd, n.hd) * scale;
-        p[static_cast<size_t>(j - keys.begin)] = s;
-        max = std::max(max, s);
+      for (int64_t j0 = keys.begin; j0 < keys.end; j0 += kBlock) {
+        const T* rows[kBlock];
+        for (int64_t b = 0; b < kBlock; ++b) rows[b] = kp + (std::min(j0 + b, keys.end - 1) * n.nkv + g) * n.hd;
+        T dots[kBlock];
+        dot_block(qi, rows, n.hd, dots);
+        for (int64_t b = 0; b < std::min(kBlock, keys.end - j0); ++b) {
+          const T s = dots[b] * scale;
+          p[static_cast<size_t>(j0 + b - keys.begin)] = s;
+          max = std::max(max, s);
+        }
       }
       T sum = T(0);
       for (T& x : p) {
@@ -149,11 +169,21 @@ void backward_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv, const T
     const T* doi = dop + pair * n.hdv;
     T* dqi = dqp + pair * n.hd;
     std::fill(dqi, dqi + n.hd, T(0));
-    for (int64_t j = keys.begin; j < keys.end; ++j) {
-      const T* kj = kp + (j * n.nkv + g) * n.hd;
-      const T prob = std::exp(dot(qi, kj, n.hd) * scale - lp[pair]);
-      const T dprob = dot(doi, vp + (j * n.nkv + g) * n.hdv, n.hdv);
-      axpy(dqi, prob * (dprob - row_term[static_cast<size_t>(pair)]), kj, n.hd);
+    for (int64_t j0 = keys.begin; j0 < keys.end; j0 += kBlock) {
+      const T* k_rows[kBlock];
+      const T* v_rows[kBlock];
+      for (int64_t b = 0; b < kBlock; ++b) {
+        const int64_t j = std::min(j0 + b, keys.end - 1);
+        k_rows[b] = kp + (j * n.nkv + g) * n.hd;
+        v_rows[b] = vp + (j * n.nkv + g) * n.hdv;
+      }
+      T scores[kBlock], dprobs[kBlock];
+      dot_block(qi, k_rows, n.hd, scores);
+      dot_block(doi, v_rows, n.hdv, dprobs);
+      for (int64_t b = 0; b < std::min(kBlock, keys.end - j0); ++b) {
+        const T prob = std::exp(scores[b] * scale - lp[pair]);
+        axpy(dqi, prob * (dprobs[b] - row_term[static_cast<size_t>(pair)]), k_rows[b], n.hd);
+      }
     }
     for (int64_t d = 0; d < n.hd; ++d) dqi[d] *= scale;
   }
@@ -172,14 +202,23 @@ void backward_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv, const T
     std::fill(dkj, dkj + n.hd, T(0));
     std::fill(dvj, dvj + n.hdv, T(0));
     for (int64_t h = g * n.group; h < (g + 1) * n.group; ++h) {
-      for (int64_t i = queries.begin; i < queries.end; ++i) {
-        const int64_t pair = i * n.nh + h;
-        const T* qi = qp + pair * n.hd;
-        const T* doi = dop + pair * n.hdv;
-        const T prob = std::exp(dot(qi, kj, n.hd) * scale - lp[pair]);
-        axpy(dvj, prob, doi, n.hdv);
-        const T dprob = dot(doi, vj, n.hdv);
-        axpy(dkj, prob * (dprob - row_term[static_cast<size_t>(pair)]), qi, n.hd);
+      for (int64_t i0 = queries.begin; i0 < queries.end; i0 += kBlock) {
+        const T* q_rows[kBlock];
+        const T* do_rows[kBlock];
+        for (int64_t b = 0; b < kBlock; ++b) {
+          const int64_t pair = std::min(i0 + b, queries.end - 1) * n.nh + h;
+          q_rows[b] = qp + pair * n.hd;
+          do_rows[b] = dop + pair * n.hdv;
+        }
+        T scores[kBlock], dprobs[kBlock];
+        dot_block(kj, q_rows, n.hd, scores);
+        dot_block(vj, do_rows, n.hdv, dprobs);
+        for (int64_t b = 0; b < std::min(kBlock, queries.end - i0); ++b) {
+          const int64_t pair = (i0 + b) * n.nh + h;
+          const T prob = std::exp(scores[b] * scale - lp[pair]);
+          axpy(dvj, prob, do_rows[b], n.hdv);
+          axpy(dkj, prob * (dprobs[b] - row_term[static_cast<size_t>(pair)]), q_rows[b], n.hd);
+        }
       }
     }
     for (int64_t d = 0; d < n.hd; ++d) dkj[d] *= scale;

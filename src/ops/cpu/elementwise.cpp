@@ -69,7 +69,6 @@ void scale_inplace(const Tensor& x, double factor) {
   });
 }
 
-
 void cast(const Tensor& out, const Tensor& in) {
   const int64_t n = in.numel();
   const DType from = in.dtype();
@@ -79,7 +78,8 @@ void cast(const Tensor& out, const Tensor& in) {
            dtype_name(from), dtype_name(to));
   // The common pairs get typed loops; the rest go through double, which holds every f32 and bf16 exactly.
   if (from == DType::F32 && to == DType::BF16) {
-    convert_all(static_cast<uint16_t*>(out.raw_data()), in.data<float>(), n, [](float v) { return f32_to_bf16_bits(v); });
+    convert_all(static_cast<uint16_t*>(out.raw_data()), in.data<float>(), n,
+                [](float v) { return f32_to_bf16_bits(v); });
     return;
   }
   if (from == DType::BF16 && to == DType::F32) {

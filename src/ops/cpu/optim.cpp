@@ -46,12 +46,12 @@ void adamw_step(const Tensor& param, const Tensor& exp_avg, const Tensor& exp_av
     const int64_t n = param.numel();
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; ++i) {
-      if (apply_decay) p[i] = p[i] * t_decay;                                    // param.mul_(1 - lr * wd)
-      m[i] = lerp(m[i], g[i], t_one_minus_beta1);                               // exp_avg.lerp_(grad, 1 - b1)
-      v[i] = v[i] * t_beta2;                                                    // exp_avg_sq.mul_(b2)
-      v[i] = v[i] + t_one_minus_beta2 * (g[i] * g[i]);                          // .addcmul_(grad, grad, 1 - b2)
-      const T denom = std::sqrt(v[i]) / t_bc2_sqrt + t_eps;                     // (sqrt(v) / bc2_sqrt).add_(eps)
-      p[i] = p[i] + t_neg_step_size * (m[i] / denom);                           // param.addcdiv_(m, denom, -ss)
+      if (apply_decay) p[i] = p[i] * t_decay;                // param.mul_(1 - lr * wd)
+      m[i] = lerp(m[i], g[i], t_one_minus_beta1);            // exp_avg.lerp_(grad, 1 - b1)
+      v[i] = v[i] * t_beta2;                                 // exp_avg_sq.mul_(b2)
+      v[i] = v[i] + t_one_minus_beta2 * (g[i] * g[i]);       // .addcmul_(grad, grad, 1 - b2)
+      const T denom = std::sqrt(v[i]) / t_bc2_sqrt + t_eps;  // (sqrt(v) / bc2_sqrt).add_(eps)
+      p[i] = p[i] + t_neg_step_size * (m[i] / denom);        // param.addcdiv_(m, denom, -ss)
     }
   });
 }
