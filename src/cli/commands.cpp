@@ -9,6 +9,9 @@
 #include <CLI/CLI.hpp>
 
 #include "cli/check_golden.h"
+#include "cli/convert_command.h"
+#include "cli/data_command.h"
+#include "cli/train_command.h"
 #include "core/error.h"
 
 namespace moetrain::cli {
@@ -25,6 +28,10 @@ int run_main(int argc, char** argv) {
   check->add_option("--device", golden.device, "cpu | cuda[:N]")->capture_default_str();
   check->add_option("--case", golden.cases, "batch | packed | trajectory | all")->capture_default_str();
   check->callback([&] { command = [&] { return run_check_golden(golden); }; });
+
+  add_train_command(app, command);
+  add_data_command(app, command);
+  add_convert_command(app, command);
 
   try {
     app.parse(argc, argv);

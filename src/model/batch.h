@@ -9,11 +9,15 @@
 
 namespace moetrain::model {
 
+struct RouterLossSettings;
+
 struct MicroBatch {
   Tensor input_ids;     // i32 [T]
   Tensor targets;       // i32 [T]; -100 = not counted in the loss
   Tensor position_ids;  // i32 [T]; restart at 0 in every document
   Tensor cu_seqlens;    // i32 [D + 1] on the CPU; document d is tokens [cu[d], cu[d + 1])
+  // The step's auxiliary router losses (load balance, z-loss); null: none (the HF reference).
+  const RouterLossSettings* router_loss = nullptr;
 
   int64_t num_tokens() const { return input_ids.numel(); }
   int64_t num_documents() const { return cu_seqlens.numel() - 1; }

@@ -1,6 +1,8 @@
 // defines: the whole-model prolog, epilog and the single-rank forward/backward driver.
 #include "model/causal_lm.h"
 
+#include <algorithm>
+
 #include "io/safetensors.h"
 #include "model/qwen3.h"
 #include "ops/embedding.h"
@@ -28,6 +30,20 @@ std::unique_ptr<DecoderLayer> make_layer(const io::ModelConfig& config, Paramete
 }
 
 const char* head_name(const ParameterStore& store) { return store.contains("lm_head") ? "lm_head" : "embed"; }
+
+// Sums the auxiliary router losses of one micro-batch's layers into the step totals.
+void add_router_losses(StepLoss& step, const Stage1Record& record) {
+  step.load_balance += record.aux.load_balance * static_cast<double>(record.aux.tokens);
+  step.z_loss += record.aux.z_loss * static_cast<double>(record.aux.tokens);
+}
+
+void finish_router_losses(StepLoss& step, const CausalLm& model) {
+  int64_t moe_layers = 0;
+  for (const auto& layer : model.layers()) moe_layers += layer->has_experts() ? 1 : 0;
+  const double weight = static_cast<double>(step.num_tokens) * static_cast<double>(std::max<int64_t>(moe_layers, 1));
+  step.load_balance /= weight;
+  step.z_loss /= weight;
+}
 
 int64_t count_targets(const std::vector<MicroBatch>& batches) {
   int64_t n = 0;
@@ -111,7 +127,9 @@ StepLoss forward_backward(const CausalLm& model, const std::vector<MicroBatch>& 
     for (size_t i = 0; i < model.layers().size(); ++i) {
       hidden = model.layers()[i]->reference_forward(records[i], hidden, batch);
       if (records[i].stage1_out.routing.defined()) router_logits.push_back(records[i].stage1_out.routing.logits);
+      add_router_losses(step, records[i].stage1);
     }
+    step.num_tokens += batch.num_tokens();
     EpilogRecord epilog;
     const LossSum sum = model.head_forward(epilog, hidden, batch);
     step.ce_sum += sum.ce_sum;
@@ -126,6 +144,7 @@ StepLoss forward_backward(const CausalLm& model, const std::vector<MicroBatch>& 
     model.embed_backward(batch, d_hidden);
   }
   step.loss = step.ce_sum / static_cast<double>(denominator);
+  finish_router_losses(step, model);
   return step;
 }
 
@@ -139,7 +158,9 @@ StepLoss forward_only(const CausalLm& model, const std::vector<MicroBatch>& batc
       LayerRecord record;
       hidden = layer->reference_forward(record, hidden, batch);
       if (record.stage1_out.routing.defined()) router_logits.push_back(record.stage1_out.routing.logits);
+      add_router_losses(step, record.stage1);
     }
+    step.num_tokens += batch.num_tokens();
     EpilogRecord epilog;
     const LossSum sum = model.head_forward(epilog, hidden, batch);
     step.ce_sum += sum.ce_sum;
@@ -150,6 +171,7 @@ StepLoss forward_only(const CausalLm& model, const std::vector<MicroBatch>& batc
     }
   }
   step.loss = step.num_targets > 0 ? step.ce_sum / static_cast<double>(step.num_targets) : 0.0;
+  finish_router_losses(step, model);
   return step;
 }
 

@@ -70,6 +70,11 @@ struct StepLoss {
   double loss = 0.0;  // ce_sum / num_targets
   double ce_sum = 0.0;
   int64_t num_targets = 0;
+  // Auxiliary router losses when the batches ask for them: token-weighted over the micro-batches
+  // and averaged over the MoE layers; load_balance is 1.0 when perfectly balanced.
+  double load_balance = 0.0;
+  double z_loss = 0.0;
+  int64_t num_tokens = 0;
 };
 
 // Forward and backward of every micro-batch in order, accumulating into the parameter gradients

@@ -15,6 +15,7 @@
 #include "model/batch.h"
 #include "model/mlp_block.h"
 #include "model/router_block.h"
+#include "model/router_loss.h"
 
 namespace moetrain::model {
 
@@ -37,7 +38,10 @@ struct Stage1Record {
   Tensor residual, rstd_post, normed_post;
   RouterRecord router;
   RoutingMetadata routing;
-  Tensor d_probs;  // optional extra gradient on the router probabilities (load-balance loss)
+  // Auxiliary router losses of this micro-batch (when its batch asks for them): their values and
+  // the gradients stage 1's backward injects on the probabilities and on the logits.
+  RouterLossValues aux;
+  Tensor d_probs, d_logits;
   // Kept by backward_input for backward_weight.
   Tensor d_normed_input, d_normed_post;
 };
@@ -65,6 +69,8 @@ class DecoderLayer {
 
   virtual int64_t index() const = 0;
   virtual bool has_experts() const = 0;
+  // Position among the model's MoE layers (0, 1, ...); -1 for a dense layer.
+  virtual int64_t moe_index() const = 0;
 
   virtual Stage1Out stage1_forward(Stage1Record& record, const Tensor& hidden, const MicroBatch& batch) const = 0;
   virtual Tensor stage3_forward(Stage3Record& record, const Tensor& dispatched, const Tensor& group_offsets) const = 0;

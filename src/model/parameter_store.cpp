@@ -63,33 +63,41 @@ void ParameterStore::zero_grads() {
 }
 
 void ParameterStore::load_hf(const io::SafetensorsReader& reader) {
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (const std::string& name : reader.names()) tensors.emplace_back(name, reader.tensor(name));  // mapped views
+  load_hf_tensors(tensors);
+}
+
+void ParameterStore::load_hf_tensors(const std::vector<std::pair<std::string, Tensor>>& tensors) {
+  std::map<std::string, Tensor> by_name;
   std::vector<std::string> problems;
+  for (const auto& [name, tensor] : tensors) {
+    if (!by_name.emplace(name, tensor).second) problems.push_back(fmt::format("tensor '{}' given twice", name));
+  }
   std::set<std::string> expected;
   for (const ParamSpec& spec : specs_) {
     for (const HfPiece& piece : spec.pieces) {
       expected.insert(piece.hf_name);
-      if (!reader.contains(piece.hf_name)) {
+      auto it = by_name.find(piece.hf_name);
+      if (it == by_name.end()) {
         problems.push_back(fmt::format("missing tensor '{}' (expected shape {})", piece.hf_name, shape_str(piece.hf_shape)));
-        continue;
-      }
-      const io::SafetensorsEntry& entry = reader.entry(piece.hf_name);
-      if (entry.shape != piece.hf_shape) {
+      } else if (it->second.shape() != piece.hf_shape) {
         problems.push_back(fmt::format("tensor '{}' has shape {} but the config implies {}", piece.hf_name,
-                                       shape_str(entry.shape), shape_str(piece.hf_shape)));
-      } else if (!dtype_is_floating(entry.dtype)) {
+                                       shape_str(it->second.shape()), shape_str(piece.hf_shape)));
+      } else if (!dtype_is_floating(it->second.dtype())) {
         problems.push_back(fmt::format("tensor '{}' has dtype {} but a float dtype was expected", piece.hf_name,
-                                       dtype_name(entry.dtype)));
+                                       dtype_name(it->second.dtype())));
       }
     }
   }
-  for (const std::string& name : reader.names()) {
+  for (const auto& [name, tensor] : by_name) {
     if (!expected.count(name)) problems.push_back(fmt::format("unexpected tensor '{}'", name));
   }
   MT_CHECK(problems.empty(), "model weights: {} problem(s) with the checkpoint:\n  {}", problems.size(),
            fmt::join(problems, "\n  "));
   for (size_t i = 0; i < specs_.size(); ++i) {
     for (const HfPiece& piece : specs_[i].pieces) {
-      Tensor source = reader.tensor(piece.hf_name);
+      Tensor source = by_name.at(piece.hf_name);
       if (source.dtype() != DType::F32) source = source.to(DType::F32);
       piece_view(params_[i], piece).copy_from(source);
     }

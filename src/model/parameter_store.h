@@ -55,6 +55,8 @@ class ParameterStore {
   // expected HF name present with the expected shape, no unexpected names; the error lists every
   // missing, unexpected and mis-shaped name at once. Tensors of another float dtype are converted.
   void load_hf(const io::SafetensorsReader& reader);
+  // The same from tensors in memory (HF name -> CPU tensor), e.g. a checkpoint's weights.
+  void load_hf_tensors(const std::vector<std::pair<std::string, Tensor>>& tensors);
   // HF name -> tensor (copies), in spec order; `of_grads` exports the gradients instead.
   std::vector<std::pair<std::string, Tensor>> export_hf(bool of_grads = false) const;
   // Like export_hf, but a fused tensor is exported whole under its hf_fused_name when `use_fused`

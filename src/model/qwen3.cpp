@@ -45,6 +45,10 @@ Qwen3DecoderLayer::Qwen3DecoderLayer(const io::ModelConfig& config, ParameterSto
       router_(config.layer_is_moe(layer) ? std::make_unique<RouterBlock>(config, store, layer_prefix(layer)) : nullptr),
       mlp_(store, layer_prefix(layer), config.layer_is_moe(layer)) {
   norm_.eps = static_cast<float>(config.rms_norm_eps);
+  if (router_) {
+    moe_index_ = 0;
+    for (int64_t l = 0; l < layer; ++l) moe_index_ += config.layer_is_moe(l) ? 1 : 0;
+  }
   const std::string p = layer_prefix(layer);
   w_input_norm_ = store.param(p + "input_norm"), g_input_norm_ = store.grad(p + "input_norm");
   w_post_norm_ = store.param(p + "post_norm"), g_post_norm_ = store.grad(p + "post_norm");
@@ -74,6 +78,10 @@ Stage1Out Qwen3DecoderLayer::stage1_forward(Stage1Record& r, const Tensor& hidde
     return out;
   }
   r.routing = router_->forward(r.router, r.normed_post);
+  if (batch.router_loss != nullptr && batch.router_loss->active()) {
+    r.aux = router_aux_losses(*batch.router_loss, moe_index_, r.routing.logits, r.routing.probs, r.routing.topk_index,
+                              batch.cu_seqlens, r.d_probs, r.d_logits);
+  }
   out.routing = r.routing;
   out.group_offsets = r.routing.plan.expert_offsets;
   out.dispatched = Tensor::empty({T * r.routing.plan.top_k, hidden.size(1)}, dt, dev);
@@ -129,7 +137,7 @@ Tensor Qwen3DecoderLayer::stage1_backward_input(Stage1Record& r, const Stage5Gra
   if (router_) {
     r.d_normed_post = Tensor::empty(r.normed_post.shape(), dt, dev);
     ops::permute_backward(s, r.d_normed_post, d_dispatched, r.routing.plan);
-    const Tensor d_router_in = router_->backward_input(r.router, r.routing, grads.d_topk_weight, r.d_probs);
+    const Tensor d_router_in = router_->backward_input(r.router, r.routing, grads.d_topk_weight, r.d_probs, r.d_logits);
     ops::accumulate(s, r.d_normed_post, d_router_in);
   } else {
     r.d_normed_post = d_dispatched;

@@ -20,6 +20,7 @@ class Qwen3DecoderLayer final : public DecoderLayer {
 
   int64_t index() const override { return layer_; }
   bool has_experts() const override { return router_ != nullptr; }
+  int64_t moe_index() const override { return moe_index_; }
 
   Stage1Out stage1_forward(Stage1Record& record, const Tensor& hidden, const MicroBatch& batch) const override;
   Tensor stage3_forward(Stage3Record& record, const Tensor& dispatched, const Tensor& group_offsets) const override;
@@ -34,6 +35,7 @@ class Qwen3DecoderLayer final : public DecoderLayer {
 
  private:
   int64_t layer_;
+  int64_t moe_index_ = -1;
   ops::RmsNormParams norm_;
   Tensor w_input_norm_, g_input_norm_, w_post_norm_, g_post_norm_;
   AttentionBlock attention_;

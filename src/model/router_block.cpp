@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include "ops/elementwise.h"
 #include "ops/gemm.h"
 
 namespace moetrain::model {
@@ -37,10 +38,11 @@ RoutingMetadata RouterBlock::forward(RouterRecord& r, const Tensor& x) const {
 }
 
 Tensor RouterBlock::backward_input(RouterRecord& r, const RoutingMetadata& m, const Tensor& d_topk_weight,
-                                   const Tensor& d_probs) const {
+                                   const Tensor& d_probs, const Tensor& d_logits_extra) const {
   Stream& s = default_stream(r.x.device());
   r.d_logits = Tensor::empty(m.logits.shape(), m.logits.dtype(), m.logits.device());
   ops::router_backward(s, r.d_logits, d_topk_weight, d_probs, m.probs, m.topk_index, m.topk_weight, params_);
+  if (d_logits_extra.defined()) ops::accumulate(s, r.d_logits, d_logits_extra);
   Tensor dx = Tensor::empty(r.x.shape(), r.x.dtype(), r.x.device());
   ops::linear_backward_input(s, dx, r.d_logits, w_);
   return dx;

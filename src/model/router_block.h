@@ -35,8 +35,9 @@ class RouterBlock {
   RoutingMetadata forward(RouterRecord& record, const Tensor& x) const;
   // dx [T, H] from the gradient of the selected weights and, when defined, an extra gradient on
   // the probabilities (the load-balance loss).
+  // `d_logits_extra`, when defined, is added to the logits' gradient (the z-loss).
   Tensor backward_input(RouterRecord& record, const RoutingMetadata& routing, const Tensor& d_topk_weight,
-                        const Tensor& d_probs) const;
+                        const Tensor& d_probs, const Tensor& d_logits_extra) const;
   void backward_weight(RouterRecord& record) const;
 
  private:

@@ -20,7 +20,7 @@ void check_argument(const Tensor& t, const Shape& shape, DType dtype, const char
   require_cpu(t, op);
 }
 
-// w [G, N, K] in f32 or f64; returns nothing, the caller reads the extents.
+// w must be [G, N, K] in f32 or f64; the caller then reads G, N and K from it.
 void check_weight_rank(const Tensor& w, const char* op, const char* name) {
   expect_defined(w, fmt::format("{}: {}", op, name));
   MT_CHECK(w.dim() == 3, "{}: expected {} [G, N, K] but found {}", op, name, w.describe());

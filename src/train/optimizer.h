@@ -29,6 +29,8 @@ class AdamW {
   // The moments, in the store's parameter order (for checkpoints).
   const std::vector<Tensor>& exp_avg() const { return exp_avg_; }
   const std::vector<Tensor>& exp_avg_sq() const { return exp_avg_sq_; }
+  std::vector<Tensor>& exp_avg() { return exp_avg_; }
+  std::vector<Tensor>& exp_avg_sq() { return exp_avg_sq_; }
   void set_steps_taken(int64_t steps) { steps_ = steps; }
 
  private:

@@ -1,0 +1,90 @@
+// defines: checkpoint <-> Hugging Face conversion.
+#include "cli/convert_command.h"
+
+#include <filesystem>
+#include <fstream>
+#include <memory>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "io/model_config.h"
+#include "io/safetensors.h"
+#include "model/causal_lm.h"
+#include "train/checkpoint.h"
+
+namespace moetrain::cli {
+
+namespace {
+
+constexpr uint64_t kMaxShardBytes = 5ull << 30;
+
+std::string resolve_checkpoint(const std::string& path) {
+  if (std::filesystem::exists(std::filesystem::path(path) / "manifest.json")) return path;
+  const auto latest = train::find_latest_checkpoint(path);
+  MT_CHECK(latest.has_value(), "convert: '{}' is neither a checkpoint folder nor a folder holding complete checkpoints",
+           path);
+  return *latest;
+}
+
+void write_text_atomically(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << text;
+    MT_CHECK(out.good(), "convert: cannot write '{}'", tmp);
+  }
+  std::filesystem::rename(tmp, path);
+}
+
+}  // namespace
+
+int run_export_hf(const std::string& checkpoint, const std::string& out_dir) {
+  const std::string path = resolve_checkpoint(checkpoint);
+  const train::CheckpointData data = train::load_checkpoint(path);
+  MT_CHECK(data.state.contains("model_config") && data.state.at("model_config").is_string(),
+           "convert: checkpoint {} has no model_config in state.json", path);
+  const io::ModelConfig config = io::parse_model_config(data.state.at("model_config").get<std::string>(), path);
+  // Loading into a model validates every tensor against the config before anything is written.
+  model::CausalLm model(config);
+  model.params().load_hf_tensors(data.model);
+  std::filesystem::create_directories(out_dir);
+  const auto files = io::write_safetensors_sharded(out_dir, "model", model.params().export_hf(), kMaxShardBytes);
+  write_text_atomically(out_dir + "/config.json", io::model_config_to_json(config));
+  log_info("exported {} (step {}) to {}: config.json + {} safetensors file(s)", path, data.step, out_dir, files.size());
+  return 0;
+}
+
+int run_import_hf(const std::string& hf_dir, const std::string& checkpoint_dir) {
+  const auto model = model::CausalLm::from_hf(hf_dir);
+  train::CheckpointData data;
+  data.step = 0;
+  data.model = model->params().export_hf();
+  for (const auto& spec : model->params().specs()) {
+    data.optimizer.emplace_back("exp_avg/" + spec.name, Tensor::zeros(spec.shape, DType::F32));
+    data.optimizer.emplace_back("exp_avg_sq/" + spec.name, Tensor::zeros(spec.shape, DType::F32));
+  }
+  data.state = {{"step", 0}, {"optimizer_steps", 0}, {"data", nullptr},
+                {"model_config", io::model_config_to_json(model->config())}};
+  const std::string path = train::save_checkpoint(checkpoint_dir, data, 1 << 30);
+  log_info("imported {} as {}", hf_dir, path);
+  return 0;
+}
+
+void add_convert_command(CLI::App& app, std::function<int()>& command) {
+  CLI::App* convert = app.add_subcommand("convert", "Export a checkpoint to a Hugging Face folder, or import one");
+  auto checkpoint = std::make_shared<std::string>();
+  auto hf = std::make_shared<std::string>();
+  auto out = std::make_shared<std::string>();
+  auto* from_checkpoint = convert->add_option("--checkpoint", *checkpoint, "checkpoint folder (or checkpoint.dir) to export");
+  auto* from_hf = convert->add_option("--hf", *hf, "Hugging Face folder to import as a step-0 checkpoint");
+  from_checkpoint->excludes(from_hf);
+  convert->add_option("--out", *out, "output folder (HF folder for export, checkpoint.dir for import)")->required();
+  convert->callback([checkpoint, hf, out, &command] {
+    command = [checkpoint, hf, out] {
+      MT_CHECK(!checkpoint->empty() || !hf->empty(), "convert: give --checkpoint DIR (export) or --hf DIR (import)");
+      return checkpoint->empty() ? run_import_hf(*hf, *out) : run_export_hf(*checkpoint, *out);
+    };
+  });
+}
+
+}  // namespace moetrain::cli

@@ -1,0 +1,618 @@
+// defines: the job TOML reader, the --section.key=value overrides, the validation and the TOML
+// writer of job_config.h. Every scalar key is listed once (field_refs) with a typed pointer into
+// the config, so reading the file, applying an override and writing TOML walk the same list.
+#include "io/job_config.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <sstream>
+#include <string_view>
+#include <system_error>
+#include <utility>
+#include <variant>
+
+#include <toml++/toml.h>
+
+#include "core/error.h"
+
+namespace moetrain::io {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// A string key holding a path: a relative value resolves against the TOML file's folder (file)
+// or the current directory (override); an empty value stays empty ("not set").
+struct PathField {
+  std::string* value;
+};
+// data.path, the shorthand that replaces every data source with one of weight 1.
+struct DataPathField {
+  std::vector<DataSource>* sources;
+};
+
+using Target = std::variant<int64_t*, uint64_t*, double*, bool*, std::string*, PathField, DataPathField>;
+
+struct FieldRef {
+  std::string_view key;  // "section.key"
+  Target target;
+};
+
+template <class... F>
+struct Overloaded : F... {
+  using F::operator()...;
+};
+template <class... F>
+Overloaded(F...) -> Overloaded<F...>;
+
+constexpr std::string_view kSourcesKey = "data.sources";
+
+// Every scalar key, in the order job_config_to_toml writes them. data.sources is read apart.
+std::vector<FieldRef> field_refs(JobConfig& c) {
+  return {
+      {"model.config", PathField{&c.model.config}},
+      {"model.init", &c.model.init},
+      {"model.init_std", &c.model.init_std},
+      {"model.device", &c.model.device},
+      {"data.path", DataPathField{&c.data.sources}},
+      {"data.mode", &c.data.mode},
+      {"data.shuffle", &c.data.shuffle},
+      {"train.steps", &c.train.steps},
+      {"train.seq_len", &c.train.seq_len},
+      {"train.micro_batch", &c.train.micro_batch},
+      {"train.global_batch", &c.train.global_batch},
+      {"train.global_batch_tokens", &c.train.global_batch_tokens},
+      {"train.seed", &c.train.seed},
+      {"optim.lr", &c.optim.lr},
+      {"optim.beta1", &c.optim.beta1},
+      {"optim.beta2", &c.optim.beta2},
+      {"optim.eps", &c.optim.eps},
+      {"optim.weight_decay", &c.optim.weight_decay},
+      {"optim.schedule", &c.optim.schedule},
+      {"optim.warmup_steps", &c.optim.warmup_steps},
+      {"optim.min_lr_ratio", &c.optim.min_lr_ratio},
+      {"optim.decay_fraction", &c.optim.decay_fraction},
+      {"optim.clip_grad_norm", &c.optim.clip_grad_norm},
+      {"loss.load_balance", &c.loss.load_balance},
+      {"loss.load_balance_coef", &c.loss.load_balance_coef},
+      {"loss.z_loss_coef", &c.loss.z_loss_coef},
+      {"checkpoint.dir", PathField{&c.checkpoint.dir}},
+      {"checkpoint.every", &c.checkpoint.every},
+      {"checkpoint.keep", &c.checkpoint.keep},
+      {"checkpoint.resume", &c.checkpoint.resume},
+      {"metrics.jsonl", PathField{&c.metrics.jsonl}},
+      {"metrics.console_every", &c.metrics.console_every},
+  };
+}
+
+std::string_view section_of(std::string_view key) { return key.substr(0, key.find('.')); }
+std::string_view leaf_of(std::string_view key) { return key.substr(key.rfind('.') + 1); }
+
+std::vector<std::string> known_keys() {
+  JobConfig scratch;
+  std::vector<std::string> keys;
+  for (const FieldRef& ref : field_refs(scratch)) keys.emplace_back(ref.key);
+  keys.emplace_back(kSourcesKey);
+  return keys;
+}
+
+std::vector<std::string> known_sections() {
+  std::vector<std::string> sections;
+  for (const std::string& key : known_keys()) {
+    const std::string section(section_of(key));
+    if (std::find(sections.begin(), sections.end(), section) == sections.end()) sections.push_back(section);
+  }
+  return sections;
+}
+
+// Optimal-string-alignment distance: insertions, deletions, substitutions and swaps of two
+// neighbouring characters each cost 1 ("setps" is 1 away from "steps").
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
+  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  }
+  return d[a.size()][b.size()];
+}
+
+// "; did you mean 'x'?" for the closest candidate within edit distance 2, else for a candidate
+// with the same last component (a key put in the wrong section), else "".
+std::string suggestion(std::string_view name, const std::vector<std::string>& candidates) {
+  const std::string* best = nullptr;
+  size_t best_distance = 3;
+  for (const std::string& candidate : candidates) {
+    const size_t distance = edit_distance(name, candidate);
+    if (distance < best_distance) {
+      best = &candidate;
+      best_distance = distance;
+    }
+  }
+  if (best == nullptr) {
+    for (const std::string& candidate : candidates) {
+      if (candidate != name && leaf_of(candidate) == leaf_of(name)) {
+        best = &candidate;
+        break;
+      }
+    }
+  }
+  return best == nullptr ? std::string() : fmt::format("; did you mean '{}'?", *best);
+}
+
+std::string join(const std::vector<std::string>& items) {
+  std::string out;
+  for (const std::string& item : items) out += (out.empty() ? "" : ", ") + item;
+  return out;
+}
+
+// `value` resolved against `base` (an absolute folder) unless it is empty or already absolute.
+std::string resolve_path(const std::string& value, const fs::path& base) {
+  if (value.empty() || fs::path(value).is_absolute()) return value;
+  return (base / value).lexically_normal().string();
+}
+
+// The folder relative paths of a file named `source` resolve against (absolute).
+fs::path base_folder_of(const std::string& source) {
+  const fs::path parent = fs::path(source).parent_path();
+  return parent.empty() ? fs::current_path() : fs::absolute(parent);
+}
+
+const char* node_type_name(const toml::node& node) {
+  switch (node.type()) {
+    case toml::node_type::string: return "a string";
+    case toml::node_type::integer: return "an integer";
+    case toml::node_type::floating_point: return "a float";
+    case toml::node_type::boolean: return "a boolean";
+    case toml::node_type::table: return "a table";
+    case toml::node_type::array: return "an array";
+    case toml::node_type::date: return "a date";
+    case toml::node_type::time: return "a time";
+    case toml::node_type::date_time: return "a date-time";
+    default: return "nothing";
+  }
+}
+
+// How a found node reads in an error: its type, and its text for a scalar.
+std::string found_str(const toml::node& node) {
+  if (node.is_table() || node.is_array()) return node_type_name(node);
+  std::ostringstream text;
+  node.visit([&](const auto& value) { text << value; });
+  std::string shown = text.str();
+  if (shown.size() > 40) shown = shown.substr(0, 37) + "...";
+  return fmt::format("{} ({})", node_type_name(node), shown);
+}
+
+std::string location(const toml::source_region& where) {
+  return fmt::format("line {}, column {}", where.begin.line, where.begin.column);
+}
+
+// Reads the parsed TOML document into a JobConfig, naming `source` and the line in every error.
+class FileReader {
+ public:
+  FileReader(std::string source, fs::path base) : source_(std::move(source)), base_(std::move(base)) {}
+
+  void read(const toml::table& root, JobConfig& config) const {
+    const std::vector<std::string> keys = known_keys();
+    const std::vector<std::string> sections = known_sections();
+    std::vector<FieldRef> refs = field_refs(config);
+    bool has_data_path = false;
+    bool has_sources = false;
+    for (const auto& [section_key, section_node] : root) {
+      const std::string section(section_key.str());
+      if (std::find(sections.begin(), sections.end(), section) == sections.end()) {
+        if (section_node.is_table()) {
+          fail(section_key.source(), fmt::format("unknown section '{}' (sections: {})", section, join(sections)),
+               suggestion(section, sections));
+        }
+        fail(section_key.source(), fmt::format("unknown key '{}'", section), suggestion(section, keys));
+      }
+      const toml::table* table = section_node.as_table();
+      if (table == nullptr) {
+        fail(section_node.source(),
+             fmt::format("key '{}' must be a table ([{}]) but found {}", section, section, found_str(section_node)));
+      }
+      for (const auto& [leaf, node] : *table) {
+        const std::string key = section + "." + std::string(leaf.str());
+        if (key == kSourcesKey) {
+          read_sources(node, config.data.sources);
+          has_sources = true;
+          continue;
+        }
+        const auto ref = std::find_if(refs.begin(), refs.end(), [&](const FieldRef& r) { return r.key == key; });
+        if (ref == refs.end()) fail(leaf.source(), fmt::format("unknown key '{}'", key), suggestion(key, keys));
+        assign(*ref, node);
+        has_data_path = has_data_path || key == "data.path";
+      }
+    }
+    if (has_data_path && has_sources) {
+      MT_FAIL(
+          "{}: data.path and [[data.sources]] are both set; use data.path for one source or [[data.sources]] for "
+          "several",
+          source_);
+    }
+  }
+
+ private:
+  // "<source>: <what> (line L, column C)<hint>": the hint ("; did you mean ...") comes last.
+  [[noreturn]] void fail(const toml::source_region& where, const std::string& what,
+                         const std::string& hint = "") const {
+    MT_FAIL("{}: {} ({}){}", source_, what, location(where), hint);
+  }
+  [[noreturn]] void fail_type(const std::string& key, const char* expected, const toml::node& node) const {
+    fail(node.source(), fmt::format("key '{}' expects {} but found {}", key, expected, found_str(node)));
+  }
+
+  int64_t int_of(const std::string& key, const toml::node& node) const {
+    if (const auto* v = node.as_integer()) return v->get();
+    fail_type(key, "an integer", node);
+  }
+  double float_of(const std::string& key, const toml::node& node) const {
+    if (const auto* v = node.as_floating_point()) return v->get();
+    if (const auto* v = node.as_integer()) return static_cast<double>(v->get());
+    fail_type(key, "a float", node);
+  }
+  bool bool_of(const std::string& key, const toml::node& node) const {
+    if (const auto* v = node.as_boolean()) return v->get();
+    fail_type(key, "a boolean (true or false)", node);
+  }
+  std::string string_of(const std::string& key, const toml::node& node) const {
+    if (const auto* v = node.as_string()) return v->get();
+    fail_type(key, "a string", node);
+  }
+
+  void assign(const FieldRef& ref, const toml::node& node) const {
+    const std::string key(ref.key);
+    std::visit(Overloaded{
+                   [&](int64_t* p) { *p = int_of(key, node); },
+                   [&](uint64_t* p) {
+                     const int64_t value = int_of(key, node);
+                     if (value < 0) {
+                       fail(node.source(),
+                            fmt::format("key '{}' expects a non-negative integer but found {}", key, found_str(node)));
+                     }
+                     *p = static_cast<uint64_t>(value);
+                   },
+                   [&](double* p) { *p = float_of(key, node); },
+                   [&](bool* p) { *p = bool_of(key, node); },
+                   [&](std::string* p) { *p = string_of(key, node); },
+                   [&](PathField f) { *f.value = resolve_path(string_of(key, node), base_); },
+                   [&](DataPathField f) {
+                     *f.sources = {DataSource{resolve_path(string_of(key, node), base_), 1.0}};
+                   },
+               },
+               ref.target);
+  }
+
+  void read_sources(const toml::node& node, std::vector<DataSource>& sources) const {
+    const toml::array* array = node.as_array();
+    if (array == nullptr) {
+      fail(node.source(), fmt::format("key '{}' must be an array of tables ([[{}]]) but found {}", kSourcesKey,
+                                      kSourcesKey, found_str(node)));
+    }
+    sources.clear();
+    for (size_t i = 0; i < array->size(); ++i) {
+      const toml::node& element = *array->get(i);
+      const std::string name = fmt::format("{}[{}]", kSourcesKey, i);
+      const toml::table* table = element.as_table();
+      if (table == nullptr) {
+        fail(element.source(),
+             fmt::format("'{}' must be a table with path and weight but found {}", name, found_str(element)));
+      }
+      DataSource source;
+      bool has_path = false;
+      const std::vector<std::string> candidates = {name + ".path", name + ".weight"};
+      for (const auto& [leaf, value] : *table) {
+        const std::string key = name + "." + std::string(leaf.str());
+        if (key == candidates[0]) {
+          source.path = resolve_path(string_of(key, value), base_);
+          has_path = true;
+        } else if (key == candidates[1]) {
+          source.weight = float_of(key, value);
+        } else {
+          fail(leaf.source(), fmt::format("unknown key '{}'", key), suggestion(key, candidates));
+        }
+      }
+      if (!has_path) fail(element.source(), fmt::format("'{}' has no path (the indexed dataset prefix)", name));
+      sources.push_back(std::move(source));
+    }
+  }
+
+  std::string source_;
+  fs::path base_;
+};
+
+// A single TOML value written after "v = " (underscores, hex, +inf, ...), or nullopt.
+std::optional<toml::table> parse_toml_value(std::string_view text) {
+  if (text.empty() || text.find_first_of("\n\r#") != std::string_view::npos) return std::nullopt;
+  try {
+    toml::table table = toml::parse("v = " + std::string(text));
+    if (table.size() == 1 && table.contains("v")) return table;
+  } catch (const toml::parse_error&) {
+  }
+  return std::nullopt;
+}
+
+// Drops one leading '+' (which std::from_chars refuses) unless a second sign follows.
+std::optional<std::string_view> strip_plus(std::string_view text) {
+  if (!text.empty() && text[0] == '+') {
+    text.remove_prefix(1);
+    if (text.empty() || text[0] == '+' || text[0] == '-') return std::nullopt;
+  }
+  return text;
+}
+
+std::optional<int64_t> parse_int(std::string_view text) {
+  if (const auto digits = strip_plus(text)) {
+    int64_t value = 0;
+    const auto [end, ec] = std::from_chars(digits->data(), digits->data() + digits->size(), value);
+    if (ec == std::errc() && end == digits->data() + digits->size()) return value;
+  }
+  if (const auto table = parse_toml_value(text)) {
+    if (const auto* v = table->get("v")->as_integer()) return v->get();
+  }
+  return std::nullopt;
+}
+
+std::optional<double> parse_float(std::string_view text) {
+  if (const auto digits = strip_plus(text)) {
+    double value = 0;
+    const auto [end, ec] = std::from_chars(digits->data(), digits->data() + digits->size(), value);
+    if (ec == std::errc() && end == digits->data() + digits->size()) return value;
+  }
+  if (const auto table = parse_toml_value(text)) {
+    const toml::node* v = table->get("v");
+    if (const auto* f = v->as_floating_point()) return f->get();
+    if (const auto* i = v->as_integer()) return static_cast<double>(i->get());
+  }
+  return std::nullopt;
+}
+
+[[noreturn]] void fail_override_value(const std::string& given, const std::string& key, const char* expected,
+                                      const std::string& value) {
+  MT_FAIL("override '{}': key '{}' expects {} but found '{}'", given, key, expected, value);
+}
+
+// Applies one "section.key=value" (leading "--" optional); errors name the override as given.
+void apply_override(JobConfig& config, const std::string& given) {
+  std::string_view text = given;
+  if (text.starts_with("--")) text.remove_prefix(2);
+  const size_t eq = text.find('=');
+  MT_CHECK(eq != std::string_view::npos, "override '{}': expected section.key=value (e.g. --optim.lr=1e-4)", given);
+  const std::string key(text.substr(0, eq));
+  const std::string value(text.substr(eq + 1));
+  MT_CHECK(key != kSourcesKey && !key.starts_with(std::string(kSourcesKey) + ".") &&
+               !key.starts_with(std::string(kSourcesKey) + "["),
+           "override '{}': {} cannot be overridden element by element; use data.path=PREFIX to replace every "
+           "source with one, or edit the file",
+           given, kSourcesKey);
+  std::vector<FieldRef> refs = field_refs(config);
+  const auto ref = std::find_if(refs.begin(), refs.end(), [&](const FieldRef& r) { return r.key == key; });
+  MT_CHECK(ref != refs.end(), "override '{}': unknown key '{}'{}", given, key, suggestion(key, known_keys()));
+  const fs::path cwd = fs::current_path();
+  const auto bad_value = [&](const char* expected) { fail_override_value(given, key, expected, value); };
+  std::visit(Overloaded{
+                 [&](int64_t* p) {
+                   const auto v = parse_int(value);
+                   if (!v) bad_value("an integer");
+                   *p = *v;
+                 },
+                 [&](uint64_t* p) {
+                   const auto v = parse_int(value);
+                   if (!v || *v < 0) bad_value("a non-negative integer below 2^63");
+                   *p = static_cast<uint64_t>(*v);
+                 },
+                 [&](double* p) {
+                   const auto v = parse_float(value);
+                   if (!v) bad_value("a float");
+                   *p = *v;
+                 },
+                 [&](bool* p) {
+                   if (value != "true" && value != "false") bad_value("a boolean (true or false)");
+                   *p = value == "true";
+                 },
+                 [&](std::string* p) { *p = value; },
+                 [&](PathField f) { *f.value = resolve_path(value, cwd); },
+                 [&](DataPathField f) {
+                   *f.sources = {DataSource{resolve_path(value, cwd), 1.0}};
+                 },
+             },
+             ref->target);
+}
+
+bool one_of(const std::string& value, std::initializer_list<std::string_view> allowed) {
+  return std::find(allowed.begin(), allowed.end(), value) != allowed.end();
+}
+
+bool is_device(const std::string& device) {
+  if (device == "cpu" || device == "cuda") return true;
+  if (!device.starts_with("cuda:") || device.size() == 5) return false;
+  return std::all_of(device.begin() + 5, device.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+// Checks every rule of the header (the comparisons are written so NaN fails them) and fills the
+// default global_batch. `source` names the configuration in errors.
+void validate(JobConfig& c, const std::string& source) {
+  const char* s = source.c_str();
+  MT_CHECK(!c.model.config.empty(),
+           "{}: model.config is required (the HF model folder or its config.json); set it in [model] or pass "
+           "--model.config=PATH",
+           s);
+  MT_CHECK(one_of(c.model.init, {"random", "pretrained"}), "{}: model.init must be random or pretrained but is '{}'", s,
+           c.model.init);
+  MT_CHECK(std::isfinite(c.model.init_std) && c.model.init_std >= 0,
+           "{}: model.init_std must be finite and >= 0 but is {}", s, c.model.init_std);
+  MT_CHECK(is_device(c.model.device), "{}: model.device must be cpu, cuda or cuda:N but is '{}'", s, c.model.device);
+
+  MT_CHECK(!c.data.sources.empty(), "{}: no training data: set data.path = PREFIX or add [[data.sources]] tables", s);
+  for (size_t i = 0; i < c.data.sources.size(); ++i) {
+    const DataSource& d = c.data.sources[i];
+    MT_CHECK(!d.path.empty(), "{}: data.sources[{}].path is empty (expected an indexed dataset prefix)", s, i);
+    MT_CHECK(std::isfinite(d.weight) && d.weight > 0, "{}: data.sources[{}].weight must be > 0 but is {}", s, i,
+             d.weight);
+  }
+  MT_CHECK(one_of(c.data.mode, {"packed", "fixed"}), "{}: data.mode must be packed or fixed but is '{}'", s,
+           c.data.mode);
+
+  TrainSection& t = c.train;
+  MT_CHECK(t.steps > 0, "{}: train.steps must be > 0 but is {}", s, t.steps);
+  MT_CHECK(t.seq_len > 0, "{}: train.seq_len must be > 0 but is {}", s, t.seq_len);
+  MT_CHECK(t.micro_batch > 0, "{}: train.micro_batch must be > 0 but is {}", s, t.micro_batch);
+  MT_CHECK(t.global_batch >= 0, "{}: train.global_batch must be >= 0 but is {}", s, t.global_batch);
+  MT_CHECK(t.global_batch_tokens >= 0, "{}: train.global_batch_tokens must be >= 0 but is {}", s,
+           t.global_batch_tokens);
+  MT_CHECK(t.global_batch == 0 || t.global_batch_tokens == 0,
+           "{}: set one of train.global_batch ({}) and train.global_batch_tokens ({}), not both; set the other to 0", s,
+           t.global_batch, t.global_batch_tokens);
+  if (t.global_batch == 0 && t.global_batch_tokens == 0) t.global_batch = t.micro_batch;
+  MT_CHECK(t.global_batch % t.micro_batch == 0, "{}: train.global_batch ({}) must be a multiple of micro_batch ({})", s,
+           t.global_batch, t.micro_batch);
+  int64_t micro_tokens = 0;
+  MT_CHECK(!__builtin_mul_overflow(t.micro_batch, t.seq_len, &micro_tokens),
+           "{}: train.micro_batch * train.seq_len ({} * {}) overflows int64", s, t.micro_batch, t.seq_len);
+  MT_CHECK(t.global_batch_tokens % micro_tokens == 0,
+           "{}: train.global_batch_tokens ({}) must be a multiple of micro_batch * seq_len ({} * {} = {})", s,
+           t.global_batch_tokens, t.micro_batch, t.seq_len, micro_tokens);
+
+  const OptimSection& o = c.optim;
+  MT_CHECK(std::isfinite(o.lr) && o.lr >= 0, "{}: optim.lr must be finite and >= 0 but is {}", s, o.lr);
+  MT_CHECK(o.beta1 >= 0 && o.beta1 < 1, "{}: optim.beta1 must be in [0, 1) but is {}", s, o.beta1);
+  MT_CHECK(o.beta2 >= 0 && o.beta2 < 1, "{}: optim.beta2 must be in [0, 1) but is {}", s, o.beta2);
+  MT_CHECK(std::isfinite(o.eps) && o.eps > 0, "{}: optim.eps must be finite and > 0 but is {}", s, o.eps);
+  MT_CHECK(std::isfinite(o.weight_decay) && o.weight_decay >= 0,
+           "{}: optim.weight_decay must be finite and >= 0 but is {}", s, o.weight_decay);
+  MT_CHECK(one_of(o.schedule, {"constant", "cosine", "linear", "wsd"}),
+           "{}: optim.schedule must be constant, cosine, linear or wsd but is '{}'", s, o.schedule);
+  MT_CHECK(o.warmup_steps >= 0, "{}: optim.warmup_steps must be >= 0 but is {}", s, o.warmup_steps);
+  MT_CHECK(o.min_lr_ratio >= 0 && o.min_lr_ratio <= 1, "{}: optim.min_lr_ratio must be in [0, 1] but is {}", s,
+           o.min_lr_ratio);
+  MT_CHECK(o.decay_fraction > 0 && o.decay_fraction <= 1, "{}: optim.decay_fraction must be in (0, 1] but is {}", s,
+           o.decay_fraction);
+  MT_CHECK(!std::isnan(o.clip_grad_norm), "{}: optim.clip_grad_norm must be a number (<= 0 disables) but is {}", s,
+           o.clip_grad_norm);
+
+  const LossSection& l = c.loss;
+  MT_CHECK(one_of(l.load_balance, {"micro_batch", "global_batch", "sequence"}),
+           "{}: loss.load_balance must be micro_batch, global_batch or sequence but is '{}'", s, l.load_balance);
+  MT_CHECK(std::isfinite(l.load_balance_coef) && l.load_balance_coef >= 0,
+           "{}: loss.load_balance_coef must be finite and >= 0 but is {}", s, l.load_balance_coef);
+  MT_CHECK(std::isfinite(l.z_loss_coef) && l.z_loss_coef >= 0, "{}: loss.z_loss_coef must be finite and >= 0 but is {}",
+           s, l.z_loss_coef);
+
+  MT_CHECK(c.checkpoint.every >= 0, "{}: checkpoint.every must be >= 0 (0: only at the end) but is {}", s,
+           c.checkpoint.every);
+  MT_CHECK(c.checkpoint.keep >= 1, "{}: checkpoint.keep must be >= 1 but is {}", s, c.checkpoint.keep);
+  MT_CHECK(c.metrics.console_every >= 1, "{}: metrics.console_every must be >= 1 but is {}", s,
+           c.metrics.console_every);
+}
+
+// A TOML basic string: quotes, backslashes and control characters escaped.
+std::string quote(const std::string& text) {
+  std::string out = "\"";
+  for (const char ch : text) {
+    switch (ch) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\b': out += "\\b"; break;
+      case '\t': out += "\\t"; break;
+      case '\n': out += "\\n"; break;
+      case '\f': out += "\\f"; break;
+      case '\r': out += "\\r"; break;
+      default:
+        if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f) {
+          out += fmt::format("\\u{:04X}", static_cast<unsigned>(static_cast<unsigned char>(ch)));
+        } else {
+          out += ch;
+        }
+    }
+  }
+  return out + "\"";
+}
+
+// The shortest text that reads back as the same double, always a TOML float (1 -> 1.0).
+std::string float_text(double value) {
+  std::string text = fmt::format("{}", value);
+  if (text.find_first_of(".eEn") == std::string::npos) text += ".0";  // 'n': inf and nan
+  return text;
+}
+
+void write_sources(std::string& out, const std::vector<DataSource>& sources) {
+  for (const DataSource& d : sources) {
+    out += fmt::format("\n[[{}]]\npath = {}\nweight = {}\n", kSourcesKey, quote(d.path), float_text(d.weight));
+  }
+}
+
+JobConfig parse_with_base(const std::string& toml_text, const std::string& source, const fs::path& base,
+                          const std::vector<std::string>& overrides) {
+  toml::table root;
+  try {
+    root = toml::parse(toml_text, source);
+  } catch (const toml::parse_error& e) {
+    MT_FAIL("{}: malformed TOML at {}: {}", source, location(e.source()), e.description());
+  }
+  JobConfig config;
+  FileReader(source, base).read(root, config);
+  for (const std::string& given : overrides) apply_override(config, given);
+  validate(config, source);
+  return config;
+}
+
+}  // namespace
+
+JobConfig load_job_config(const std::string& toml_path, const std::vector<std::string>& overrides) {
+  if (toml_path.empty()) return parse_with_base("", "job config (no file)", fs::current_path(), overrides);
+  std::error_code ec;
+  MT_CHECK(fs::is_regular_file(toml_path, ec), "{}: job config file not found (expected a TOML file)", toml_path);
+  std::ifstream in(toml_path, std::ios::binary);
+  MT_CHECK(in.good(), "{}: cannot open the job config file", toml_path);
+  std::ostringstream text;
+  text << in.rdbuf();
+  MT_CHECK(!in.bad(), "{}: reading the job config file failed", toml_path);
+  return parse_with_base(text.str(), toml_path, base_folder_of(toml_path), overrides);
+}
+
+// Relative paths in `toml_text` resolve against the folder of `source` (the current directory
+// when `source` names no folder), as if the text had been read from that file.
+JobConfig parse_job_config(const std::string& toml_text, const std::string& source,
+                           const std::vector<std::string>& overrides) {
+  return parse_with_base(toml_text, source, base_folder_of(source), overrides);
+}
+
+std::string job_config_to_toml(const JobConfig& config) {
+  JobConfig copy = config;  // field_refs hands out mutable pointers; the writer only reads them
+  std::string out = "# moetrain job configuration, resolved: every key, paths absolute\n";
+  std::string_view section;
+  for (const FieldRef& ref : field_refs(copy)) {
+    if (std::holds_alternative<DataPathField>(ref.target)) continue;  // written as [[data.sources]]
+    if (section_of(ref.key) != section) {
+      if (section == "data") write_sources(out, copy.data.sources);
+      section = section_of(ref.key);
+      out += fmt::format("\n[{}]\n", section);
+    }
+    const std::string value = std::visit(Overloaded{
+                                             [](int64_t* p) { return fmt::format("{}", *p); },
+                                             [](uint64_t* p) { return fmt::format("{}", *p); },
+                                             [](double* p) { return float_text(*p); },
+                                             [](bool* p) { return std::string(*p ? "true" : "false"); },
+                                             [](std::string* p) { return quote(*p); },
+                                             [](PathField f) { return quote(*f.value); },
+                                             [](DataPathField) { return std::string(); },
+                                         },
+                                         ref.target);
+    out += fmt::format("{} = {}\n", leaf_of(ref.key), value);
+  }
+  if (section == "data") write_sources(out, copy.data.sources);
+  return out;
+}
+
+}  // namespace moetrain::io

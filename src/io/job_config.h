@@ -1,0 +1,94 @@
+// defines: JobConfig, the typed form of a job's TOML file (--config job.toml), with every field
+// overridable on the command line as --section.key=value in the manner of torchtitan. Unknown
+// sections or keys and values of the wrong type are errors that name the key. The resolved
+// configuration is printed at start and saved beside the checkpoints. Users script against these
+// keys: keep them stable.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace moetrain::io {
+
+struct ModelSection {
+  std::string config;        // HF model folder or config.json path (required)
+  std::string init = "random";  // "random" (from train.seed) or "pretrained" (weights from the folder)
+  double init_std = 0.02;    // std of the normal init of matrices ("random"); norms start at 1
+  std::string device = "cpu";  // cpu | cuda | cuda:N
+};
+
+struct DataSource {
+  std::string path;    // indexed dataset prefix (path.idx + path.bin)
+  double weight = 1.0;  // mixture weight (normalised over the sources)
+};
+
+struct DataSection {
+  std::vector<DataSource> sources;  // TOML: [[data.sources]] path = ..., weight = ...
+  // Shorthand for one source: data.path = "prefix" (a single source of weight 1).
+  std::string mode = "packed";  // "packed": whole or split documents, attention within each;
+                                // "fixed": rows of seq_len tokens cut from the token stream
+  bool shuffle = true;          // shuffle documents per epoch from train.seed
+};
+
+struct TrainSection {
+  int64_t steps = 0;             // required, > 0
+  int64_t seq_len = 0;           // tokens per row (required, > 0)
+  int64_t micro_batch = 1;       // rows per micro-batch: a micro-batch holds micro_batch * seq_len tokens
+  int64_t global_batch = 0;      // rows per optimizer step over all ranks (multiple of micro_batch)
+  int64_t global_batch_tokens = 0;  // alternative to global_batch: tokens per step (multiple of micro-batch tokens)
+  uint64_t seed = 1234;
+};
+
+struct OptimSection {
+  double lr = 3e-4;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.1;  // matrices only; norms, biases and 1-D tensors get none
+  std::string schedule = "cosine";  // constant | cosine | linear | wsd (each after warmup)
+  int64_t warmup_steps = 0;
+  double min_lr_ratio = 0.1;   // floor of cosine / linear / wsd decay, as a fraction of lr
+  double decay_fraction = 0.2;  // wsd: fraction of the steps spent in the final decay
+  double clip_grad_norm = 1.0;  // <= 0 disables clipping
+};
+
+struct LossSection {
+  std::string load_balance = "micro_batch";  // micro_batch | global_batch | sequence
+  double load_balance_coef = 0.0;            // 0 disables the load-balance loss
+  double z_loss_coef = 0.0;                  // router z-loss; 0 disables it
+};
+
+struct CheckpointSection {
+  std::string dir;        // empty: no checkpoints
+  int64_t every = 0;      // 0: only at the end
+  int64_t keep = 3;       // newest checkpoints kept (>= 1)
+  bool resume = true;     // resume from the newest complete checkpoint in dir
+};
+
+struct MetricsSection {
+  std::string jsonl;          // empty: no JSONL file
+  int64_t console_every = 1;  // a progress line every N steps
+};
+
+struct JobConfig {
+  ModelSection model;
+  DataSection data;
+  TrainSection train;
+  OptimSection optim;
+  LossSection loss;
+  CheckpointSection checkpoint;
+  MetricsSection metrics;
+};
+
+// Reads `toml_path` (may be empty: defaults only), applies `overrides` in order (each
+// "section.key=value", the leading "--" already stripped or not), validates the result and
+// returns it. Errors name the file, the key and expected vs found.
+JobConfig load_job_config(const std::string& toml_path, const std::vector<std::string>& overrides);
+// Same from TOML text (`source` names it in errors).
+JobConfig parse_job_config(const std::string& toml_text, const std::string& source,
+                           const std::vector<std::string>& overrides);
+// The resolved configuration as TOML; parse_job_config of it gives the same JobConfig.
+std::string job_config_to_toml(const JobConfig& config);
+
+}  // namespace moetrain::io

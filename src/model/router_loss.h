@@ -1,0 +1,55 @@
+// defines: the router's auxiliary losses: load balancing (micro-batch, global-batch and sequence
+// variants) and the router z-loss. Both are token-weighted like the cross-entropy: a micro-batch of
+// T tokens adds T * (its per-token value) and the step divides by the same global count N as the
+// cross-entropy, so its gradient is injected at the router already scaled by 1/N. Values are
+// averaged over the MoE layers and normalised so that 1.0 means perfectly balanced.
+//
+//   load balance of a set S of tokens: E * sum_e f_e * P_e, with f_e the fraction of the |S| * K
+//   choices that picked expert e and P_e the mean router probability of e over S.
+//   micro_batch: S = the micro-batch; sequence: S = each document of it (DeepSeek-V3's
+//   sequence-wise loss); global_batch: f_e from every micro-batch of the step seen so far
+//   (Megatron-Core's global aux loss: on the step's last micro-batch f is the whole batch's),
+//   P_e still from the micro-batch.
+//   z-loss (ST-MoE): mean over tokens of logsumexp(router logits)^2.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace moetrain::model {
+
+enum class LoadBalanceVariant : uint8_t { MicroBatch, GlobalBatch, Sequence };
+LoadBalanceVariant parse_load_balance_variant(const std::string& name);
+
+// Per step: set by the trainer once it knows the step's global target count.
+struct RouterLossSettings {
+  LoadBalanceVariant variant = LoadBalanceVariant::MicroBatch;
+  double load_balance_coef = 0.0;
+  double z_loss_coef = 0.0;
+  double loss_scale = 0.0;      // 1 / the step's global count of counted targets
+  int64_t num_moe_layers = 1;   // values and gradients are averaged over these
+  // global_batch: selections per expert accumulated over the step, one vector per MoE layer
+  // (indexed by the layer's position among MoE layers); the trainer clears it at each step.
+  std::vector<std::vector<double>>* running_counts = nullptr;
+
+  bool active() const { return load_balance_coef > 0.0 || z_loss_coef > 0.0; }
+};
+
+// What one MoE layer's router contributed for one micro-batch.
+struct RouterLossValues {
+  double load_balance = 0.0;  // this layer's normalised value (1.0 = balanced), token-weighted over the micro-batch
+  double z_loss = 0.0;
+  int64_t tokens = 0;
+};
+
+// Computes the values and the gradients to inject: d_probs [T, E] on the router probabilities
+// (load balance) and d_logits [T, E] on the router logits (z-loss), both already multiplied by
+// coef * loss_scale / num_moe_layers. `moe_layer` is the layer's index among the MoE layers.
+RouterLossValues router_aux_losses(const RouterLossSettings& settings, int64_t moe_layer, const Tensor& logits,
+                                   const Tensor& probs, const Tensor& topk_index, const Tensor& cu_seqlens,
+                                   Tensor& d_probs, Tensor& d_logits);
+
+}  // namespace moetrain::model

@@ -1,0 +1,500 @@
+// defines: checkpoint saving (temporary folder, fsync, atomic rename or exchange, rotation),
+// discovery of the newest complete checkpoint, and fully verified loading.
+#include "train/checkpoint.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <set>
+#include <sstream>
+#include <system_error>
+#include <tuple>
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "io/mapped_file.h"
+#include "io/safetensors.h"
+
+namespace moetrain::train {
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+
+constexpr const char* kFormat = "moetrain-checkpoint";
+constexpr int64_t kVersion = 1;
+constexpr const char* kManifest = "manifest.json";
+constexpr const char* kModelFile = "model.safetensors";
+constexpr const char* kOptimizerFile = "optimizer.safetensors";
+constexpr const char* kStateFile = "state.json";
+constexpr const char* kConfigFile = "config.toml";
+constexpr const char* kRequiredFiles[] = {kModelFile, kOptimizerFile, kStateFile, kConfigFile};
+// A manifest lists a handful of files; anything much bigger is not one of ours.
+constexpr uintmax_t kMaxManifestBytes = 1 << 20;
+constexpr const char* kStepPrefix = "step_";
+constexpr const char* kTmpMarker = ".tmp-";
+
+std::string errno_text(int error) { return std::system_category().message(error); }
+
+std::string step_folder_name(int64_t step) { return fmt::format("{}{:08d}", kStepPrefix, step); }
+
+// The step of a folder named step_<at least 8 digits, as step_folder_name writes them>; empty otherwise.
+std::optional<int64_t> parse_step_folder(const std::string& name) {
+  const std::string prefix = kStepPrefix;
+  if (name.size() < prefix.size() + 8 || name.size() > prefix.size() + 18) return std::nullopt;
+  if (name.compare(0, prefix.size(), prefix) != 0) return std::nullopt;
+  const std::string digits = name.substr(prefix.size());
+  if (!std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) return std::nullopt;
+  int64_t step = 0;
+  const auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), step);
+  if (error != std::errc() || end != digits.data() + digits.size()) return std::nullopt;
+  if (step_folder_name(step) != name) return std::nullopt;  // e.g. step_000000001: not canonical
+  return step;
+}
+
+// A folder a save left behind: step_<digits>.tmp-<anything>.
+bool is_temporary_folder_name(const std::string& name) {
+  const size_t marker = name.find(kTmpMarker);
+  if (marker == std::string::npos || name.compare(0, 5, kStepPrefix) != 0 || marker <= 5) return false;
+  return std::all_of(name.begin() + 5, name.begin() + static_cast<std::ptrdiff_t>(marker),
+                     [](char c) { return c >= '0' && c <= '9'; });
+}
+
+std::string hash_hex(uint64_t hash) { return fmt::format("{:016x}", hash); }
+
+std::optional<uint64_t> parse_hash_hex(const std::string& text) {
+  if (text.size() != 16) return std::nullopt;
+  if (!std::all_of(text.begin(), text.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); })) {
+    return std::nullopt;
+  }
+  uint64_t value = 0;
+  std::from_chars(text.data(), text.data() + text.size(), value, 16);
+  return value;
+}
+
+uint64_t hash_file(const std::string& path) {
+  const auto mapping = io::MappedFile::open(path);
+  return fnv1a64(mapping->data(), mapping->size());
+}
+
+// ---- writing ----
+
+void write_all(int fd, const std::string& text, const std::string& path) {
+  const char* p = text.data();
+  size_t left = text.size();
+  while (left > 0) {
+    const ssize_t written = ::write(fd, p, left);
+    if (written < 0 && errno == EINTR) continue;
+    MT_CHECK(written > 0, "checkpoint: cannot write {} ({} bytes left): {}", path, left,
+             written < 0 ? errno_text(errno) : std::string("write wrote nothing"));
+    p += written;
+    left -= static_cast<size_t>(written);
+  }
+}
+
+// Creates `path` (which must not exist), writes `text` and fsyncs it.
+void write_new_file_synced(const std::string& path, const std::string& text) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  MT_CHECK(fd >= 0, "checkpoint: cannot create {}: {}", path, errno_text(errno));
+  try {
+    write_all(fd, text, path);
+    MT_CHECK(::fsync(fd) == 0, "checkpoint: cannot sync {}: {}", path, errno_text(errno));
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  MT_CHECK(::close(fd) == 0, "checkpoint: cannot close {}: {}", path, errno_text(errno));
+}
+
+void fsync_folder(const std::string& folder) {
+  const int fd = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  MT_CHECK(fd >= 0, "checkpoint: cannot open folder {} to sync it: {}", folder, errno_text(errno));
+  const int rc = ::fsync(fd);
+  const int error = errno;
+  ::close(fd);
+  MT_CHECK(rc == 0, "checkpoint: cannot sync folder {}: {}", folder, errno_text(error));
+}
+
+void validate_tensors(const NamedTensors& tensors, const char* group) {
+  std::set<std::string> names;
+  for (const auto& [name, tensor] : tensors) {
+    MT_CHECK(!name.empty(), "checkpoint: a {} tensor has an empty name, expected a non-empty unique name", group);
+    MT_CHECK(names.insert(name).second, "checkpoint: {} tensor name '{}' appears twice, expected unique names", group,
+             name);
+    MT_CHECK(tensor.defined(), "checkpoint: {} tensor '{}' is undefined, expected a contiguous CPU tensor", group,
+             name);
+    MT_CHECK(tensor.device().is_cpu() && tensor.is_contiguous(),
+             "checkpoint: {} tensor '{}' is {}{}, expected a contiguous CPU tensor (copy it to the CPU first)", group,
+             name, tensor.describe(), tensor.is_contiguous() ? "" : " (not contiguous)");
+  }
+}
+
+// Removes a folder; a failure is a warning (what is left is cleaned up by a later save).
+void remove_folder_or_warn(const std::string& path, const char* what) {
+  std::error_code error;
+  fs::remove_all(path, error);
+  if (error) log_warn("checkpoint: cannot remove {} {}: {}", what, path, error.message());
+}
+
+// Deletes the oldest complete checkpoints beyond `keep` (never `just_written`), then every
+// step_*.tmp-* folder. A checkpoint is renamed to a temporary name before its files go, so a crash
+// halfway through a deletion leaves a folder the next save removes, not a broken step_N.
+void clean_up(const std::string& dir, int64_t just_written, int64_t keep) {
+  if (keep > 0) {
+    std::vector<int64_t> others;
+    for (int64_t step : list_checkpoints(dir)) {
+      if (step != just_written) others.push_back(step);
+    }
+    const size_t allowed = static_cast<size_t>(keep - 1);
+    for (size_t i = 0; i + allowed < others.size(); ++i) {
+      const fs::path old_path = fs::path(dir) / step_folder_name(others[i]);
+      const fs::path doomed =
+          fs::path(dir) / fmt::format("{}{}{}-delete", step_folder_name(others[i]), kTmpMarker, ::getpid());
+      std::error_code error;
+      fs::rename(old_path, doomed, error);
+      if (error) {
+        log_warn("checkpoint: cannot remove old checkpoint {} (keep = {}): {}", old_path.string(), keep,
+                 error.message());
+      }
+    }
+  }
+  std::error_code error;
+  std::vector<std::string> temporary;
+  for (fs::directory_iterator it(dir, error), end; !error && it != end; it.increment(error)) {
+    if (is_temporary_folder_name(it->path().filename().string())) temporary.push_back(it->path().string());
+  }
+  if (error) log_warn("checkpoint: cannot list {} to remove temporary folders: {}", dir, error.message());
+  for (const std::string& path : temporary) remove_folder_or_warn(path, "temporary folder");
+}
+
+// Moves the complete folder `tmp` to `final_path`. When `final_path` exists it is exchanged
+// atomically with `tmp` (which then holds the old checkpoint, deleted by clean_up).
+void publish(const std::string& tmp, const std::string& final_path) {
+  std::error_code error;
+  const bool exists = fs::exists(fs::symlink_status(final_path, error));
+  if (!exists) {
+    MT_CHECK(::rename(tmp.c_str(), final_path.c_str()) == 0, "checkpoint: cannot rename {} to {}: {}", tmp, final_path,
+             errno_text(errno));
+    return;
+  }
+  if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, final_path.c_str(), RENAME_EXCHANGE) == 0) return;
+  const int exchange_error = errno;
+  MT_CHECK(exchange_error == EINVAL || exchange_error == ENOSYS || exchange_error == ENOTSUP,
+           "checkpoint: cannot exchange {} with the existing {}: {}", tmp, final_path, errno_text(exchange_error));
+  // The file system cannot exchange: move the old one aside first. A crash between the two renames
+  // loses step N (both copies sit in temporary folders), never an earlier checkpoint.
+  const std::string aside = fmt::format("{}{}{}-old", final_path, kTmpMarker, ::getpid());
+  MT_CHECK(::rename(final_path.c_str(), aside.c_str()) == 0, "checkpoint: cannot move the existing {} aside to {}: {}",
+           final_path, aside, errno_text(errno));
+  if (::rename(tmp.c_str(), final_path.c_str()) != 0) {
+    const int rename_error = errno;
+    ::rename(aside.c_str(), final_path.c_str());  // put the old one back; the caller removes tmp
+    MT_FAIL("checkpoint: cannot rename {} to {}: {}", tmp, final_path, errno_text(rename_error));
+  }
+}
+
+// ---- reading ----
+
+struct ManifestFile {
+  uint64_t bytes = 0;
+  uint64_t hash = 0;
+};
+
+struct Manifest {
+  int64_t step = 0;
+  std::map<std::string, ManifestFile> files;
+};
+
+// Reads and checks <folder>/manifest.json. On failure returns empty and sets `problem` to a reason
+// that names the file.
+std::optional<Manifest> read_manifest(const std::string& folder, std::string* problem) {
+  const std::string path = (fs::path(folder) / kManifest).string();
+  std::error_code error;
+  if (!fs::is_regular_file(path, error)) {
+    *problem = fmt::format("{} is missing (the checkpoint was not completed)", kManifest);
+    return std::nullopt;
+  }
+  const uintmax_t size = fs::file_size(path, error);
+  if (error || size > kMaxManifestBytes) {
+    *problem = error ? fmt::format("cannot read the size of {}: {}", kManifest, error.message())
+                     : fmt::format("{} has {} bytes, more than the limit of {}", kManifest, size, kMaxManifestBytes);
+    return std::nullopt;
+  }
+  std::ifstream in(path, std::ios::binary);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (!in.good() && !in.eof()) {
+    *problem = fmt::format("cannot read {}", kManifest);
+    return std::nullopt;
+  }
+  json manifest;
+  try {
+    manifest = json::parse(text);
+  } catch (const json::exception& e) {
+    *problem = fmt::format("{} is not JSON: {}", kManifest, e.what());
+    return std::nullopt;
+  }
+  if (!manifest.is_object()) {
+    *problem = fmt::format("{} is a JSON {}, expected an object", kManifest, manifest.type_name());
+    return std::nullopt;
+  }
+  const auto format = manifest.find("format");
+  if (format == manifest.end() || !format->is_string() || format->get<std::string>() != kFormat) {
+    *problem = fmt::format("{}: \"format\" is {}, expected \"{}\"", kManifest,
+                           format == manifest.end() ? "missing" : format->dump(), kFormat);
+    return std::nullopt;
+  }
+  const auto version = manifest.find("version");
+  if (version == manifest.end() || !version->is_number_integer() || version->get<int64_t>() != kVersion) {
+    *problem = fmt::format("{}: \"version\" is {}, expected {} (the version this build reads)", kManifest,
+                           version == manifest.end() ? "missing" : version->dump(), kVersion);
+    return std::nullopt;
+  }
+  const auto step = manifest.find("step");
+  if (step == manifest.end() || !step->is_number_integer() || step->get<int64_t>() < 0) {
+    *problem = fmt::format("{}: \"step\" is {}, expected a non-negative integer", kManifest,
+                           step == manifest.end() ? "missing" : step->dump());
+    return std::nullopt;
+  }
+  const auto files = manifest.find("files");
+  if (files == manifest.end() || !files->is_object()) {
+    *problem = fmt::format("{}: \"files\" is {}, expected an object", kManifest,
+                           files == manifest.end() ? "missing" : files->type_name());
+    return std::nullopt;
+  }
+  Manifest result;
+  result.step = step->get<int64_t>();
+  for (const auto& [name, entry] : files->items()) {
+    if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos) {
+      *problem = fmt::format("{} lists the file name '{}', expected a plain file name", kManifest, name);
+      return std::nullopt;
+    }
+    const auto bytes = entry.is_object() ? entry.find("bytes") : entry.end();
+    const auto hash = entry.is_object() ? entry.find("fnv1a64") : entry.end();
+    const std::optional<uint64_t> hash_value =
+        hash != entry.end() && hash->is_string() ? parse_hash_hex(hash->get<std::string>()) : std::nullopt;
+    if (bytes == entry.end() || !bytes->is_number_unsigned() || !hash_value) {
+      *problem =
+          fmt::format("{}: the entry of {} is {}, expected {{\"bytes\": size, \"fnv1a64\": 16 lowercase hex digits}}",
+                      kManifest, name, entry.dump());
+      return std::nullopt;
+    }
+    result.files[name] = {bytes->get<uint64_t>(), *hash_value};
+  }
+  for (const char* name : kRequiredFiles) {
+    if (!result.files.count(name)) {
+      *problem = fmt::format("{} does not list {}", kManifest, name);
+      return std::nullopt;
+    }
+  }
+  return result;
+}
+
+// Checks that every listed file exists with its listed size; empty when they all do.
+std::string size_problem(const std::string& folder, const Manifest& manifest) {
+  for (const auto& [name, entry] : manifest.files) {
+    const fs::path path = fs::path(folder) / name;
+    std::error_code error;
+    if (!fs::is_regular_file(path, error)) return fmt::format("{} is missing", name);
+    const uintmax_t size = fs::file_size(path, error);
+    if (error) return fmt::format("cannot read the size of {}: {}", name, error.message());
+    if (size != entry.bytes) {
+      return fmt::format("{} has {} bytes, the manifest lists {} (truncated or rewritten)", name, size, entry.bytes);
+    }
+  }
+  return {};
+}
+
+// Why <dir>/<name> (named for `step`) is not a complete checkpoint; empty when it is.
+std::string completeness_problem(const fs::path& folder, int64_t step) {
+  std::error_code error;
+  if (!fs::is_directory(folder, error)) return "not a folder";
+  std::string problem;
+  const std::optional<Manifest> manifest = read_manifest(folder.string(), &problem);
+  if (!manifest) return problem;
+  if (manifest->step != step) {
+    return fmt::format("{} says step {}, the folder name says step {}", kManifest, manifest->step, step);
+  }
+  return size_problem(folder.string(), *manifest);
+}
+
+// The step_N folders of dir, by step. Empty when dir does not exist; an error when it is not a folder.
+std::map<int64_t, fs::path> step_folders(const std::string& dir) {
+  std::error_code error;
+  const fs::file_status status = fs::status(dir, error);
+  if (status.type() == fs::file_type::not_found) return {};
+  MT_CHECK(!error, "checkpoint: cannot read checkpoint folder {}: {}", dir, error.message());
+  MT_CHECK(fs::is_directory(status), "checkpoint: {} is not a folder, expected the checkpoint folder", dir);
+  std::map<int64_t, fs::path> folders;
+  for (fs::directory_iterator it(dir, error), end; !error && it != end; it.increment(error)) {
+    if (const auto step = parse_step_folder(it->path().filename().string())) folders[*step] = it->path();
+  }
+  MT_CHECK(!error, "checkpoint: cannot list checkpoint folder {}: {}", dir, error.message());
+  return folders;
+}
+
+// The tensors of one safetensors file, cloned, in the order they were written (by data offset).
+NamedTensors read_tensors(const std::string& path) {
+  const io::SafetensorsFile file = io::SafetensorsFile::open(path);
+  std::vector<const io::SafetensorsEntry*> entries;
+  for (const std::string& name : file.names()) entries.push_back(&file.entry(name));
+  std::stable_sort(entries.begin(), entries.end(), [](const io::SafetensorsEntry* a, const io::SafetensorsEntry* b) {
+    return std::tie(a->begin, a->end) < std::tie(b->begin, b->end);
+  });
+  NamedTensors tensors;
+  tensors.reserve(entries.size());
+  for (const io::SafetensorsEntry* entry : entries) tensors.emplace_back(entry->name, file.tensor(entry->name).clone());
+  return tensors;
+}
+
+}  // namespace
+
+uint64_t fnv1a64(const void* bytes, size_t size) {
+  const auto* p = static_cast<const uint8_t*>(bytes);
+  uint64_t hash = 0xcbf29ce484222325ull;
+  for (size_t i = 0; i < size; ++i) {
+    hash ^= p[i];
+    hash *= 0x100000001b3ull;
+  }
+  return hash;
+}
+
+std::string save_checkpoint(const std::string& dir, const CheckpointData& data, int64_t keep) {
+  MT_CHECK(!dir.empty(), "checkpoint: the checkpoint folder is an empty path, expected a folder");
+  MT_CHECK(data.step >= 0, "checkpoint: step is {}, expected a non-negative step", data.step);
+  MT_CHECK(keep >= 0, "checkpoint: keep is {}, expected >= 0 (0 keeps every checkpoint)", keep);
+  validate_tensors(data.model, "model");
+  validate_tensors(data.optimizer, "optimizer");
+  std::string state_text;
+  try {
+    state_text = data.state.dump(2) + "\n";
+  } catch (const json::exception& e) {
+    MT_FAIL("checkpoint: cannot encode the state as JSON (strings must be UTF-8): {}", e.what());
+  }
+
+  std::error_code error;
+  const bool created = fs::create_directories(dir, error);
+  MT_CHECK(!error, "checkpoint: cannot create checkpoint folder {}: {}", dir, error.message());
+  if (created) {
+    const fs::path parent = fs::absolute(fs::path(dir)).parent_path();
+    fsync_folder(parent.string());
+  }
+
+  const std::string name = step_folder_name(data.step);
+  const std::string final_path = (fs::path(dir) / name).string();
+  const std::string tmp = (fs::path(dir) / fmt::format("{}{}{}", name, kTmpMarker, ::getpid())).string();
+  fs::remove_all(tmp, error);  // left by an earlier process that had our pid
+  MT_CHECK(!error, "checkpoint: cannot remove the stale folder {}: {}", tmp, error.message());
+  MT_CHECK(fs::create_directory(tmp, error) && !error, "checkpoint: cannot create {}: {}", tmp,
+           error ? error.message() : std::string("it exists"));
+  try {
+    const auto file_in_tmp = [&](const char* file) { return (fs::path(tmp) / file).string(); };
+    io::write_safetensors(file_in_tmp(kModelFile), data.model);
+    io::write_safetensors(file_in_tmp(kOptimizerFile), data.optimizer);
+    write_new_file_synced(file_in_tmp(kStateFile), state_text);
+    write_new_file_synced(file_in_tmp(kConfigFile), data.config_toml);
+
+    nlohmann::ordered_json files = nlohmann::ordered_json::object();
+    for (const char* file : kRequiredFiles) {
+      const std::string path = file_in_tmp(file);
+      const uintmax_t bytes = fs::file_size(path);
+      files[file] = {{"bytes", bytes}, {"fnv1a64", hash_hex(hash_file(path))}};
+    }
+    nlohmann::ordered_json manifest = nlohmann::ordered_json::object();
+    manifest["format"] = kFormat;
+    manifest["version"] = kVersion;
+    manifest["step"] = data.step;
+    manifest["files"] = std::move(files);
+    write_new_file_synced(file_in_tmp(kManifest), manifest.dump(2) + "\n");
+    fsync_folder(tmp);
+    publish(tmp, final_path);
+  } catch (const fs::filesystem_error& e) {
+    fs::remove_all(tmp, error);
+    MT_FAIL("checkpoint: cannot write {}: {}", tmp, e.what());
+  } catch (...) {
+    fs::remove_all(tmp, error);
+    throw;
+  }
+  fsync_folder(dir);
+  try {
+    clean_up(dir, data.step, keep);
+  } catch (const Error& e) {
+    log_warn("checkpoint: saved {} but could not clean up {}: {}", final_path, dir, e.what());
+  }
+  return final_path;
+}
+
+std::optional<std::string> find_latest_checkpoint(const std::string& dir) {
+  const std::map<int64_t, fs::path> folders = step_folders(dir);
+  for (auto it = folders.rbegin(); it != folders.rend(); ++it) {
+    const std::string problem = completeness_problem(it->second, it->first);
+    if (problem.empty()) return it->second.string();
+    log_warn("checkpoint: skipping {}: {}", it->second.string(), problem);
+  }
+  return std::nullopt;
+}
+
+std::vector<int64_t> list_checkpoints(const std::string& dir) {
+  std::vector<int64_t> steps;
+  for (const auto& [step, folder] : step_folders(dir)) {
+    if (completeness_problem(folder, step).empty()) steps.push_back(step);
+  }
+  return steps;
+}
+
+CheckpointData load_checkpoint(const std::string& path) {
+  std::error_code error;
+  const fs::file_status status = fs::status(path, error);
+  MT_CHECK(status.type() != fs::file_type::not_found, "checkpoint: {} does not exist, expected a checkpoint folder",
+           path);
+  MT_CHECK(fs::is_directory(status), "checkpoint: {} is not a folder, expected a checkpoint folder", path);
+
+  std::string problem;
+  const std::optional<Manifest> manifest = read_manifest(path, &problem);
+  MT_CHECK(manifest, "checkpoint {}: {}", path, problem);
+  const fs::path normal = fs::path(path).lexically_normal();
+  const std::string folder_name = (normal.has_filename() ? normal : normal.parent_path()).filename().string();
+  if (const auto named_step = parse_step_folder(folder_name)) {
+    MT_CHECK(*named_step == manifest->step, "checkpoint {}: {} says step {}, the folder name says step {}", path,
+             kManifest, manifest->step, *named_step);
+  }
+  problem = size_problem(path, *manifest);
+  MT_CHECK(problem.empty(), "checkpoint {}: {}", path, problem);
+  for (const auto& [name, entry] : manifest->files) {
+    const uint64_t hash = hash_file((fs::path(path) / name).string());
+    MT_CHECK(hash == entry.hash, "checkpoint {}: {} has FNV-1a 64 hash {}, the manifest lists {} (the file is corrupt)",
+             path, name, hash_hex(hash), hash_hex(entry.hash));
+  }
+
+  CheckpointData data;
+  data.step = manifest->step;
+  data.model = read_tensors((fs::path(path) / kModelFile).string());
+  data.optimizer = read_tensors((fs::path(path) / kOptimizerFile).string());
+  const auto read_text = [&](const char* name) {
+    std::ifstream in(fs::path(path) / name, std::ios::binary);
+    MT_CHECK(in.good(), "checkpoint {}: cannot open {}", path, name);
+    std::ostringstream text;
+    text << in.rdbuf();
+    MT_CHECK(!in.bad(), "checkpoint {}: cannot read {}", path, name);
+    return text.str();
+  };
+  try {
+    data.state = json::parse(read_text(kStateFile));
+  } catch (const json::exception& e) {
+    MT_FAIL("checkpoint {}: {} is not JSON: {}", path, kStateFile, e.what());
+  }
+  data.config_toml = read_text(kConfigFile);
+  return data;
+}
+
+}  // namespace moetrain::train

@@ -1,0 +1,71 @@
+// defines: metrics formatting and the console/JSONL sinks.
+#include "train/metrics.h"
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/log.h"
+
+namespace moetrain::train {
+
+namespace {
+
+std::string human_duration(double seconds) {
+  const int64_t s = static_cast<int64_t>(seconds + 0.5);
+  if (s >= 3600) return fmt::format("{}h{:02}m", s / 3600, (s % 3600) / 60);
+  if (s >= 60) return fmt::format("{}m{:02}s", s / 60, s % 60);
+  return fmt::format("{}s", s);
+}
+
+}  // namespace
+
+std::string format_progress_line(const StepMetrics& m) {
+  std::string line = fmt::format("step {}/{} | loss {:.4f} | lb {:.3f} | lr {:.3e} | gnorm {:.3f} | {:.0f} tok/s",
+                                 m.step, m.total_steps, m.loss, m.lb_loss, m.lr, m.grad_norm, m.tokens_per_s);
+  if (m.mfu > 0.0) line += fmt::format(" | {:.1f} TFLOP/s | MFU {:.1f}%", m.tflops, 100.0 * m.mfu);
+  line += fmt::format(" | mem {:.1f} MiB | eta {}", static_cast<double>(m.peak_mem_bytes) / (1 << 20), human_duration(m.eta_s));
+  return line;
+}
+
+std::string format_jsonl_record(const StepMetrics& m) {
+  nlohmann::json j;
+  j["step"] = m.step;
+  j["loss"] = m.loss;
+  j["lb_loss"] = m.lb_loss;
+  j["z_loss"] = m.z_loss;
+  j["grad_norm"] = m.grad_norm;
+  j["lr"] = m.lr;
+  j["tokens"] = m.tokens;
+  j["tokens_per_s"] = m.tokens_per_s;
+  j["tflops"] = m.tflops;
+  j["mfu"] = m.mfu;
+  j["peak_mem_bytes"] = m.peak_mem_bytes;
+  j["step_s"] = m.step_seconds;
+  j["elapsed_s"] = m.elapsed_s;
+  return j.dump();
+}
+
+MetricsLog::MetricsLog(const std::string& jsonl_path, int64_t console_every)
+    : jsonl_(nullptr, &std::fclose), console_every_(console_every) {
+  if (jsonl_path.empty()) return;
+  const std::filesystem::path parent = std::filesystem::path(jsonl_path).parent_path();
+  if (!parent.empty()) std::filesystem::create_directories(parent);
+  jsonl_.reset(std::fopen(jsonl_path.c_str(), "a"));
+  MT_CHECK(jsonl_ != nullptr, "metrics.jsonl: cannot open '{}' for appending: {}", jsonl_path, std::strerror(errno));
+}
+
+void MetricsLog::record(const StepMetrics& m) {
+  if (m.step % console_every_ == 0 || m.step == m.total_steps) log_info("{}", format_progress_line(m));
+  if (jsonl_) {
+    const std::string line = format_jsonl_record(m) + "\n";
+    MT_CHECK(std::fwrite(line.data(), 1, line.size(), jsonl_.get()) == line.size() && std::fflush(jsonl_.get()) == 0,
+             "metrics.jsonl: write failed: {}", std::strerror(errno));
+  }
+}
+
+}  // namespace moetrain::train

@@ -1,0 +1,222 @@
+// defines: the training loop.
+#include "train/trainer.h"
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+
+#include "core/allocator.h"
+#include "core/log.h"
+#include "io/safetensors.h"
+#include "ops/optim.h"
+#include "train/checkpoint.h"
+
+namespace moetrain::train {
+
+namespace {
+
+int64_t count_moe_layers(const io::ModelConfig& config) {
+  int64_t n = 0;
+  for (int64_t l = 0; l < config.num_hidden_layers; ++l) n += config.layer_is_moe(l) ? 1 : 0;
+  return n;
+}
+
+int64_t micro_batches_for(const io::TrainSection& train) {
+  const int64_t rows_per_micro = train.micro_batch;
+  if (train.global_batch_tokens > 0) return train.global_batch_tokens / (rows_per_micro * train.seq_len);
+  return std::max<int64_t>(train.global_batch, rows_per_micro) / rows_per_micro;
+}
+
+data::LoaderOptions loader_options(const io::JobConfig& c, int64_t vocab_size) {
+  data::LoaderOptions o;
+  o.sources = c.data.sources;
+  o.mode = c.data.mode;
+  o.shuffle = c.data.shuffle;
+  o.seq_len = c.train.seq_len;
+  o.micro_batch = c.train.micro_batch;
+  o.seed = c.train.seed;
+  o.vocab_size = vocab_size;
+  return o;
+}
+
+std::string weights_folder(const std::string& model_config_path) {
+  const std::filesystem::path p(model_config_path);
+  return std::filesystem::is_directory(p) ? p.string() : p.parent_path().string();
+}
+
+}  // namespace
+
+double model_flops_per_token(const io::ModelConfig& c, int64_t seq_len) {
+  const double h = double(c.hidden_size), hd = double(c.head_dim);
+  const double nh = double(c.num_attention_heads), nkv = double(c.num_key_value_heads);
+  double matmul = h * double(c.vocab_size);
+  double attention = 0.0;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    matmul += h * (nh + 2 * nkv) * hd + nh * hd * h;
+    if (c.layer_is_moe(l)) {
+      matmul += h * double(c.num_experts) + double(c.num_experts_per_tok) * 3 * h * double(c.moe_intermediate_size);
+    } else {
+      matmul += 3 * h * double(c.intermediate_size);
+    }
+    attention += 4 * (double(seq_len) / 2) * nh * hd;
+  }
+  return 6 * matmul + 3 * attention;
+}
+
+Trainer::Trainer(const io::JobConfig& config)
+    : config_(config),
+      schedule_(config.optim, config.train.steps),
+      metrics_(config.metrics.jsonl, config.metrics.console_every) {
+  const Device device = parse_device(config.model.device);
+  const io::ModelConfig model_config = io::load_model_config(config.model.config);
+  model_ = std::make_unique<model::CausalLm>(model_config, device);
+  optimizer_ = std::make_unique<AdamW>(model_->params(), AdamWConfig{config.optim.lr, config.optim.beta1,
+                                                                     config.optim.beta2, config.optim.eps,
+                                                                     config.optim.weight_decay});
+  loader_ = std::make_unique<data::DataLoader>(loader_options(config, model_config.vocab_size));
+  micro_batches_per_step_ = micro_batches_for(config.train);
+  router_loss_.variant = model::parse_load_balance_variant(config.loss.load_balance);
+  router_loss_.load_balance_coef = config.loss.load_balance_coef;
+  router_loss_.z_loss_coef = config.loss.z_loss_coef;
+  router_loss_.num_moe_layers = std::max<int64_t>(count_moe_layers(model_config), 1);
+  router_loss_.running_counts = &running_counts_;
+  flops_per_token_ = model_flops_per_token(model_config, config.train.seq_len);
+  device_peak_flops_ = device.is_cuda() ? 989e12 : 0.0;  // H100/H200 dense bf16; unknown on the CPU
+  log_info("model: {} with {} layers, {} parameters on {}", model_config.model_type, model_config.num_hidden_layers,
+           model_->params().num_parameters(), device.str());
+  log_info("step: {} micro-batch(es) of {} tokens", micro_batches_per_step_, loader_->tokens_per_micro_batch());
+  init_weights();
+  resume_if_possible();
+}
+
+void Trainer::init_weights() {
+  if (config_.model.init == "pretrained") {
+    const std::string folder = weights_folder(config_.model.config);
+    model_->params().load_hf(io::SafetensorsReader::open(folder));
+    log_info("weights: loaded from {}", folder);
+  } else {
+    model_->params().init_random(config_.train.seed, config_.model.init_std);
+    log_info("weights: random, seed {}, std {}", config_.train.seed, config_.model.init_std);
+  }
+}
+
+void Trainer::resume_if_possible() {
+  if (config_.checkpoint.dir.empty() || !config_.checkpoint.resume) return;
+  const auto latest = find_latest_checkpoint(config_.checkpoint.dir);
+  if (!latest) return;
+  CheckpointData data = load_checkpoint(*latest);
+  // Validate everything before changing anything.
+  const auto& state = data.state;
+  MT_CHECK(state.contains("step") && state.contains("optimizer_steps") && state.contains("data"),
+           "checkpoint {}: state.json lacks step, optimizer_steps or data", *latest);
+  MT_CHECK(state.at("step").get<int64_t>() <= config_.train.steps,
+           "checkpoint {}: it is at step {} but train.steps is {}", *latest, state.at("step").get<int64_t>(),
+           config_.train.steps);
+  std::map<std::string, Tensor> moments(data.optimizer.begin(), data.optimizer.end());
+  const auto& specs = model_->params().specs();
+  for (const auto& spec : specs) {
+    for (const char* kind : {"exp_avg/", "exp_avg_sq/"}) {
+      auto it = moments.find(kind + spec.name);
+      MT_CHECK(it != moments.end() && it->second.shape() == spec.shape && it->second.dtype() == DType::F32,
+               "checkpoint {}: optimizer state '{}{}' is missing or has the wrong shape/dtype (expected f32{})", *latest,
+               kind, spec.name, shape_str(spec.shape));
+    }
+  }
+  model_->params().load_hf_tensors(data.model);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    optimizer_->exp_avg()[i].copy_from(moments.at("exp_avg/" + specs[i].name));
+    optimizer_->exp_avg_sq()[i].copy_from(moments.at("exp_avg_sq/" + specs[i].name));
+  }
+  optimizer_->set_steps_taken(state.at("optimizer_steps").get<int64_t>());
+  if (!state.at("data").is_null()) loader_->restore(state.at("data"));  // null: imported weights, data from the start
+  step_ = state.at("step").get<int64_t>();
+  log_info("resumed from {} at step {}", *latest, step_);
+}
+
+void Trainer::save(int64_t step) {
+  CheckpointData data;
+  data.step = step;
+  data.model = model_->params().export_hf();
+  const auto& specs = model_->params().specs();
+  for (size_t i = 0; i < specs.size(); ++i) {
+    data.optimizer.emplace_back("exp_avg/" + specs[i].name, optimizer_->exp_avg()[i]);
+    data.optimizer.emplace_back("exp_avg_sq/" + specs[i].name, optimizer_->exp_avg_sq()[i]);
+  }
+  data.state = {{"step", step},
+                {"optimizer_steps", optimizer_->steps_taken()},
+                {"data", loader_->state()},
+                {"seed", config_.train.seed},
+                {"model_config", io::model_config_to_json(model_->config())}};
+  data.config_toml = io::job_config_to_toml(config_);
+  const std::string path = save_checkpoint(config_.checkpoint.dir, data, config_.checkpoint.keep);
+  log_info("checkpoint: {}", path);
+}
+
+double Trainer::train_step(int64_t step) {
+  std::vector<model::MicroBatch> batches;
+  if (batch_source_) {
+    batches = batch_source_(step);
+  } else {
+    for (int64_t i = 0; i < micro_batches_per_step_; ++i) batches.push_back(loader_->next());
+  }
+  int64_t targets = 0;
+  for (const auto& batch : batches) targets += batch.num_targets();
+  MT_CHECK(targets > 0, "step {}: the global batch has no counted targets", step + 1);
+  running_counts_.assign(static_cast<size_t>(router_loss_.num_moe_layers), {});
+  router_loss_.loss_scale = 1.0 / static_cast<double>(targets);
+  for (auto& batch : batches) batch.router_loss = &router_loss_;
+
+  model_->params().zero_grads();
+  const model::StepLoss loss = model::forward_backward(*model_, batches, targets);
+  const double total = loss.loss + router_loss_.load_balance_coef * loss.load_balance +
+                       router_loss_.z_loss_coef * loss.z_loss;
+  MT_CHECK(std::isfinite(total), "step {}: the loss is {} (cross-entropy {}, load balance {}, z-loss {}); stopping "
+           "before the optimizer step, so no checkpoint holds this state",
+           step + 1, total, loss.loss, loss.load_balance, loss.z_loss);
+  const std::vector<Tensor> grads = model_->params().all_grads();
+  const double norm = ops::clip_by_global_norm(default_stream(model_->device()), grads, config_.optim.clip_grad_norm);
+  MT_CHECK(std::isfinite(norm), "step {}: the gradient norm is {}; stopping before the optimizer step, so no "
+           "checkpoint holds this state", step + 1, norm);
+  const double lr = schedule_.at(step);
+  optimizer_->step(lr);
+
+  last_.loss = loss.loss;
+  last_.lb_loss = loss.load_balance;
+  last_.z_loss = loss.z_loss;
+  last_.grad_norm = norm;
+  last_.lr = lr;
+  last_.tokens = loss.num_tokens;
+  return loss.loss;
+}
+
+TrainSummary Trainer::run(int64_t max_steps_this_run) {
+  TrainSummary summary;
+  summary.first_step = step_;
+  const auto start = std::chrono::steady_clock::now();
+  const int64_t total = config_.train.steps;
+  int64_t taken = 0;
+  while (step_ < total && (max_steps_this_run <= 0 || taken < max_steps_this_run)) {
+    const auto t0 = std::chrono::steady_clock::now();
+    summary.losses.push_back(train_step(step_));
+    summary.grad_norms.push_back(last_.grad_norm);
+    ++step_;
+    ++taken;
+    const auto t1 = std::chrono::steady_clock::now();
+    last_.step = step_;
+    last_.total_steps = total;
+    last_.step_seconds = std::chrono::duration<double>(t1 - t0).count();
+    last_.elapsed_s = std::chrono::duration<double>(t1 - start).count();
+    last_.tokens_per_s = static_cast<double>(last_.tokens) / last_.step_seconds;
+    last_.tflops = last_.tokens_per_s * flops_per_token_ / 1e12;
+    last_.mfu = device_peak_flops_ > 0.0 ? last_.tflops * 1e12 / device_peak_flops_ : 0.0;
+    last_.peak_mem_bytes = memory_stats(model_->device().kind).peak_bytes;
+    last_.eta_s = last_.elapsed_s / static_cast<double>(taken) * static_cast<double>(total - step_);
+    metrics_.record(last_);
+    const bool periodic = config_.checkpoint.every > 0 && step_ % config_.checkpoint.every == 0;
+    if (!config_.checkpoint.dir.empty() && (periodic || step_ == total)) save(step_);
+  }
+  summary.last_step = step_;
+  return summary;
+}
+
+}  // namespace moetrain::train

@@ -1,0 +1,72 @@
+// defines: Trainer, the training loop of a job: model and optimizer set-up (from a seed or HF
+// weights), automatic resume from the newest complete checkpoint, micro-batch accumulation with
+// the token-weighted loss, clipping, AdamW on fp32 masters, the LR schedule, NaN/Inf detection
+// (stop before the optimizer step; never checkpoint poisoned state), metrics and checkpoints.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "io/job_config.h"
+#include "model/causal_lm.h"
+#include "train/data/loader.h"
+#include "train/lr_schedule.h"
+#include "train/metrics.h"
+#include "train/optimizer.h"
+
+namespace moetrain::train {
+
+struct TrainSummary {
+  int64_t first_step = 0;  // steps already done when this run started (resume point)
+  int64_t last_step = 0;   // steps done when it stopped
+  std::vector<double> losses;      // loss of every step this run took
+  std::vector<double> grad_norms;  // gradient norm before clipping, per step
+};
+
+// Supplies the micro-batches of a step instead of the data loader (tests feed reference batches).
+using BatchSource = std::function<std::vector<model::MicroBatch>(int64_t step)>;
+
+class Trainer {
+ public:
+  explicit Trainer(const io::JobConfig& config);
+
+  // Runs until train.steps, or until `max_steps_this_run` steps were taken (> 0; for tests that
+  // stop a run midway). Checkpoints every checkpoint.every steps and at train.steps.
+  TrainSummary run(int64_t max_steps_this_run = 0);
+
+  void use_batch_source(BatchSource source) { batch_source_ = std::move(source); }
+
+  const model::CausalLm& model() const { return *model_; }
+  int64_t steps_done() const { return step_; }
+  int64_t micro_batches_per_step() const { return micro_batches_per_step_; }
+
+ private:
+  void init_weights();
+  void resume_if_possible();
+  void save(int64_t step);
+  double train_step(int64_t step);
+
+  io::JobConfig config_;
+  std::unique_ptr<model::CausalLm> model_;
+  std::unique_ptr<AdamW> optimizer_;
+  std::unique_ptr<data::DataLoader> loader_;
+  LrSchedule schedule_;
+  MetricsLog metrics_;
+  model::RouterLossSettings router_loss_;
+  std::vector<std::vector<double>> running_counts_;
+  int64_t micro_batches_per_step_ = 0;
+  int64_t step_ = 0;
+  double flops_per_token_ = 0.0;
+  double device_peak_flops_ = 0.0;
+  StepMetrics last_;
+  BatchSource batch_source_;
+};
+
+// Model FLOPs per trained token (forward + backward) for sequence length `seq_len`: the formula of
+// the PyTorch baseline (bench/torch_baseline.py): 6 x matmul parameters touched per token +
+// 3 x causal attention (4 * S/2 * nh * hd per layer).
+double model_flops_per_token(const io::ModelConfig& config, int64_t seq_len);
+
+}  // namespace moetrain::train

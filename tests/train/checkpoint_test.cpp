@@ -1,0 +1,522 @@
+// Tests for train/checkpoint: byte-exact round trips, the manifest, rotation, every kind of
+// half-written or corrupt checkpoint, a process killed during a write, and bad arguments.
+#include "train/checkpoint.h"
+
+#include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string_view>
+#include <tuple>
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "testing/test_data.h"
+
+namespace moetrain::train {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using Named = std::vector<std::pair<std::string, Tensor>>;
+
+// Removes a test folder at the end of a test (the crash tests write tens of megabytes).
+struct ScopedDir {
+  explicit ScopedDir(const std::string& tag) : path(testing::make_temp_dir(tag)) {}
+  ~ScopedDir() {
+    std::error_code error;
+    fs::remove_all(path, error);
+  }
+  std::string path;
+};
+
+// A tensor whose bytes follow a pattern that depends on `seed`.
+Tensor patterned(const Shape& shape, DType dtype, int seed) {
+  Tensor t = Tensor::empty(shape, dtype);
+  auto* bytes = static_cast<uint8_t*>(t.raw_data());
+  for (size_t i = 0; i < t.nbytes(); ++i) bytes[i] = uint8_t(i * 31 + seed * 7 + 3);
+  return t;
+}
+
+// A small checkpoint whose every part depends on `step`. Names are deliberately not sorted, to
+// pin that the saved order comes back. `big` (if defined) is added to the model and the optimizer.
+CheckpointData make_data(int64_t step, const Tensor& big = Tensor()) {
+  const int seed = static_cast<int>(step);
+  CheckpointData data;
+  data.step = step;
+  data.model = {{"model.layers.0.mlp.up_proj.weight", patterned({6, 4}, DType::F32, seed)},
+                {"lm_head.weight", patterned({5, 3}, DType::BF16, seed + 1)},
+                {"model.norm.weight", patterned({3}, DType::F64, seed + 2)},
+                {"model.empty", patterned({0, 4}, DType::F32, seed + 3)},
+                {"model.embed_tokens.weight", patterned({7, 2}, DType::F16, seed + 4)}};
+  data.optimizer = {{"exp_avg_sq.0", patterned({6, 4}, DType::F32, seed + 5)},
+                    {"exp_avg.0", patterned({6, 4}, DType::F32, seed + 6)},
+                    {"steps", patterned({}, DType::I64, seed + 7)}};
+  if (big.defined()) {
+    data.model.emplace_back("big", big);
+    data.optimizer.emplace_back("big_moment", big);
+  }
+  data.state = {{"step", step},
+                {"rng", {{"seed", 1234}, {"offset", step * 7}}},
+                {"loader", {{"shard", 3}, {"position", 98765 + step}}},
+                {"note", "caf\u00e9"}};
+  data.config_toml = "[model]\nhidden = 64\n\n[train]\n# written at step " + std::to_string(step) + "\n";
+  return data;
+}
+
+void expect_same_tensors(const Named& actual, const Named& expected, const std::string& what) {
+  ASSERT_EQ(actual.size(), expected.size()) << what;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    const auto& [name, tensor] = expected[i];
+    EXPECT_EQ(actual[i].first, name) << what << " tensor " << i;
+    EXPECT_EQ(actual[i].second.dtype(), tensor.dtype()) << name;
+    EXPECT_EQ(actual[i].second.shape(), tensor.shape()) << name;
+    ASSERT_EQ(actual[i].second.nbytes(), tensor.nbytes()) << name;
+    if (tensor.nbytes() > 0) {
+      EXPECT_EQ(std::memcmp(actual[i].second.raw_data(), tensor.raw_data(), tensor.nbytes()), 0)
+          << name << ": bytes differ";
+    }
+  }
+}
+
+void expect_same_data(const CheckpointData& actual, const CheckpointData& expected) {
+  EXPECT_EQ(actual.step, expected.step);
+  expect_same_tensors(actual.model, expected.model, "model");
+  expect_same_tensors(actual.optimizer, expected.optimizer, "optimizer");
+  EXPECT_EQ(actual.state, expected.state);
+  EXPECT_EQ(actual.config_toml, expected.config_toml);
+}
+
+std::string step_path(const std::string& dir, int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof(name), "step_%08lld", static_cast<long long>(step));
+  return (fs::path(dir) / name).string();
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+void write_file(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+  ASSERT_TRUE(out.good()) << "could not write " << path;
+}
+
+std::vector<std::string> entries_of(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(dir)) names.push_back(entry.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+bool has_temporary_folder(const std::string& dir) {
+  const auto names = entries_of(dir);
+  return std::any_of(names.begin(), names.end(),
+                     [](const std::string& name) { return name.find(".tmp-") != std::string::npos; });
+}
+
+// Runs `body`, expecting a moetrain::Error whose message contains every one of `parts`.
+template <typename Body>
+void expect_error(Body&& body, std::initializer_list<std::string_view> parts) {
+  try {
+    body();
+    ADD_FAILURE() << "expected moetrain::Error";
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    for (std::string_view part : parts) {
+      EXPECT_NE(message.find(part), std::string::npos) << "message '" << message << "' lacks '" << part << "'";
+    }
+  }
+}
+
+// find_latest_checkpoint, also returning what it logged.
+std::optional<std::string> find_latest_logging(const std::string& dir, std::string* log) {
+  ::testing::internal::CaptureStderr();
+  std::optional<std::string> latest = find_latest_checkpoint(dir);
+  *log = ::testing::internal::GetCapturedStderr();
+  return latest;
+}
+
+TEST(Checkpoint, Fnv1a64MatchesReferenceVectors) {
+  EXPECT_EQ(fnv1a64("", 0), 0xcbf29ce484222325ull);
+  EXPECT_EQ(fnv1a64("a", 1), 0xaf63dc4c8601ec8cull);
+  EXPECT_EQ(fnv1a64("foobar", 6), 0x85944171f73967e8ull);
+}
+
+TEST(Checkpoint, SaveLoadRoundTripsTensorsStateAndConfig) {
+  ScopedDir dir("ckpt");
+  const CheckpointData data = make_data(42);
+  const std::string path = save_checkpoint(dir.path, data, 0);
+  EXPECT_EQ(path, step_path(dir.path, 42));
+  EXPECT_EQ(entries_of(path), (std::vector<std::string>{"config.toml", "manifest.json", "model.safetensors",
+                                                        "optimizer.safetensors", "state.json"}));
+  EXPECT_EQ(read_file(path + "/config.toml"), data.config_toml);
+  EXPECT_EQ(json::parse(read_file(path + "/state.json")), data.state);
+
+  const CheckpointData loaded = load_checkpoint(path);
+  expect_same_data(loaded, data);
+}
+
+TEST(Checkpoint, LoadedTensorsAreWritableCopies) {
+  ScopedDir dir("ckpt");
+  const CheckpointData data = make_data(3);
+  const std::string path = save_checkpoint(dir.path, data, 0);
+  CheckpointData loaded = load_checkpoint(path);
+  for (auto* group : {&loaded.model, &loaded.optimizer}) {
+    for (auto& [name, tensor] : *group) {
+      if (tensor.nbytes() > 0) std::memset(tensor.raw_data(), 0xAB, tensor.nbytes());  // faults on a mapping
+    }
+  }
+  expect_same_data(load_checkpoint(path), data);  // the files are untouched
+}
+
+TEST(Checkpoint, RoundTripsEmptyTensorListsStateAndConfig) {
+  ScopedDir dir("ckpt");
+  CheckpointData data;
+  data.step = 0;
+  const std::string path = save_checkpoint(dir.path, data, 0);
+  EXPECT_EQ(path, step_path(dir.path, 0));
+  expect_same_data(load_checkpoint(path), data);
+}
+
+TEST(Checkpoint, ManifestListsFormatStepAndSizeAndHashOfEveryFile) {
+  ScopedDir dir("ckpt");
+  const std::string path = save_checkpoint(dir.path, make_data(7), 0);
+  const json manifest = json::parse(read_file(path + "/manifest.json"));
+  EXPECT_EQ(manifest.at("format"), "moetrain-checkpoint");
+  EXPECT_EQ(manifest.at("version"), 1);
+  EXPECT_EQ(manifest.at("step"), 7);
+  ASSERT_EQ(manifest.at("files").size(), 4u);
+  for (const char* name : {"model.safetensors", "optimizer.safetensors", "state.json", "config.toml"}) {
+    const std::string bytes = read_file(path + "/" + name);
+    const json& entry = manifest.at("files").at(name);
+    EXPECT_EQ(entry.at("bytes").get<uint64_t>(), bytes.size()) << name;
+    char hex[17];
+    std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(fnv1a64(bytes.data(), bytes.size())));
+    EXPECT_EQ(entry.at("fnv1a64").get<std::string>(), hex) << name;
+  }
+}
+
+TEST(Checkpoint, KeepTwoAfterFourSavesLeavesTheTwoNewest) {
+  ScopedDir dir("ckpt");
+  for (int64_t step : {100, 200, 300, 400}) save_checkpoint(dir.path, make_data(step), 2);
+  EXPECT_EQ(list_checkpoints(dir.path), (std::vector<int64_t>{300, 400}));
+  EXPECT_EQ(entries_of(dir.path), (std::vector<std::string>{"step_00000300", "step_00000400"}));
+  EXPECT_EQ(find_latest_checkpoint(dir.path), step_path(dir.path, 400));
+  expect_same_data(load_checkpoint(step_path(dir.path, 300)), make_data(300));
+}
+
+TEST(Checkpoint, KeepZeroKeepsEveryCheckpoint) {
+  ScopedDir dir("ckpt");
+  for (int64_t step : {1, 2, 3, 4}) save_checkpoint(dir.path, make_data(step), 0);
+  EXPECT_EQ(list_checkpoints(dir.path), (std::vector<int64_t>{1, 2, 3, 4}));
+}
+
+TEST(Checkpoint, RotationNeverDeletesTheCheckpointJustWritten) {
+  ScopedDir dir("ckpt");
+  save_checkpoint(dir.path, make_data(10), 0);
+  save_checkpoint(dir.path, make_data(20), 0);
+  save_checkpoint(dir.path, make_data(15), 2);  // an older step saved after a resume from step 10
+  EXPECT_EQ(list_checkpoints(dir.path), (std::vector<int64_t>{15, 20}));
+  save_checkpoint(dir.path, make_data(5), 1);
+  EXPECT_EQ(list_checkpoints(dir.path), (std::vector<int64_t>{5}));
+}
+
+TEST(Checkpoint, StepsPastEightDigitsKeepTheirOrder) {
+  ScopedDir dir("ckpt");
+  save_checkpoint(dir.path, make_data(99'999'999), 0);
+  const std::string path = save_checkpoint(dir.path, make_data(123'456'789), 0);
+  EXPECT_EQ(fs::path(path).filename(), "step_123456789");
+  EXPECT_EQ(list_checkpoints(dir.path), (std::vector<int64_t>{99'999'999, 123'456'789}));
+  EXPECT_EQ(find_latest_checkpoint(dir.path), path);
+}
+
+TEST(Checkpoint, MissingOrEmptyFolderHoldsNoCheckpoint) {
+  ScopedDir dir("ckpt");
+  EXPECT_EQ(find_latest_checkpoint(dir.path + "/absent"), std::nullopt);
+  EXPECT_TRUE(list_checkpoints(dir.path + "/absent").empty());
+  EXPECT_EQ(find_latest_checkpoint(dir.path), std::nullopt);
+  fs::create_directory(dir.path + "/not_a_step");
+  write_file(dir.path + "/step_00000001.json", "{}");
+  EXPECT_EQ(find_latest_checkpoint(dir.path), std::nullopt);
+}
+
+TEST(Checkpoint, FindLatestOfAFileIsAnError) {
+  ScopedDir dir("ckpt");
+  write_file(dir.path + "/file", "x");
+  expect_error([&] { find_latest_checkpoint(dir.path + "/file"); }, {"file", "is not a folder"});
+}
+
+TEST(Checkpoint, TemporaryFolderIsIgnoredAndRemovedByTheNextSave) {
+  ScopedDir dir("ckpt");
+  save_checkpoint(dir.path, make_data(1), 0);
+  // A complete copy under a temporary name: a crash between the last fsync and the rename.
+  const std::string stale = dir.path + "/step_00000002.tmp-123";
+  fs::copy(step_path(dir.path, 1), stale);
+  EXPECT_EQ(find_latest_checkpoint(dir.path), step_path(dir.path, 1));
+  EXPECT_EQ(list_checkpoints(dir.path), (std::vector<int64_t>{1}));
+
+  save_checkpoint(dir.path, make_data(3), 0);
+  EXPECT_FALSE(fs::exists(stale));
+  EXPECT_EQ(list_checkpoints(dir.path), (std::vector<int64_t>{1, 3}));
+}
+
+TEST(Checkpoint, FolderWithoutManifestIsSkippedWithAWarning) {
+  ScopedDir dir("ckpt");
+  save_checkpoint(dir.path, make_data(1), 0);
+  save_checkpoint(dir.path, make_data(2), 0);
+  fs::remove(step_path(dir.path, 2) + "/manifest.json");
+  std::string log;
+  EXPECT_EQ(find_latest_logging(dir.path, &log), step_path(dir.path, 1));
+  EXPECT_NE(log.find(step_path(dir.path, 2)), std::string::npos) << log;
+  EXPECT_NE(log.find("manifest.json is missing"), std::string::npos) << log;
+  expect_error([&] { load_checkpoint(step_path(dir.path, 2)); }, {"step_00000002", "manifest.json is missing"});
+}
+
+TEST(Checkpoint, TruncatedFileIsSkippedBySizeAndRejectedByLoad) {
+  ScopedDir dir("ckpt");
+  save_checkpoint(dir.path, make_data(1), 0);
+  save_checkpoint(dir.path, make_data(2), 0);
+  const std::string model = step_path(dir.path, 2) + "/model.safetensors";
+  const uintmax_t size = fs::file_size(model);
+  fs::resize_file(model, size - 10);
+  std::string log;
+  EXPECT_EQ(find_latest_logging(dir.path, &log), step_path(dir.path, 1));
+  EXPECT_NE(log.find(step_path(dir.path, 2)), std::string::npos) << log;
+  EXPECT_NE(log.find("model.safetensors has " + std::to_string(size - 10) + " bytes"), std::string::npos) << log;
+  expect_error(
+      [&] { load_checkpoint(step_path(dir.path, 2)); },
+      {"model.safetensors has " + std::to_string(size - 10) + " bytes", "the manifest lists " + std::to_string(size)});
+  expect_same_data(load_checkpoint(step_path(dir.path, 1)), make_data(1));
+}
+
+TEST(Checkpoint, ManifestWithTheWrongStepIsSkippedAndRejectedByLoad) {
+  ScopedDir dir("ckpt");
+  save_checkpoint(dir.path, make_data(1), 0);
+  save_checkpoint(dir.path, make_data(2), 0);
+  const std::string manifest_path = step_path(dir.path, 2) + "/manifest.json";
+  json manifest = json::parse(read_file(manifest_path));
+  manifest["step"] = 3;
+  write_file(manifest_path, manifest.dump());
+  std::string log;
+  EXPECT_EQ(find_latest_logging(dir.path, &log), step_path(dir.path, 1));
+  EXPECT_NE(log.find("manifest.json says step 3, the folder name says step 2"), std::string::npos) << log;
+  expect_error([&] { load_checkpoint(step_path(dir.path, 2)); },
+               {"step_00000002", "manifest.json says step 3, the folder name says step 2"});
+}
+
+TEST(Checkpoint, ManifestOfAnotherFormatOrVersionIsSkipped) {
+  ScopedDir dir("ckpt");
+  save_checkpoint(dir.path, make_data(1), 0);
+  save_checkpoint(dir.path, make_data(2), 0);
+  save_checkpoint(dir.path, make_data(3), 0);
+  for (const auto& [step, key, value] : {std::tuple{2, "format", json("other")}, std::tuple{3, "version", json(2)}}) {
+    const std::string manifest_path = step_path(dir.path, step) + "/manifest.json";
+    json manifest = json::parse(read_file(manifest_path));
+    manifest[key] = value;
+    write_file(manifest_path, manifest.dump());
+  }
+  std::string log;
+  EXPECT_EQ(find_latest_logging(dir.path, &log), step_path(dir.path, 1));
+  EXPECT_NE(log.find("\"format\" is \"other\", expected \"moetrain-checkpoint\""), std::string::npos) << log;
+  EXPECT_NE(log.find("\"version\" is 2, expected 1"), std::string::npos) << log;
+  expect_error([&] { load_checkpoint(step_path(dir.path, 3)); }, {"manifest.json", "\"version\" is 2, expected 1"});
+}
+
+TEST(Checkpoint, CorruptedByteOfTheSameSizeIsCaughtByLoadNamingTheFile) {
+  ScopedDir dir("ckpt");
+  const CheckpointData data = make_data(5);
+  for (const char* name : {"model.safetensors", "optimizer.safetensors", "state.json", "config.toml"}) {
+    const std::string path = save_checkpoint(dir.path, data, 0);
+    const std::string file = path + "/" + name;
+    std::string bytes = read_file(file);
+    bytes[bytes.size() - 2] ^= 0x01;  // inside the tensor data or the text, same size
+    write_file(file, bytes);
+    EXPECT_EQ(find_latest_checkpoint(dir.path), path) << name << ": sizes still match, find_latest does not hash";
+    expect_error([&] { load_checkpoint(path); }, {"step_00000005", name, "FNV-1a 64 hash", "corrupt"});
+  }
+}
+
+TEST(Checkpoint, SavingOverAnExistingStepReplacesIt) {
+  ScopedDir dir("ckpt");
+  CheckpointData first = make_data(5);
+  CheckpointData second = make_data(5);
+  second.state["variant"] = "second";
+  second.model.erase(second.model.begin());
+  save_checkpoint(dir.path, first, 0);
+  const std::string path = save_checkpoint(dir.path, second, 0);
+  expect_same_data(load_checkpoint(path), second);
+  EXPECT_EQ(entries_of(dir.path), (std::vector<std::string>{"step_00000005"}));
+}
+
+// Forks a child that saves `data` into `dir` and is killed with SIGKILL after `delay_us`. Returns
+// whether the child was caught mid-write (its temporary folder exists after the kill).
+bool save_in_child_and_kill(const std::string& dir, const CheckpointData& data, int delay_us, bool* finished) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    try {
+      save_checkpoint(dir, data, 0);
+    } catch (...) {
+      ::_exit(1);
+    }
+    ::_exit(0);
+  }
+  EXPECT_GT(pid, 0) << "fork failed";
+  if (pid <= 0) return false;
+  ::usleep(static_cast<useconds_t>(delay_us));
+  ::kill(pid, SIGKILL);
+  int status = 0;
+  EXPECT_EQ(::waitpid(pid, &status, 0), pid);
+  *finished = WIFEXITED(status);
+  EXPECT_TRUE(!WIFEXITED(status) || WEXITSTATUS(status) == 0) << "the child's save failed";
+  const std::string tmp = step_path(dir, data.step) + ".tmp-" + std::to_string(pid);
+  return fs::exists(tmp);
+}
+
+Tensor big_tensor() { return patterned({6 << 20}, DType::F32, 9); }  // 24 MiB, in the model and the optimizer
+
+// Saves `data` in this process and returns kill delays spread from "before the first byte" to
+// "after the rename", scaled by how long that save took (fsync times differ a lot between disks).
+std::vector<int> timed_save_and_kill_delays_us(const std::string& dir, const CheckpointData& data) {
+  const auto start = std::chrono::steady_clock::now();
+  save_checkpoint(dir, data, 0);
+  const double save_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
+  std::vector<int> delays = {100};
+  for (double fraction : {0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 0.7, 0.9, 1.5}) {
+    delays.push_back(static_cast<int>(fraction * save_us) + 100);
+  }
+  return delays;
+}
+
+TEST(Checkpoint, KillingTheProcessDuringAWriteLosesNothingButThatCheckpoint) {
+  ScopedDir dir("ckpt_crash");
+  const Tensor big = big_tensor();
+  int64_t latest_step = 2;
+  const std::vector<int> delays_us = timed_save_and_kill_delays_us(dir.path, make_data(latest_step, big));
+  int mid_write_kills = 0;
+  int completed_saves = 0;
+  for (size_t i = 0; i < delays_us.size(); ++i) {
+    const CheckpointData data = make_data(10 + static_cast<int64_t>(i), big);
+    bool finished = false;
+    mid_write_kills += save_in_child_and_kill(dir.path, data, delays_us[i], &finished) ? 1 : 0;
+    const std::optional<std::string> latest = find_latest_checkpoint(dir.path);
+    ASSERT_TRUE(latest.has_value());
+    if (finished || *latest == step_path(dir.path, data.step)) {
+      // The child got past the rename: its checkpoint is complete and becomes the latest.
+      ASSERT_EQ(*latest, step_path(dir.path, data.step)) << "delay " << delays_us[i] << " us";
+      expect_same_data(load_checkpoint(*latest), data);
+      latest_step = data.step;
+      ++completed_saves;
+    } else {
+      ASSERT_EQ(*latest, step_path(dir.path, latest_step)) << "delay " << delays_us[i] << " us";
+      expect_same_data(load_checkpoint(*latest), make_data(latest_step, big));
+    }
+  }
+  RecordProperty("mid_write_kills", mid_write_kills);
+  RecordProperty("completed_saves", completed_saves);
+  EXPECT_GE(mid_write_kills, 1) << "no kill landed during a write: the test did not test a crash";
+
+  save_checkpoint(dir.path, make_data(1000), 0);
+  EXPECT_FALSE(has_temporary_folder(dir.path)) << "a later save removes what the killed ones left";
+  EXPECT_EQ(find_latest_checkpoint(dir.path), step_path(dir.path, 1000));
+}
+
+TEST(Checkpoint, KillingAnOverwriteLeavesTheOldOrTheNewCheckpointWhole) {
+  ScopedDir dir("ckpt_crash");
+  const Tensor big = big_tensor();
+  CheckpointData old_data = make_data(5, big);
+  old_data.state["variant"] = "old";
+  const std::vector<int> delays_us = timed_save_and_kill_delays_us(dir.path, old_data);
+  CheckpointData new_data = make_data(5, big);
+  new_data.state["variant"] = "new";
+  new_data.optimizer.pop_back();
+  int mid_write_kills = 0;
+  int kills_before_replacing = 0;
+  for (int delay_us : delays_us) {
+    bool finished = false;
+    mid_write_kills += save_in_child_and_kill(dir.path, new_data, delay_us, &finished) ? 1 : 0;
+    const std::optional<std::string> latest = find_latest_checkpoint(dir.path);
+    ASSERT_EQ(latest, step_path(dir.path, 5)) << "delay " << delay_us << " us";
+    const CheckpointData loaded = load_checkpoint(*latest);
+    const bool replaced = loaded.state.at("variant") == "new";
+    EXPECT_TRUE(replaced || !finished) << "the child finished its save but the old checkpoint is still there";
+    expect_same_data(loaded, replaced ? new_data : old_data);
+    if (replaced) break;  // nothing old left to lose
+    ++kills_before_replacing;
+  }
+  RecordProperty("mid_write_kills", mid_write_kills);
+  RecordProperty("kills_before_replacing", kills_before_replacing);
+  EXPECT_GE(mid_write_kills, 1) << "no kill landed during a write: the test did not test a crash";
+  EXPECT_GE(kills_before_replacing, 1) << "every kill came after the exchange: the old checkpoint was never at risk";
+}
+
+TEST(Checkpoint, LoadOfAMissingFolderFails) {
+  ScopedDir dir("ckpt");
+  expect_error([&] { load_checkpoint(dir.path + "/step_00000001"); }, {"step_00000001", "does not exist"});
+}
+
+TEST(Checkpoint, LoadOfAManifestThatIsNotJsonFails) {
+  ScopedDir dir("ckpt");
+  const std::string path = save_checkpoint(dir.path, make_data(1), 0);
+  write_file(path + "/manifest.json", "{\"format\": \"moetrain-checkpoint\", ");
+  expect_error([&] { load_checkpoint(path); }, {"step_00000001", "manifest.json is not JSON"});
+  std::string log;
+  EXPECT_EQ(find_latest_logging(dir.path, &log), std::nullopt);
+  EXPECT_NE(log.find("manifest.json is not JSON"), std::string::npos) << log;
+}
+
+TEST(Checkpoint, LoadOfAManifestWithABadFileEntryFails) {
+  ScopedDir dir("ckpt");
+  const std::string path = save_checkpoint(dir.path, make_data(1), 0);
+  json manifest = json::parse(read_file(path + "/manifest.json"));
+  manifest["files"]["state.json"]["fnv1a64"] = "xyz";
+  write_file(path + "/manifest.json", manifest.dump());
+  expect_error([&] { load_checkpoint(path); }, {"manifest.json", "entry of state.json", "16 lowercase hex digits"});
+  manifest = json::parse(read_file(path + "/manifest.json"));
+  manifest["files"]["../escape"] = manifest["files"]["config.toml"];
+  write_file(path + "/manifest.json", manifest.dump());
+  expect_error([&] { load_checkpoint(path); }, {"manifest.json", "'../escape'", "plain file name"});
+}
+
+TEST(Checkpoint, SaveRejectsADeviceTensorBeforeWritingAnything) {
+  ScopedDir dir("ckpt");
+  CheckpointData data = make_data(1);
+  // A tensor that claims to live on a GPU; its bytes are never touched because validation comes first.
+  auto host = std::make_shared<std::vector<float>>(8);
+  data.optimizer.emplace_back("gpu_moment", Tensor::from_blob(host->data(), {8}, DType::F32, Device::cuda(0), host));
+  expect_error([&] { save_checkpoint(dir.path + "/run", data, 0); },
+               {"optimizer tensor 'gpu_moment'", "on cuda:0", "expected a contiguous CPU tensor"});
+  EXPECT_FALSE(fs::exists(dir.path + "/run"));
+}
+
+TEST(Checkpoint, SaveRejectsBadNamesStepAndKeep) {
+  ScopedDir dir("ckpt");
+  CheckpointData data = make_data(1);
+  data.model.push_back(data.model.front());
+  expect_error([&] { save_checkpoint(dir.path, data, 0); }, {"model tensor name", "appears twice"});
+  data = make_data(1);
+  data.optimizer.emplace_back("", patterned({2}, DType::F32, 0));
+  expect_error([&] { save_checkpoint(dir.path, data, 0); }, {"optimizer tensor has an empty name"});
+  data = make_data(1);
+  data.model.emplace_back("undefined", Tensor());
+  expect_error([&] { save_checkpoint(dir.path, data, 0); }, {"model tensor 'undefined' is undefined"});
+  expect_error([&] { save_checkpoint(dir.path, make_data(-1), 0); }, {"step is -1", "non-negative"});
+  expect_error([&] { save_checkpoint(dir.path, make_data(1), -2); }, {"keep is -2", "expected >= 0"});
+  EXPECT_TRUE(entries_of(dir.path).empty());
+}
+
+}  // namespace
+}  // namespace moetrain::train

@@ -1,0 +1,184 @@
+// Tests for train/trainer: exact resume, the golden AdamW trajectory through the trainer itself,
+// the load-balance loss in training, and NaN detection that never writes a poisoned checkpoint.
+#include "train/trainer.h"
+
+#include <filesystem>
+#include <fstream>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "io/safetensors.h"
+#include "testing/test_data.h"
+#include "train/checkpoint.h"
+#include "train/data/indexed_dataset.h"
+
+namespace moetrain::train {
+namespace {
+
+// Documents of the golden model's vocabulary (512) with learnable structure: each counts up from a
+// random start by a stride of 1 or 2 through the tokens 1..8, and ends with token 0.
+std::string make_dataset(const std::string& dir) {
+  const std::string prefix = dir + "/docs";
+  data::IndexedDatasetBuilder builder(prefix, 8 /* uint16 */);
+  Rng rng(77);
+  for (int d = 0; d < 60; ++d) {
+    std::vector<int32_t> tokens(static_cast<size_t>(5 + rng.below(40)));
+    const int64_t start = static_cast<int64_t>(rng.below(511)), stride = 1 + static_cast<int64_t>(rng.below(2));
+    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>(1 + (start + stride * int64_t(i)) % 8);
+    tokens.push_back(0);
+    builder.add_sequence(tokens);
+  }
+  builder.finish();
+  return prefix;
+}
+
+io::JobConfig small_job(const std::string& dir) {
+  io::JobConfig c;
+  c.model.config = testing::test_data_path("golden/qwen3_moe");
+  c.model.init = "random";
+  c.data.sources = {{make_dataset(dir), 1.0}};
+  c.train.steps = 6;
+  c.train.seq_len = 16;
+  c.train.micro_batch = 2;
+  c.train.global_batch = 4;
+  c.optim.lr = 1e-3;
+  c.optim.warmup_steps = 2;
+  c.loss.load_balance_coef = 0.01;
+  c.loss.z_loss_coef = 0.001;
+  c.checkpoint.dir = dir + "/ckpt";
+  c.checkpoint.every = 3;
+  c.checkpoint.keep = 5;
+  c.metrics.console_every = 100;
+  return c;
+}
+
+std::vector<std::vector<float>> weights_of(const Trainer& t) {
+  std::vector<std::vector<float>> out;
+  for (const Tensor& p : t.model().params().all_params()) out.push_back(p.to_vector<float>());
+  return out;
+}
+
+TEST(Trainer, ResumeAfterStopIsByteIdentical) {
+  const std::string dir_a = testing::make_temp_dir("trainer_straight");
+  Trainer straight(small_job(dir_a));
+  const TrainSummary all = straight.run();
+  ASSERT_EQ(all.losses.size(), 6u);
+
+  const std::string dir_b = testing::make_temp_dir("trainer_resumed");
+  const io::JobConfig job_b = small_job(dir_b);
+  std::vector<double> losses;
+  {
+    Trainer first(job_b);
+    const TrainSummary half = first.run(3);  // the process "dies" after the step-3 checkpoint
+    losses = half.losses;
+  }
+  Trainer resumed(job_b);
+  EXPECT_EQ(resumed.steps_done(), 3);
+  const TrainSummary rest = resumed.run();
+  losses.insert(losses.end(), rest.losses.begin(), rest.losses.end());
+  ASSERT_EQ(losses.size(), all.losses.size());
+  for (size_t i = 0; i < losses.size(); ++i) EXPECT_EQ(losses[i], all.losses[i]) << "step " << i + 1;
+  EXPECT_EQ(weights_of(resumed), weights_of(straight));
+  EXPECT_EQ(list_checkpoints(dir_b + "/ckpt"), (std::vector<int64_t>{3, 6}));
+}
+
+TEST(Trainer, LossFallsAndMetricsAreLogged) {
+  const std::string dir = testing::make_temp_dir("trainer_learns");
+  io::JobConfig job = small_job(dir);
+  job.train.steps = 12;
+  job.optim.lr = 3e-3;
+  job.checkpoint.dir.clear();
+  job.metrics.jsonl = dir + "/metrics.jsonl";
+  Trainer trainer(job);
+  const TrainSummary s = trainer.run();
+  EXPECT_LT(s.losses.back(), s.losses.front() - 0.5);
+  std::ifstream in(job.metrics.jsonl);
+  std::string line;
+  int lines = 0;
+  while (std::getline(in, line)) {
+    ++lines;
+    const auto record = nlohmann::json::parse(line);
+    for (const char* key : {"step", "loss", "lb_loss", "grad_norm", "lr", "tokens", "tokens_per_s", "peak_mem_bytes",
+                            "elapsed_s"}) {
+      EXPECT_TRUE(record.contains(key)) << key;
+    }
+    EXPECT_EQ(record["step"].get<int>(), lines);
+    EXPECT_EQ(record["loss"].get<double>(), s.losses[static_cast<size_t>(lines - 1)]);
+    EXPECT_GT(record["lb_loss"].get<double>(), 0.9);  // 1.0 is perfect balance; it cannot go below
+  }
+  EXPECT_EQ(lines, 12);
+}
+
+// The golden trajectory (5 AdamW steps of 2 micro-batches, clip 1.0, lr 1e-3, betas (0.9, 0.95),
+// weight decay 0.1 on matrices) run by the Trainer with the reference's own micro-batches.
+TEST(Trainer, GoldenTrajectoryMatchesTransformers) {
+  const std::string dir = testing::make_temp_dir("trainer_golden");
+  io::JobConfig job = small_job(dir);
+  job.model.init = "pretrained";
+  job.train.steps = 5;
+  job.optim.lr = 1e-3;
+  job.optim.schedule = "constant";
+  job.optim.warmup_steps = 0;
+  job.optim.beta1 = 0.9;
+  job.optim.beta2 = 0.95;
+  job.optim.eps = 1e-8;
+  job.optim.weight_decay = 0.1;
+  job.optim.clip_grad_norm = 1.0;
+  job.loss.load_balance_coef = 0.0;
+  job.loss.z_loss_coef = 0.0;
+  job.checkpoint.dir.clear();
+  const auto ref = io::SafetensorsReader::open(testing::test_data_path("golden/qwen3_moe/reference.safetensors"));
+  Trainer trainer(job);
+  trainer.use_batch_source([&](int64_t step) {
+    std::vector<model::MicroBatch> batches;
+    for (int mb = 0; mb < 2; ++mb) {
+      const std::string key = "traj.step" + std::to_string(step) + ".mb" + std::to_string(mb) + ".";
+      batches.push_back(model::MicroBatch::from_rows(ref.tensor(key + "input_ids"), ref.tensor(key + "targets")));
+    }
+    return batches;
+  });
+  const TrainSummary s = trainer.run();
+  const auto ref_loss = ref.tensor("traj.loss").to_vector<float>();
+  const auto ref_norm = ref.tensor("traj.grad_norm").to_vector<float>();
+  ASSERT_EQ(s.losses.size(), ref_loss.size());
+  for (size_t i = 0; i < s.losses.size(); ++i) {
+    EXPECT_NEAR(s.losses[i], ref_loss[i], 1e-5 * ref_loss[i]) << "step " << i;
+    EXPECT_NEAR(s.grad_norms[i], ref_norm[i], 1e-4 * ref_norm[i]) << "step " << i;
+  }
+  const auto exported = trainer.model().params().export_hf_runtime(
+      false, [&](const std::string& fused) { return ref.contains("traj.final." + fused); });
+  for (const auto& [name, tensor] : exported) {
+    EXPECT_LT(testing::relative_error(tensor, ref.tensor("traj.final." + name).clone()), 1e-4) << name;
+  }
+}
+
+TEST(Trainer, NanLossStopsBeforeAnyCheckpointIsWritten) {
+  const std::string dir = testing::make_temp_dir("trainer_nan");
+  // A model folder whose final norm holds a NaN: the first loss is NaN.
+  const std::string model_dir = dir + "/model";
+  std::filesystem::create_directories(model_dir);
+  std::filesystem::copy_file(testing::test_data_path("golden/qwen3_moe/config.json"), model_dir + "/config.json");
+  const auto reader = io::SafetensorsReader::open(testing::test_data_path("golden/qwen3_moe/model.safetensors"));
+  std::vector<std::pair<std::string, Tensor>> weights;
+  for (const auto& name : reader.names()) weights.emplace_back(name, reader.tensor(name).clone());
+  for (auto& [name, t] : weights) {
+    if (name == "model.norm.weight") t.data<float>()[3] = NAN;
+  }
+  io::write_safetensors(model_dir + "/model.safetensors", weights);
+  io::JobConfig job = small_job(dir);
+  job.model.config = model_dir;
+  job.model.init = "pretrained";
+  job.checkpoint.every = 1;
+  Trainer trainer(job);
+  try {
+    trainer.run();
+    FAIL() << "expected the NaN loss to stop the run";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("step 1: the loss is nan"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(list_checkpoints(dir + "/ckpt").empty());
+}
+
+}  // namespace
+}  // namespace moetrain::train
