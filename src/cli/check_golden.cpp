@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "io/safetensors.h"
 #include "model/causal_lm.h"
+#include "ops/cuda/runtime.h"
 #include "ops/optim.h"
 #include "train/optimizer.h"
 
@@ -35,7 +36,8 @@ struct Thresholds {
 
 double relative_error(const Tensor& ours, const Tensor& ref) {
   MT_CHECK(ours.numel() == ref.numel(), "check-golden: comparing {} with reference {}", ours.describe(), ref.describe());
-  const Tensor a = ours.to(DType::F64), b = ref.to(DType::F64);
+  const Tensor host = ours.device().is_cpu() ? ours : ours.to(Device::cpu());
+  const Tensor a = host.to(DType::F64), b = ref.to(DType::F64);
   const double* pa = a.data<double>();
   const double* pb = b.data<double>();
   double diff = 0.0, norm = 0.0;
@@ -97,7 +99,7 @@ void check_routing(Report& report, const std::string& label, const model::Causal
   std::string first;
   for (size_t layer = 0; layer < ours.size(); ++layer) {
     const Tensor ref_logits = ref.tensor(fmt::format("router_logits.{}", layer)).to(DType::F32);
-    const Tensor our_logits = ours[layer].to(DType::F32);
+    const Tensor our_logits = (ours[layer].device().is_cpu() ? ours[layer] : ours[layer].to(Device::cpu())).to(DType::F32);
     for (int64_t t = 0; t < ref_logits.size(0); ++t, ++tokens) {
       const float* r = ref_logits.data<float>() + t * experts;
       if (top_k_of(r, experts, k) == top_k_of(our_logits.data<float>() + t * experts, experts, k)) continue;
@@ -220,6 +222,7 @@ int run_check_golden(const CheckGoldenOptions& options) {
   MT_CHECK(known.count(options.cases), "check-golden: --case expects batch, packed, trajectory or all but found '{}'",
            options.cases);
   const Device device = parse_device(options.device);
+  if (device.is_cuda()) ops::cuda::setup_cuda(device.index);
   const Thresholds th;
   const io::SafetensorsReader ref = io::SafetensorsReader::open(options.reference);
   auto model = model::CausalLm::from_hf(options.model_dir, device);

@@ -21,11 +21,14 @@ Tensor positions_for(const Tensor& cu_seqlens, int64_t num_tokens) {
 
 }  // namespace
 
-int64_t MicroBatch::num_targets() const {
-  const int32_t* t = targets.data<int32_t>();
-  int64_t n = 0;
-  for (int64_t i = 0; i < targets.numel(); ++i) n += t[i] != ops::kIgnoreIndex;
-  return n;
+MicroBatch MicroBatch::to(Device device) const {
+  if (device == this->device()) return *this;
+  MicroBatch out = *this;
+  out.input_ids = input_ids.to(device);
+  out.targets = targets.to(device);
+  out.position_ids = position_ids.to(device);
+  out.cu_seqlens = cu_seqlens.to(device);
+  return out;
 }
 
 MicroBatch MicroBatch::from_rows(const Tensor& input_ids, const Tensor& targets) {
@@ -44,11 +47,15 @@ MicroBatch MicroBatch::packed(const Tensor& input_ids, const Tensor& targets, co
   mb.targets = targets.view({-1});
   mb.cu_seqlens = cu_seqlens.view({-1});
   ops::validate_cu_seqlens(mb.cu_seqlens, mb.input_ids.numel(), "micro-batch cu_seqlens");
+  mb.cu_seqlens_host = mb.cu_seqlens;
   mb.position_ids = positions_for(mb.cu_seqlens, mb.input_ids.numel());
+  const int32_t* t = mb.targets.data<int32_t>();
+  for (int64_t i = 0; i < mb.targets.numel(); ++i) mb.num_targets_ += t[i] != ops::kIgnoreIndex;
   return mb;
 }
 
 void MicroBatch::validate(int64_t vocab_size) const {
+  MT_CHECK(device().is_cpu(), "micro-batch: validate a batch on the host, before moving it to {}", device().str());
   expect_dtype(input_ids, DType::I32, "micro-batch input_ids");
   expect_dtype(targets, DType::I32, "micro-batch targets");
   expect_dtype(position_ids, DType::I32, "micro-batch position_ids");

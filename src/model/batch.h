@@ -15,14 +15,16 @@ struct MicroBatch {
   Tensor input_ids;     // i32 [T]
   Tensor targets;       // i32 [T]; -100 = not counted in the loss
   Tensor position_ids;  // i32 [T]; restart at 0 in every document
-  Tensor cu_seqlens;    // i32 [D + 1] on the CPU; document d is tokens [cu[d], cu[d + 1])
+  Tensor cu_seqlens;    // i32 [D + 1]; document d is tokens [cu[d], cu[d + 1])
+  Tensor cu_seqlens_host;  // the same on the CPU (host-side logic never reads device memory)
   // The step's auxiliary router losses (load balance, z-loss); null: none (the HF reference).
   const RouterLossSettings* router_loss = nullptr;
 
   int64_t num_tokens() const { return input_ids.numel(); }
   int64_t num_documents() const { return cu_seqlens.numel() - 1; }
-  // Number of targets that count (!= -100).
-  int64_t num_targets() const;
+  // Number of targets that count (!= -100); counted on the host when the batch is made.
+  int64_t num_targets() const { return num_targets_; }
+  Device device() const { return input_ids.device(); }
 
   // B rows of T tokens, each row one document: input_ids and targets i32 [B, T].
   static MicroBatch from_rows(const Tensor& input_ids, const Tensor& targets);
@@ -32,6 +34,13 @@ struct MicroBatch {
   // Fails closed on anything a kernel would misread: dtypes, shapes, cu_seqlens rules, positions
   // that do not restart per document, ids or targets outside the vocabulary.
   void validate(int64_t vocab_size) const;
+
+  // The batch with its tensors on `device` (the same tensors when already there); the host copy
+  // of cu_seqlens and the target count travel along.
+  MicroBatch to(Device device) const;
+
+ private:
+  int64_t num_targets_ = 0;
 };
 
 }  // namespace moetrain::model

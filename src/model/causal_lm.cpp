@@ -119,8 +119,9 @@ StepLoss forward_backward(const CausalLm& model, const std::vector<MicroBatch>& 
   MT_CHECK(denominator > 0, "forward_backward: the step has no counted targets (every target is -100)");
   const double loss_scale = 1.0 / static_cast<double>(denominator);
   StepLoss step;
-  for (const MicroBatch& batch : batches) {
-    batch.validate(model.config().vocab_size);
+  for (const MicroBatch& host_batch : batches) {
+    host_batch.validate(model.config().vocab_size);
+    const MicroBatch batch = host_batch.to(model.device());
     std::vector<LayerRecord> records(model.layers().size());
     Tensor hidden = model.embed_forward(batch);
     std::vector<Tensor> router_logits;
@@ -150,8 +151,9 @@ StepLoss forward_backward(const CausalLm& model, const std::vector<MicroBatch>& 
 
 StepLoss forward_only(const CausalLm& model, const std::vector<MicroBatch>& batches, ForwardObservation* observe) {
   StepLoss step;
-  for (const MicroBatch& batch : batches) {
-    batch.validate(model.config().vocab_size);
+  for (const MicroBatch& host_batch : batches) {
+    host_batch.validate(model.config().vocab_size);
+    const MicroBatch batch = host_batch.to(model.device());
     Tensor hidden = model.embed_forward(batch);
     std::vector<Tensor> router_logits;
     for (const auto& layer : model.layers()) {

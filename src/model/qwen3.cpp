@@ -79,8 +79,13 @@ Stage1Out Qwen3DecoderLayer::stage1_forward(Stage1Record& r, const Tensor& hidde
   }
   r.routing = router_->forward(r.router, r.normed_post);
   if (batch.router_loss != nullptr && batch.router_loss->active()) {
-    r.aux = router_aux_losses(*batch.router_loss, moe_index_, r.routing.logits, r.routing.probs, r.routing.topk_index,
-                              batch.cu_seqlens, r.d_probs, r.d_logits);
+    // The auxiliary losses are host math over [T, E] values: small next to the layer's work.
+    auto host = [](const Tensor& t) { return t.device().is_cpu() ? t : t.to(Device::cpu()); };
+    Tensor d_probs, d_logits;
+    r.aux = router_aux_losses(*batch.router_loss, moe_index_, host(r.routing.logits), host(r.routing.probs),
+                              host(r.routing.topk_index), batch.cu_seqlens_host, d_probs, d_logits);
+    r.d_probs = dev.is_cpu() ? d_probs : d_probs.to(dev);
+    r.d_logits = dev.is_cpu() ? d_logits : d_logits.to(dev);
   }
   out.routing = r.routing;
   out.group_offsets = r.routing.plan.expert_offsets;

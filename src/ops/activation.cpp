@@ -1,38 +1,61 @@
 // defines: the public SwiGLU ops: argument validation (gate_up [N, 2I] with an even width, matching y / dy
-// [N, I], one float dtype, contiguity, devices) and dispatch to the CPU reference.
+// [N, I], one float dtype, contiguity, devices) and dispatch to the backend of the stream's device: the CPU
+// reference, or the CUDA kernels.
 #include "ops/activation.h"
 
 #include <cstdint>
 #include <string>
 
 #include "ops/cpu/activation.h"
-#include "ops/cpu/dispatch.h"
+#if MOETRAIN_HAS_CUDA
+#include "ops/cuda/activation.h"
+#endif
 
 namespace moetrain::ops {
 
 namespace {
 
+#if MOETRAIN_HAS_CUDA
+constexpr bool kHasCuda = true;
+#else
+constexpr bool kHasCuda = false;
+#endif
+
 void check_stream(const Stream& stream, const char* op) {
-  MT_CHECK(stream.device().is_cpu(), "{}: no kernel for a {} stream in this build", op, stream.device().str());
+  MT_CHECK(stream.device().is_cpu() || (kHasCuda && stream.device().is_cuda()),
+           "{}: no kernel for a {} stream in this build", op, stream.device().str());
+}
+
+// Every tensor lives on the stream's device: CPU tensors on the CPU stream, CUDA tensors on their device's stream.
+void check_device(const Tensor& t, const Stream& stream, const char* op, const char* name) {
+  MT_CHECK(t.device() == stream.device(), "{}: expected {} on the stream's device {} but found {}", op, name,
+           stream.device().str(), t.describe());
 }
 
 // Returns I, half the width of gate_up [N, 2I].
-int64_t check_gate_up(const Tensor& gate_up, const char* op) {
+// The CPU reference computes in f32 or f64, the CUDA kernels in f32 from f32 or bf16 tensors.
+int64_t check_gate_up(const Tensor& gate_up, const Stream& stream, const char* op) {
   expect_contiguous(gate_up, fmt::format("{}: gate_up", op));
-  require_cpu(gate_up, op);
+  check_device(gate_up, stream, op, "gate_up");
   MT_CHECK(gate_up.dim() == 2 && gate_up.size(1) % 2 == 0,
            "{}: expected gate_up [N, 2I] with an even width but found {}", op, gate_up.describe());
-  MT_CHECK(gate_up.dtype() == DType::F32 || gate_up.dtype() == DType::F64,
-           "{}: expected gate_up in f32 or f64 but found {}", op, gate_up.describe());
+  if (stream.device().is_cuda()) {
+    MT_CHECK(gate_up.dtype() == DType::F32 || gate_up.dtype() == DType::BF16,
+             "{}: expected gate_up in f32 or bf16 (CUDA) but found {}", op, gate_up.describe());
+  } else {
+    MT_CHECK(gate_up.dtype() == DType::F32 || gate_up.dtype() == DType::F64,
+             "{}: expected gate_up in f32 or f64 but found {}", op, gate_up.describe());
+  }
   return gate_up.size(1) / 2;
 }
 
-void check_argument(const Tensor& t, const Shape& shape, DType dtype, const char* op, const char* name) {
+void check_argument(const Tensor& t, const Shape& shape, DType dtype, const Stream& stream, const char* op,
+                    const char* name) {
   const std::string what = fmt::format("{}: {}", op, name);
   expect_shape(t, shape, what);
   expect_dtype(t, dtype, what);
   expect_contiguous(t, what);
-  require_cpu(t, op);
+  check_device(t, stream, op, name);
 }
 
 }  // namespace
@@ -40,17 +63,29 @@ void check_argument(const Tensor& t, const Shape& shape, DType dtype, const char
 void swiglu_forward(Stream& stream, Tensor y, const Tensor& gate_up) {
   constexpr const char* op = "swiglu_forward";
   check_stream(stream, op);
-  const int64_t width = check_gate_up(gate_up, op);
-  check_argument(y, {gate_up.size(0), width}, gate_up.dtype(), op, "y [N, I]");
+  const int64_t width = check_gate_up(gate_up, stream, op);
+  check_argument(y, {gate_up.size(0), width}, gate_up.dtype(), stream, op, "y [N, I]");
+#if MOETRAIN_HAS_CUDA
+  if (gate_up.device().is_cuda()) {
+    cuda::swiglu_forward(stream, y, gate_up);
+    return;
+  }
+#endif
   cpu::swiglu_forward(y, gate_up);
 }
 
 void swiglu_backward(Stream& stream, Tensor dgate_up, const Tensor& dy, const Tensor& gate_up) {
   constexpr const char* op = "swiglu_backward";
   check_stream(stream, op);
-  const int64_t width = check_gate_up(gate_up, op);
-  check_argument(dy, {gate_up.size(0), width}, gate_up.dtype(), op, "dy [N, I]");
-  check_argument(dgate_up, gate_up.shape(), gate_up.dtype(), op, "dgate_up [N, 2I]");
+  const int64_t width = check_gate_up(gate_up, stream, op);
+  check_argument(dy, {gate_up.size(0), width}, gate_up.dtype(), stream, op, "dy [N, I]");
+  check_argument(dgate_up, gate_up.shape(), gate_up.dtype(), stream, op, "dgate_up [N, 2I]");
+#if MOETRAIN_HAS_CUDA
+  if (gate_up.device().is_cuda()) {
+    cuda::swiglu_backward(stream, dgate_up, dy, gate_up);
+    return;
+  }
+#endif
   cpu::swiglu_backward(dgate_up, dy, gate_up);
 }
 

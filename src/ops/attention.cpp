@@ -1,5 +1,5 @@
 // defines: the public attention ops: argument validation (shapes, dtypes, devices, cu_seqlens) and dispatch to
-// the CPU reference.
+// the backend: the CPU reference (f32 or f64) or, for CUDA tensors, the CUDA kernels (f32 or bf16, lse in f32).
 #include "ops/attention.h"
 
 #include <cstdint>
@@ -7,6 +7,9 @@
 
 #include "ops/cpu/attention.h"
 #include "ops/cpu/dispatch.h"
+#if MOETRAIN_HAS_CUDA
+#include "ops/cuda/attention.h"
+#endif
 
 namespace moetrain::ops {
 
@@ -32,18 +35,66 @@ AttentionShape check_qkv(const Tensor& q, const Tensor& k, const Tensor& v, cons
   expect_shape(v, {s.tokens, s.nkv, s.hdv}, v_what);
   MT_CHECK(s.nkv > 0 && s.nh % s.nkv == 0,
            "{}: the query heads (nh = {}) must be a multiple of the kv heads (nkv = {})", op, s.nh, s.nkv);
-  MT_CHECK(q.dtype() == DType::F32 || q.dtype() == DType::F64, "{}: expected q in f32 or f64 but found {}", op,
-           q.describe());
+  if (q.device().is_cuda()) {
+    MT_CHECK(q.dtype() == DType::F32 || q.dtype() == DType::BF16, "{}: expected q in f32 or bf16 on CUDA but found {}",
+             op, q.describe());
+  } else {
+    MT_CHECK(q.dtype() == DType::F32 || q.dtype() == DType::F64, "{}: expected q in f32 or f64 but found {}", op,
+             q.describe());
+  }
   return s;
 }
 
-// Shape, dtype (that of q), contiguity and device of one tensor argument.
-void check_argument(const Tensor& t, const Shape& shape, DType dtype, const char* op, const char* name) {
+// The device every argument must be on (that of q) and the stream for it: the CPU, or a CUDA device in a build with
+// CUDA whose stream runs on it.
+Device check_backend(const Stream& stream, const Tensor& q, const char* op) {
+#if MOETRAIN_HAS_CUDA
+  if (q.device().is_cuda()) {
+    MT_CHECK(stream.device() == q.device(), "{}: q is on {} but the stream runs on {}", op, q.device().str(),
+             stream.device().str());
+    return q.device();
+  }
+#endif
+  require_cpu(q, op);
+  MT_CHECK(stream.device().is_cpu(), "{}: q is on the CPU but the stream runs on {}", op, stream.device().str());
+  return Device::cpu();
+}
+
+// The dtype of lse: f32 on CUDA (whatever q's), that of q on the CPU.
+DType lse_dtype(const Tensor& q) { return q.device().is_cuda() ? DType::F32 : q.dtype(); }
+
+// Shape, dtype, contiguity and device of one tensor argument.
+void check_argument(const Tensor& t, const Shape& shape, DType dtype, Device device, const char* op, const char* name) {
   const std::string what = fmt::format("{}: {}", op, name);
   expect_shape(t, shape, what);
   expect_dtype(t, dtype, what);
   expect_contiguous(t, what);
-  require_cpu(t, op);
+  if (device.is_cpu()) {
+    require_cpu(t, op);
+  } else {
+    MT_CHECK(t.device() == device, "{}: expected {} on {} (the device of q) but found {}", op, name, device.str(),
+             t.describe());
+  }
+}
+
+// cu_seqlens for the backend of q: fully validated on the CPU; on CUDA its values live on the device, where the host
+// cannot read them, so only its dtype, shape and device are checked here and its values are the caller's contract
+// (validate_cu_seqlens on the host copy before the upload). A strictly increasing run from 0 to T has at most T
+// documents, which the shape alone can check.
+void check_cu_seqlens(const Tensor& cu_seqlens, int64_t tokens, Device device, const char* what) {
+  if (device.is_cpu()) {
+    validate_cu_seqlens(cu_seqlens, tokens, what);
+    return;
+  }
+  expect_defined(cu_seqlens, what);
+  expect_dtype(cu_seqlens, DType::I32, what);
+  MT_CHECK(cu_seqlens.device() == device, "{}: expected a tensor on {} (the device of q) but found {}", what,
+           device.str(), cu_seqlens.describe());
+  MT_CHECK(cu_seqlens.dim() == 1, "{}: expected a 1-D tensor but found {}", what, cu_seqlens.describe());
+  expect_contiguous(cu_seqlens, what);
+  MT_CHECK(cu_seqlens.numel() >= 2 && cu_seqlens.numel() - 1 <= tokens,
+           "{}: expected between 2 and T + 1 = {} entries (1 to T documents) but found {}", what, tokens + 1,
+           cu_seqlens.numel());
 }
 
 void check_params(const AttentionParams& params, const char* op) {
@@ -73,38 +124,50 @@ void validate_cu_seqlens(const Tensor& cu_seqlens, int64_t num_tokens, const cha
 
 void attention_forward(Stream& stream, Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
                        const Tensor& cu_seqlens, const AttentionParams& params) {
-  (void)stream;
   constexpr const char* op = "attention_forward";
   const AttentionShape s = check_qkv(q, k, v, op);
+  const Device device = check_backend(stream, q, op);
   const DType dtype = q.dtype();
-  check_argument(q, {s.tokens, s.nh, s.hd}, dtype, op, "q");
-  check_argument(k, {s.tokens, s.nkv, s.hd}, dtype, op, "k");
-  check_argument(v, {s.tokens, s.nkv, s.hdv}, dtype, op, "v");
-  check_argument(out, {s.tokens, s.nh, s.hdv}, dtype, op, "out");
-  check_argument(lse, {s.tokens, s.nh}, dtype, op, "lse");
-  validate_cu_seqlens(cu_seqlens, s.tokens, "attention_forward: cu_seqlens");
+  check_argument(q, {s.tokens, s.nh, s.hd}, dtype, device, op, "q");
+  check_argument(k, {s.tokens, s.nkv, s.hd}, dtype, device, op, "k");
+  check_argument(v, {s.tokens, s.nkv, s.hdv}, dtype, device, op, "v");
+  check_argument(out, {s.tokens, s.nh, s.hdv}, dtype, device, op, "out");
+  check_argument(lse, {s.tokens, s.nh}, lse_dtype(q), device, op, "lse");
+  check_cu_seqlens(cu_seqlens, s.tokens, device, "attention_forward: cu_seqlens");
   check_params(params, op);
+#if MOETRAIN_HAS_CUDA
+  if (device.is_cuda()) {
+    cuda::attention_forward(stream, out, lse, q, k, v, cu_seqlens, params);
+    return;
+  }
+#endif
   cpu::attention_forward(out, lse, q, k, v, cu_seqlens, params);
 }
 
 void attention_backward(Stream& stream, Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q,
                         const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                         const Tensor& cu_seqlens, const AttentionParams& params) {
-  (void)stream;
   constexpr const char* op = "attention_backward";
   const AttentionShape s = check_qkv(q, k, v, op);
+  const Device device = check_backend(stream, q, op);
   const DType dtype = q.dtype();
-  check_argument(q, {s.tokens, s.nh, s.hd}, dtype, op, "q");
-  check_argument(k, {s.tokens, s.nkv, s.hd}, dtype, op, "k");
-  check_argument(v, {s.tokens, s.nkv, s.hdv}, dtype, op, "v");
-  check_argument(out, {s.tokens, s.nh, s.hdv}, dtype, op, "out");
-  check_argument(lse, {s.tokens, s.nh}, dtype, op, "lse");
-  check_argument(dout, {s.tokens, s.nh, s.hdv}, dtype, op, "dout");
-  check_argument(dq, {s.tokens, s.nh, s.hd}, dtype, op, "dq");
-  check_argument(dk, {s.tokens, s.nkv, s.hd}, dtype, op, "dk");
-  check_argument(dv, {s.tokens, s.nkv, s.hdv}, dtype, op, "dv");
-  validate_cu_seqlens(cu_seqlens, s.tokens, "attention_backward: cu_seqlens");
+  check_argument(q, {s.tokens, s.nh, s.hd}, dtype, device, op, "q");
+  check_argument(k, {s.tokens, s.nkv, s.hd}, dtype, device, op, "k");
+  check_argument(v, {s.tokens, s.nkv, s.hdv}, dtype, device, op, "v");
+  check_argument(out, {s.tokens, s.nh, s.hdv}, dtype, device, op, "out");
+  check_argument(lse, {s.tokens, s.nh}, lse_dtype(q), device, op, "lse");
+  check_argument(dout, {s.tokens, s.nh, s.hdv}, dtype, device, op, "dout");
+  check_argument(dq, {s.tokens, s.nh, s.hd}, dtype, device, op, "dq");
+  check_argument(dk, {s.tokens, s.nkv, s.hd}, dtype, device, op, "dk");
+  check_argument(dv, {s.tokens, s.nkv, s.hdv}, dtype, device, op, "dv");
+  check_cu_seqlens(cu_seqlens, s.tokens, device, "attention_backward: cu_seqlens");
   check_params(params, op);
+#if MOETRAIN_HAS_CUDA
+  if (device.is_cuda()) {
+    cuda::attention_backward(stream, dq, dk, dv, dout, q, k, v, out, lse, cu_seqlens, params);
+    return;
+  }
+#endif
   cpu::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, cu_seqlens, params);
 }
 

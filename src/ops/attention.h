@@ -16,6 +16,7 @@ struct AttentionParams {
 
 // q [T, nh, hd], k [T, nkv, hd], v [T, nkv, hdv], nh % nkv == 0 (query head h reads kv head
 // h / (nh / nkv)); cu_seqlens i32 [D + 1] on the CPU (0 = c0 < c1 < ... < cD = T);
+// for CUDA tensors cu_seqlens lives on the device and is validated by the caller (validate_cu_seqlens on the host).
 // out [T, nh, hdv]; lse [T, nh] (f32, or f64 with f64 inputs).
 void attention_forward(Stream& stream, Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
                        const Tensor& cu_seqlens, const AttentionParams& params);

@@ -1,40 +1,60 @@
-// defines: the public elementwise ops: argument validation (shapes, dtypes, contiguity, devices) and dispatch to
-// the CPU reference.
+// defines: the public elementwise ops: argument validation (shapes, dtypes, contiguity, devices) and dispatch to the
+// backend of the stream's device: the CPU reference, or the CUDA kernels for tensors on a CUDA device.
 #include "ops/elementwise.h"
 
 #include <string>
 
-#include "ops/cpu/dispatch.h"
 #include "ops/cpu/elementwise.h"
+#if MOETRAIN_HAS_CUDA
+#include "ops/cuda/elementwise.h"
+#endif
 
 namespace moetrain::ops {
 
 namespace {
 
+#if MOETRAIN_HAS_CUDA
+constexpr bool kHasCuda = true;
+#else
+constexpr bool kHasCuda = false;
+#endif
+
 void check_stream(const Stream& stream, const char* op) {
-  MT_CHECK(stream.device().is_cpu(), "{}: no kernel for a {} stream in this build", op, stream.device().str());
+  MT_CHECK(stream.device().is_cpu() || (kHasCuda && stream.device().is_cuda()),
+           "{}: no kernel for a {} stream in this build", op, stream.device().str());
 }
 
-// A contiguous CPU tensor of f32 or f64 (the dtypes the CPU reference computes in).
-void check_float(const Tensor& t, const char* op, const char* name) {
+// Every tensor lives on the stream's device: CPU tensors on the CPU stream, CUDA tensors on their device's stream.
+void check_device(const Tensor& t, const Stream& stream, const char* op, const char* name) {
+  MT_CHECK(t.device() == stream.device(), "{}: expected {} on the stream's device {} but found {}", op, name,
+           stream.device().str(), t.describe());
+}
+
+// A contiguous tensor of a dtype the backend computes in: f32 or f64 on the CPU, f32 or bf16 on CUDA.
+void check_float(const Tensor& t, const Stream& stream, const char* op, const char* name) {
   const std::string what = fmt::format("{}: {}", op, name);
   expect_contiguous(t, what);
-  require_cpu(t, op);
+  check_device(t, stream, op, name);
+  if (stream.device().is_cuda()) {
+    MT_CHECK(t.dtype() == DType::F32 || t.dtype() == DType::BF16, "{}: expected {} in f32 or bf16 (CUDA) but found {}",
+             op, name, t.describe());
+    return;
+  }
   MT_CHECK(t.dtype() == DType::F32 || t.dtype() == DType::F64, "{}: expected {} in f32 or f64 but found {}", op, name,
            t.describe());
 }
 
-void check_like(const Tensor& t, const Tensor& like, const char* op, const char* name) {
+void check_like(const Tensor& t, const Tensor& like, const Stream& stream, const char* op, const char* name) {
   const std::string what = fmt::format("{}: {}", op, name);
   expect_shape(t, like.shape(), what);
   expect_dtype(t, like.dtype(), what);
   expect_contiguous(t, what);
-  require_cpu(t, op);
+  check_device(t, stream, op, name);
 }
 
-void check_castable(const Tensor& t, const char* op, const char* name) {
+void check_castable(const Tensor& t, const Stream& stream, const char* op, const char* name) {
   expect_contiguous(t, fmt::format("{}: {}", op, name));
-  require_cpu(t, op);
+  check_device(t, stream, op, name);
   MT_CHECK(t.dtype() == DType::F64 || t.dtype() == DType::F32 || t.dtype() == DType::BF16,
            "{}: expected {} in f64, f32 or bf16 but found {}", op, name, t.describe());
 }
@@ -44,33 +64,57 @@ void check_castable(const Tensor& t, const char* op, const char* name) {
 void add_forward(Stream& stream, Tensor out, const Tensor& a, const Tensor& b) {
   constexpr const char* op = "add_forward";
   check_stream(stream, op);
-  check_float(a, op, "a");
-  check_like(b, a, op, "b");
-  check_like(out, a, op, "out");
+  check_float(a, stream, op, "a");
+  check_like(b, a, stream, op, "b");
+  check_like(out, a, stream, op, "out");
+#if MOETRAIN_HAS_CUDA
+  if (a.device().is_cuda()) {
+    cuda::add_forward(stream, out, a, b);
+    return;
+  }
+#endif
   cpu::add_forward(out, a, b);
 }
 
 void accumulate(Stream& stream, Tensor acc, const Tensor& x) {
   constexpr const char* op = "accumulate";
   check_stream(stream, op);
-  check_float(acc, op, "acc");
-  check_like(x, acc, op, "x");
+  check_float(acc, stream, op, "acc");
+  check_like(x, acc, stream, op, "x");
+#if MOETRAIN_HAS_CUDA
+  if (acc.device().is_cuda()) {
+    cuda::accumulate(stream, acc, x);
+    return;
+  }
+#endif
   cpu::accumulate(acc, x);
 }
 
 void scale_inplace(Stream& stream, Tensor x, double factor) {
   constexpr const char* op = "scale_inplace";
   check_stream(stream, op);
-  check_float(x, op, "x");
+  check_float(x, stream, op, "x");
+#if MOETRAIN_HAS_CUDA
+  if (x.device().is_cuda()) {
+    cuda::scale_inplace(stream, x, factor);
+    return;
+  }
+#endif
   cpu::scale_inplace(x, factor);
 }
 
 void cast(Stream& stream, Tensor out, const Tensor& in) {
   constexpr const char* op = "cast";
   check_stream(stream, op);
-  check_castable(in, op, "in");
-  check_castable(out, op, "out");
+  check_castable(in, stream, op, "in");
+  check_castable(out, stream, op, "out");
   expect_shape(out, in.shape(), fmt::format("{}: out", op));
+#if MOETRAIN_HAS_CUDA
+  if (in.device().is_cuda()) {
+    cuda::cast(stream, out, in);
+    return;
+  }
+#endif
   cpu::cast(out, in);
 }
 
@@ -80,7 +124,13 @@ void round_to_bf16_inplace(Stream& stream, Tensor x) {
   const std::string what = fmt::format("{}: x", op);
   expect_dtype(x, DType::F32, what);
   expect_contiguous(x, what);
-  require_cpu(x, op);
+  check_device(x, stream, op, "x");
+#if MOETRAIN_HAS_CUDA
+  if (x.device().is_cuda()) {
+    cuda::round_to_bf16_inplace(stream, x);
+    return;
+  }
+#endif
   cpu::round_to_bf16_inplace(x);
 }
 

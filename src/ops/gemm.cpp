@@ -1,5 +1,7 @@
-// defines: the public gemm and linear ops: argument validation (2-D contiguous operands of one float dtype,
-// matching inner dimensions, an output that overlaps no operand) and dispatch to the CPU reference.
+// defines: the public gemm and linear ops: argument validation (2-D contiguous operands, matching inner dimensions,
+// an output that overlaps no operand, tensors and stream on one device) and dispatch to the backend: the CPU
+// reference (one float dtype, f32 or f64) or, for CUDA tensors, cuBLASLt (f32, or bf16 operands with a bf16 or f32
+// output).
 #include "ops/gemm.h"
 
 #include <cstdint>
@@ -7,22 +9,54 @@
 
 #include "ops/cpu/dispatch.h"
 #include "ops/cpu/gemm.h"
+#if MOETRAIN_HAS_CUDA
+#include "ops/cuda/gemm.h"
+#endif
 
 namespace moetrain::ops {
 
 namespace {
 
-void check_stream(const Stream& stream, const char* op) {
-  MT_CHECK(stream.device().is_cpu(), "{}: no kernel for a {} stream in this build", op, stream.device().str());
+bool on_cuda(const Tensor& t) { return t.device().is_cuda(); }
+
+// The tensor and the stream must be on one device; a build without CUDA has only the CPU.
+void check_device(const Stream& stream, const Tensor& t, const char* op, const char* name) {
+#if MOETRAIN_HAS_CUDA
+  if (on_cuda(t)) {
+    MT_CHECK(stream.device() == t.device(), "{}: {} is on {} but the stream runs on {}", op, name, t.device().str(),
+             stream.device().str());
+    return;
+  }
+#endif
+  require_cpu(t, op);
+  MT_CHECK(stream.device().is_cpu(), "{}: {} is on the CPU but the stream runs on {}", op, name, stream.device().str());
 }
 
-void check_matrix(const Tensor& t, const char* op, const char* name) {
+// A 2-D contiguous matrix in a dtype its backend computes with: f32 or f64 on the CPU, f32 or bf16 on CUDA.
+void check_matrix(const Stream& stream, const Tensor& t, const char* op, const char* name) {
   const std::string what = fmt::format("{}: {}", op, name);
+  expect_defined(t, what);
   expect_contiguous(t, what);
-  require_cpu(t, op);
+  check_device(stream, t, op, name);
   MT_CHECK(t.dim() == 2, "{}: expected {} to be a 2-D matrix but found {}", op, name, t.describe());
-  MT_CHECK(t.dtype() == DType::F32 || t.dtype() == DType::F64, "{}: expected {} in f32 or f64 but found {}", op, name,
-           t.describe());
+  if (on_cuda(t)) {
+    MT_CHECK(t.dtype() == DType::F32 || t.dtype() == DType::BF16, "{}: expected {} in f32 or bf16 on CUDA but found {}",
+             op, name, t.describe());
+  } else {
+    MT_CHECK(t.dtype() == DType::F32 || t.dtype() == DType::F64, "{}: expected {} in f32 or f64 but found {}", op, name,
+             t.describe());
+  }
+}
+
+// The output's dtype given the operands' (already equal) dtype: the same on the CPU; on CUDA the same, or f32 for
+// bf16 operands (f32 accumulation written out unrounded, e.g. a weight gradient).
+void check_output_dtype(const Tensor& out, DType operand, const char* op, const char* name) {
+  if (on_cuda(out) && operand == DType::BF16) {
+    MT_CHECK(out.dtype() == DType::BF16 || out.dtype() == DType::F32,
+             "{}: {}: expected dtype bf16 or f32 for bf16 operands but found {}", op, name, dtype_name(out.dtype()));
+    return;
+  }
+  expect_dtype(out, operand, fmt::format("{}: {}", op, name));
 }
 
 bool overlaps(const Tensor& a, const Tensor& b) {
@@ -38,12 +72,16 @@ const char* transpose_name(Transpose t) { return t == Transpose::No ? "" : "^T";
 void gemm(Stream& stream, Tensor out, const Tensor& a, Transpose transpose_a, const Tensor& b, Transpose transpose_b,
           double alpha, double beta) {
   constexpr const char* op = "gemm";
-  check_stream(stream, op);
-  check_matrix(out, op, "out");
-  check_matrix(a, op, "a");
-  check_matrix(b, op, "b");
-  expect_dtype(a, out.dtype(), "gemm: a");
-  expect_dtype(b, out.dtype(), "gemm: b");
+  check_matrix(stream, out, op, "out");
+  check_matrix(stream, a, op, "a");
+  check_matrix(stream, b, op, "b");
+  if (on_cuda(out)) {
+    expect_dtype(b, a.dtype(), "gemm: b");
+    check_output_dtype(out, a.dtype(), op, "out");
+  } else {
+    expect_dtype(a, out.dtype(), "gemm: a");
+    expect_dtype(b, out.dtype(), "gemm: b");
+  }
   const bool ta = transpose_a == Transpose::Yes;
   const bool tb = transpose_b == Transpose::Yes;
   const int64_t m = ta ? a.size(1) : a.size(0);
@@ -57,16 +95,22 @@ void gemm(Stream& stream, Tensor out, const Tensor& a, Transpose transpose_a, co
   expect_shape(out, {m, n}, fmt::format("gemm: out (= op(a) [{}, {}] * op(b) [{}, {}])", m, k_a, k_b, n));
   MT_CHECK(!overlaps(out, a) && !overlaps(out, b), "gemm: out {} must not share memory with a {} or b {}",
            out.describe(), a.describe(), b.describe());
+#if MOETRAIN_HAS_CUDA
+  if (on_cuda(out)) {
+    cuda::gemm(stream, out, a, transpose_a, b, transpose_b, alpha, beta);
+    return;
+  }
+#endif
   cpu::gemm(out, a, transpose_a, b, transpose_b, alpha, beta);
 }
 
 void linear_forward(Stream& stream, Tensor y, const Tensor& x, const Tensor& w) {
   constexpr const char* op = "linear_forward";
-  check_matrix(x, op, "x [M, K]");
-  check_matrix(w, op, "w [N, K]");
-  check_matrix(y, op, "y [M, N]");
+  check_matrix(stream, x, op, "x [M, K]");
+  check_matrix(stream, w, op, "w [N, K]");
+  check_matrix(stream, y, op, "y [M, N]");
   expect_dtype(w, x.dtype(), "linear_forward: w");
-  expect_dtype(y, x.dtype(), "linear_forward: y");
+  check_output_dtype(y, x.dtype(), op, "y");
   MT_CHECK(x.size(1) == w.size(1), "linear_forward: x [M, K] is {} but w [N, K] is {}: K differs", shape_str(x.shape()),
            shape_str(w.shape()));
   expect_shape(y, {x.size(0), w.size(0)}, "linear_forward: y [M, N]");
@@ -75,11 +119,11 @@ void linear_forward(Stream& stream, Tensor y, const Tensor& x, const Tensor& w) 
 
 void linear_backward_input(Stream& stream, Tensor dx, const Tensor& dy, const Tensor& w) {
   constexpr const char* op = "linear_backward_input";
-  check_matrix(dy, op, "dy [M, N]");
-  check_matrix(w, op, "w [N, K]");
-  check_matrix(dx, op, "dx [M, K]");
+  check_matrix(stream, dy, op, "dy [M, N]");
+  check_matrix(stream, w, op, "w [N, K]");
+  check_matrix(stream, dx, op, "dx [M, K]");
   expect_dtype(w, dy.dtype(), "linear_backward_input: w");
-  expect_dtype(dx, dy.dtype(), "linear_backward_input: dx");
+  check_output_dtype(dx, dy.dtype(), op, "dx");
   MT_CHECK(dy.size(1) == w.size(0), "linear_backward_input: dy [M, N] is {} but w [N, K] is {}: N differs",
            shape_str(dy.shape()), shape_str(w.shape()));
   expect_shape(dx, {dy.size(0), w.size(1)}, "linear_backward_input: dx [M, K]");
@@ -88,11 +132,11 @@ void linear_backward_input(Stream& stream, Tensor dx, const Tensor& dy, const Te
 
 void linear_backward_weight(Stream& stream, Tensor dw, const Tensor& dy, const Tensor& x) {
   constexpr const char* op = "linear_backward_weight";
-  check_matrix(dy, op, "dy [M, N]");
-  check_matrix(x, op, "x [M, K]");
-  check_matrix(dw, op, "dw [N, K]");
+  check_matrix(stream, dy, op, "dy [M, N]");
+  check_matrix(stream, x, op, "x [M, K]");
+  check_matrix(stream, dw, op, "dw [N, K]");
   expect_dtype(x, dy.dtype(), "linear_backward_weight: x");
-  expect_dtype(dw, dy.dtype(), "linear_backward_weight: dw");
+  check_output_dtype(dw, dy.dtype(), op, "dw");
   MT_CHECK(dy.size(0) == x.size(0), "linear_backward_weight: dy [M, N] is {} but x [M, K] is {}: M differs",
            shape_str(dy.shape()), shape_str(x.shape()));
   expect_shape(dw, {dy.size(1), x.size(1)}, "linear_backward_weight: dw [N, K]");

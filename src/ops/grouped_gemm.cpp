@@ -1,5 +1,6 @@
 // defines: the public grouped GEMM ops: validation of the group offsets, shapes, dtypes and devices, and dispatch
-// to the CPU reference.
+// to the backend: the CPU reference (f32 or f64) or, for CUDA tensors, the kernels of ops/cuda/grouped_gemm (f32 or
+// bf16 activations; weight gradients in f32).
 #include "ops/grouped_gemm.h"
 
 #include <cstdint>
@@ -7,25 +8,54 @@
 
 #include "ops/cpu/dispatch.h"
 #include "ops/cpu/grouped_gemm.h"
+#if MOETRAIN_HAS_CUDA
+#include "ops/cuda/grouped_gemm.h"
+#endif
 
 namespace moetrain::ops {
 
 namespace {
 
-void check_argument(const Tensor& t, const Shape& shape, DType dtype, const char* op, const char* name) {
+bool on_cuda(const Tensor& t) { return t.device().is_cuda(); }
+
+// The tensor and the stream must be on one device; a build without CUDA has only the CPU.
+void check_device(const Stream& stream, const Tensor& t, const char* op, const char* name) {
+#if MOETRAIN_HAS_CUDA
+  if (on_cuda(t)) {
+    MT_CHECK(stream.device() == t.device(), "{}: {} is on {} but the stream runs on {}", op, name, t.device().str(),
+             stream.device().str());
+    return;
+  }
+#endif
+  require_cpu(t, op);
+  MT_CHECK(stream.device().is_cpu(), "{}: {} is on the CPU but the stream runs on {}", op, name, stream.device().str());
+}
+
+void check_argument(const Stream& stream, const Tensor& t, const Shape& shape, DType dtype, const char* op,
+                    const char* name) {
   const std::string what = fmt::format("{}: {}", op, name);
   expect_shape(t, shape, what);
   expect_dtype(t, dtype, what);
   expect_contiguous(t, what);
-  require_cpu(t, op);
+  check_device(stream, t, op, name);
 }
 
-// w must be [G, N, K] in f32 or f64; the caller then reads G, N and K from it.
+// The dtypes a backend computes activations and weights in: f32 or f64 on the CPU, f32 or bf16 on CUDA.
+void check_float_dtype(const Tensor& t, const char* op, const char* name) {
+  if (on_cuda(t)) {
+    MT_CHECK(t.dtype() == DType::F32 || t.dtype() == DType::BF16, "{}: expected {} in f32 or bf16 on CUDA but found {}",
+             op, name, t.describe());
+  } else {
+    MT_CHECK(t.dtype() == DType::F32 || t.dtype() == DType::F64, "{}: expected {} in f32 or f64 but found {}", op, name,
+             t.describe());
+  }
+}
+
+// w must be [G, N, K] in a float dtype of its backend; the caller then reads G, N and K from it.
 void check_weight_rank(const Tensor& w, const char* op, const char* name) {
   expect_defined(w, fmt::format("{}: {}", op, name));
   MT_CHECK(w.dim() == 3, "{}: expected {} [G, N, K] but found {}", op, name, w.describe());
-  MT_CHECK(w.dtype() == DType::F32 || w.dtype() == DType::F64, "{}: expected {} in f32 or f64 but found {}", op, name,
-           w.describe());
+  check_float_dtype(w, op, name);
 }
 
 void check_matrix_rank(const Tensor& t, const char* op, const char* name, const char* dims) {
@@ -33,9 +63,13 @@ void check_matrix_rank(const Tensor& t, const char* op, const char* name, const 
   MT_CHECK(t.dim() == 2, "{}: expected {} {} but found {}", op, name, dims, t.describe());
 }
 
-// offsets: i32 [G + 1] on the CPU, 0 at the start, non-decreasing, R at the end.
-void check_offsets(const Tensor& offsets, int64_t groups, int64_t rows, const char* op) {
-  check_argument(offsets, {groups + 1}, DType::I32, op, "offsets");
+// offsets: i32 [G + 1], 0 at the start, non-decreasing, R at the end. The values can only be checked for CPU
+// offsets: reading device memory here would need a copy and a synchronisation, so for CUDA offsets only shape, dtype
+// and device are checked (the kernels clamp the values into [0, R], so bad ones give wrong results, never
+// out-of-bounds accesses).
+void check_offsets(const Stream& stream, const Tensor& offsets, int64_t groups, int64_t rows, const char* op) {
+  check_argument(stream, offsets, {groups + 1}, DType::I32, op, "offsets");
+  if (on_cuda(offsets)) return;
   const int32_t* off = offsets.data<int32_t>();
   MT_CHECK(off[0] == 0, "{}: offsets[0] must be 0 but found {}", op, off[0]);
   for (int64_t g = 1; g <= groups; ++g) {
@@ -49,46 +83,64 @@ void check_offsets(const Tensor& offsets, int64_t groups, int64_t rows, const ch
 }  // namespace
 
 void grouped_linear_forward(Stream& stream, Tensor y, const Tensor& x, const Tensor& w, const Tensor& offsets) {
-  (void)stream;
   constexpr const char* op = "grouped_linear_forward";
   check_weight_rank(w, op, "w");
   check_matrix_rank(x, op, "x", "[R, K]");
   const int64_t groups = w.size(0), n_out = w.size(1), n_in = w.size(2), rows = x.size(0);
   const DType dtype = w.dtype();
-  check_argument(w, {groups, n_out, n_in}, dtype, op, "w");
-  check_argument(x, {rows, n_in}, dtype, op, "x");
-  check_argument(y, {rows, n_out}, dtype, op, "y");
-  check_offsets(offsets, groups, rows, op);
+  check_argument(stream, w, {groups, n_out, n_in}, dtype, op, "w");
+  check_argument(stream, x, {rows, n_in}, dtype, op, "x");
+  check_argument(stream, y, {rows, n_out}, dtype, op, "y");
+  check_offsets(stream, offsets, groups, rows, op);
+#if MOETRAIN_HAS_CUDA
+  if (on_cuda(y)) {
+    cuda::grouped_linear_forward(stream, y, x, w, offsets);
+    return;
+  }
+#endif
   cpu::grouped_linear_forward(y, x, w, offsets);
 }
 
 void grouped_linear_backward_input(Stream& stream, Tensor dx, const Tensor& dy, const Tensor& w,
                                    const Tensor& offsets) {
-  (void)stream;
   constexpr const char* op = "grouped_linear_backward_input";
   check_weight_rank(w, op, "w");
   check_matrix_rank(dy, op, "dy", "[R, N]");
   const int64_t groups = w.size(0), n_out = w.size(1), n_in = w.size(2), rows = dy.size(0);
   const DType dtype = w.dtype();
-  check_argument(w, {groups, n_out, n_in}, dtype, op, "w");
-  check_argument(dy, {rows, n_out}, dtype, op, "dy");
-  check_argument(dx, {rows, n_in}, dtype, op, "dx");
-  check_offsets(offsets, groups, rows, op);
+  check_argument(stream, w, {groups, n_out, n_in}, dtype, op, "w");
+  check_argument(stream, dy, {rows, n_out}, dtype, op, "dy");
+  check_argument(stream, dx, {rows, n_in}, dtype, op, "dx");
+  check_offsets(stream, offsets, groups, rows, op);
+#if MOETRAIN_HAS_CUDA
+  if (on_cuda(dx)) {
+    cuda::grouped_linear_backward_input(stream, dx, dy, w, offsets);
+    return;
+  }
+#endif
   cpu::grouped_linear_backward_input(dx, dy, w, offsets);
 }
 
 void grouped_linear_backward_weight(Stream& stream, Tensor dw, const Tensor& dy, const Tensor& x,
                                     const Tensor& offsets) {
-  (void)stream;
   constexpr const char* op = "grouped_linear_backward_weight";
   check_weight_rank(dw, op, "dw");
   check_matrix_rank(x, op, "x", "[R, K]");
   const int64_t groups = dw.size(0), n_out = dw.size(1), n_in = dw.size(2), rows = x.size(0);
-  const DType dtype = dw.dtype();
-  check_argument(dw, {groups, n_out, n_in}, dtype, op, "dw");
-  check_argument(dy, {rows, n_out}, dtype, op, "dy");
-  check_argument(x, {rows, n_in}, dtype, op, "x");
-  check_offsets(offsets, groups, rows, op);
+  // The CPU computes in one dtype; on CUDA dy and x share an activation dtype (f32 or bf16) and the weight gradient
+  // is f32.
+  const DType dtype = on_cuda(dw) ? x.dtype() : dw.dtype();
+  if (on_cuda(dw)) check_float_dtype(x, op, "x");
+  check_argument(stream, dw, {groups, n_out, n_in}, on_cuda(dw) ? DType::F32 : dtype, op, "dw");
+  check_argument(stream, dy, {rows, n_out}, dtype, op, "dy");
+  check_argument(stream, x, {rows, n_in}, dtype, op, "x");
+  check_offsets(stream, offsets, groups, rows, op);
+#if MOETRAIN_HAS_CUDA
+  if (on_cuda(dw)) {
+    cuda::grouped_linear_backward_weight(stream, dw, dy, x, offsets);
+    return;
+  }
+#endif
   cpu::grouped_linear_backward_weight(dw, dy, x, offsets);
 }
 

@@ -1,43 +1,72 @@
-// defines: the public cross-entropy ops: argument validation (shapes, dtypes, contiguity, devices, every target
-// inside [0, V) or equal to the ignore index) and dispatch to the CPU reference.
+// defines: the public cross-entropy ops: argument validation (shapes, dtypes, contiguity, devices, every CPU target
+// inside [0, V) or equal to the ignore index) and dispatch to the backend of the stream's device: the CPU
+// reference, or the CUDA kernels.
 #include "ops/loss.h"
 
 #include <cmath>
 #include <cstdint>
 #include <string>
 
-#include "ops/cpu/dispatch.h"
 #include "ops/cpu/loss.h"
+#if MOETRAIN_HAS_CUDA
+#include "ops/cuda/loss.h"
+#endif
 
 namespace moetrain::ops {
 
 namespace {
 
+#if MOETRAIN_HAS_CUDA
+constexpr bool kHasCuda = true;
+#else
+constexpr bool kHasCuda = false;
+#endif
+
 void check_stream(const Stream& stream, const char* op) {
-  MT_CHECK(stream.device().is_cpu(), "{}: no kernel for a {} stream in this build", op, stream.device().str());
+  MT_CHECK(stream.device().is_cpu() || (kHasCuda && stream.device().is_cuda()),
+           "{}: no kernel for a {} stream in this build", op, stream.device().str());
 }
 
-void check_argument(const Tensor& t, const Shape& shape, DType dtype, const char* op, const char* name) {
+// Every tensor lives on the stream's device: CPU tensors on the CPU stream, CUDA tensors on their device's stream.
+void check_device(const Tensor& t, const Stream& stream, const char* op, const char* name) {
+  MT_CHECK(t.device() == stream.device(), "{}: expected {} on the stream's device {} but found {}", op, name,
+           stream.device().str(), t.describe());
+}
+
+void check_argument(const Tensor& t, const Shape& shape, DType dtype, const Stream& stream, const char* op,
+                    const char* name) {
   const std::string what = fmt::format("{}: {}", op, name);
   expect_shape(t, shape, what);
   expect_dtype(t, dtype, what);
   expect_contiguous(t, what);
-  require_cpu(t, op);
+  check_device(t, stream, op, name);
 }
 
-// logits [T, V] in f32 or f64 with V > 0; fixes T, V and the dtype.
-void check_logits(const Tensor& logits, const char* op) {
+// The dtype of the per-token losses and lse: the logits' on the CPU, f32 on CUDA.
+DType row_dtype(const Tensor& logits) { return logits.device().is_cuda() ? DType::F32 : logits.dtype(); }
+
+// logits [T, V] with V > 0, in f32 or f64 on the CPU, f32 or bf16 on CUDA; fixes T, V and the dtype.
+void check_logits(const Tensor& logits, const Stream& stream, const char* op) {
   expect_contiguous(logits, fmt::format("{}: logits", op));
-  require_cpu(logits, op);
+  check_device(logits, stream, op, "logits");
   MT_CHECK(logits.dim() == 2 && logits.size(1) > 0, "{}: expected logits [T, V] with V > 0 but found {}", op,
            logits.describe());
+  if (stream.device().is_cuda()) {
+    MT_CHECK(logits.dtype() == DType::F32 || logits.dtype() == DType::BF16,
+             "{}: expected logits in f32 or bf16 (CUDA) but found {}", op, logits.describe());
+    return;
+  }
   MT_CHECK(logits.dtype() == DType::F32 || logits.dtype() == DType::F64,
            "{}: expected logits in f32 or f64 but found {}", op, logits.describe());
 }
 
-// targets i32 [T]; with vocab > 0 every entry must be in [0, vocab) or equal to ignore_index.
-void check_targets(const Tensor& targets, int64_t tokens, int64_t vocab, int ignore_index, const char* op) {
-  check_argument(targets, {tokens}, DType::I32, op, "targets");
+// targets i32 [T]; on the CPU every entry must be in [0, vocab) or equal to ignore_index. CUDA targets are not read
+// here (that would copy device memory to the host inside an op): the trainer validates each batch on the host, and
+// the CUDA kernels turn an out-of-range target into a NaN loss instead of reading outside the row.
+void check_targets(const Tensor& targets, int64_t tokens, int64_t vocab, int ignore_index, const Stream& stream,
+                   const char* op) {
+  check_argument(targets, {tokens}, DType::I32, stream, op, "targets");
+  if (targets.device().is_cuda()) return;
   const int32_t* target = targets.data<int32_t>();
   for (int64_t t = 0; t < tokens; ++t) {
     MT_CHECK(target[t] == ignore_index || (target[t] >= 0 && target[t] < vocab),
@@ -52,12 +81,18 @@ void cross_entropy_forward(Stream& stream, Tensor losses, Tensor lse, const Tens
                            int ignore_index) {
   constexpr const char* op = "cross_entropy_forward";
   check_stream(stream, op);
-  check_logits(logits, op);
+  check_logits(logits, stream, op);
   const int64_t tokens = logits.size(0);
   const int64_t vocab = logits.size(1);
-  check_argument(losses, {tokens}, logits.dtype(), op, "losses");
-  check_argument(lse, {tokens}, logits.dtype(), op, "lse");
-  check_targets(targets, tokens, vocab, ignore_index, op);
+  check_argument(losses, {tokens}, row_dtype(logits), stream, op, "losses");
+  check_argument(lse, {tokens}, row_dtype(logits), stream, op, "lse");
+  check_targets(targets, tokens, vocab, ignore_index, stream, op);
+#if MOETRAIN_HAS_CUDA
+  if (logits.device().is_cuda()) {
+    cuda::cross_entropy_forward(stream, losses, lse, logits, targets, ignore_index);
+    return;
+  }
+#endif
   cpu::cross_entropy_forward(losses, lse, logits, targets, ignore_index);
 }
 
@@ -65,13 +100,19 @@ void cross_entropy_backward(Stream& stream, Tensor dlogits, const Tensor& logits
                             const Tensor& targets, double scale, int ignore_index) {
   constexpr const char* op = "cross_entropy_backward";
   check_stream(stream, op);
-  check_logits(logits, op);
+  check_logits(logits, stream, op);
   const int64_t tokens = logits.size(0);
   const int64_t vocab = logits.size(1);
-  check_argument(dlogits, {tokens, vocab}, logits.dtype(), op, "dlogits");
-  check_argument(lse, {tokens}, logits.dtype(), op, "lse");
-  check_targets(targets, tokens, vocab, ignore_index, op);
+  check_argument(dlogits, {tokens, vocab}, logits.dtype(), stream, op, "dlogits");
+  check_argument(lse, {tokens}, row_dtype(logits), stream, op, "lse");
+  check_targets(targets, tokens, vocab, ignore_index, stream, op);
   MT_CHECK(std::isfinite(scale), "{}: expected a finite scale but found {}", op, scale);
+#if MOETRAIN_HAS_CUDA
+  if (logits.device().is_cuda()) {
+    cuda::cross_entropy_backward(stream, dlogits, logits, lse, targets, scale, ignore_index);
+    return;
+  }
+#endif
   cpu::cross_entropy_backward(dlogits, logits, lse, targets, scale, ignore_index);
 }
 
@@ -79,11 +120,18 @@ LossTotals cross_entropy_totals(Stream& stream, const Tensor& losses, const Tens
   constexpr const char* op = "cross_entropy_totals";
   check_stream(stream, op);
   expect_contiguous(losses, fmt::format("{}: losses", op));
-  require_cpu(losses, op);
+  check_device(losses, stream, op, "losses");
   MT_CHECK(losses.dim() == 1, "{}: expected losses [T] but found {}", op, losses.describe());
-  MT_CHECK(losses.dtype() == DType::F32 || losses.dtype() == DType::F64,
-           "{}: expected losses in f32 or f64 but found {}", op, losses.describe());
-  check_argument(targets, {losses.size(0)}, DType::I32, op, "targets");
+  if (stream.device().is_cuda()) {
+    MT_CHECK(losses.dtype() == DType::F32, "{}: expected losses in f32 (CUDA) but found {}", op, losses.describe());
+  } else {
+    MT_CHECK(losses.dtype() == DType::F32 || losses.dtype() == DType::F64,
+             "{}: expected losses in f32 or f64 but found {}", op, losses.describe());
+  }
+  check_argument(targets, {losses.size(0)}, DType::I32, stream, op, "targets");
+#if MOETRAIN_HAS_CUDA
+  if (losses.device().is_cuda()) return cuda::cross_entropy_totals(stream, losses, targets, ignore_index);
+#endif
   return cpu::cross_entropy_totals(losses, targets, ignore_index);
 }
 

@@ -1,53 +1,84 @@
 // defines: the public RMSNorm ops: argument validation (float dtypes, shapes of x viewed as [N, D], contiguity,
-// devices) and dispatch to the CPU reference.
+// devices) and dispatch to the backend of the stream's device: the CPU reference, or the CUDA kernels.
 #include "ops/norm.h"
 
 #include <cmath>
 #include <cstdint>
 #include <string>
 
-#include "ops/cpu/dispatch.h"
 #include "ops/cpu/norm.h"
+#if MOETRAIN_HAS_CUDA
+#include "ops/cuda/norm.h"
+#endif
 
 namespace moetrain::ops {
 
 namespace {
+
+#if MOETRAIN_HAS_CUDA
+constexpr bool kHasCuda = true;
+#else
+constexpr bool kHasCuda = false;
+#endif
 
 struct RowsView {
   int64_t rows = 0;
   int64_t dim = 0;
 };
 
+// The dtypes of each backend. CPU: one float dtype (f32 or f64, x's) for everything. CUDA: x, y, dy, dx in f32 or
+// bf16 (x's); w, dw and rstd in f32.
+struct NormDTypes {
+  DType activation;
+  DType weight;
+  DType rstd;
+};
+
 void check_stream(const Stream& stream, const char* op) {
-  MT_CHECK(stream.device().is_cpu(), "{}: no kernel for a {} stream in this build", op, stream.device().str());
+  MT_CHECK(stream.device().is_cpu() || (kHasCuda && stream.device().is_cuda()),
+           "{}: no kernel for a {} stream in this build", op, stream.device().str());
 }
 
-// x fixes the dtype and the [N, D] view: N = numel / D, D = x.size(-1) > 0.
-RowsView check_x(const Tensor& x, const char* op, const char* name) {
+// Every tensor lives on the stream's device: CPU tensors on the CPU stream, CUDA tensors on their device's stream.
+void check_device(const Tensor& t, const Stream& stream, const char* op, const char* name) {
+  MT_CHECK(t.device() == stream.device(), "{}: expected {} on the stream's device {} but found {}", op, name,
+           stream.device().str(), t.describe());
+}
+
+// x fixes the dtypes and the [N, D] view: N = numel / D, D = x.size(-1) > 0.
+RowsView check_x(const Tensor& x, const Stream& stream, NormDTypes* dtypes, const char* op, const char* name) {
   const std::string what = fmt::format("{}: {}", op, name);
   expect_contiguous(x, what);
-  require_cpu(x, op);
-  MT_CHECK(x.dtype() == DType::F32 || x.dtype() == DType::F64, "{}: expected {} in f32 or f64 but found {}", op, name,
-           x.describe());
+  check_device(x, stream, op, name);
+  if (stream.device().is_cuda()) {
+    MT_CHECK(x.dtype() == DType::F32 || x.dtype() == DType::BF16, "{}: expected {} in f32 or bf16 (CUDA) but found {}",
+             op, name, x.describe());
+    *dtypes = {x.dtype(), DType::F32, DType::F32};
+  } else {
+    MT_CHECK(x.dtype() == DType::F32 || x.dtype() == DType::F64, "{}: expected {} in f32 or f64 but found {}", op, name,
+             x.describe());
+    *dtypes = {x.dtype(), x.dtype(), x.dtype()};
+  }
   MT_CHECK(x.dim() >= 1 && x.size(-1) > 0, "{}: expected {} with a non-empty last dimension D but found {}", op, name,
            x.describe());
   return {x.numel() / x.size(-1), x.size(-1)};
 }
 
-void check_argument(const Tensor& t, const Shape& shape, DType dtype, const char* op, const char* name) {
+void check_argument(const Tensor& t, const Shape& shape, DType dtype, const Stream& stream, const char* op,
+                    const char* name) {
   const std::string what = fmt::format("{}: {}", op, name);
   expect_shape(t, shape, what);
   expect_dtype(t, dtype, what);
   expect_contiguous(t, what);
-  require_cpu(t, op);
+  check_device(t, stream, op, name);
 }
 
 // rstd holds one value per row; any shape with N elements (e.g. [N] or x's leading dimensions) is accepted.
-void check_rstd(const Tensor& rstd, const RowsView& view, DType dtype, const char* op) {
+void check_rstd(const Tensor& rstd, const RowsView& view, DType dtype, const Stream& stream, const char* op) {
   const std::string what = fmt::format("{}: rstd", op);
   expect_dtype(rstd, dtype, what);
   expect_contiguous(rstd, what);
-  require_cpu(rstd, op);
+  check_device(rstd, stream, op, "rstd");
   MT_CHECK(rstd.numel() == view.rows,
            "{}: expected rstd with N = {} elements (one per row of x viewed as [{}, {}]) "
            "but found {}",
@@ -64,11 +95,18 @@ void rmsnorm_forward(Stream& stream, Tensor y, Tensor rstd, const Tensor& x, con
                      const RmsNormParams& params) {
   constexpr const char* op = "rmsnorm_forward";
   check_stream(stream, op);
-  const RowsView view = check_x(x, op, "x");
-  check_argument(w, {view.dim}, x.dtype(), op, "w");
-  check_argument(y, x.shape(), x.dtype(), op, "y");
-  check_rstd(rstd, view, x.dtype(), op);
+  NormDTypes dtypes{};
+  const RowsView view = check_x(x, stream, &dtypes, op, "x");
+  check_argument(w, {view.dim}, dtypes.weight, stream, op, "w");
+  check_argument(y, x.shape(), dtypes.activation, stream, op, "y");
+  check_rstd(rstd, view, dtypes.rstd, stream, op);
   check_params(params, op);
+#if MOETRAIN_HAS_CUDA
+  if (x.device().is_cuda()) {
+    cuda::rmsnorm_forward(stream, y, rstd, x, w, params);
+    return;
+  }
+#endif
   cpu::rmsnorm_forward(y, rstd, x, w, params);
 }
 
@@ -76,22 +114,36 @@ void rmsnorm_backward_input(Stream& stream, Tensor dx, const Tensor& dy, const T
                             const Tensor& rstd, const RmsNormParams& params) {
   constexpr const char* op = "rmsnorm_backward_input";
   check_stream(stream, op);
-  const RowsView view = check_x(x, op, "x");
-  check_argument(w, {view.dim}, x.dtype(), op, "w");
-  check_argument(dy, x.shape(), x.dtype(), op, "dy");
-  check_argument(dx, x.shape(), x.dtype(), op, "dx");
-  check_rstd(rstd, view, x.dtype(), op);
+  NormDTypes dtypes{};
+  const RowsView view = check_x(x, stream, &dtypes, op, "x");
+  check_argument(w, {view.dim}, dtypes.weight, stream, op, "w");
+  check_argument(dy, x.shape(), dtypes.activation, stream, op, "dy");
+  check_argument(dx, x.shape(), dtypes.activation, stream, op, "dx");
+  check_rstd(rstd, view, dtypes.rstd, stream, op);
   check_params(params, op);
+#if MOETRAIN_HAS_CUDA
+  if (x.device().is_cuda()) {
+    cuda::rmsnorm_backward_input(stream, dx, dy, x, w, rstd, params);
+    return;
+  }
+#endif
   cpu::rmsnorm_backward_input(dx, dy, x, w, rstd, params);
 }
 
 void rmsnorm_backward_weight(Stream& stream, Tensor dw, const Tensor& dy, const Tensor& x, const Tensor& rstd) {
   constexpr const char* op = "rmsnorm_backward_weight";
   check_stream(stream, op);
-  const RowsView view = check_x(x, op, "x");
-  check_argument(dw, {view.dim}, x.dtype(), op, "dw");
-  check_argument(dy, x.shape(), x.dtype(), op, "dy");
-  check_rstd(rstd, view, x.dtype(), op);
+  NormDTypes dtypes{};
+  const RowsView view = check_x(x, stream, &dtypes, op, "x");
+  check_argument(dw, {view.dim}, dtypes.weight, stream, op, "dw");
+  check_argument(dy, x.shape(), dtypes.activation, stream, op, "dy");
+  check_rstd(rstd, view, dtypes.rstd, stream, op);
+#if MOETRAIN_HAS_CUDA
+  if (x.device().is_cuda()) {
+    cuda::rmsnorm_backward_weight(stream, dw, dy, x, rstd);
+    return;
+  }
+#endif
   cpu::rmsnorm_backward_weight(dw, dy, x, rstd);
 }
 

@@ -1,38 +1,60 @@
 // defines: the public optimizer ops: argument validation (shapes, dtypes, contiguity, devices, hyper-parameter
-// ranges) and dispatch to the CPU reference; the global norm and clipping are composed here from it.
+// ranges) and dispatch to the backend of the stream's device (the CPU reference, or the CUDA kernels); the global
+// norm and clipping are composed here from it.
 #include "ops/optim.h"
 
 #include <cmath>
 #include <cstdint>
 #include <string>
 
-#include "ops/cpu/dispatch.h"
 #include "ops/cpu/elementwise.h"
 #include "ops/cpu/optim.h"
+#if MOETRAIN_HAS_CUDA
+#include "ops/cuda/elementwise.h"
+#include "ops/cuda/optim.h"
+#endif
 
 namespace moetrain::ops {
 
 namespace {
 
+#if MOETRAIN_HAS_CUDA
+constexpr bool kHasCuda = true;
+#else
+constexpr bool kHasCuda = false;
+#endif
+
 void check_stream(const Stream& stream, const char* op) {
-  MT_CHECK(stream.device().is_cpu(), "{}: no kernel for a {} stream in this build", op, stream.device().str());
+  MT_CHECK(stream.device().is_cpu() || (kHasCuda && stream.device().is_cuda()),
+           "{}: no kernel for a {} stream in this build", op, stream.device().str());
 }
 
-// A contiguous CPU tensor of f32 or f64; `name` may carry an index ("grads[3]").
-void check_float(const Tensor& t, const char* op, const std::string& name) {
+// Every tensor lives on the stream's device: CPU tensors on the CPU stream, CUDA tensors on their device's stream.
+void check_device(const Tensor& t, const Stream& stream, const char* op, const std::string& name) {
+  MT_CHECK(t.device() == stream.device(), "{}: expected {} on the stream's device {} but found {}", op, name,
+           stream.device().str(), t.describe());
+}
+
+// A contiguous tensor on the stream's device, f32 or f64 on the CPU, f32 on CUDA (optimizer state and gradients are
+// f32 there); `name` may carry an index ("grads[3]").
+void check_float(const Tensor& t, const Stream& stream, const char* op, const std::string& name) {
   const std::string what = fmt::format("{}: {}", op, name);
   expect_contiguous(t, what);
-  require_cpu(t, op);
+  check_device(t, stream, op, name);
+  if (stream.device().is_cuda()) {
+    MT_CHECK(t.dtype() == DType::F32, "{}: expected {} in f32 (CUDA) but found {}", op, name, t.describe());
+    return;
+  }
   MT_CHECK(t.dtype() == DType::F32 || t.dtype() == DType::F64, "{}: expected {} in f32 or f64 but found {}", op, name,
            t.describe());
 }
 
-void check_like(const Tensor& t, const Tensor& like, const char* op, const char* name) {
+void check_like(const Tensor& t, const Tensor& like, const Stream& stream, const char* op, const char* name) {
   const std::string what = fmt::format("{}: {}", op, name);
   expect_shape(t, like.shape(), what);
   expect_dtype(t, like.dtype(), what);
   expect_contiguous(t, what);
-  require_cpu(t, op);
+  check_device(t, stream, op, name);
 }
 
 void check_adamw_params(const AdamWParams& p, const char* op) {
@@ -45,51 +67,79 @@ void check_adamw_params(const AdamWParams& p, const char* op) {
   MT_CHECK(p.step >= 1, "{}: expected step >= 1 (1 on the first update) but found {}", op, p.step);
 }
 
+// The sum over the tensors, in list order, of their sums of squares (validated by the caller). On CUDA the
+// per-tensor sums come back in one copy.
+double total_sum_of_squares(const Stream& stream, const std::vector<Tensor>& tensors) {
+  double total = 0.0;
+#if MOETRAIN_HAS_CUDA
+  if (stream.device().is_cuda()) {
+    for (double sum : cuda::sums_of_squares(stream, tensors)) total += sum;
+    return total;
+  }
+#endif
+  (void)stream;
+  for (const Tensor& t : tensors) total += cpu::sum_of_squares(t);
+  return total;
+}
+
 }  // namespace
 
 void adamw_step(Stream& stream, Tensor param, Tensor exp_avg, Tensor exp_avg_sq, const Tensor& grad,
                 const AdamWParams& params) {
   constexpr const char* op = "adamw_step";
   check_stream(stream, op);
-  check_float(param, op, "param");
-  check_like(exp_avg, param, op, "exp_avg");
-  check_like(exp_avg_sq, param, op, "exp_avg_sq");
-  check_like(grad, param, op, "grad");
+  check_float(param, stream, op, "param");
+  check_like(exp_avg, param, stream, op, "exp_avg");
+  check_like(exp_avg_sq, param, stream, op, "exp_avg_sq");
+  check_like(grad, param, stream, op, "grad");
   check_adamw_params(params, op);
+#if MOETRAIN_HAS_CUDA
+  if (param.device().is_cuda()) {
+    cuda::adamw_step(stream, param, exp_avg, exp_avg_sq, grad, params);
+    return;
+  }
+#endif
   cpu::adamw_step(param, exp_avg, exp_avg_sq, grad, params);
 }
 
 double sum_of_squares(Stream& stream, const Tensor& x) {
   constexpr const char* op = "sum_of_squares";
   check_stream(stream, op);
-  check_float(x, op, "x");
+  check_float(x, stream, op, "x");
+#if MOETRAIN_HAS_CUDA
+  if (x.device().is_cuda()) return cuda::sum_of_squares(stream, x);
+#endif
   return cpu::sum_of_squares(x);
 }
 
 double global_norm(Stream& stream, const std::vector<Tensor>& tensors) {
   constexpr const char* op = "global_norm";
   check_stream(stream, op);
-  for (size_t i = 0; i < tensors.size(); ++i) check_float(tensors[i], op, fmt::format("tensors[{}]", i));
-  double total = 0.0;
-  for (const Tensor& t : tensors) total += cpu::sum_of_squares(t);
-  return std::sqrt(total);
+  for (size_t i = 0; i < tensors.size(); ++i) check_float(tensors[i], stream, op, fmt::format("tensors[{}]", i));
+  return std::sqrt(total_sum_of_squares(stream, tensors));
 }
 
 double clip_by_global_norm(Stream& stream, const std::vector<Tensor>& grads, double max_norm) {
   constexpr const char* op = "clip_by_global_norm";
   check_stream(stream, op);
   MT_CHECK(!std::isnan(max_norm), "{}: expected a max_norm (<= 0 disables clipping) but found NaN", op);
-  for (size_t i = 0; i < grads.size(); ++i) check_float(grads[i], op, fmt::format("grads[{}]", i));
-  double total = 0.0;
-  for (const Tensor& g : grads) total += cpu::sum_of_squares(g);
-  const double norm = std::sqrt(total);
+  for (size_t i = 0; i < grads.size(); ++i) check_float(grads[i], stream, op, fmt::format("grads[{}]", i));
+  const double norm = std::sqrt(total_sum_of_squares(stream, grads));
   if (max_norm <= 0.0) return norm;
   // torch.nn.utils.clip_grad_norm_: clip_coef = max_norm / (norm + 1e-6), clamped to at most 1. A coefficient of 1
   // leaves the values as they are, so only a real clip touches them. A non-finite norm is returned for the caller
   // to act on (skip the step) and the gradients are left unchanged.
   const double coefficient = max_norm / (norm + 1e-6);
   if (!std::isfinite(norm) || !(coefficient < 1.0)) return norm;
-  for (const Tensor& g : grads) cpu::scale_inplace(g, coefficient);
+  for (const Tensor& g : grads) {
+#if MOETRAIN_HAS_CUDA
+    if (g.device().is_cuda()) {
+      cuda::scale_inplace(stream, g, coefficient);
+      continue;
+    }
+#endif
+    cpu::scale_inplace(g, coefficient);
+  }
   return norm;
 }
 

@@ -1,5 +1,8 @@
 // defines: the public permutation ops: validation of the routing choices, the plan and the tensors, and dispatch
-// to the CPU reference.
+// to the backend: the CPU reference (f32 or f64) or, for CUDA tensors, the CUDA kernels (f32 or bf16). On CUDA the
+// values of topk_index and of the plan live on the device, where the host cannot read them: their ranges are the
+// caller's contract there (a plan from make_routing_plan always satisfies it), and only shapes, dtypes and devices
+// are checked.
 #include "ops/permute.h"
 
 #include <cstdint>
@@ -8,29 +11,61 @@
 
 #include "ops/cpu/dispatch.h"
 #include "ops/cpu/permute.h"
+#if MOETRAIN_HAS_CUDA
+#include "ops/cuda/permute.h"
+#endif
 
 namespace moetrain::ops {
 
 namespace {
 
-void check_argument(const Tensor& t, const Shape& shape, DType dtype, const char* op, const char* name) {
+// The device every argument must be on (that of `t`) and the stream for it: the CPU, or a CUDA device in a build
+// with CUDA whose stream runs on it.
+Device check_backend(const Stream& stream, const Tensor& t, const char* op, const char* name) {
+  expect_defined(t, fmt::format("{}: {}", op, name));
+#if MOETRAIN_HAS_CUDA
+  if (t.device().is_cuda()) {
+    MT_CHECK(stream.device() == t.device(), "{}: {} is on {} but the stream runs on {}", op, name, t.device().str(),
+             stream.device().str());
+    return t.device();
+  }
+#endif
+  require_cpu(t, op);
+  MT_CHECK(stream.device().is_cpu(), "{}: {} is on the CPU but the stream runs on {}", op, name, stream.device().str());
+  return Device::cpu();
+}
+
+void check_argument(const Tensor& t, const Shape& shape, DType dtype, Device device, const char* op, const char* name) {
   const std::string what = fmt::format("{}: {}", op, name);
   expect_shape(t, shape, what);
   expect_dtype(t, dtype, what);
   expect_contiguous(t, what);
-  require_cpu(t, op);
+  if (device.is_cpu()) {
+    require_cpu(t, op);
+  } else {
+    MT_CHECK(t.device() == device, "{}: expected {} on {} but found {}", op, name, device.str(), t.describe());
+  }
+}
+
+// The float dtypes of the backend: f32 or f64 on the CPU (checked by the reference's dispatch), f32 or bf16 on CUDA.
+void check_float_dtype(const Tensor& t, Device device, const char* op, const char* name) {
+  if (device.is_cuda()) {
+    MT_CHECK(t.dtype() == DType::F32 || t.dtype() == DType::BF16, "{}: expected {} in f32 or bf16 on CUDA but found {}",
+             op, name, t.describe());
+  }
 }
 
 // The plan's tensors have the right shapes, and choice_row / row_choice are inverse permutations of the T*K
-// choices (so every permuted row is written exactly once).
-void check_plan(const RoutingPlan& plan, const char* op) {
+// choices (so every permuted row is written exactly once). The values are checked on the CPU only.
+void check_plan(const RoutingPlan& plan, Device device, const char* op) {
   MT_CHECK(plan.num_tokens >= 0 && plan.top_k >= 1 && plan.num_experts >= 1,
            "{}: expected a routing plan with T >= 0, K >= 1, E >= 1 but found T = {}, K = {}, E = {}", op,
            plan.num_tokens, plan.top_k, plan.num_experts);
   const int64_t choices = plan.num_tokens * plan.top_k;
-  check_argument(plan.expert_offsets, {plan.num_experts + 1}, DType::I32, op, "plan.expert_offsets");
-  check_argument(plan.row_choice, {choices}, DType::I32, op, "plan.row_choice");
-  check_argument(plan.choice_row, {choices}, DType::I32, op, "plan.choice_row");
+  check_argument(plan.expert_offsets, {plan.num_experts + 1}, DType::I32, device, op, "plan.expert_offsets");
+  check_argument(plan.row_choice, {choices}, DType::I32, device, op, "plan.row_choice");
+  check_argument(plan.choice_row, {choices}, DType::I32, device, op, "plan.choice_row");
+  if (device.is_cuda()) return;
   const int32_t* offsets = plan.expert_offsets.data<int32_t>();
   MT_CHECK(offsets[0] == 0 && offsets[plan.num_experts] == choices,
            "{}: plan.expert_offsets must run from 0 to T*K = {} but runs from {} to {}", op, choices, offsets[0],
@@ -49,17 +84,20 @@ void check_plan(const RoutingPlan& plan, const char* op) {
 }  // namespace
 
 RoutingPlan make_routing_plan(Stream& stream, const Tensor& topk_index, int64_t num_experts) {
-  (void)stream;
   constexpr const char* op = "make_routing_plan";
   expect_defined(topk_index, "make_routing_plan: topk_index");
   MT_CHECK(topk_index.dim() == 2, "{}: expected topk_index [T, K] but found {}", op, topk_index.describe());
-  check_argument(topk_index, topk_index.shape(), DType::I32, op, "topk_index");
+  const Device device = check_backend(stream, topk_index, op, "topk_index");
+  check_argument(topk_index, topk_index.shape(), DType::I32, device, op, "topk_index");
   const int64_t tokens = topk_index.size(0), top_k = topk_index.size(1);
   MT_CHECK(top_k >= 1, "{}: expected topk_index [T, K] with K >= 1 but found {}", op, topk_index.describe());
   MT_CHECK(num_experts >= 1 && num_experts < std::numeric_limits<int32_t>::max(),
            "{}: num_experts must be in [1, 2^31 - 1) but found {}", op, num_experts);
   MT_CHECK(tokens * top_k <= std::numeric_limits<int32_t>::max(),
            "{}: T*K = {} choices do not fit the i32 plan (at most 2^31 - 1)", op, tokens * top_k);
+#if MOETRAIN_HAS_CUDA
+  if (device.is_cuda()) return cuda::make_routing_plan(stream, topk_index, num_experts);
+#endif
   const int32_t* index = topk_index.data<int32_t>();
   for (int64_t t = 0; t < tokens; ++t) {
     for (int64_t k = 0; k < top_k; ++k) {
@@ -72,58 +110,82 @@ RoutingPlan make_routing_plan(Stream& stream, const Tensor& topk_index, int64_t 
 }
 
 void permute_forward(Stream& stream, Tensor permuted, const Tensor& x, const RoutingPlan& plan) {
-  (void)stream;
   constexpr const char* op = "permute_forward";
-  check_plan(plan, op);
-  expect_defined(x, "permute_forward: x");
+  const Device device = check_backend(stream, x, op, "x");
+  check_plan(plan, device, op);
   MT_CHECK(x.dim() == 2, "{}: expected x [T, H] but found {}", op, x.describe());
+  check_float_dtype(x, device, op, "x");
   const int64_t hidden = x.size(1);
-  check_argument(x, {plan.num_tokens, hidden}, x.dtype(), op, "x");
-  check_argument(permuted, {plan.num_tokens * plan.top_k, hidden}, x.dtype(), op, "permuted");
+  check_argument(x, {plan.num_tokens, hidden}, x.dtype(), device, op, "x");
+  check_argument(permuted, {plan.num_tokens * plan.top_k, hidden}, x.dtype(), device, op, "permuted");
+#if MOETRAIN_HAS_CUDA
+  if (device.is_cuda()) {
+    cuda::permute_forward(stream, permuted, x, plan);
+    return;
+  }
+#endif
   cpu::permute_forward(permuted, x, plan);
 }
 
 void permute_backward(Stream& stream, Tensor dx, const Tensor& dpermuted, const RoutingPlan& plan) {
-  (void)stream;
   constexpr const char* op = "permute_backward";
-  check_plan(plan, op);
-  expect_defined(dpermuted, "permute_backward: dpermuted");
+  const Device device = check_backend(stream, dpermuted, op, "dpermuted");
+  check_plan(plan, device, op);
   MT_CHECK(dpermuted.dim() == 2, "{}: expected dpermuted [T*K, H] but found {}", op, dpermuted.describe());
+  check_float_dtype(dpermuted, device, op, "dpermuted");
   const int64_t hidden = dpermuted.size(1);
-  check_argument(dpermuted, {plan.num_tokens * plan.top_k, hidden}, dpermuted.dtype(), op, "dpermuted");
-  check_argument(dx, {plan.num_tokens, hidden}, dpermuted.dtype(), op, "dx");
+  check_argument(dpermuted, {plan.num_tokens * plan.top_k, hidden}, dpermuted.dtype(), device, op, "dpermuted");
+  check_argument(dx, {plan.num_tokens, hidden}, dpermuted.dtype(), device, op, "dx");
+#if MOETRAIN_HAS_CUDA
+  if (device.is_cuda()) {
+    cuda::permute_backward(stream, dx, dpermuted, plan);
+    return;
+  }
+#endif
   cpu::permute_backward(dx, dpermuted, plan);
 }
 
 void unpermute_forward(Stream& stream, Tensor y, const Tensor& expert_out, const Tensor& topk_weight,
                        const RoutingPlan& plan) {
-  (void)stream;
   constexpr const char* op = "unpermute_forward";
-  check_plan(plan, op);
-  expect_defined(expert_out, "unpermute_forward: expert_out");
+  const Device device = check_backend(stream, expert_out, op, "expert_out");
+  check_plan(plan, device, op);
   MT_CHECK(expert_out.dim() == 2, "{}: expected expert_out [T*K, H] but found {}", op, expert_out.describe());
+  check_float_dtype(expert_out, device, op, "expert_out");
   const int64_t hidden = expert_out.size(1);
   const DType dtype = expert_out.dtype();
-  check_argument(expert_out, {plan.num_tokens * plan.top_k, hidden}, dtype, op, "expert_out");
-  check_argument(topk_weight, {plan.num_tokens, plan.top_k}, dtype, op, "topk_weight");
-  check_argument(y, {plan.num_tokens, hidden}, dtype, op, "y");
+  check_argument(expert_out, {plan.num_tokens * plan.top_k, hidden}, dtype, device, op, "expert_out");
+  check_argument(topk_weight, {plan.num_tokens, plan.top_k}, dtype, device, op, "topk_weight");
+  check_argument(y, {plan.num_tokens, hidden}, dtype, device, op, "y");
+#if MOETRAIN_HAS_CUDA
+  if (device.is_cuda()) {
+    cuda::unpermute_forward(stream, y, expert_out, topk_weight, plan);
+    return;
+  }
+#endif
   cpu::unpermute_forward(y, expert_out, topk_weight, plan);
 }
 
 void unpermute_backward(Stream& stream, Tensor dexpert_out, Tensor dtopk_weight, const Tensor& dy,
                         const Tensor& expert_out, const Tensor& topk_weight, const RoutingPlan& plan) {
-  (void)stream;
   constexpr const char* op = "unpermute_backward";
-  check_plan(plan, op);
-  expect_defined(dy, "unpermute_backward: dy");
+  const Device device = check_backend(stream, dy, op, "dy");
+  check_plan(plan, device, op);
   MT_CHECK(dy.dim() == 2, "{}: expected dy [T, H] but found {}", op, dy.describe());
+  check_float_dtype(dy, device, op, "dy");
   const int64_t hidden = dy.size(1);
   const DType dtype = dy.dtype();
-  check_argument(dy, {plan.num_tokens, hidden}, dtype, op, "dy");
-  check_argument(expert_out, {plan.num_tokens * plan.top_k, hidden}, dtype, op, "expert_out");
-  check_argument(topk_weight, {plan.num_tokens, plan.top_k}, dtype, op, "topk_weight");
-  check_argument(dexpert_out, {plan.num_tokens * plan.top_k, hidden}, dtype, op, "dexpert_out");
-  check_argument(dtopk_weight, {plan.num_tokens, plan.top_k}, dtype, op, "dtopk_weight");
+  check_argument(dy, {plan.num_tokens, hidden}, dtype, device, op, "dy");
+  check_argument(expert_out, {plan.num_tokens * plan.top_k, hidden}, dtype, device, op, "expert_out");
+  check_argument(topk_weight, {plan.num_tokens, plan.top_k}, dtype, device, op, "topk_weight");
+  check_argument(dexpert_out, {plan.num_tokens * plan.top_k, hidden}, dtype, device, op, "dexpert_out");
+  check_argument(dtopk_weight, {plan.num_tokens, plan.top_k}, dtype, device, op, "dtopk_weight");
+#if MOETRAIN_HAS_CUDA
+  if (device.is_cuda()) {
+    cuda::unpermute_backward(stream, dexpert_out, dtopk_weight, dy, expert_out, topk_weight, plan);
+    return;
+  }
+#endif
   cpu::unpermute_backward(dexpert_out, dtopk_weight, dy, expert_out, topk_weight, plan);
 }
 

@@ -1,41 +1,62 @@
 // defines: the public rope ops: HF's default inv_freq, argument validation (shapes, dtypes, rotary_dim, the
-// frequency count, non-negative i32 positions) and dispatch to the CPU reference.
+// frequency count, non-negative i32 positions for CPU positions) and dispatch to the backend of the stream's device:
+// the CPU reference, or the CUDA kernels.
 #include "ops/rope.h"
 
 #include <cmath>
 #include <cstdint>
 #include <string>
 
-#include "ops/cpu/dispatch.h"
 #include "ops/cpu/rope.h"
+#if MOETRAIN_HAS_CUDA
+#include "ops/cuda/rope.h"
+#endif
 
 namespace moetrain::ops {
 
 namespace {
 
+#if MOETRAIN_HAS_CUDA
+constexpr bool kHasCuda = true;
+#else
+constexpr bool kHasCuda = false;
+#endif
+
 void check_stream(const Stream& stream, const char* op) {
-  MT_CHECK(stream.device().is_cpu(), "{}: no kernel for a {} stream in this build", op, stream.device().str());
+  MT_CHECK(stream.device().is_cpu() || (kHasCuda && stream.device().is_cuda()),
+           "{}: no kernel for a {} stream in this build", op, stream.device().str());
+}
+
+// Every tensor lives on the stream's device: CPU tensors on the CPU stream, CUDA tensors on their device's stream.
+void check_device(const Tensor& t, const Stream& stream, const char* op, const char* name) {
+  MT_CHECK(t.device() == stream.device(), "{}: expected {} on the stream's device {} but found {}", op, name,
+           stream.device().str(), t.describe());
 }
 
 // Validates every argument of a rope op: `in` fixes [T, heads, hd] and the dtype, `out` must match it.
 void check_rope_arguments(const Tensor& out, const Tensor& in, const Tensor& position_ids, const RopeParams& params,
-                          const char* op, const char* out_name, const char* in_name) {
+                          const Stream& stream, const char* op, const char* out_name, const char* in_name) {
   const std::string in_what = fmt::format("{}: {}", op, in_name);
   const std::string out_what = fmt::format("{}: {}", op, out_name);
   const std::string pos_what = fmt::format("{}: position_ids", op);
   expect_contiguous(in, in_what);
-  require_cpu(in, op);
+  check_device(in, stream, op, in_name);
   MT_CHECK(in.dim() == 3, "{}: expected {} [T, heads, hd] but found {}", op, in_name, in.describe());
-  MT_CHECK(in.dtype() == DType::F32 || in.dtype() == DType::F64, "{}: expected {} in f32 or f64 but found {}", op,
-           in_name, in.describe());
+  if (stream.device().is_cuda()) {
+    MT_CHECK(in.dtype() == DType::F32 || in.dtype() == DType::BF16,
+             "{}: expected {} in f32 or bf16 (CUDA) but found {}", op, in_name, in.describe());
+  } else {
+    MT_CHECK(in.dtype() == DType::F32 || in.dtype() == DType::F64, "{}: expected {} in f32 or f64 but found {}", op,
+             in_name, in.describe());
+  }
   expect_shape(out, in.shape(), out_what);
   expect_dtype(out, in.dtype(), out_what);
   expect_contiguous(out, out_what);
-  require_cpu(out, op);
+  check_device(out, stream, op, out_name);
   expect_shape(position_ids, {in.size(0)}, pos_what);
   expect_dtype(position_ids, DType::I32, pos_what);
   expect_contiguous(position_ids, pos_what);
-  require_cpu(position_ids, op);
+  check_device(position_ids, stream, op, "position_ids");
 
   const int64_t head_dim = in.size(2);
   MT_CHECK(params.rotary_dim > 0 && params.rotary_dim % 2 == 0, "{}: expected an even rotary_dim > 0 but found {}", op,
@@ -48,6 +69,16 @@ void check_rope_arguments(const Tensor& out, const Tensor& in, const Tensor& pos
   MT_CHECK(std::isfinite(params.attention_scaling), "{}: expected a finite attention_scaling but found {}", op,
            params.attention_scaling);
 
+#if MOETRAIN_HAS_CUDA
+  if (stream.device().is_cuda()) {
+    MT_CHECK(params.rotary_dim / 2 <= cuda::kRopeMaxFrequencies,
+             "{}: the CUDA kernel takes at most {} frequencies (rotary_dim {}) but rotary_dim is {}", op,
+             cuda::kRopeMaxFrequencies, 2 * cuda::kRopeMaxFrequencies, params.rotary_dim);
+    // Positions on the device are not read here (that would copy device memory to the host inside an op): the
+    // trainer builds them on the host; a negative one only rotates the other way (ops/cuda/rope.h).
+    return;
+  }
+#endif
   const int32_t* positions = position_ids.data<int32_t>();
   for (int64_t t = 0; t < position_ids.numel(); ++t) {
     MT_CHECK(positions[t] >= 0, "{}: position_ids[{}] is {}; positions must be >= 0", op, t, positions[t]);
@@ -78,14 +109,26 @@ RopeParams rope_default_params(int rotary_dim, double theta) {
 void rope_forward(Stream& stream, Tensor y, const Tensor& x, const Tensor& position_ids, const RopeParams& params) {
   constexpr const char* op = "rope_forward";
   check_stream(stream, op);
-  check_rope_arguments(y, x, position_ids, params, op, "y", "x");
+  check_rope_arguments(y, x, position_ids, params, stream, op, "y", "x");
+#if MOETRAIN_HAS_CUDA
+  if (x.device().is_cuda()) {
+    cuda::rope_forward(stream, y, x, position_ids, params);
+    return;
+  }
+#endif
   cpu::rope_forward(y, x, position_ids, params);
 }
 
 void rope_backward(Stream& stream, Tensor dx, const Tensor& dy, const Tensor& position_ids, const RopeParams& params) {
   constexpr const char* op = "rope_backward";
   check_stream(stream, op);
-  check_rope_arguments(dx, dy, position_ids, params, op, "dx", "dy");
+  check_rope_arguments(dx, dy, position_ids, params, stream, op, "dx", "dy");
+#if MOETRAIN_HAS_CUDA
+  if (dy.device().is_cuda()) {
+    cuda::rope_backward(stream, dx, dy, position_ids, params);
+    return;
+  }
+#endif
   cpu::rope_backward(dx, dy, position_ids, params);
 }
 

@@ -1,5 +1,5 @@
-// defines: the public router ops: argument validation (shapes, dtypes, top_k, index ranges) and dispatch to the
-// CPU reference.
+// defines: the public router ops: argument validation (shapes, dtypes, devices, top_k, index ranges) and dispatch
+// to the backend: the CPU reference (f32 or f64) or, for CUDA tensors, the CUDA kernels (f32).
 #include "ops/router.h"
 
 #include <cstdint>
@@ -8,17 +8,39 @@
 
 #include "ops/cpu/dispatch.h"
 #include "ops/cpu/router.h"
+#if MOETRAIN_HAS_CUDA
+#include "ops/cuda/router.h"
+#endif
 
 namespace moetrain::ops {
 
 namespace {
 
-void check_argument(const Tensor& t, const Shape& shape, DType dtype, const char* op, const char* name) {
+// The device every argument must be on (that of `t`, the [T, E] tensor) and the stream for it: the CPU, or a CUDA
+// device in a build with CUDA whose stream runs on it.
+Device check_backend(const Stream& stream, const Tensor& t, const char* op, const char* name) {
+#if MOETRAIN_HAS_CUDA
+  if (t.device().is_cuda()) {
+    MT_CHECK(stream.device() == t.device(), "{}: {} is on {} but the stream runs on {}", op, name, t.device().str(),
+             stream.device().str());
+    return t.device();
+  }
+#endif
+  require_cpu(t, op);
+  MT_CHECK(stream.device().is_cpu(), "{}: {} is on the CPU but the stream runs on {}", op, name, stream.device().str());
+  return Device::cpu();
+}
+
+void check_argument(const Tensor& t, const Shape& shape, DType dtype, Device device, const char* op, const char* name) {
   const std::string what = fmt::format("{}: {}", op, name);
   expect_shape(t, shape, what);
   expect_dtype(t, dtype, what);
   expect_contiguous(t, what);
-  require_cpu(t, op);
+  if (device.is_cpu()) {
+    require_cpu(t, op);
+  } else {
+    MT_CHECK(t.device() == device, "{}: expected {} on {} but found {}", op, name, device.str(), t.describe());
+  }
 }
 
 // Checks the [T, E] tensor that fixes the shapes and returns {T, E}.
@@ -26,8 +48,13 @@ std::pair<int64_t, int64_t> check_router_shape(const Tensor& t, const RouterPara
                                                const char* name) {
   expect_defined(t, fmt::format("{}: {}", op, name));
   MT_CHECK(t.dim() == 2, "{}: expected {} [T, E] but found {}", op, name, t.describe());
-  MT_CHECK(t.dtype() == DType::F32 || t.dtype() == DType::F64, "{}: expected {} in f32 or f64 but found {}", op, name,
-           t.describe());
+  if (t.device().is_cuda()) {
+    MT_CHECK(t.dtype() == DType::F32, "{}: expected {} in f32 on CUDA (the router computes in f32) but found {}", op,
+             name, t.describe());
+  } else {
+    MT_CHECK(t.dtype() == DType::F32 || t.dtype() == DType::F64, "{}: expected {} in f32 or f64 but found {}", op, name,
+             t.describe());
+  }
   const int64_t experts = t.size(1);
   MT_CHECK(params.top_k >= 1 && params.top_k <= experts, "{}: top_k ({}) must be in [1, E = {}]", op, params.top_k,
            experts);
@@ -38,30 +65,44 @@ std::pair<int64_t, int64_t> check_router_shape(const Tensor& t, const RouterPara
 
 void router_forward(Stream& stream, Tensor probs, Tensor topk_index, Tensor topk_weight, const Tensor& logits,
                     const RouterParams& params) {
-  (void)stream;
   constexpr const char* op = "router_forward";
   const auto [tokens, experts] = check_router_shape(logits, params, op, "logits");
+  const Device device = check_backend(stream, logits, op, "logits");
   const DType dtype = logits.dtype();
-  check_argument(logits, {tokens, experts}, dtype, op, "logits");
-  check_argument(probs, {tokens, experts}, dtype, op, "probs");
-  check_argument(topk_index, {tokens, params.top_k}, DType::I32, op, "topk_index");
-  check_argument(topk_weight, {tokens, params.top_k}, dtype, op, "topk_weight");
+  check_argument(logits, {tokens, experts}, dtype, device, op, "logits");
+  check_argument(probs, {tokens, experts}, dtype, device, op, "probs");
+  check_argument(topk_index, {tokens, params.top_k}, DType::I32, device, op, "topk_index");
+  check_argument(topk_weight, {tokens, params.top_k}, dtype, device, op, "topk_weight");
+#if MOETRAIN_HAS_CUDA
+  if (device.is_cuda()) {
+    cuda::router_forward(stream, probs, topk_index, topk_weight, logits, params);
+    return;
+  }
+#endif
   cpu::router_forward(probs, topk_index, topk_weight, logits, params);
 }
 
 void router_backward(Stream& stream, Tensor dlogits, const Tensor& dtopk_weight, const Tensor& dprobs,
                      const Tensor& probs, const Tensor& topk_index, const Tensor& topk_weight,
                      const RouterParams& params) {
-  (void)stream;
   constexpr const char* op = "router_backward";
   const auto [tokens, experts] = check_router_shape(probs, params, op, "probs");
+  const Device device = check_backend(stream, probs, op, "probs");
   const DType dtype = probs.dtype();
-  check_argument(probs, {tokens, experts}, dtype, op, "probs");
-  check_argument(dlogits, {tokens, experts}, dtype, op, "dlogits");
-  check_argument(dtopk_weight, {tokens, params.top_k}, dtype, op, "dtopk_weight");
-  if (dprobs.defined()) check_argument(dprobs, {tokens, experts}, dtype, op, "dprobs");
-  check_argument(topk_index, {tokens, params.top_k}, DType::I32, op, "topk_index");
-  check_argument(topk_weight, {tokens, params.top_k}, dtype, op, "topk_weight");
+  check_argument(probs, {tokens, experts}, dtype, device, op, "probs");
+  check_argument(dlogits, {tokens, experts}, dtype, device, op, "dlogits");
+  check_argument(dtopk_weight, {tokens, params.top_k}, dtype, device, op, "dtopk_weight");
+  if (dprobs.defined()) check_argument(dprobs, {tokens, experts}, dtype, device, op, "dprobs");
+  check_argument(topk_index, {tokens, params.top_k}, DType::I32, device, op, "topk_index");
+  check_argument(topk_weight, {tokens, params.top_k}, dtype, device, op, "topk_weight");
+#if MOETRAIN_HAS_CUDA
+  // On CUDA the index values live on the device: their range is the caller's contract (router_forward's output
+  // always satisfies it), not checked here.
+  if (device.is_cuda()) {
+    cuda::router_backward(stream, dlogits, dtopk_weight, dprobs, probs, topk_index, topk_weight, params);
+    return;
+  }
+#endif
   const int32_t* index = topk_index.data<int32_t>();
   for (int64_t t = 0; t < tokens; ++t) {
     for (int64_t s = 0; s < params.top_k; ++s) {

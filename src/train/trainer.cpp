@@ -8,6 +8,7 @@
 #include "core/allocator.h"
 #include "core/log.h"
 #include "io/safetensors.h"
+#include "ops/cuda/runtime.h"
 #include "ops/optim.h"
 #include "train/checkpoint.h"
 
@@ -68,6 +69,7 @@ Trainer::Trainer(const io::JobConfig& config)
       schedule_(config.optim, config.train.steps),
       metrics_(config.metrics.jsonl, config.metrics.console_every) {
   const Device device = parse_device(config.model.device);
+  if (device.is_cuda()) ops::cuda::setup_cuda(device.index);
   const io::ModelConfig model_config = io::load_model_config(config.model.config);
   model_ = std::make_unique<model::CausalLm>(model_config, device);
   optimizer_ = std::make_unique<AdamW>(model_->params(), AdamWConfig{config.optim.lr, config.optim.beta1,

@@ -2,6 +2,7 @@
 #include "testing/test_data.h"
 
 #include <atomic>
+#include <cstdlib>
 #include <cmath>
 #include <filesystem>
 
@@ -30,7 +31,10 @@ void set_element(Tensor& t, int64_t i, double v) {
 }  // namespace
 
 std::string test_data_path(const std::string& relative) {
-  return std::string(MOETRAIN_TEST_DATA_DIR) + "/" + relative;
+  // MOETRAIN_TEST_DATA overrides the compiled-in source path, for test binaries built on one
+  // machine and run from another checkout (the GPU machine).
+  const char* override_dir = std::getenv("MOETRAIN_TEST_DATA");
+  return std::string(override_dir != nullptr ? override_dir : MOETRAIN_TEST_DATA_DIR) + "/" + relative;
 }
 
 std::string make_temp_dir(const std::string& tag) {

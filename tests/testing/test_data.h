@@ -12,7 +12,8 @@
 
 namespace moetrain::testing {
 
-// tests/data in the source tree (fixtures copied from ../shared/golden and made by the project).
+// tests/data in the source tree (fixtures copied from ../shared/golden and made by the project),
+// or $MOETRAIN_TEST_DATA when set.
 std::string test_data_path(const std::string& relative);
 // A fresh empty directory under the system temp folder, unique per call.
 std::string make_temp_dir(const std::string& tag);

@@ -2,6 +2,7 @@
 // dtype can be chosen from the largest id and bad input never leaves files behind.
 #include "train/data/prepare.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <functional>

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# defines: the batch of GPU checks run on the GPU machine in one call: the CUDA op parity tests
+# (every Cuda* test of every test binary), check-golden on the GPU, and a short GPU training run of
+# the tiny example next to the same run on the CPU. Binaries are built on the development machine
+# (scripts/build.sh) and carried along; logs go to $RESULTS_DIR (default /tmp/moetrain_gpu).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out="${RESULTS_DIR:-/tmp/moetrain_gpu}"
+mkdir -p "$out"
+export MOETRAIN_TEST_DATA="$PWD/tests/data"
+status=0
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
+
+for binary in build/tests/*_tests; do
+  [[ -x "$binary" ]] || continue
+  name=$(basename "$binary")
+  if "$binary" --gtest_filter='Cuda*' --gtest_brief=1 >"$out/$name.log" 2>&1; then
+    echo "$name: ok ($(grep -c '^\[       OK' "$out/$name.log" || true) passed)"
+  else
+    echo "$name: FAILED"; grep -E "Failure|FAILED|error" "$out/$name.log" | head -40; status=1
+  fi
+done
+
+for family in qwen3 qwen3_moe; do
+  ./build/src/moetrain check-golden --device cuda --model tests/data/golden/$family \
+    --reference tests/data/golden/$family/reference.safetensors >"$out/golden_$family.log" 2>&1 || status=1
+  tail -n 15 "$out/golden_$family.log"
+done
+exit $status

@@ -1,0 +1,113 @@
+// defines: the CUDA SwiGLU kernels: silu(g) = g / (1 + exp(-g)), d silu / dg = sigmoid(g) * (1 + g * (1 - sigmoid(g))),
+// one thread per (row, column) of y, each reading its gate and up element.
+// fmt 9 turns constexpr off when it sees __NVCC__, which breaks its C++20 consteval format strings under nvcc;
+// the .cpp files compile it with constexpr on, so say so here too (before the first fmt include).
+#ifndef FMT_USE_CONSTEXPR
+#define FMT_USE_CONSTEXPR 1
+#endif
+#include "ops/cuda/activation.h"
+
+#include <cstdint>
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "ops/cuda/check.h"
+#include "ops/cuda/runtime.h"
+
+namespace moetrain::ops::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int64_t kMaxBlocks = int64_t(1) << 20;  // grid-stride beyond this
+
+__device__ __forceinline__ float load_float(const float* p) { return *p; }
+__device__ __forceinline__ float load_float(const __nv_bfloat16* p) { return __bfloat162float(*p); }
+__device__ __forceinline__ void store_float(float* p, float v) { *p = v; }
+__device__ __forceinline__ void store_float(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
+
+template <typename T>
+__global__ void forward_kernel(T* y, const T* gate_up, int64_t rows, int64_t width) {
+  const int64_t total = rows * width;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride) {
+    const int64_t n = i / width;
+    const int64_t j = i % width;
+    const T* gate = gate_up + n * 2 * width;
+    const float g = load_float(gate + j);
+    const float silu = g / (1.0f + expf(-g));
+    store_float(y + i, silu * load_float(gate + width + j));
+  }
+}
+
+template <typename T>
+__global__ void backward_kernel(T* dgate_up, const T* dy, const T* gate_up, int64_t rows, int64_t width) {
+  const int64_t total = rows * width;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride) {
+    const int64_t n = i / width;
+    const int64_t j = i % width;
+    const T* gate = gate_up + n * 2 * width;
+    T* dgate = dgate_up + n * 2 * width;
+    const float g = load_float(gate + j);
+    const float u = load_float(gate + width + j);
+    const float d = load_float(dy + i);
+    const float denominator = 1.0f + expf(-g);
+    const float sigmoid = 1.0f / denominator;
+    const float silu = g / denominator;
+    const float dsilu = sigmoid * (1.0f + g * (1.0f - sigmoid));
+    store_float(dgate + j, d * u * dsilu);
+    store_float(dgate + width + j, d * silu);
+  }
+}
+
+unsigned blocks_for(int64_t n) {
+  const int64_t blocks = (n + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(blocks < kMaxBlocks ? blocks : kMaxBlocks);
+}
+
+}  // namespace
+
+void swiglu_forward(const Stream& stream, const Tensor& y, const Tensor& gate_up) {
+  const int64_t rows = gate_up.size(0);
+  const int64_t width = gate_up.size(1) / 2;
+  if (rows * width == 0) return;
+  const auto cu_stream = static_cast<cudaStream_t>(stream_handle(stream));
+  switch (gate_up.dtype()) {
+    case DType::F32:
+      forward_kernel<<<blocks_for(rows * width), kThreads, 0, cu_stream>>>(
+          static_cast<float*>(y.raw_data()), static_cast<const float*>(gate_up.raw_data()), rows, width);
+      break;
+    case DType::BF16:
+      forward_kernel<<<blocks_for(rows * width), kThreads, 0, cu_stream>>>(
+          static_cast<__nv_bfloat16*>(y.raw_data()), static_cast<const __nv_bfloat16*>(gate_up.raw_data()), rows,
+          width);
+      break;
+    default: MT_FAIL("swiglu_forward (CUDA): expected gate_up in f32 or bf16 but found {}", gate_up.describe());
+  }
+  MT_CUDA_CHECK(cudaGetLastError());
+}
+
+void swiglu_backward(const Stream& stream, const Tensor& dgate_up, const Tensor& dy, const Tensor& gate_up) {
+  const int64_t rows = gate_up.size(0);
+  const int64_t width = gate_up.size(1) / 2;
+  if (rows * width == 0) return;
+  const auto cu_stream = static_cast<cudaStream_t>(stream_handle(stream));
+  switch (gate_up.dtype()) {
+    case DType::F32:
+      backward_kernel<<<blocks_for(rows * width), kThreads, 0, cu_stream>>>(
+          static_cast<float*>(dgate_up.raw_data()), static_cast<const float*>(dy.raw_data()),
+          static_cast<const float*>(gate_up.raw_data()), rows, width);
+      break;
+    case DType::BF16:
+      backward_kernel<<<blocks_for(rows * width), kThreads, 0, cu_stream>>>(
+          static_cast<__nv_bfloat16*>(dgate_up.raw_data()), static_cast<const __nv_bfloat16*>(dy.raw_data()),
+          static_cast<const __nv_bfloat16*>(gate_up.raw_data()), rows, width);
+      break;
+    default: MT_FAIL("swiglu_backward (CUDA): expected gate_up in f32 or bf16 but found {}", gate_up.describe());
+  }
+  MT_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace moetrain::ops::cuda

@@ -1,0 +1,15 @@
+// defines: the CUDA kernels of the SwiGLU ops (ops/activation.h): one thread per output element.
+#pragma once
+
+#include "core/device.h"
+#include "core/tensor.h"
+
+namespace moetrain::ops::cuda {
+
+// Arguments validated by ops::swiglu_*: contiguous, on the stream's device, gate_up [N, 2I] (gate in columns
+// [0, I), up in [I, 2I)), y / dy [N, I], dgate_up [N, 2I], one dtype, f32 or bf16 (computed in f32). The formulas are
+// ops/cpu/activation.cpp's with expf (CUDA's expf is within 2 ulp, the CPU's std::exp within 1).
+void swiglu_forward(const Stream& stream, const Tensor& y, const Tensor& gate_up);
+void swiglu_backward(const Stream& stream, const Tensor& dgate_up, const Tensor& dy, const Tensor& gate_up);
+
+}  // namespace moetrain::ops::cuda

@@ -1,0 +1,27 @@
+// defines: the CUDA kernels of the cross-entropy ops (ops/loss.h): one block per row for the log-sum-exp and the
+// gradient, one block for the totals, which come back to the host in one copy.
+#pragma once
+
+#include "core/device.h"
+#include "core/tensor.h"
+#include "ops/loss.h"
+
+namespace moetrain::ops::cuda {
+
+// Arguments validated by ops::cross_entropy_*: contiguous, on the stream's device; logits [T, V] f32 or bf16
+// (computed in f32), dlogits in the logits' dtype, losses / lse [T] f32, targets i32 [T]. Targets are NOT checked
+// against [0, V) on the device (that needs the values on the host; the trainer validates batches there): a target
+// outside [0, V) that is not the ignore index gives a NaN loss and a NaN gradient row instead of a read outside the
+// row. Each row's reductions run in an order fixed by V alone (block of kCrossEntropyThreads threads, strided
+// partials, then a fixed tree), so a row's results do not depend on T or on the other rows.
+void cross_entropy_forward(const Stream& stream, const Tensor& losses, const Tensor& lse, const Tensor& logits,
+                           const Tensor& targets, int ignore_index);
+void cross_entropy_backward(const Stream& stream, const Tensor& dlogits, const Tensor& logits, const Tensor& lse,
+                            const Tensor& targets, double scale, int ignore_index);
+// Sum (f64) and count of the counted tokens' losses (f32 [T]), reduced on the device in an order fixed by T alone,
+// then copied to the host: this call synchronises the stream.
+LossTotals cross_entropy_totals(const Stream& stream, const Tensor& losses, const Tensor& targets, int ignore_index);
+
+constexpr int kCrossEntropyThreads = 512;
+
+}  // namespace moetrain::ops::cuda

@@ -1,0 +1,188 @@
+// defines: the CUDA RMSNorm kernels, the formulas of ops/cpu/norm.cpp in f32: rstd = 1 / sqrt(sum(x^2) / D + eps),
+// y = (x * rstd) * scale, dx = rstd * (g - xhat * mean(g * xhat)) with g = scale * dy. One warp per row; the weight
+// gradient sums fixed chunks of rows into a [chunks, D] buffer, then the chunks in order. Every product and sum is
+// written with the round-to-nearest intrinsics (__fmul_rn, __fadd_rn, ...), which nvcc never fuses into a
+// multiply-add: each element rounds as the CPU's -ffp-contract=off code does, and only the summation orders differ.
+// fmt 9 turns constexpr off when it sees __NVCC__, which breaks its C++20 consteval format strings under nvcc;
+// the .cpp files compile it with constexpr on, so say so here too (before the first fmt include).
+#ifndef FMT_USE_CONSTEXPR
+#define FMT_USE_CONSTEXPR 1
+#endif
+#include "ops/cuda/norm.h"
+
+#include <cstdint>
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "ops/cuda/check.h"
+#include "ops/cuda/runtime.h"
+
+namespace moetrain::ops::cuda {
+
+namespace {
+
+constexpr int kWarpsPerBlock = 8;
+constexpr int kRowThreads = 32 * kWarpsPerBlock;
+constexpr int kColumnThreads = 256;
+constexpr int64_t kMaxBlocks = int64_t(1) << 20;  // grid-stride beyond this
+
+__device__ __forceinline__ float load_float(const float* p) { return *p; }
+__device__ __forceinline__ float load_float(const __nv_bfloat16* p) { return __bfloat162float(*p); }
+__device__ __forceinline__ void store_float(float* p, float v) { *p = v; }
+__device__ __forceinline__ void store_float(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
+
+// Butterfly sum over the warp: every lane ends with the same bits (each step adds the same two values, a + b and
+// b + a), in an order fixed by the lane layout.
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int offset = 16; offset > 0; offset >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return v;
+}
+
+__device__ __forceinline__ float scale_of(float w, bool zero_centered) {
+  return zero_centered ? __fadd_rn(1.0f, w) : w;
+}
+
+template <typename T>
+__global__ void forward_kernel(T* y, float* rstd, const T* x, const float* w, int64_t rows, int64_t dim, float eps,
+                               bool zero_centered) {
+  const int lane = threadIdx.x % 32;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  for (int64_t n = first; n < rows; n += static_cast<int64_t>(gridDim.x) * kWarpsPerBlock) {
+    const T* xr = x + n * dim;
+    T* yr = y + n * dim;
+    float sum_sq = 0.0f;
+    for (int64_t d = lane; d < dim; d += 32) {
+      const float v = load_float(xr + d);
+      sum_sq = __fadd_rn(sum_sq, __fmul_rn(v, v));
+    }
+    const float variance = __fdiv_rn(warp_sum(sum_sq), static_cast<float>(dim));
+    const float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(variance, eps)));
+    if (lane == 0) rstd[n] = r;
+    for (int64_t d = lane; d < dim; d += 32) {
+      store_float(yr + d, __fmul_rn(__fmul_rn(load_float(xr + d), r), scale_of(w[d], zero_centered)));
+    }
+  }
+}
+
+// Every lane reads all of its dy elements for the sum before the butterfly, which no lane leaves before all have
+// entered it; then each lane rewrites only its own elements: dx may alias dy.
+template <typename T>
+__global__ void backward_input_kernel(T* dx, const T* dy, const T* x, const float* w, const float* rstd, int64_t rows,
+                                      int64_t dim, bool zero_centered) {
+  const int lane = threadIdx.x % 32;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  for (int64_t n = first; n < rows; n += static_cast<int64_t>(gridDim.x) * kWarpsPerBlock) {
+    const T* xr = x + n * dim;
+    const T* dyr = dy + n * dim;
+    T* dxr = dx + n * dim;
+    const float r = rstd[n];
+    float sum = 0.0f;
+    for (int64_t d = lane; d < dim; d += 32) {
+      const float g = __fmul_rn(scale_of(w[d], zero_centered), load_float(dyr + d));
+      sum = __fadd_rn(sum, __fmul_rn(g, __fmul_rn(load_float(xr + d), r)));
+    }
+    const float mean = __fdiv_rn(warp_sum(sum), static_cast<float>(dim));
+    for (int64_t d = lane; d < dim; d += 32) {
+      const float g = __fmul_rn(scale_of(w[d], zero_centered), load_float(dyr + d));
+      const float xhat = __fmul_rn(load_float(xr + d), r);
+      store_float(dxr + d, __fmul_rn(r, __fsub_rn(g, __fmul_rn(xhat, mean))));
+    }
+  }
+}
+
+// partial[c, d] = sum over rows of chunk c, ascending, of dy[n, d] * (x[n, d] * rstd[n]).
+template <typename T>
+__global__ void weight_chunks_kernel(float* partial, const T* dy, const T* x, const float* rstd, int64_t rows,
+                                     int64_t dim) {
+  const int64_t d = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (d >= dim) return;
+  const int64_t chunks = (rows + kRmsNormRowsPerChunk - 1) / kRmsNormRowsPerChunk;
+  for (int64_t chunk = blockIdx.y; chunk < chunks; chunk += gridDim.y) {
+    const int64_t begin = chunk * kRmsNormRowsPerChunk;
+    const int64_t end = begin + kRmsNormRowsPerChunk < rows ? begin + kRmsNormRowsPerChunk : rows;
+    float acc = 0.0f;
+    for (int64_t n = begin; n < end; ++n) {
+      acc = __fadd_rn(acc, __fmul_rn(load_float(dy + n * dim + d), __fmul_rn(load_float(x + n * dim + d), rstd[n])));
+    }
+    partial[chunk * dim + d] = acc;
+  }
+}
+
+// dw[d] += the chunk sums in ascending chunk order (with one chunk, N <= kRmsNormRowsPerChunk, exactly the CPU's sum).
+__global__ void weight_total_kernel(float* dw, const float* partial, int64_t chunks, int64_t dim) {
+  const int64_t d = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (d >= dim) return;
+  float total = 0.0f;
+  for (int64_t c = 0; c < chunks; ++c) total = __fadd_rn(total, partial[c * dim + d]);
+  dw[d] = __fadd_rn(dw[d], total);
+}
+
+cudaStream_t native(const Stream& stream) { return static_cast<cudaStream_t>(stream_handle(stream)); }
+
+unsigned row_blocks(int64_t rows) {
+  const int64_t blocks = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  return static_cast<unsigned>(blocks < kMaxBlocks ? blocks : kMaxBlocks);
+}
+
+// Calls f(T*) with x's element type, f32 or bf16.
+template <typename F>
+void dispatch_activation(const Tensor& x, const char* op, F&& f) {
+  switch (x.dtype()) {
+    case DType::F32: f(static_cast<float*>(nullptr)); return;
+    case DType::BF16: f(static_cast<__nv_bfloat16*>(nullptr)); return;
+    default: MT_FAIL("{} (CUDA): expected x in f32 or bf16 but found {}", op, x.describe());
+  }
+}
+
+}  // namespace
+
+void rmsnorm_forward(const Stream& stream, const Tensor& y, const Tensor& rstd, const Tensor& x, const Tensor& w,
+                     const RmsNormParams& params) {
+  const int64_t dim = w.numel();
+  const int64_t rows = x.numel() / dim;
+  if (rows == 0) return;
+  dispatch_activation(x, "rmsnorm_forward", [&]<typename T>(T*) {
+    forward_kernel<<<row_blocks(rows), kRowThreads, 0, native(stream)>>>(
+        static_cast<T*>(y.raw_data()), static_cast<float*>(rstd.raw_data()), static_cast<const T*>(x.raw_data()),
+        static_cast<const float*>(w.raw_data()), rows, dim, params.eps, params.zero_centered);
+  });
+  MT_CUDA_CHECK(cudaGetLastError());
+}
+
+void rmsnorm_backward_input(const Stream& stream, const Tensor& dx, const Tensor& dy, const Tensor& x, const Tensor& w,
+                            const Tensor& rstd, const RmsNormParams& params) {
+  const int64_t dim = w.numel();
+  const int64_t rows = x.numel() / dim;
+  if (rows == 0) return;
+  dispatch_activation(x, "rmsnorm_backward_input", [&]<typename T>(T*) {
+    backward_input_kernel<<<row_blocks(rows), kRowThreads, 0, native(stream)>>>(
+        static_cast<T*>(dx.raw_data()), static_cast<const T*>(dy.raw_data()), static_cast<const T*>(x.raw_data()),
+        static_cast<const float*>(w.raw_data()), static_cast<const float*>(rstd.raw_data()), rows, dim,
+        params.zero_centered);
+  });
+  MT_CUDA_CHECK(cudaGetLastError());
+}
+
+void rmsnorm_backward_weight(const Stream& stream, const Tensor& dw, const Tensor& dy, const Tensor& x,
+                             const Tensor& rstd) {
+  const int64_t dim = dw.numel();
+  const int64_t rows = x.numel() / dim;
+  if (rows == 0) return;  // dw += an empty sum
+  const int64_t chunks = (rows + kRmsNormRowsPerChunk - 1) / kRmsNormRowsPerChunk;
+  const cudaStream_t cu_stream = native(stream);
+  Tensor partial = Tensor::empty({chunks, dim}, DType::F32, dw.device());
+  const unsigned column_blocks = static_cast<unsigned>((dim + kColumnThreads - 1) / kColumnThreads);
+  const unsigned chunk_blocks = static_cast<unsigned>(chunks < 65535 ? chunks : 65535);  // grid-stride beyond
+  dispatch_activation(x, "rmsnorm_backward_weight", [&]<typename T>(T*) {
+    weight_chunks_kernel<<<dim3(column_blocks, chunk_blocks), kColumnThreads, 0, cu_stream>>>(
+        static_cast<float*>(partial.raw_data()), static_cast<const T*>(dy.raw_data()),
+        static_cast<const T*>(x.raw_data()), static_cast<const float*>(rstd.raw_data()), rows, dim);
+  });
+  MT_CUDA_CHECK(cudaGetLastError());
+  weight_total_kernel<<<column_blocks, kColumnThreads, 0, cu_stream>>>(
+      static_cast<float*>(dw.raw_data()), static_cast<const float*>(partial.raw_data()), chunks, dim);
+  MT_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace moetrain::ops::cuda

@@ -1,0 +1,27 @@
+// defines: the CUDA kernels of the RMSNorm ops (ops/norm.h), plain and zero-centred: one warp per row for the
+// forward and the input gradient, a fixed two-stage column reduction for the weight gradient.
+#pragma once
+
+#include "core/device.h"
+#include "core/tensor.h"
+#include "ops/norm.h"
+
+namespace moetrain::ops::cuda {
+
+// Arguments validated by ops::rmsnorm_*: contiguous, on the stream's device, x viewed as [N, D]; x, y, dy, dx in
+// one dtype, f32 or bf16 (computed in f32); w, dw and rstd (N values) f32. A row's sums run in an order fixed by D
+// alone (lane-strided partial sums, then a butterfly across the warp), so a row's results do not depend on N or on
+// the other rows.
+void rmsnorm_forward(const Stream& stream, const Tensor& y, const Tensor& rstd, const Tensor& x, const Tensor& w,
+                     const RmsNormParams& params);
+// dx may alias dy.
+void rmsnorm_backward_input(const Stream& stream, const Tensor& dx, const Tensor& dy, const Tensor& x, const Tensor& w,
+                            const Tensor& rstd, const RmsNormParams& params);
+// dw += sum over rows of dy * xhat: per chunk of kRmsNormRowsPerChunk rows an ascending sum, then the chunk sums in
+// ascending order (the order depends on N alone).
+void rmsnorm_backward_weight(const Stream& stream, const Tensor& dw, const Tensor& dy, const Tensor& x,
+                             const Tensor& rstd);
+
+constexpr int64_t kRmsNormRowsPerChunk = 128;
+
+}  // namespace moetrain::ops::cuda

@@ -1,0 +1,249 @@
+// defines: the CUDA permutation kernels (ops/cuda/permute.h): the routing plan (CUB's stable radix sort of the
+// choices by expert, its inverse, per-expert offsets by binary search) and the row gathers / weighted sums.
+// fmt 9 turns constexpr off when it sees __NVCC__, which breaks its C++20 consteval format strings under nvcc; the
+// .cpp files compile it with constexpr on, so say so here too (before the first fmt include).
+#ifndef FMT_USE_CONSTEXPR
+#define FMT_USE_CONSTEXPR 1
+#endif
+#include "ops/cuda/permute.h"
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <cub/cub.cuh>
+
+#include "core/error.h"
+#include "ops/cuda/check.h"
+#include "ops/cuda/runtime.h"
+
+namespace moetrain::ops::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr unsigned kFullMask = 0xffffffffu;
+
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <typename T>
+__device__ __forceinline__ T from_f32(float x);
+template <>
+__device__ __forceinline__ float from_f32<float>(float x) {
+  return x;
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+
+__global__ void iota_kernel(int32_t* values, int64_t n) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) values[i] = static_cast<int32_t>(i);
+}
+
+// choice_row is the inverse permutation of row_choice.
+__global__ void invert_kernel(int32_t* choice_row, const int32_t* row_choice, int64_t n) {
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (r < n) choice_row[row_choice[r]] = static_cast<int32_t>(r);
+}
+
+// offsets[e] = the number of sorted choices whose expert is below e, for e in [0, E].
+__global__ void offsets_kernel(int32_t* offsets, const uint32_t* sorted_experts, int64_t n, int64_t experts) {
+  const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e > experts) return;
+  int64_t lo = 0, hi = n;  // the first position whose expert is >= e
+  while (lo < hi) {
+    const int64_t mid = (lo + hi) / 2;
+    if (static_cast<int64_t>(sorted_experts[mid]) < e) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  offsets[e] = static_cast<int32_t>(lo);
+}
+
+// permuted[r] = x[row_choice[r] / K].
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    permute_forward_kernel(T* permuted, const T* x, const int32_t* row_choice, int64_t top_k, int64_t hidden) {
+  const int64_t r = blockIdx.x;
+  const T* src = x + (row_choice[r] / top_k) * hidden;
+  T* dst = permuted + r * hidden;
+  for (int64_t h = threadIdx.x; h < hidden; h += kThreads) dst[h] = src[h];
+}
+
+// dx[t] = sum over k (ascending) of dpermuted[choice_row[t*K + k]].
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    permute_backward_kernel(T* dx, const T* dpermuted, const int32_t* choice_row, int64_t top_k, int64_t hidden) {
+  const int64_t t = blockIdx.x;
+  const int32_t* rows = choice_row + t * top_k;
+  for (int64_t h = threadIdx.x; h < hidden; h += kThreads) {
+    float acc = 0.0f;
+    for (int64_t k = 0; k < top_k; ++k) acc = __fadd_rn(acc, to_f32(dpermuted[rows[k] * hidden + h]));
+    dx[t * hidden + h] = from_f32<T>(acc);
+  }
+}
+
+// y[t] = sum over k (ascending) of weight[t, k] * expert_out[choice_row[t*K + k]], product and sum rounded apart.
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    unpermute_forward_kernel(T* y, const T* expert_out, const T* topk_weight, const int32_t* choice_row, int64_t top_k,
+                             int64_t hidden) {
+  const int64_t t = blockIdx.x;
+  const int32_t* rows = choice_row + t * top_k;
+  const T* w = topk_weight + t * top_k;
+  for (int64_t h = threadIdx.x; h < hidden; h += kThreads) {
+    float acc = 0.0f;
+    for (int64_t k = 0; k < top_k; ++k) {
+      acc = __fadd_rn(acc, __fmul_rn(to_f32(w[k]), to_f32(expert_out[rows[k] * hidden + h])));
+    }
+    y[t * hidden + h] = from_f32<T>(acc);
+  }
+}
+
+// One block per choice c = t*K + k: dexpert_out[row] = weight[c] * dy[t] and dtopk_weight[c] = dot(dy[t], row),
+// row = choice_row[c]. The dot: per-thread sums over h = thread, thread + 256, ... (ascending), a butterfly within
+// each warp, then the warps' sums in ascending order: an order fixed by H alone.
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    unpermute_backward_kernel(T* dexpert_out, T* dtopk_weight, const T* dy, const T* expert_out, const T* topk_weight,
+                              const int32_t* choice_row, int64_t top_k, int64_t hidden) {
+  __shared__ float warp_sums[kWarps];
+  const int64_t c = blockIdx.x;
+  const int64_t row = choice_row[c];
+  const T* g = dy + (c / top_k) * hidden;
+  const T* e = expert_out + row * hidden;
+  T* de = dexpert_out + row * hidden;
+  const float w = to_f32(topk_weight[c]);
+  float dot = 0.0f;
+  for (int64_t h = threadIdx.x; h < hidden; h += kThreads) {
+    const float gh = to_f32(g[h]);
+    de[h] = from_f32<T>(__fmul_rn(w, gh));
+    dot = __fadd_rn(dot, __fmul_rn(gh, to_f32(e[h])));
+  }
+  for (int offset = 16; offset > 0; offset >>= 1) dot += __shfl_xor_sync(kFullMask, dot, offset);
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = dot;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float total = 0.0f;
+    for (int i = 0; i < kWarps; ++i) total += warp_sums[i];
+    dtopk_weight[c] = from_f32<T>(total);
+  }
+}
+
+unsigned blocks_of(int64_t n) { return static_cast<unsigned>((n + kThreads - 1) / kThreads); }
+
+template <typename T>
+T* ptr(const Tensor& t) {
+  return static_cast<T*>(t.raw_data());
+}
+
+// Calls f.template operator()<T>() with T = float or __nv_bfloat16 for dtype f32 or bf16.
+template <typename F>
+void dispatch_activation(DType dtype, const char* op, F&& f) {
+  switch (dtype) {
+    case DType::F32: f.template operator()<float>(); return;
+    case DType::BF16: f.template operator()<__nv_bfloat16>(); return;
+    default: MT_FAIL("{}: the CUDA kernels take f32 or bf16 but found {}", op, dtype_name(dtype));
+  }
+}
+
+}  // namespace
+
+RoutingPlan make_routing_plan(const Stream& stream, const Tensor& topk_index, int64_t num_experts) {
+  const auto s = static_cast<cudaStream_t>(stream_handle(stream));
+  const Device device = topk_index.device();
+  const int64_t tokens = topk_index.size(0), top_k = topk_index.size(1), choices = tokens * top_k;
+  RoutingPlan plan;
+  plan.num_tokens = tokens;
+  plan.top_k = top_k;
+  plan.num_experts = num_experts;
+  plan.expert_offsets = Tensor::empty({num_experts + 1}, DType::I32, device);
+  plan.row_choice = Tensor::empty({choices}, DType::I32, device);
+  plan.choice_row = Tensor::empty({choices}, DType::I32, device);
+
+  // Scratch from the device's stream-ordered pool; its release is ordered after the kernels below.
+  const Tensor sorted_experts = Tensor::empty({choices}, DType::I32, device);
+  if (choices > 0) {
+    const Tensor flat = Tensor::empty({choices}, DType::I32, device);
+    iota_kernel<<<blocks_of(choices), kThreads, 0, s>>>(ptr<int32_t>(flat), choices);
+    MT_CUDA_CHECK(cudaGetLastError());
+    // Experts are in [0, E): sorting their low bit_width(E - 1) bits (at least one) as unsigned keys is exact.
+    int end_bit = 1;
+    while ((int64_t{1} << end_bit) < num_experts) ++end_bit;
+    const auto* keys_in = ptr<const uint32_t>(topk_index);
+    auto* keys_out = ptr<uint32_t>(sorted_experts);
+    const auto* values_in = ptr<const int32_t>(flat);
+    auto* values_out = ptr<int32_t>(plan.row_choice);
+    const int num_items = static_cast<int>(choices);
+    size_t temp_bytes = 0;
+    MT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, keys_in, keys_out, values_in, values_out,
+                                                  num_items, 0, end_bit, s));
+    const Tensor temp = Tensor::empty({static_cast<int64_t>(temp_bytes)}, DType::U8, device);
+    MT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.raw_data(), temp_bytes, keys_in, keys_out, values_in, values_out,
+                                                  num_items, 0, end_bit, s));
+    invert_kernel<<<blocks_of(choices), kThreads, 0, s>>>(ptr<int32_t>(plan.choice_row),
+                                                          ptr<const int32_t>(plan.row_choice), choices);
+    MT_CUDA_CHECK(cudaGetLastError());
+  }
+  offsets_kernel<<<blocks_of(num_experts + 1), kThreads, 0, s>>>(
+      ptr<int32_t>(plan.expert_offsets), ptr<const uint32_t>(sorted_experts), choices, num_experts);
+  MT_CUDA_CHECK(cudaGetLastError());
+  return plan;
+}
+
+void permute_forward(const Stream& stream, const Tensor& permuted, const Tensor& x, const RoutingPlan& plan) {
+  const auto s = static_cast<cudaStream_t>(stream_handle(stream));
+  const int64_t rows = plan.num_tokens * plan.top_k, hidden = x.size(1);
+  dispatch_activation(x.dtype(), "permute_forward", [&]<typename T>() {
+    if (rows == 0 || hidden == 0) return;
+    permute_forward_kernel<T><<<static_cast<unsigned>(rows), kThreads, 0, s>>>(
+        ptr<T>(permuted), ptr<const T>(x), ptr<const int32_t>(plan.row_choice), plan.top_k, hidden);
+    MT_CUDA_CHECK(cudaGetLastError());
+  });
+}
+
+void permute_backward(const Stream& stream, const Tensor& dx, const Tensor& dpermuted, const RoutingPlan& plan) {
+  const auto s = static_cast<cudaStream_t>(stream_handle(stream));
+  const int64_t hidden = dx.size(1);
+  dispatch_activation(dx.dtype(), "permute_backward", [&]<typename T>() {
+    if (plan.num_tokens == 0 || hidden == 0) return;
+    permute_backward_kernel<T><<<static_cast<unsigned>(plan.num_tokens), kThreads, 0, s>>>(
+        ptr<T>(dx), ptr<const T>(dpermuted), ptr<const int32_t>(plan.choice_row), plan.top_k, hidden);
+    MT_CUDA_CHECK(cudaGetLastError());
+  });
+}
+
+void unpermute_forward(const Stream& stream, const Tensor& y, const Tensor& expert_out, const Tensor& topk_weight,
+                       const RoutingPlan& plan) {
+  const auto s = static_cast<cudaStream_t>(stream_handle(stream));
+  const int64_t hidden = y.size(1);
+  dispatch_activation(y.dtype(), "unpermute_forward", [&]<typename T>() {
+    if (plan.num_tokens == 0 || hidden == 0) return;
+    unpermute_forward_kernel<T><<<static_cast<unsigned>(plan.num_tokens), kThreads, 0, s>>>(
+        ptr<T>(y), ptr<const T>(expert_out), ptr<const T>(topk_weight), ptr<const int32_t>(plan.choice_row), plan.top_k,
+        hidden);
+    MT_CUDA_CHECK(cudaGetLastError());
+  });
+}
+
+void unpermute_backward(const Stream& stream, const Tensor& dexpert_out, const Tensor& dtopk_weight, const Tensor& dy,
+                        const Tensor& expert_out, const Tensor& topk_weight, const RoutingPlan& plan) {
+  const auto s = static_cast<cudaStream_t>(stream_handle(stream));
+  const int64_t hidden = dy.size(1), choices = plan.num_tokens * plan.top_k;
+  dispatch_activation(dy.dtype(), "unpermute_backward", [&]<typename T>() {
+    if (choices == 0) return;
+    unpermute_backward_kernel<T><<<static_cast<unsigned>(choices), kThreads, 0, s>>>(
+        ptr<T>(dexpert_out), ptr<T>(dtopk_weight), ptr<const T>(dy), ptr<const T>(expert_out),
+        ptr<const T>(topk_weight), ptr<const int32_t>(plan.choice_row), plan.top_k, hidden);
+    MT_CUDA_CHECK(cudaGetLastError());
+  });
+}
+
+}  // namespace moetrain::ops::cuda

@@ -1,0 +1,31 @@
+// defines: the CUDA kernels' launchers of MoE token permutation (ops/permute.h): the routing plan built on the
+// device without a host synchronisation, and the gather / weighted scatter-sum between token and expert order.
+#pragma once
+
+#include <cstdint>
+
+#include "core/device.h"
+#include "core/tensor.h"
+#include "ops/permute.h"
+
+namespace moetrain::ops::cuda {
+
+// topk_index i32 [T, K] on the device -> a plan whose three tensors live on the same device: a stable radix sort
+// (CUB) of the flat choices t*K + k by expert gives row_choice, its inverse choice_row, and a binary search per
+// expert in the sorted experts gives expert_offsets. The result equals the CPU plan exactly. Every value of
+// topk_index must be in [0, num_experts): the caller's contract on CUDA (the device cannot report a bad one; a
+// value outside makes the plan meaningless). Scratch comes from the device's stream-ordered pool.
+RoutingPlan make_routing_plan(const Stream& stream, const Tensor& topk_index, int64_t num_experts);
+
+// The arguments (plan included) are validated by the ops:: functions of the same name; the float tensors are f32 or
+// bf16 (one dtype per call), accumulated in f32. One thread block per output row; sums over a token's slots run in
+// ascending k with separately rounded products and sums (no fused multiply-add), so f32 results equal the CPU's
+// bit for bit, except dtopk_weight's dot product over H (a fixed tree: per-thread strided sums, then the warps).
+void permute_forward(const Stream& stream, const Tensor& permuted, const Tensor& x, const RoutingPlan& plan);
+void permute_backward(const Stream& stream, const Tensor& dx, const Tensor& dpermuted, const RoutingPlan& plan);
+void unpermute_forward(const Stream& stream, const Tensor& y, const Tensor& expert_out, const Tensor& topk_weight,
+                       const RoutingPlan& plan);
+void unpermute_backward(const Stream& stream, const Tensor& dexpert_out, const Tensor& dtopk_weight, const Tensor& dy,
+                        const Tensor& expert_out, const Tensor& topk_weight, const RoutingPlan& plan);
+
+}  // namespace moetrain::ops::cuda

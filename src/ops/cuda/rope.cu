@@ -1,0 +1,121 @@
+// defines: the CUDA rope kernel. One thread per (token, head, pair): the pair (a, b) becomes (a*c - b*s, b*c + a*s)
+// with c = cos * scaling and s = sin * scaling (the backward, the transpose, negates s), as ops/cpu/rope.cpp; threads
+// past the pairs copy the head's dims beyond rotary_dim.
+// fmt 9 turns constexpr off when it sees __NVCC__, which breaks its C++20 consteval format strings under nvcc;
+// the .cpp files compile it with constexpr on, so say so here too (before the first fmt include).
+#ifndef FMT_USE_CONSTEXPR
+#define FMT_USE_CONSTEXPR 1
+#endif
+#include "ops/cuda/rope.h"
+
+#include <cstdint>
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "ops/cuda/check.h"
+#include "ops/cuda/runtime.h"
+
+namespace moetrain::ops::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int64_t kMaxBlocks = int64_t(1) << 20;  // grid-stride beyond this
+
+__device__ __forceinline__ float load_float(const float* p) { return *p; }
+__device__ __forceinline__ float load_float(const __nv_bfloat16* p) { return __bfloat162float(*p); }
+__device__ __forceinline__ void store_float(float* p, float v) { *p = v; }
+__device__ __forceinline__ void store_float(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
+
+// Passed by value in the kernel's parameter space (about 1 KiB).
+struct RopeArgs {
+  float inv_freq[kRopeMaxFrequencies];
+  int64_t tokens;
+  int64_t heads;
+  int64_t head_dim;
+  int64_t half;    // rotary_dim / 2
+  int64_t work;    // items per (token, head): half pairs + (head_dim - rotary_dim) copied dims
+  float scaling;   // attention_scaling
+  float sin_sign;  // +1 forward, -1 backward
+  bool interleaved;
+};
+
+template <typename T>
+__global__ void rope_kernel(T* out, const T* in, const int32_t* position_ids, const RopeArgs args) {
+  const int64_t total = args.tokens * args.heads * args.work;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total; idx += stride) {
+    const int64_t row = idx / args.work;  // token * heads + head
+    const int64_t j = idx % args.work;
+    const T* x = in + row * args.head_dim;
+    T* y = out + row * args.head_dim;
+    if (j >= args.half) {
+      const int64_t d = 2 * args.half + (j - args.half);
+      store_float(y + d, load_float(x + d));
+      continue;
+    }
+    const int64_t token = row / args.heads;
+    const float angle = static_cast<float>(position_ids[token]) * args.inv_freq[j];
+    const float c = cosf(angle) * args.scaling;
+    const float s = (sinf(angle) * args.scaling) * args.sin_sign;
+    // rotate_half pairs (j, j + half); interleaved pairs (2j, 2j + 1).
+    const int64_t ia = args.interleaved ? 2 * j : j;
+    const int64_t ib = args.interleaved ? 2 * j + 1 : j + args.half;
+    const float a = load_float(x + ia);
+    const float b = load_float(x + ib);
+    store_float(y + ia, a * c - b * s);
+    store_float(y + ib, b * c + a * s);
+  }
+}
+
+void run(const Stream& stream, const Tensor& out, const Tensor& in, const Tensor& position_ids,
+         const RopeParams& params, float sin_sign, const char* op) {
+  const int64_t half = params.rotary_dim / 2;
+  MT_CHECK(half <= kRopeMaxFrequencies && static_cast<int64_t>(params.inv_freq.size()) == half,
+           "{} (CUDA): expected rotary_dim / 2 = {} inv_freq values, at most {}, but found {}", op, half,
+           kRopeMaxFrequencies, params.inv_freq.size());
+  RopeArgs args{};
+  for (int64_t i = 0; i < half; ++i) args.inv_freq[i] = params.inv_freq[static_cast<size_t>(i)];
+  args.tokens = in.size(0);
+  args.heads = in.size(1);
+  args.head_dim = in.size(2);
+  args.half = half;
+  args.work = half + (args.head_dim - params.rotary_dim);
+  args.scaling = params.attention_scaling;
+  args.sin_sign = sin_sign;
+  args.interleaved = params.interleaved;
+  const int64_t total = args.tokens * args.heads * args.work;
+  if (total == 0) return;
+  const int64_t blocks64 = (total + kThreads - 1) / kThreads;
+  const unsigned blocks = static_cast<unsigned>(blocks64 < kMaxBlocks ? blocks64 : kMaxBlocks);
+  const auto cu_stream = static_cast<cudaStream_t>(stream_handle(stream));
+  const auto* positions = static_cast<const int32_t*>(position_ids.raw_data());
+  switch (in.dtype()) {
+    case DType::F32:
+      rope_kernel<<<blocks, kThreads, 0, cu_stream>>>(static_cast<float*>(out.raw_data()),
+                                                      static_cast<const float*>(in.raw_data()), positions, args);
+      break;
+    case DType::BF16:
+      rope_kernel<<<blocks, kThreads, 0, cu_stream>>>(static_cast<__nv_bfloat16*>(out.raw_data()),
+                                                      static_cast<const __nv_bfloat16*>(in.raw_data()), positions,
+                                                      args);
+      break;
+    default: MT_FAIL("{} (CUDA): expected f32 or bf16 but found {}", op, in.describe());
+  }
+  MT_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+void rope_forward(const Stream& stream, const Tensor& y, const Tensor& x, const Tensor& position_ids,
+                  const RopeParams& params) {
+  run(stream, y, x, position_ids, params, 1.0f, "rope_forward");
+}
+
+void rope_backward(const Stream& stream, const Tensor& dx, const Tensor& dy, const Tensor& position_ids,
+                   const RopeParams& params) {
+  run(stream, dx, dy, position_ids, params, -1.0f, "rope_backward");
+}
+
+}  // namespace moetrain::ops::cuda

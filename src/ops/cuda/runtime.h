@@ -1,0 +1,28 @@
+// defines: the CUDA backend's process-wide set-up (DESIGN.md section 4: set once, read
+// everywhere): for one device, a compute stream, a stream-ordered allocator (CUDA memory pools)
+// registered with core's allocator registry, host<->device copies, and the cuBLASLt handle and
+// workspace. A build without CUDA compiles this file to stubs that report no device.
+#pragma once
+
+#include <cstddef>
+
+#include "core/device.h"
+
+namespace moetrain::ops::cuda {
+
+// Number of CUDA devices visible; 0 when the build has no CUDA or the machine no driver/GPU.
+int device_count();
+// Sets up device `index` once (later calls for the same device are no-ops; another device is an
+// error: one process drives one GPU). Fails closed when no device is present.
+void setup_cuda(int index);
+bool is_setup();
+
+// Raw handles for kernels and library wrappers (cudaStream_t / cublasLtHandle_t as void*).
+void* stream_handle(const Stream& stream);
+void* cublaslt_handle();
+void* cublaslt_workspace(size_t* bytes);
+
+// Blocks until the device's compute stream is idle (metrics, host reads).
+void synchronize(Device device);
+
+}  // namespace moetrain::ops::cuda

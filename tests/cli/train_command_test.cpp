@@ -1,0 +1,100 @@
+// Tests for `moetrain train` and `moetrain convert`: override parsing, a run through the command
+// line, HF export of its checkpoint and import of an HF folder as a checkpoint to resume from.
+#include "cli/train_command.h"
+
+#include <filesystem>
+#include <fstream>
+
+#include <gtest/gtest.h>
+
+#include "cli/commands.h"
+#include "cli/convert_command.h"
+#include "core/error.h"
+#include "io/safetensors.h"
+#include "model/causal_lm.h"
+#include "testing/test_data.h"
+#include "train/checkpoint.h"
+#include "train/data/indexed_dataset.h"
+
+namespace moetrain::cli {
+namespace {
+
+int run(std::vector<std::string> args) {
+  args.insert(args.begin(), "moetrain");
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  return run_main(static_cast<int>(argv.size()), argv.data());
+}
+
+// A job on the golden qwen3 model (random init) over a small counting dataset.
+std::string write_job(const std::string& dir) {
+  train::data::IndexedDatasetBuilder builder(dir + "/docs", 8);
+  for (int d = 0; d < 40; ++d) {
+    std::vector<int32_t> doc;
+    for (int i = 0; i < 10 + d % 7; ++i) doc.push_back(1 + (d + i) % 9);
+    doc.push_back(0);
+    builder.add_sequence(doc);
+  }
+  builder.finish();
+  std::ofstream(dir + "/job.toml") << "[model]\nconfig = \"" << testing::test_data_path("golden/qwen3")
+                                   << "\"\n[data]\npath = \"docs\"\n[train]\nsteps = 4\nseq_len = 16\n"
+                                      "micro_batch = 2\nglobal_batch = 4\n[checkpoint]\ndir = \"ckpt\"\nevery = 2\n"
+                                      "[metrics]\nconsole_every = 10\n";
+  return dir + "/job.toml";
+}
+
+TEST(TrainCommand, CollectsOverridesInBothSpellings) {
+  EXPECT_EQ(collect_overrides({"--optim.lr=1e-4", "--train.steps", "5"}),
+            (std::vector<std::string>{"optim.lr=1e-4", "train.steps=5"}));
+  EXPECT_THROW(collect_overrides({"steps=5"}), Error);
+  EXPECT_THROW(collect_overrides({"--train.steps"}), Error);
+}
+
+TEST(TrainCommand, RunsAJobAndExportsItsCheckpointAsHuggingFace) {
+  const std::string dir = testing::make_temp_dir("train_cmd");
+  const std::string job = write_job(dir);
+  ASSERT_EQ(run({"train", "--config", job, "--train.steps=4"}), 0);
+  EXPECT_EQ(train::list_checkpoints(dir + "/ckpt"), (std::vector<int64_t>{2, 4}));
+
+  ASSERT_EQ(run({"convert", "--checkpoint", dir + "/ckpt", "--out", dir + "/hf"}), 0);
+  const auto exported = model::CausalLm::from_hf(dir + "/hf");
+  const train::CheckpointData ckpt = train::load_checkpoint(dir + "/ckpt/step_00000004");
+  std::map<std::string, Tensor> saved(ckpt.model.begin(), ckpt.model.end());
+  for (const auto& [name, tensor] : exported->params().export_hf()) {
+    EXPECT_EQ(tensor.to_vector<float>(), saved.at(name).to_vector<float>()) << name;
+  }
+}
+
+TEST(TrainCommand, ImportedHuggingFaceFolderIsResumedFrom) {
+  const std::string dir = testing::make_temp_dir("import_cmd");
+  const std::string job = write_job(dir);
+  ASSERT_EQ(run({"convert", "--hf", testing::test_data_path("golden/qwen3"), "--out", dir + "/ckpt"}), 0);
+  EXPECT_EQ(train::list_checkpoints(dir + "/ckpt"), (std::vector<int64_t>{0}));
+  // Resuming from the imported step 0 starts from the golden weights, not from the random init.
+  ASSERT_EQ(run({"train", "--config", job, "--train.steps=1", "--optim.lr=0", "--checkpoint.every=1"}), 0);
+  const auto golden = model::CausalLm::from_hf(testing::test_data_path("golden/qwen3"));
+  const train::CheckpointData after = train::load_checkpoint(dir + "/ckpt/step_00000001");
+  std::map<std::string, Tensor> saved(after.model.begin(), after.model.end());
+  for (const auto& [name, tensor] : golden->params().export_hf()) {
+    // lr = 0: AdamW's decoupled decay multiplies by (1 - 0 * wd) = 1, so the weights are unchanged.
+    EXPECT_EQ(tensor.to_vector<float>(), saved.at(name).to_vector<float>()) << name;
+  }
+}
+
+TEST(TrainCommand, BadConfigExitsNonZeroWithoutTraining) {
+  const std::string dir = testing::make_temp_dir("train_bad");
+  const std::string job = write_job(dir);
+  EXPECT_EQ(run({"train", "--config", job, "--optim.lrr=1"}), 1);
+  EXPECT_EQ(run({"train", "--config", job, "--train.steps=many"}), 1);
+  EXPECT_EQ(run({"train", "--config", job, "--data.path=" + dir + "/missing"}), 1);
+  EXPECT_FALSE(std::filesystem::exists(dir + "/ckpt"));
+}
+
+TEST(ConvertCommand, RejectsAFolderWithoutCheckpoints) {
+  const std::string dir = testing::make_temp_dir("convert_bad");
+  EXPECT_EQ(run({"convert", "--checkpoint", dir, "--out", dir + "/hf"}), 1);
+  EXPECT_FALSE(std::filesystem::exists(dir + "/hf"));
+}
+
+}  // namespace
+}  // namespace moetrain::cli

@@ -1,0 +1,244 @@
+// Tests for the CUDA cross-entropy kernels (ops/cuda/loss.*) through the public ops: forward (losses, lse), backward
+// and the totals against the CPU reference for f32 and bf16 logits up to a full 151936-token vocabulary with ignored
+// targets, batch invariance, determinism, the out-of-range guard and argument checks. Run on a GPU; skipped elsewhere.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "core/rng.h"
+#include "ops/loss.h"
+#include "testing/gpu.h"
+#include "testing/test_data.h"
+
+namespace moetrain {
+namespace {
+
+using testing::random_tensor;
+using testing::relative_error;
+
+Stream& gpu() { return default_stream(Device::cuda(0)); }
+Tensor on_gpu(const Tensor& t) { return t.to(Device::cuda(0)); }
+Tensor host_f32(const Tensor& t) {
+  const Tensor host = t.to(Device::cpu());
+  return host.dtype() == DType::F32 ? host : host.to(DType::F32);
+}
+
+bool same_bytes(const Tensor& a, const Tensor& b) {
+  const Tensor ha = a.to(Device::cpu()), hb = b.to(Device::cpu());
+  return ha.dtype() == hb.dtype() && ha.nbytes() == hb.nbytes() &&
+         std::memcmp(ha.raw_data(), hb.raw_data(), ha.nbytes()) == 0;
+}
+
+void expect_error_containing(const std::function<void()>& call, const std::vector<std::string>& needles) {
+  try {
+    call();
+    ADD_FAILURE() << "expected a moetrain::Error";
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    for (const std::string& needle : needles) {
+      EXPECT_NE(message.find(needle), std::string::npos) << "message '" << message << "' lacks '" << needle << "'";
+    }
+  }
+}
+
+// lse sums V exponentials in f32. The CPU adds them one by one into an accumulator of ~30 (logits of scale 3), which
+// rounds every tiny term to the accumulator's ulp (1.9e-6): its own error grows with V, ~1e-7 relative on lse at
+// V = 1000 but ~2e-5 at V = 151936 (seen: 1.5e-5), while the GPU's tree of 512 short sums stays near 1e-7. So 1e-5
+// up to V = 16k, 1e-4 beyond; and the GPU is also held to 1e-6 against an f64 computation (kF64Tolerance).
+double loss_tolerance(int64_t vocab) { return vocab <= 16384 ? 1e-5 : 1e-4; }
+// The GPU's lse against the f64 one of the same f32 logits: its f32 rounding, the tree's and expf's errors, ~1e-7.
+constexpr double kF64Tolerance = 1e-6;
+// dlogits = scale * (exp(x - lse) - onehot) from the same lse: one expf (2 ulp) and two roundings per element.
+constexpr double kGradTolerance = 1e-6;
+// bf16 gradients are the f32 result rounded to 8 significant bits: up to 2^-9 = 2e-3 relative per element.
+constexpr double kBf16Tolerance = 1e-2;
+
+struct Case {
+  int64_t tokens;
+  int64_t vocab;
+};
+
+// A tiny vocabulary, one token, V not a multiple of the block, Qwen's full vocabulary, no tokens.
+const std::vector<Case> kCases = {{5, 7}, {1, 1}, {33, 1000}, {64, 5003}, {4, 151936}, {0, 9}};
+
+// Targets in [0, V) with about a fifth of them ignored (the first token always counted when there is one).
+Tensor make_targets(int64_t tokens, int64_t vocab, Rng& rng) {
+  std::vector<int32_t> targets(static_cast<size_t>(tokens));
+  for (size_t t = 0; t < targets.size(); ++t) {
+    targets[t] = t > 0 && rng.uniform() < 0.2 ? ops::kIgnoreIndex
+                                              : static_cast<int32_t>(rng.below(static_cast<uint64_t>(vocab)));
+  }
+  return Tensor::from_vector(targets, {tokens});
+}
+
+// lse of every row of host f32 logits, computed in f64 straight from the definition.
+Tensor lse_f64(const Tensor& logits) {
+  const int64_t tokens = logits.size(0), vocab = logits.size(1);
+  const std::vector<float> x = logits.to_vector<float>();
+  std::vector<double> lse(static_cast<size_t>(tokens));
+  for (int64_t t = 0; t < tokens; ++t) {
+    double m = x[t * vocab];
+    for (int64_t v = 1; v < vocab; ++v) m = std::max(m, double(x[t * vocab + v]));
+    double sum = 0.0;
+    for (int64_t v = 0; v < vocab; ++v) sum += std::exp(double(x[t * vocab + v]) - m);
+    lse[t] = m + std::log(sum);
+  }
+  return Tensor::from_vector(lse, {tokens});
+}
+
+struct Results {
+  Tensor losses, lse, dlogits;
+  ops::LossTotals totals;
+};
+
+// Forward, backward (scale 1 / counted tokens, from the device's own lse) and totals on `device`.
+Results run_all(Stream& stream, Device device, const Tensor& logits, const Tensor& targets) {
+  const int64_t tokens = logits.size(0);
+  const DType row_dtype = device.is_cuda() ? DType::F32 : logits.dtype();
+  Results r;
+  const Tensor x = logits.to(device), tg = targets.to(device);
+  r.losses = Tensor::empty({tokens}, row_dtype, device);
+  r.lse = Tensor::empty({tokens}, row_dtype, device);
+  ops::cross_entropy_forward(stream, r.losses, r.lse, x, tg);
+  r.totals = ops::cross_entropy_totals(stream, r.losses, tg);
+  r.dlogits = Tensor::empty(logits.shape(), logits.dtype(), device);
+  const double scale = r.totals.count > 0 ? 1.0 / static_cast<double>(r.totals.count) : 1.0;
+  ops::cross_entropy_backward(stream, r.dlogits, x, r.lse, tg, scale);
+  return r;
+}
+
+TEST(CudaCrossEntropy, F32MatchesCpu) {
+  MT_REQUIRE_GPU();
+  for (const Case& c : kCases) {
+    SCOPED_TRACE(::testing::Message() << "T " << c.tokens << " V " << c.vocab);
+    Rng rng(71);
+    const Tensor logits = random_tensor({c.tokens, c.vocab}, DType::F32, rng, 3.0);
+    const Tensor targets = make_targets(c.tokens, c.vocab, rng);
+    const Results want = run_all(Stream::cpu(), Device::cpu(), logits, targets);
+    const Results got = run_all(gpu(), Device::cuda(0), logits, targets);
+    const double e_loss = relative_error(host_f32(got.losses), want.losses);
+    const double e_lse = relative_error(host_f32(got.lse), want.lse);
+    const double e_lse64 = relative_error(host_f32(got.lse), lse_f64(logits));
+    EXPECT_LT(e_loss, loss_tolerance(c.vocab)) << "losses";
+    EXPECT_LT(e_lse, loss_tolerance(c.vocab)) << "lse";
+    EXPECT_LT(e_lse64, kF64Tolerance) << "lse against f64";
+    // The count is exact; the f64 sums of the same kind of f32 losses differ by the losses' own errors only.
+    EXPECT_EQ(got.totals.count, want.totals.count);
+    EXPECT_NEAR(got.totals.sum, want.totals.sum, loss_tolerance(c.vocab) * std::fabs(want.totals.sum));
+    // The backward on its own: both sides from the CPU's lse.
+    Tensor d_cpu = Tensor::empty({c.tokens, c.vocab}, DType::F32);
+    const double scale = 0.37;
+    ops::cross_entropy_backward(Stream::cpu(), d_cpu, logits, want.lse, targets, scale);
+    Tensor d_gpu = Tensor::empty({c.tokens, c.vocab}, DType::F32, Device::cuda(0));
+    ops::cross_entropy_backward(gpu(), d_gpu, on_gpu(logits), on_gpu(want.lse), on_gpu(targets), scale);
+    const double e_grad = relative_error(host_f32(d_gpu), d_cpu);
+    EXPECT_LT(e_grad, kGradTolerance) << "dlogits";
+    std::printf("cross entropy f32 T %lld V %lld: rel err losses %.2e lse %.2e (vs f64 %.2e) dlogits %.2e\n",
+                static_cast<long long>(c.tokens), static_cast<long long>(c.vocab), e_loss, e_lse, e_lse64, e_grad);
+  }
+}
+
+TEST(CudaCrossEntropy, Bf16LogitsMatchCpuOnTheRoundedValues) {
+  MT_REQUIRE_GPU();
+  for (const Case& c : kCases) {
+    SCOPED_TRACE(::testing::Message() << "T " << c.tokens << " V " << c.vocab);
+    Rng rng(72);
+    const Tensor logits16 = random_tensor({c.tokens, c.vocab}, DType::F32, rng, 3.0).to(DType::BF16);
+    const Tensor targets = make_targets(c.tokens, c.vocab, rng);
+    const Results want = run_all(Stream::cpu(), Device::cpu(), logits16.to(DType::F32), targets);
+    const Results got = run_all(gpu(), Device::cuda(0), logits16, targets);
+    // losses and lse are f32 outputs computed in f32 from exact inputs: the f32 bound holds.
+    EXPECT_LT(relative_error(host_f32(got.losses), want.losses), loss_tolerance(c.vocab)) << "losses";
+    EXPECT_LT(relative_error(host_f32(got.lse), want.lse), loss_tolerance(c.vocab)) << "lse";
+    EXPECT_LT(relative_error(host_f32(got.lse), lse_f64(logits16.to(DType::F32))), kF64Tolerance) << "lse against f64";
+    EXPECT_EQ(got.totals.count, want.totals.count);
+    ASSERT_EQ(got.dlogits.dtype(), DType::BF16);
+    EXPECT_LT(relative_error(host_f32(got.dlogits), want.dlogits), kBf16Tolerance) << "dlogits (bf16)";
+  }
+}
+
+TEST(CudaCrossEntropy, RowResultsDoNotDependOnOtherRowsAndRepeatExactly) {
+  MT_REQUIRE_GPU();
+  Rng rng(73);
+  const int64_t vocab = 32000;
+  const Tensor logits = random_tensor({50, vocab}, DType::F32, rng, 2.0);
+  const Tensor targets = make_targets(50, vocab, rng);
+  const Results all = run_all(gpu(), Device::cuda(0), logits, targets);
+  const Results again = run_all(gpu(), Device::cuda(0), logits, targets);
+  EXPECT_TRUE(same_bytes(all.losses, again.losses)) << "losses";
+  EXPECT_TRUE(same_bytes(all.lse, again.lse)) << "lse";
+  EXPECT_TRUE(same_bytes(all.dlogits, again.dlogits)) << "dlogits";
+  EXPECT_EQ(all.totals.sum, again.totals.sum);
+  // Row 0 alone: the same losses and lse bits (its gradient's scale depends on the count, so compare the forward).
+  Tensor losses = Tensor::empty({1}, DType::F32, Device::cuda(0));
+  Tensor lse = Tensor::empty({1}, DType::F32, Device::cuda(0));
+  ops::cross_entropy_forward(gpu(), losses, lse, on_gpu(logits.slice(0, 1).clone()),
+                             on_gpu(targets.slice(0, 1).clone()));
+  EXPECT_TRUE(same_bytes(losses, all.losses.to(Device::cpu()).slice(0, 1).clone())) << "loss of row 0";
+  EXPECT_TRUE(same_bytes(lse, all.lse.to(Device::cpu()).slice(0, 1).clone())) << "lse of row 0";
+}
+
+TEST(CudaCrossEntropy, TotalsOfManyTokensMatchCpu) {
+  MT_REQUIRE_GPU();
+  // Sums of f32 losses in f64: the orders differ (ascending vs a fixed tree), each addition errs by ~1e-16 relative.
+  Rng rng(74);
+  const int64_t tokens = 100003;
+  const Tensor losses = random_tensor({tokens}, DType::F32, rng, 3.0);
+  const Tensor targets = make_targets(tokens, 100, rng);
+  const ops::LossTotals want = ops::cross_entropy_totals(Stream::cpu(), losses, targets);
+  const ops::LossTotals got = ops::cross_entropy_totals(gpu(), on_gpu(losses), on_gpu(targets));
+  EXPECT_EQ(got.count, want.count);
+  EXPECT_NEAR(got.sum, want.sum, 1e-12 * std::fabs(want.sum) + 1e-12);
+  const ops::LossTotals again = ops::cross_entropy_totals(gpu(), on_gpu(losses), on_gpu(targets));
+  EXPECT_EQ(again.sum, got.sum);
+}
+
+TEST(CudaCrossEntropy, TargetOutsideTheVocabularyGivesNanInsteadOfAnOutOfBoundsRead) {
+  MT_REQUIRE_GPU();
+  // The device cannot report a bad target (the trainer validates batches on the host): the row turns NaN.
+  const Tensor logits = on_gpu(Tensor::zeros({3, 4}, DType::F32));
+  const Tensor targets = on_gpu(Tensor::from_vector(std::vector<int32_t>{1, 4, ops::kIgnoreIndex}, {3}));
+  Tensor losses = Tensor::empty({3}, DType::F32, Device::cuda(0));
+  Tensor lse = Tensor::empty({3}, DType::F32, Device::cuda(0));
+  ops::cross_entropy_forward(gpu(), losses, lse, logits, targets);
+  const std::vector<float> l = host_f32(losses).to_vector<float>();
+  EXPECT_NEAR(l[0], std::log(4.0f), 1e-6f);
+  EXPECT_TRUE(std::isnan(l[1])) << l[1];
+  EXPECT_EQ(l[2], 0.0f);
+  Tensor dlogits = Tensor::empty({3, 4}, DType::F32, Device::cuda(0));
+  ops::cross_entropy_backward(gpu(), dlogits, logits, lse, targets, 1.0);
+  const std::vector<float> d = host_f32(dlogits).to_vector<float>();
+  for (int v = 0; v < 4; ++v) {
+    EXPECT_TRUE(std::isnan(d[4 + v])) << "row 1 column " << v;
+    EXPECT_EQ(d[8 + v], 0.0f) << "ignored row 2 column " << v;
+  }
+}
+
+TEST(CudaCrossEntropy, RejectsDtypesWithoutACudaKernelAndMixedDevices) {
+  MT_REQUIRE_GPU();
+  const Device cuda = Device::cuda(0);
+  const Tensor logits16 = Tensor::zeros({3, 5}, DType::BF16, cuda);
+  const Tensor targets = Tensor::zeros({3}, DType::I32, cuda);
+  Tensor losses16 = Tensor::zeros({3}, DType::BF16, cuda);
+  Tensor lse = Tensor::zeros({3}, DType::F32, cuda);
+  expect_error_containing([&] { ops::cross_entropy_forward(gpu(), losses16, lse, logits16, targets); },
+                          {"cross_entropy_forward: losses", "expected dtype f32", "bf16"});
+  Tensor dlogits32 = Tensor::zeros({3, 5}, DType::F32, cuda);
+  expect_error_containing([&] { ops::cross_entropy_backward(gpu(), dlogits32, logits16, lse, targets, 1.0); },
+                          {"cross_entropy_backward: dlogits", "expected dtype bf16", "f32"});
+  expect_error_containing([&] { ops::cross_entropy_totals(gpu(), Tensor::zeros({3}, DType::F64, cuda), targets); },
+                          {"cross_entropy_totals", "losses", "f32", "f64"});
+  expect_error_containing(
+      [&] { ops::cross_entropy_totals(gpu(), Tensor::zeros({3}, DType::F32, cuda), Tensor::zeros({3}, DType::I32)); },
+      {"cross_entropy_totals", "targets", "stream's device cuda:0", "on cpu"});
+}
+
+}  // namespace
+}  // namespace moetrain

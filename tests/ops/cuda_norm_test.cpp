@@ -1,0 +1,225 @@
+// Tests for the CUDA RMSNorm kernels (ops/cuda/norm.*) through the public ops: forward, input and weight gradients
+// against the CPU reference (plain and zero-centred; f32 and bf16 activations), dx aliasing dy, batch invariance,
+// determinism and argument checks. Run on a GPU; skipped elsewhere.
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "core/rng.h"
+#include "ops/norm.h"
+#include "testing/gpu.h"
+#include "testing/test_data.h"
+
+namespace moetrain {
+namespace {
+
+using testing::random_tensor;
+using testing::relative_error;
+
+Stream& gpu() { return default_stream(Device::cuda(0)); }
+Tensor on_gpu(const Tensor& t) { return t.to(Device::cuda(0)); }
+// A device result as a host f32 tensor (bf16 widens exactly).
+Tensor host_f32(const Tensor& t) {
+  const Tensor host = t.to(Device::cpu());
+  return host.dtype() == DType::F32 ? host : host.to(DType::F32);
+}
+
+bool same_bytes(const Tensor& a, const Tensor& b) {
+  const Tensor ha = a.to(Device::cpu()), hb = b.to(Device::cpu());
+  return ha.dtype() == hb.dtype() && ha.nbytes() == hb.nbytes() &&
+         std::memcmp(ha.raw_data(), hb.raw_data(), ha.nbytes()) == 0;
+}
+
+void expect_error_containing(const std::function<void()>& call, const std::vector<std::string>& needles) {
+  try {
+    call();
+    ADD_FAILURE() << "expected a moetrain::Error";
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    for (const std::string& needle : needles) {
+      EXPECT_NE(message.find(needle), std::string::npos) << "message '" << message << "' lacks '" << needle << "'";
+    }
+  }
+}
+
+// f32 against the CPU: every element rounds the same f32 operations on both sides (no fused multiply-adds); only the
+// sums of D (or N) terms run in different orders, the CPU sequentially, the GPU in lane-strided partials and a
+// butterfly (or in row chunks), and differ by ~sqrt(length) ulp (6e-8 each) in the worst rows: 1e-6 holds for sums
+// up to 256 terms and 1e-5 up to ~16k terms.
+double f32_tolerance(int64_t reduced) { return reduced <= 256 ? 1e-6 : 1e-5; }
+// bf16 outputs are the f32 result rounded to 8 significant bits: up to 2^-9 = 2e-3 relative per element.
+constexpr double kBf16Tolerance = 1e-2;
+
+// q/k-norm heads [T, nh, hd], a hidden row of 4096, D = 1, a D that is not a multiple of 32, many rows.
+const std::vector<Shape> kShapes = {{3, 4, 32}, {5, 4096}, {7, 1}, {2, 33}, {1000, 128}, {300, 1537}};
+
+struct Outputs {
+  Tensor y, rstd, dx, dw;
+};
+
+// Runs the three ops on `device` from the host tensors (x, dy in one dtype, w f32) and returns the outputs there.
+// The backward ops take `backward_rstd` (host f32) when given, else the forward's rstd.
+Outputs run_all(Stream& stream, Device device, const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dw0,
+                const ops::RmsNormParams& params, const Tensor& backward_rstd = Tensor()) {
+  const int64_t dim = x.size(-1);
+  const int64_t rows = x.numel() / dim;
+  Outputs out;
+  const Tensor x_in = x.to(device), w_in = w.to(device), dy_in = dy.to(device);
+  out.y = Tensor::empty(x.shape(), x.dtype(), device);
+  out.rstd = Tensor::empty({rows}, DType::F32, device);
+  ops::rmsnorm_forward(stream, out.y, out.rstd, x_in, w_in, params);
+  const Tensor rstd = backward_rstd.defined() ? backward_rstd.to(device) : out.rstd;
+  out.dx = Tensor::empty(x.shape(), x.dtype(), device);
+  ops::rmsnorm_backward_input(stream, out.dx, dy_in, x_in, w_in, rstd, params);
+  out.dw = dw0.to(device);
+  ops::rmsnorm_backward_weight(stream, out.dw, dy_in, x_in, rstd);
+  return out;
+}
+
+TEST(CudaRmsNorm, F32MatchesCpuForBothVariants) {
+  MT_REQUIRE_GPU();
+  for (bool zero_centered : {false, true}) {
+    for (const Shape& shape : kShapes) {
+      SCOPED_TRACE(::testing::Message() << shape_str(shape) << (zero_centered ? " zero-centred" : " plain"));
+      Rng rng(41);
+      const int64_t dim = shape.back();
+      const int64_t rows = shape_numel(shape) / dim;
+      const Tensor x = random_tensor(shape, DType::F32, rng, 2.0);
+      const Tensor w = random_tensor({dim}, DType::F32, rng, 0.5);
+      const Tensor dy = random_tensor(shape, DType::F32, rng);
+      const Tensor dw0 = random_tensor({dim}, DType::F32, rng);
+      const ops::RmsNormParams params{1e-6f, zero_centered};
+      const Outputs want = run_all(Stream::cpu(), Device::cpu(), x, w, dy, dw0, params);
+      // The backward ops on both sides take the CPU's rstd: each op is compared on the same inputs.
+      const Outputs got = run_all(gpu(), Device::cuda(0), x, w, dy, dw0, params, want.rstd);
+      const double e_y = relative_error(host_f32(got.y), want.y);
+      const double e_rstd = relative_error(host_f32(got.rstd), want.rstd);
+      const double e_dx = relative_error(host_f32(got.dx), want.dx);
+      const double e_dw = relative_error(host_f32(got.dw), want.dw);
+      EXPECT_LT(e_y, f32_tolerance(dim)) << "y";
+      EXPECT_LT(e_rstd, f32_tolerance(dim)) << "rstd";
+      EXPECT_LT(e_dx, f32_tolerance(dim)) << "dx";
+      EXPECT_LT(e_dw, f32_tolerance(rows)) << "dw";
+      std::printf("rmsnorm f32 %s%s: rel err y %.2e rstd %.2e dx %.2e dw %.2e\n", shape_str(shape).c_str(),
+                  zero_centered ? " zc" : "", e_y, e_rstd, e_dx, e_dw);
+    }
+  }
+}
+
+TEST(CudaRmsNorm, Bf16ActivationsMatchCpuOnTheRoundedValues) {
+  MT_REQUIRE_GPU();
+  for (bool zero_centered : {false, true}) {
+    for (const Shape& shape : kShapes) {
+      SCOPED_TRACE(::testing::Message() << shape_str(shape) << (zero_centered ? " zero-centred" : " plain"));
+      Rng rng(42);
+      const int64_t dim = shape.back();
+      const int64_t rows = shape_numel(shape) / dim;
+      const Tensor x16 = random_tensor(shape, DType::F32, rng, 2.0).to(DType::BF16);
+      const Tensor w = random_tensor({dim}, DType::F32, rng, 0.5);
+      const Tensor dy16 = random_tensor(shape, DType::F32, rng).to(DType::BF16);
+      const Tensor dw0 = random_tensor({dim}, DType::F32, rng);
+      const ops::RmsNormParams params{1e-6f, zero_centered};
+      // The CPU computes in f32 from the same (exactly widened) values.
+      const Outputs want =
+          run_all(Stream::cpu(), Device::cpu(), x16.to(DType::F32), w, dy16.to(DType::F32), dw0, params);
+      const Outputs got = run_all(gpu(), Device::cuda(0), x16, w, dy16, dw0, params, want.rstd);
+      ASSERT_EQ(got.y.dtype(), DType::BF16);
+      EXPECT_LT(relative_error(host_f32(got.y), want.y), kBf16Tolerance) << "y (bf16)";
+      EXPECT_LT(relative_error(host_f32(got.dx), want.dx), kBf16Tolerance) << "dx (bf16)";
+      // rstd and dw are f32 outputs computed in f32 from exact inputs: the f32 bounds hold.
+      EXPECT_LT(relative_error(host_f32(got.rstd), want.rstd), f32_tolerance(dim)) << "rstd";
+      EXPECT_LT(relative_error(host_f32(got.dw), want.dw), f32_tolerance(rows)) << "dw";
+    }
+  }
+}
+
+TEST(CudaRmsNorm, BackwardInputMayOverwriteDy) {
+  MT_REQUIRE_GPU();
+  Rng rng(43);
+  const Shape shape = {64, 4096};
+  const Tensor x = on_gpu(random_tensor(shape, DType::F32, rng));
+  const Tensor w = on_gpu(random_tensor({4096}, DType::F32, rng));
+  const Tensor dy = random_tensor(shape, DType::F32, rng);
+  const ops::RmsNormParams params{1e-6f, true};
+  Tensor y = Tensor::empty(shape, DType::F32, Device::cuda(0));
+  Tensor rstd = Tensor::empty({64}, DType::F32, Device::cuda(0));
+  ops::rmsnorm_forward(gpu(), y, rstd, x, w, params);
+  Tensor separate = Tensor::empty(shape, DType::F32, Device::cuda(0));
+  ops::rmsnorm_backward_input(gpu(), separate, on_gpu(dy), x, w, rstd, params);
+  Tensor in_place = on_gpu(dy);
+  ops::rmsnorm_backward_input(gpu(), in_place, in_place, x, w, rstd, params);
+  EXPECT_TRUE(same_bytes(in_place, separate));
+}
+
+TEST(CudaRmsNorm, RowResultsDoNotDependOnOtherRows) {
+  MT_REQUIRE_GPU();
+  // A row's forward and input gradient are the same bits whether it is alone or among 999 other rows.
+  for (DType dtype : {DType::F32, DType::BF16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    Rng rng(44);
+    const int64_t dim = 896;
+    const Tensor x_all = random_tensor({1000, dim}, DType::F32, rng).to(dtype);
+    const Tensor dy_all = random_tensor({1000, dim}, DType::F32, rng).to(dtype);
+    const Tensor w = random_tensor({dim}, DType::F32, rng);
+    const Tensor dw0 = Tensor::zeros({dim}, DType::F32);
+    const ops::RmsNormParams params{1e-6f, false};
+    const Outputs all = run_all(gpu(), Device::cuda(0), x_all, w, dy_all, dw0, params);
+    const Outputs one =
+        run_all(gpu(), Device::cuda(0), x_all.slice(0, 1).clone(), w, dy_all.slice(0, 1).clone(), dw0, params);
+    EXPECT_TRUE(same_bytes(one.y, all.y.to(Device::cpu()).slice(0, 1).clone())) << "y";
+    EXPECT_TRUE(same_bytes(one.rstd, all.rstd.to(Device::cpu()).slice(0, 1).clone())) << "rstd";
+    EXPECT_TRUE(same_bytes(one.dx, all.dx.to(Device::cpu()).slice(0, 1).clone())) << "dx";
+  }
+}
+
+TEST(CudaRmsNorm, RepeatedRunsGiveIdenticalBits) {
+  MT_REQUIRE_GPU();
+  Rng rng(45);
+  const Shape shape = {4096, 1024};  // dw sums 32 chunks of 128 rows
+  const Tensor x = random_tensor(shape, DType::F32, rng).to(DType::BF16);
+  const Tensor dy = random_tensor(shape, DType::F32, rng).to(DType::BF16);
+  const Tensor w = random_tensor({1024}, DType::F32, rng);
+  const Tensor dw0 = Tensor::zeros({1024}, DType::F32);
+  const ops::RmsNormParams params{1e-5f, false};
+  const Outputs first = run_all(gpu(), Device::cuda(0), x, w, dy, dw0, params);
+  const Outputs second = run_all(gpu(), Device::cuda(0), x, w, dy, dw0, params);
+  EXPECT_TRUE(same_bytes(first.y, second.y)) << "y";
+  EXPECT_TRUE(same_bytes(first.rstd, second.rstd)) << "rstd";
+  EXPECT_TRUE(same_bytes(first.dx, second.dx)) << "dx";
+  EXPECT_TRUE(same_bytes(first.dw, second.dw)) << "dw";
+}
+
+TEST(CudaRmsNorm, RejectsDtypesWithoutACudaKernelAndMixedDevices) {
+  MT_REQUIRE_GPU();
+  const Device cuda = Device::cuda(0);
+  const Tensor x = Tensor::zeros({2, 8}, DType::BF16, cuda);
+  Tensor y = Tensor::zeros({2, 8}, DType::BF16, cuda);
+  Tensor rstd = Tensor::zeros({2}, DType::F32, cuda);
+  const ops::RmsNormParams params;
+  expect_error_containing(
+      [&] { ops::rmsnorm_forward(gpu(), y, rstd, x, Tensor::zeros({8}, DType::BF16, cuda), params); },
+      {"rmsnorm_forward: w", "expected dtype f32", "bf16"});
+  Tensor rstd16 = Tensor::zeros({2}, DType::BF16, cuda);
+  expect_error_containing(
+      [&] { ops::rmsnorm_forward(gpu(), y, rstd16, x, Tensor::zeros({8}, DType::F32, cuda), params); },
+      {"rmsnorm_forward: rstd", "expected dtype f32", "bf16"});
+  Tensor y64 = Tensor::zeros({2, 8}, DType::F64, cuda);
+  expect_error_containing(
+      [&] {
+        ops::rmsnorm_forward(gpu(), y64, rstd, Tensor::zeros({2, 8}, DType::F64, cuda),
+                             Tensor::zeros({8}, DType::F32, cuda), params);
+      },
+      {"rmsnorm_forward", "x", "f32 or bf16", "f64"});
+  Tensor dw = Tensor::zeros({8}, DType::F32);
+  expect_error_containing([&] { ops::rmsnorm_backward_weight(gpu(), dw, x, x, rstd); },
+                          {"rmsnorm_backward_weight", "dw", "stream's device cuda:0", "on cpu"});
+}
+
+}  // namespace
+}  // namespace moetrain

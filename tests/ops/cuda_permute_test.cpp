@@ -1,0 +1,252 @@
+// Tests for the CUDA permutation kernels (ops/cuda/permute.*) through the public ops: the device routing plan
+// equals the CPU plan exactly (idle experts, one expert, no tokens, large T*K); permute / unpermute forward and
+// backward against the CPU in f32 (bitwise where the sums are in slot order) and bf16; bitwise determinism; and
+// the CUDA argument checks.
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "ops/permute.h"
+#include "testing/gpu.h"
+#include "testing/test_data.h"
+
+namespace moetrain {
+namespace {
+
+using testing::random_tensor;
+using testing::relative_error;
+
+Device gpu() { return Device::cuda(0); }
+
+template <typename F>
+void expect_error(F&& f, const std::string& needle) {
+  try {
+    f();
+    ADD_FAILURE() << "expected a moetrain::Error containing \"" << needle << "\"";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+// Choices drawn uniformly from the experts not in `idle`.
+Tensor random_choices(int64_t tokens, int64_t top_k, int64_t experts, Rng& rng, const std::vector<int32_t>& idle = {}) {
+  std::vector<int32_t> active;
+  for (int32_t e = 0; e < experts; ++e) {
+    if (std::find(idle.begin(), idle.end(), e) == idle.end()) active.push_back(e);
+  }
+  std::vector<int32_t> index(static_cast<size_t>(tokens * top_k));
+  for (int32_t& e : index) e = active[static_cast<size_t>(rng.below(active.size()))];
+  return Tensor::from_vector<int32_t>(index, {tokens, top_k});
+}
+
+// Element-wise bitwise equality, reporting how many elements differ and the first one (not the whole vectors).
+template <typename T>
+void expect_same_values(const std::vector<T>& got, const std::vector<T>& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  size_t mismatches = 0, first = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::memcmp(&got[i], &want[i], sizeof(T)) != 0 && mismatches++ == 0) first = i;
+  }
+  EXPECT_EQ(mismatches, 0u) << what << ": " << mismatches << " of " << got.size() << " elements differ, the first at ["
+                            << first << "]: gpu " << (mismatches ? got[first] : T{}) << " vs cpu "
+                            << (mismatches ? want[first] : T{});
+}
+
+ops::RoutingPlan plan_on(const Tensor& topk_index, int64_t experts, Device device) {
+  return ops::make_routing_plan(default_stream(device), topk_index.to(device), experts);
+}
+
+ops::RoutingPlan plan_to_cpu(const ops::RoutingPlan& plan) {
+  ops::RoutingPlan host = plan;
+  host.expert_offsets = plan.expert_offsets.to(Device::cpu());
+  host.row_choice = plan.row_choice.to(Device::cpu());
+  host.choice_row = plan.choice_row.to(Device::cpu());
+  return host;
+}
+
+void expect_same_plan(const ops::RoutingPlan& gpu_plan, const ops::RoutingPlan& cpu_plan, const std::string& what) {
+  const ops::RoutingPlan g = plan_to_cpu(gpu_plan);
+  EXPECT_EQ(g.num_tokens, cpu_plan.num_tokens) << what;
+  EXPECT_EQ(g.top_k, cpu_plan.top_k) << what;
+  EXPECT_EQ(g.num_experts, cpu_plan.num_experts) << what;
+  expect_same_values(g.expert_offsets.to_vector<int32_t>(), cpu_plan.expert_offsets.to_vector<int32_t>(),
+                     what + ": expert_offsets");
+  expect_same_values(g.row_choice.to_vector<int32_t>(), cpu_plan.row_choice.to_vector<int32_t>(),
+                     what + ": row_choice");
+  expect_same_values(g.choice_row.to_vector<int32_t>(), cpu_plan.choice_row.to_vector<int32_t>(),
+                     what + ": choice_row");
+}
+
+bool same_bytes(const Tensor& a, const Tensor& b) {
+  const Tensor ha = a.to(Device::cpu()), hb = b.to(Device::cpu());
+  return ha.nbytes() == hb.nbytes() && std::memcmp(ha.raw_data(), hb.raw_data(), ha.nbytes()) == 0;
+}
+
+TEST(CudaRoutingPlan, HandCaseMatchesTheCpuPlan) {
+  MT_REQUIRE_GPU();
+  // Choices (t, k) -> expert: (0,0) 2, (0,1) 0, (1,0) 2, (1,1) 3, (2,0) 0, (2,1) 2; expert 1 gets none.
+  const Tensor index = Tensor::from_vector<int32_t>({2, 0, 2, 3, 0, 2}, {3, 2});
+  const ops::RoutingPlan g = plan_to_cpu(plan_on(index, 4, gpu()));
+  EXPECT_EQ(g.expert_offsets.to_vector<int32_t>(), (std::vector<int32_t>{0, 2, 2, 5, 6}));
+  EXPECT_EQ(g.row_choice.to_vector<int32_t>(), (std::vector<int32_t>{1, 4, 0, 2, 5, 3}));
+  EXPECT_EQ(g.choice_row.to_vector<int32_t>(), (std::vector<int32_t>{2, 0, 3, 5, 1, 4}));
+}
+
+TEST(CudaRoutingPlan, EqualsTheCpuPlanExactly) {
+  MT_REQUIRE_GPU();
+  struct Case {
+    int64_t tokens, top_k, experts;
+    std::vector<int32_t> idle;
+  };
+  const Case cases[] = {{1000, 4, 64, {}},        {1, 1, 1, {}},       {7, 3, 5, {2}}, {0, 2, 4, {}}, {513, 2, 3, {0}},
+                        {4096, 6, 256, {7, 255}}, {20000, 8, 128, {}}, {300, 8, 8, {}}};
+  Rng rng(21);
+  for (const Case& c : cases) {
+    const Tensor index = random_choices(c.tokens, c.top_k, c.experts, rng, c.idle);
+    expect_same_plan(
+        plan_on(index, c.experts, gpu()), plan_on(index, c.experts, Device::cpu()),
+        "T=" + std::to_string(c.tokens) + " K=" + std::to_string(c.top_k) + " E=" + std::to_string(c.experts));
+  }
+}
+
+struct Results {
+  Tensor permuted, dx, y, dexpert_out, dtopk_weight;  // f32 on the CPU
+};
+
+struct Inputs {
+  Tensor x, dpermuted, expert_out, weight, dy;  // f32 on the CPU
+};
+
+Inputs random_inputs(int64_t tokens, int64_t top_k, int64_t hidden, DType gpu_dtype, Rng& rng) {
+  Inputs in{random_tensor({tokens, hidden}, DType::F32, rng), random_tensor({tokens * top_k, hidden}, DType::F32, rng),
+            random_tensor({tokens * top_k, hidden}, DType::F32, rng), random_tensor({tokens, top_k}, DType::F32, rng),
+            random_tensor({tokens, hidden}, DType::F32, rng)};
+  if (gpu_dtype == DType::BF16) {
+    for (Tensor* t : {&in.x, &in.dpermuted, &in.expert_out, &in.weight, &in.dy}) *t = t->to(DType::BF16).to(DType::F32);
+  }
+  return in;
+}
+
+// The four ops on `device` in `dtype` with the plan of `topk_index`; results back as f32 CPU tensors.
+Results run_ops(const Inputs& in, const Tensor& topk_index, int64_t experts, Device device, DType dtype) {
+  const ops::RoutingPlan plan = plan_on(topk_index, experts, device);
+  const auto put = [&](const Tensor& t) { return t.to(dtype).to(device); };
+  const int64_t tokens = in.x.size(0), hidden = in.x.size(1), rows = tokens * plan.top_k;
+  Stream& s = default_stream(device);
+  Tensor permuted = Tensor::empty({rows, hidden}, dtype, device);
+  Tensor dx = Tensor::empty({tokens, hidden}, dtype, device);
+  Tensor y = Tensor::empty({tokens, hidden}, dtype, device);
+  Tensor dexpert_out = Tensor::empty({rows, hidden}, dtype, device);
+  Tensor dtopk_weight = Tensor::empty({tokens, plan.top_k}, dtype, device);
+  const Tensor expert_out = put(in.expert_out), weight = put(in.weight);
+  ops::permute_forward(s, permuted, put(in.x), plan);
+  ops::permute_backward(s, dx, put(in.dpermuted), plan);
+  ops::unpermute_forward(s, y, expert_out, weight, plan);
+  ops::unpermute_backward(s, dexpert_out, dtopk_weight, put(in.dy), expert_out, weight, plan);
+  const auto back = [](const Tensor& t) { return t.to(Device::cpu()).to(DType::F32); };
+  return {back(permuted), back(dx), back(y), back(dexpert_out), back(dtopk_weight)};
+}
+
+struct OpsCase {
+  int64_t tokens, top_k, experts, hidden;
+};
+const OpsCase kOpsCases[] = {{1000, 4, 64, 256}, {37, 2, 5, 300}, {1, 1, 1, 64}, {513, 8, 16, 1000}};
+
+std::string case_name(const OpsCase& c) {
+  return "T=" + std::to_string(c.tokens) + " K=" + std::to_string(c.top_k) + " E=" + std::to_string(c.experts) +
+         " H=" + std::to_string(c.hidden);
+}
+
+TEST(CudaPermute, F32MatchesCpu) {
+  MT_REQUIRE_GPU();
+  Rng rng(22);
+  for (const OpsCase& c : kOpsCases) {
+    const Tensor index = random_choices(c.tokens, c.top_k, c.experts, rng);
+    const Inputs in = random_inputs(c.tokens, c.top_k, c.hidden, DType::F32, rng);
+    const Results g = run_ops(in, index, c.experts, gpu(), DType::F32);
+    const Results r = run_ops(in, index, c.experts, Device::cpu(), DType::F32);
+    const std::string what = case_name(c);
+    // Copies, and sums over the slots in ascending k with the products and sums rounded apart: the CPU's bits.
+    expect_same_values(g.permuted.to_vector<float>(), r.permuted.to_vector<float>(), what + ": permuted");
+    expect_same_values(g.dx.to_vector<float>(), r.dx.to_vector<float>(), what + ": dx");
+    expect_same_values(g.y.to_vector<float>(), r.y.to_vector<float>(), what + ": y");
+    expect_same_values(g.dexpert_out.to_vector<float>(), r.dexpert_out.to_vector<float>(), what + ": dexpert_out");
+    // dtopk_weight is a dot product over H (up to 1000) summed as a tree on the GPU, sequentially on the CPU.
+    constexpr double kDotThreshold = 1e-6;
+    const double err = relative_error(g.dtopk_weight, r.dtopk_weight);
+    EXPECT_LT(err, kDotThreshold) << what << ": dtopk_weight relative error " << err;
+  }
+}
+
+TEST(CudaPermute, Bf16MatchesCpuRoundedOnce) {
+  MT_REQUIRE_GPU();
+  Rng rng(23);
+  for (const OpsCase& c : kOpsCases) {
+    const Tensor index = random_choices(c.tokens, c.top_k, c.experts, rng);
+    const Inputs in = random_inputs(c.tokens, c.top_k, c.hidden, DType::BF16, rng);
+    const Results g = run_ops(in, index, c.experts, gpu(), DType::BF16);
+    const Results r = run_ops(in, index, c.experts, Device::cpu(), DType::F32);
+    const std::string what = case_name(c);
+    // The GPU computes in f32 on the same (bf16) values in the CPU's order and rounds the result once to bf16.
+    const auto rounded = [](const Tensor& t) { return t.to(DType::BF16).to(DType::F32).to_vector<float>(); };
+    expect_same_values(g.permuted.to_vector<float>(), rounded(r.permuted), what + ": permuted");
+    expect_same_values(g.dx.to_vector<float>(), rounded(r.dx), what + ": dx");
+    expect_same_values(g.y.to_vector<float>(), rounded(r.y), what + ": y");
+    expect_same_values(g.dexpert_out.to_vector<float>(), rounded(r.dexpert_out), what + ": dexpert_out");
+    // dtopk_weight: another sum order, then bf16 storage (relative 2^-9 per element).
+    constexpr double kBf16Threshold = 1e-2;
+    const double err = relative_error(g.dtopk_weight, r.dtopk_weight);
+    EXPECT_LT(err, kBf16Threshold) << what << ": dtopk_weight relative error " << err;
+  }
+}
+
+TEST(CudaPermute, RepeatedRunsAreBitwiseIdentical) {
+  MT_REQUIRE_GPU();
+  Rng rng(24);
+  const OpsCase c{2048, 8, 128, 512};
+  const Tensor index = random_choices(c.tokens, c.top_k, c.experts, rng);
+  const ops::RoutingPlan p1 = plan_on(index, c.experts, gpu()), p2 = plan_on(index, c.experts, gpu());
+  EXPECT_TRUE(same_bytes(p1.expert_offsets, p2.expert_offsets)) << "expert_offsets";
+  EXPECT_TRUE(same_bytes(p1.row_choice, p2.row_choice)) << "row_choice";
+  EXPECT_TRUE(same_bytes(p1.choice_row, p2.choice_row)) << "choice_row";
+  for (const DType dtype : {DType::F32, DType::BF16}) {
+    const Inputs in = random_inputs(c.tokens, c.top_k, c.hidden, dtype, rng);
+    const Results a = run_ops(in, index, c.experts, gpu(), dtype);
+    const Results b = run_ops(in, index, c.experts, gpu(), dtype);
+    EXPECT_TRUE(same_bytes(a.permuted, b.permuted)) << dtype_name(dtype) << ": permuted";
+    EXPECT_TRUE(same_bytes(a.dx, b.dx)) << dtype_name(dtype) << ": dx";
+    EXPECT_TRUE(same_bytes(a.y, b.y)) << dtype_name(dtype) << ": y";
+    EXPECT_TRUE(same_bytes(a.dexpert_out, b.dexpert_out)) << dtype_name(dtype) << ": dexpert_out";
+    EXPECT_TRUE(same_bytes(a.dtopk_weight, b.dtopk_weight)) << dtype_name(dtype) << ": dtopk_weight";
+  }
+}
+
+TEST(CudaPermute, RejectsWhatTheKernelsDoNotTake) {
+  MT_REQUIRE_GPU();
+  Rng rng(25);
+  const Tensor index = random_choices(4, 2, 3, rng);
+  const ops::RoutingPlan plan = plan_on(index, 3, gpu());
+  const ops::RoutingPlan cpu_plan = plan_on(index, 3, Device::cpu());
+  Stream& s = default_stream(gpu());
+  const Tensor x = random_tensor({4, 16}, DType::F32, rng).to(gpu());
+  Tensor permuted = Tensor::empty({8, 16}, DType::F32, gpu());
+  expect_error(
+      [&] {
+        ops::permute_forward(s, permuted, random_tensor({4, 16}, DType::F64, rng).to(gpu()), plan);
+      },
+      "expected x in f32 or bf16 on CUDA");
+  expect_error([&] { ops::permute_forward(s, permuted, x, cpu_plan); }, "expected plan.expert_offsets on cuda:0");
+  expect_error([&] { ops::permute_forward(Stream::cpu(), permuted, x, plan); },
+               "x is on cuda:0 but the stream runs on cpu");
+  expect_error([&] { ops::make_routing_plan(Stream::cpu(), index.to(gpu()), 3); },
+               "topk_index is on cuda:0 but the stream runs on cpu");
+  Tensor y_cpu = Tensor::empty({4, 16}, DType::F32);
+  const Tensor weight = random_tensor({4, 2}, DType::F32, rng).to(gpu());
+  expect_error([&] { ops::unpermute_forward(s, y_cpu, permuted, weight, plan); }, "expected y on cuda:0");
+}
+
+}  // namespace
+}  // namespace moetrain
