@@ -34,8 +34,12 @@ int run_train(const std::string& config_path, const std::vector<std::string>& ov
   std::fflush(stdout);
   train::Trainer trainer(config);
   const train::TrainSummary summary = trainer.run();
-  log_info("done: steps {} -> {}, final loss {:.4f}", summary.first_step, summary.last_step,
-           summary.losses.empty() ? 0.0 : summary.losses.back());
+  if (summary.losses.empty()) {
+    log_info("nothing to do: the job is at step {} of train.steps = {} (raise --train.steps to continue)",
+             summary.last_step, config.train.steps);
+  } else {
+    log_info("done: steps {} -> {}, final loss {:.4f}", summary.first_step, summary.last_step, summary.losses.back());
+  }
   return 0;
 }
 

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "ops/cpu/activation.h"
+#include "ops/op_checks.h"
 #if MOETRAIN_HAS_CUDA
 #include "ops/cuda/activation.h"
 #endif
@@ -15,28 +16,11 @@ namespace moetrain::ops {
 
 namespace {
 
-#if MOETRAIN_HAS_CUDA
-constexpr bool kHasCuda = true;
-#else
-constexpr bool kHasCuda = false;
-#endif
-
-void check_stream(const Stream& stream, const char* op) {
-  MT_CHECK(stream.device().is_cpu() || (kHasCuda && stream.device().is_cuda()),
-           "{}: no kernel for a {} stream in this build", op, stream.device().str());
-}
-
-// Every tensor lives on the stream's device: CPU tensors on the CPU stream, CUDA tensors on their device's stream.
-void check_device(const Tensor& t, const Stream& stream, const char* op, const char* name) {
-  MT_CHECK(t.device() == stream.device(), "{}: expected {} on the stream's device {} but found {}", op, name,
-           stream.device().str(), t.describe());
-}
-
 // Returns I, half the width of gate_up [N, 2I].
 // The CPU reference computes in f32 or f64, the CUDA kernels in f32 from f32 or bf16 tensors.
 int64_t check_gate_up(const Tensor& gate_up, const Stream& stream, const char* op) {
   expect_contiguous(gate_up, fmt::format("{}: gate_up", op));
-  check_device(gate_up, stream, op, "gate_up");
+  check_on_stream_device(stream, gate_up, op, "gate_up");
   MT_CHECK(gate_up.dim() == 2 && gate_up.size(1) % 2 == 0,
            "{}: expected gate_up [N, 2I] with an even width but found {}", op, gate_up.describe());
   if (stream.device().is_cuda()) {
@@ -55,14 +39,14 @@ void check_argument(const Tensor& t, const Shape& shape, DType dtype, const Stre
   expect_shape(t, shape, what);
   expect_dtype(t, dtype, what);
   expect_contiguous(t, what);
-  check_device(t, stream, op, name);
+  check_on_stream_device(stream, t, op, name);
 }
 
 }  // namespace
 
 void swiglu_forward(Stream& stream, Tensor y, const Tensor& gate_up) {
   constexpr const char* op = "swiglu_forward";
-  check_stream(stream, op);
+  check_stream_backend(stream, op);
   const int64_t width = check_gate_up(gate_up, stream, op);
   check_argument(y, {gate_up.size(0), width}, gate_up.dtype(), stream, op, "y [N, I]");
 #if MOETRAIN_HAS_CUDA
@@ -76,7 +60,7 @@ void swiglu_forward(Stream& stream, Tensor y, const Tensor& gate_up) {
 
 void swiglu_backward(Stream& stream, Tensor dgate_up, const Tensor& dy, const Tensor& gate_up) {
   constexpr const char* op = "swiglu_backward";
-  check_stream(stream, op);
+  check_stream_backend(stream, op);
   const int64_t width = check_gate_up(gate_up, stream, op);
   check_argument(dy, {gate_up.size(0), width}, gate_up.dtype(), stream, op, "dy [N, I]");
   check_argument(dgate_up, gate_up.shape(), gate_up.dtype(), stream, op, "dgate_up [N, 2I]");

@@ -7,6 +7,7 @@
 
 #include "ops/cpu/attention.h"
 #include "ops/cpu/dispatch.h"
+#include "ops/op_checks.h"
 #if MOETRAIN_HAS_CUDA
 #include "ops/cuda/attention.h"
 #endif
@@ -43,21 +44,6 @@ AttentionShape check_qkv(const Tensor& q, const Tensor& k, const Tensor& v, cons
              q.describe());
   }
   return s;
-}
-
-// The device every argument must be on (that of q) and the stream for it: the CPU, or a CUDA device in a build with
-// CUDA whose stream runs on it.
-Device check_backend(const Stream& stream, const Tensor& q, const char* op) {
-#if MOETRAIN_HAS_CUDA
-  if (q.device().is_cuda()) {
-    MT_CHECK(stream.device() == q.device(), "{}: q is on {} but the stream runs on {}", op, q.device().str(),
-             stream.device().str());
-    return q.device();
-  }
-#endif
-  require_cpu(q, op);
-  MT_CHECK(stream.device().is_cpu(), "{}: q is on the CPU but the stream runs on {}", op, stream.device().str());
-  return Device::cpu();
 }
 
 // The dtype of lse: f32 on CUDA (whatever q's), that of q on the CPU.
@@ -126,7 +112,7 @@ void attention_forward(Stream& stream, Tensor out, Tensor lse, const Tensor& q, 
                        const Tensor& cu_seqlens, const AttentionParams& params) {
   constexpr const char* op = "attention_forward";
   const AttentionShape s = check_qkv(q, k, v, op);
-  const Device device = check_backend(stream, q, op);
+  const Device device = check_tensor_backend(stream, q, op, "q");
   const DType dtype = q.dtype();
   check_argument(q, {s.tokens, s.nh, s.hd}, dtype, device, op, "q");
   check_argument(k, {s.tokens, s.nkv, s.hd}, dtype, device, op, "k");
@@ -149,7 +135,7 @@ void attention_backward(Stream& stream, Tensor dq, Tensor dk, Tensor dv, const T
                         const Tensor& cu_seqlens, const AttentionParams& params) {
   constexpr const char* op = "attention_backward";
   const AttentionShape s = check_qkv(q, k, v, op);
-  const Device device = check_backend(stream, q, op);
+  const Device device = check_tensor_backend(stream, q, op, "q");
   const DType dtype = q.dtype();
   check_argument(q, {s.tokens, s.nh, s.hd}, dtype, device, op, "q");
   check_argument(k, {s.tokens, s.nkv, s.hd}, dtype, device, op, "k");

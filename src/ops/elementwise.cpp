@@ -5,6 +5,7 @@
 #include <string>
 
 #include "ops/cpu/elementwise.h"
+#include "ops/op_checks.h"
 #if MOETRAIN_HAS_CUDA
 #include "ops/cuda/elementwise.h"
 #endif
@@ -13,28 +14,11 @@ namespace moetrain::ops {
 
 namespace {
 
-#if MOETRAIN_HAS_CUDA
-constexpr bool kHasCuda = true;
-#else
-constexpr bool kHasCuda = false;
-#endif
-
-void check_stream(const Stream& stream, const char* op) {
-  MT_CHECK(stream.device().is_cpu() || (kHasCuda && stream.device().is_cuda()),
-           "{}: no kernel for a {} stream in this build", op, stream.device().str());
-}
-
-// Every tensor lives on the stream's device: CPU tensors on the CPU stream, CUDA tensors on their device's stream.
-void check_device(const Tensor& t, const Stream& stream, const char* op, const char* name) {
-  MT_CHECK(t.device() == stream.device(), "{}: expected {} on the stream's device {} but found {}", op, name,
-           stream.device().str(), t.describe());
-}
-
 // A contiguous tensor of a dtype the backend computes in: f32 or f64 on the CPU, f32 or bf16 on CUDA.
 void check_float(const Tensor& t, const Stream& stream, const char* op, const char* name) {
   const std::string what = fmt::format("{}: {}", op, name);
   expect_contiguous(t, what);
-  check_device(t, stream, op, name);
+  check_on_stream_device(stream, t, op, name);
   if (stream.device().is_cuda()) {
     MT_CHECK(t.dtype() == DType::F32 || t.dtype() == DType::BF16, "{}: expected {} in f32 or bf16 (CUDA) but found {}",
              op, name, t.describe());
@@ -49,12 +33,12 @@ void check_like(const Tensor& t, const Tensor& like, const Stream& stream, const
   expect_shape(t, like.shape(), what);
   expect_dtype(t, like.dtype(), what);
   expect_contiguous(t, what);
-  check_device(t, stream, op, name);
+  check_on_stream_device(stream, t, op, name);
 }
 
 void check_castable(const Tensor& t, const Stream& stream, const char* op, const char* name) {
   expect_contiguous(t, fmt::format("{}: {}", op, name));
-  check_device(t, stream, op, name);
+  check_on_stream_device(stream, t, op, name);
   MT_CHECK(t.dtype() == DType::F64 || t.dtype() == DType::F32 || t.dtype() == DType::BF16,
            "{}: expected {} in f64, f32 or bf16 but found {}", op, name, t.describe());
 }
@@ -63,7 +47,7 @@ void check_castable(const Tensor& t, const Stream& stream, const char* op, const
 
 void add_forward(Stream& stream, Tensor out, const Tensor& a, const Tensor& b) {
   constexpr const char* op = "add_forward";
-  check_stream(stream, op);
+  check_stream_backend(stream, op);
   check_float(a, stream, op, "a");
   check_like(b, a, stream, op, "b");
   check_like(out, a, stream, op, "out");
@@ -78,7 +62,7 @@ void add_forward(Stream& stream, Tensor out, const Tensor& a, const Tensor& b) {
 
 void accumulate(Stream& stream, Tensor acc, const Tensor& x) {
   constexpr const char* op = "accumulate";
-  check_stream(stream, op);
+  check_stream_backend(stream, op);
   check_float(acc, stream, op, "acc");
   check_like(x, acc, stream, op, "x");
 #if MOETRAIN_HAS_CUDA
@@ -92,7 +76,7 @@ void accumulate(Stream& stream, Tensor acc, const Tensor& x) {
 
 void scale_inplace(Stream& stream, Tensor x, double factor) {
   constexpr const char* op = "scale_inplace";
-  check_stream(stream, op);
+  check_stream_backend(stream, op);
   check_float(x, stream, op, "x");
 #if MOETRAIN_HAS_CUDA
   if (x.device().is_cuda()) {
@@ -105,7 +89,7 @@ void scale_inplace(Stream& stream, Tensor x, double factor) {
 
 void cast(Stream& stream, Tensor out, const Tensor& in) {
   constexpr const char* op = "cast";
-  check_stream(stream, op);
+  check_stream_backend(stream, op);
   check_castable(in, stream, op, "in");
   check_castable(out, stream, op, "out");
   expect_shape(out, in.shape(), fmt::format("{}: out", op));
@@ -120,11 +104,11 @@ void cast(Stream& stream, Tensor out, const Tensor& in) {
 
 void round_to_bf16_inplace(Stream& stream, Tensor x) {
   constexpr const char* op = "round_to_bf16_inplace";
-  check_stream(stream, op);
+  check_stream_backend(stream, op);
   const std::string what = fmt::format("{}: x", op);
   expect_dtype(x, DType::F32, what);
   expect_contiguous(x, what);
-  check_device(x, stream, op, "x");
+  check_on_stream_device(stream, x, op, "x");
 #if MOETRAIN_HAS_CUDA
   if (x.device().is_cuda()) {
     cuda::round_to_bf16_inplace(stream, x);

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "ops/cpu/embedding.h"
+#include "ops/op_checks.h"
 #if MOETRAIN_HAS_CUDA
 #include "ops/cuda/embedding.h"
 #endif
@@ -14,28 +15,11 @@ namespace moetrain::ops {
 
 namespace {
 
-#if MOETRAIN_HAS_CUDA
-constexpr bool kHasCuda = true;
-#else
-constexpr bool kHasCuda = false;
-#endif
-
-void check_stream(const Stream& stream, const char* op) {
-  MT_CHECK(stream.device().is_cpu() || (kHasCuda && stream.device().is_cuda()),
-           "{}: no kernel for a {} stream in this build", op, stream.device().str());
-}
-
-// Every tensor lives on the stream's device: CPU tensors on the CPU stream, CUDA tensors on their device's stream.
-void check_device(const Tensor& t, const Stream& stream, const char* op, const char* name) {
-  MT_CHECK(t.device() == stream.device(), "{}: expected {} on the stream's device {} but found {}", op, name,
-           stream.device().str(), t.describe());
-}
-
 void check_argument(const Tensor& t, const Shape& shape, const Stream& stream, const char* op, const char* name) {
   const std::string what = fmt::format("{}: {}", op, name);
   expect_shape(t, shape, what);
   expect_contiguous(t, what);
-  check_device(t, stream, op, name);
+  check_on_stream_device(stream, t, op, name);
 }
 
 // The CPU reference computes in f32 or f64; the CUDA kernels take f32 or bf16.
@@ -52,7 +36,7 @@ void check_float_dtype(const Tensor& t, const Stream& stream, const char* op, co
 // The table fixes V and H.
 void check_table(const Tensor& table, const Stream& stream, const char* op, const char* name) {
   expect_contiguous(table, fmt::format("{}: {}", op, name));
-  check_device(table, stream, op, name);
+  check_on_stream_device(stream, table, op, name);
   MT_CHECK(table.dim() == 2, "{}: expected {} [V, H] but found {}", op, name, table.describe());
 }
 
@@ -63,7 +47,7 @@ int64_t check_ids(const Tensor& ids, int64_t vocab, const Stream& stream, const 
   const std::string what = fmt::format("{}: ids", op);
   expect_dtype(ids, DType::I32, what);
   expect_contiguous(ids, what);
-  check_device(ids, stream, op, "ids");
+  check_on_stream_device(stream, ids, op, "ids");
   MT_CHECK(ids.dim() == 1, "{}: expected ids [T] but found {}", op, ids.describe());
   if (ids.device().is_cpu()) {
     const int32_t* id = ids.data<int32_t>();
@@ -79,7 +63,7 @@ int64_t check_ids(const Tensor& ids, int64_t vocab, const Stream& stream, const 
 
 void embedding_forward(Stream& stream, Tensor y, const Tensor& ids, const Tensor& table) {
   constexpr const char* op = "embedding_forward";
-  check_stream(stream, op);
+  check_stream_backend(stream, op);
   check_table(table, stream, op, "table");
   check_float_dtype(table, stream, op, "table");
   const int64_t tokens = check_ids(ids, table.size(0), stream, op);
@@ -98,7 +82,7 @@ void embedding_forward(Stream& stream, Tensor y, const Tensor& ids, const Tensor
 
 void embedding_backward_weight(Stream& stream, Tensor dtable, const Tensor& dy, const Tensor& ids) {
   constexpr const char* op = "embedding_backward_weight";
-  check_stream(stream, op);
+  check_stream_backend(stream, op);
   check_table(dtable, stream, op, "dtable");
   const int64_t tokens = check_ids(ids, dtable.size(0), stream, op);
   check_argument(dy, {tokens, dtable.size(1)}, stream, op, "dy");

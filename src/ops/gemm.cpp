@@ -9,6 +9,7 @@
 
 #include "ops/cpu/dispatch.h"
 #include "ops/cpu/gemm.h"
+#include "ops/op_checks.h"
 #if MOETRAIN_HAS_CUDA
 #include "ops/cuda/gemm.h"
 #endif
@@ -17,27 +18,12 @@ namespace moetrain::ops {
 
 namespace {
 
-bool on_cuda(const Tensor& t) { return t.device().is_cuda(); }
-
-// The tensor and the stream must be on one device; a build without CUDA has only the CPU.
-void check_device(const Stream& stream, const Tensor& t, const char* op, const char* name) {
-#if MOETRAIN_HAS_CUDA
-  if (on_cuda(t)) {
-    MT_CHECK(stream.device() == t.device(), "{}: {} is on {} but the stream runs on {}", op, name, t.device().str(),
-             stream.device().str());
-    return;
-  }
-#endif
-  require_cpu(t, op);
-  MT_CHECK(stream.device().is_cpu(), "{}: {} is on the CPU but the stream runs on {}", op, name, stream.device().str());
-}
-
 // A 2-D contiguous matrix in a dtype its backend computes with: f32 or f64 on the CPU, f32 or bf16 on CUDA.
 void check_matrix(const Stream& stream, const Tensor& t, const char* op, const char* name) {
   const std::string what = fmt::format("{}: {}", op, name);
   expect_defined(t, what);
   expect_contiguous(t, what);
-  check_device(stream, t, op, name);
+  check_tensor_backend(stream, t, op, name);
   MT_CHECK(t.dim() == 2, "{}: expected {} to be a 2-D matrix but found {}", op, name, t.describe());
   if (on_cuda(t)) {
     MT_CHECK(t.dtype() == DType::F32 || t.dtype() == DType::BF16, "{}: expected {} in f32 or bf16 on CUDA but found {}",

@@ -8,6 +8,7 @@
 
 #include "ops/cpu/dispatch.h"
 #include "ops/cpu/grouped_gemm.h"
+#include "ops/op_checks.h"
 #if MOETRAIN_HAS_CUDA
 #include "ops/cuda/grouped_gemm.h"
 #endif
@@ -16,28 +17,13 @@ namespace moetrain::ops {
 
 namespace {
 
-bool on_cuda(const Tensor& t) { return t.device().is_cuda(); }
-
-// The tensor and the stream must be on one device; a build without CUDA has only the CPU.
-void check_device(const Stream& stream, const Tensor& t, const char* op, const char* name) {
-#if MOETRAIN_HAS_CUDA
-  if (on_cuda(t)) {
-    MT_CHECK(stream.device() == t.device(), "{}: {} is on {} but the stream runs on {}", op, name, t.device().str(),
-             stream.device().str());
-    return;
-  }
-#endif
-  require_cpu(t, op);
-  MT_CHECK(stream.device().is_cpu(), "{}: {} is on the CPU but the stream runs on {}", op, name, stream.device().str());
-}
-
 void check_argument(const Stream& stream, const Tensor& t, const Shape& shape, DType dtype, const char* op,
                     const char* name) {
   const std::string what = fmt::format("{}: {}", op, name);
   expect_shape(t, shape, what);
   expect_dtype(t, dtype, what);
   expect_contiguous(t, what);
-  check_device(stream, t, op, name);
+  check_tensor_backend(stream, t, op, name);
 }
 
 // The dtypes a backend computes activations and weights in: f32 or f64 on the CPU, f32 or bf16 on CUDA.

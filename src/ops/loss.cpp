@@ -8,6 +8,7 @@
 #include <string>
 
 #include "ops/cpu/loss.h"
+#include "ops/op_checks.h"
 #if MOETRAIN_HAS_CUDA
 #include "ops/cuda/loss.h"
 #endif
@@ -16,30 +17,13 @@ namespace moetrain::ops {
 
 namespace {
 
-#if MOETRAIN_HAS_CUDA
-constexpr bool kHasCuda = true;
-#else
-constexpr bool kHasCuda = false;
-#endif
-
-void check_stream(const Stream& stream, const char* op) {
-  MT_CHECK(stream.device().is_cpu() || (kHasCuda && stream.device().is_cuda()),
-           "{}: no kernel for a {} stream in this build", op, stream.device().str());
-}
-
-// Every tensor lives on the stream's device: CPU tensors on the CPU stream, CUDA tensors on their device's stream.
-void check_device(const Tensor& t, const Stream& stream, const char* op, const char* name) {
-  MT_CHECK(t.device() == stream.device(), "{}: expected {} on the stream's device {} but found {}", op, name,
-           stream.device().str(), t.describe());
-}
-
 void check_argument(const Tensor& t, const Shape& shape, DType dtype, const Stream& stream, const char* op,
                     const char* name) {
   const std::string what = fmt::format("{}: {}", op, name);
   expect_shape(t, shape, what);
   expect_dtype(t, dtype, what);
   expect_contiguous(t, what);
-  check_device(t, stream, op, name);
+  check_on_stream_device(stream, t, op, name);
 }
 
 // The dtype of the per-token losses and lse: the logits' on the CPU, f32 on CUDA.
@@ -48,7 +32,7 @@ DType row_dtype(const Tensor& logits) { return logits.device().is_cuda() ? DType
 // logits [T, V] with V > 0, in f32 or f64 on the CPU, f32 or bf16 on CUDA; fixes T, V and the dtype.
 void check_logits(const Tensor& logits, const Stream& stream, const char* op) {
   expect_contiguous(logits, fmt::format("{}: logits", op));
-  check_device(logits, stream, op, "logits");
+  check_on_stream_device(stream, logits, op, "logits");
   MT_CHECK(logits.dim() == 2 && logits.size(1) > 0, "{}: expected logits [T, V] with V > 0 but found {}", op,
            logits.describe());
   if (stream.device().is_cuda()) {
@@ -80,7 +64,7 @@ void check_targets(const Tensor& targets, int64_t tokens, int64_t vocab, int ign
 void cross_entropy_forward(Stream& stream, Tensor losses, Tensor lse, const Tensor& logits, const Tensor& targets,
                            int ignore_index) {
   constexpr const char* op = "cross_entropy_forward";
-  check_stream(stream, op);
+  check_stream_backend(stream, op);
   check_logits(logits, stream, op);
   const int64_t tokens = logits.size(0);
   const int64_t vocab = logits.size(1);
@@ -99,7 +83,7 @@ void cross_entropy_forward(Stream& stream, Tensor losses, Tensor lse, const Tens
 void cross_entropy_backward(Stream& stream, Tensor dlogits, const Tensor& logits, const Tensor& lse,
                             const Tensor& targets, double scale, int ignore_index) {
   constexpr const char* op = "cross_entropy_backward";
-  check_stream(stream, op);
+  check_stream_backend(stream, op);
   check_logits(logits, stream, op);
   const int64_t tokens = logits.size(0);
   const int64_t vocab = logits.size(1);
@@ -118,9 +102,9 @@ void cross_entropy_backward(Stream& stream, Tensor dlogits, const Tensor& logits
 
 LossTotals cross_entropy_totals(Stream& stream, const Tensor& losses, const Tensor& targets, int ignore_index) {
   constexpr const char* op = "cross_entropy_totals";
-  check_stream(stream, op);
+  check_stream_backend(stream, op);
   expect_contiguous(losses, fmt::format("{}: losses", op));
-  check_device(losses, stream, op, "losses");
+  check_on_stream_device(stream, losses, op, "losses");
   MT_CHECK(losses.dim() == 1, "{}: expected losses [T] but found {}", op, losses.describe());
   if (stream.device().is_cuda()) {
     MT_CHECK(losses.dtype() == DType::F32, "{}: expected losses in f32 (CUDA) but found {}", op, losses.describe());

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "ops/cpu/norm.h"
+#include "ops/op_checks.h"
 #if MOETRAIN_HAS_CUDA
 #include "ops/cuda/norm.h"
 #endif
@@ -14,12 +15,6 @@
 namespace moetrain::ops {
 
 namespace {
-
-#if MOETRAIN_HAS_CUDA
-constexpr bool kHasCuda = true;
-#else
-constexpr bool kHasCuda = false;
-#endif
 
 struct RowsView {
   int64_t rows = 0;
@@ -34,22 +29,11 @@ struct NormDTypes {
   DType rstd;
 };
 
-void check_stream(const Stream& stream, const char* op) {
-  MT_CHECK(stream.device().is_cpu() || (kHasCuda && stream.device().is_cuda()),
-           "{}: no kernel for a {} stream in this build", op, stream.device().str());
-}
-
-// Every tensor lives on the stream's device: CPU tensors on the CPU stream, CUDA tensors on their device's stream.
-void check_device(const Tensor& t, const Stream& stream, const char* op, const char* name) {
-  MT_CHECK(t.device() == stream.device(), "{}: expected {} on the stream's device {} but found {}", op, name,
-           stream.device().str(), t.describe());
-}
-
 // x fixes the dtypes and the [N, D] view: N = numel / D, D = x.size(-1) > 0.
 RowsView check_x(const Tensor& x, const Stream& stream, NormDTypes* dtypes, const char* op, const char* name) {
   const std::string what = fmt::format("{}: {}", op, name);
   expect_contiguous(x, what);
-  check_device(x, stream, op, name);
+  check_on_stream_device(stream, x, op, name);
   if (stream.device().is_cuda()) {
     MT_CHECK(x.dtype() == DType::F32 || x.dtype() == DType::BF16, "{}: expected {} in f32 or bf16 (CUDA) but found {}",
              op, name, x.describe());
@@ -70,7 +54,7 @@ void check_argument(const Tensor& t, const Shape& shape, DType dtype, const Stre
   expect_shape(t, shape, what);
   expect_dtype(t, dtype, what);
   expect_contiguous(t, what);
-  check_device(t, stream, op, name);
+  check_on_stream_device(stream, t, op, name);
 }
 
 // rstd holds one value per row; any shape with N elements (e.g. [N] or x's leading dimensions) is accepted.
@@ -78,7 +62,7 @@ void check_rstd(const Tensor& rstd, const RowsView& view, DType dtype, const Str
   const std::string what = fmt::format("{}: rstd", op);
   expect_dtype(rstd, dtype, what);
   expect_contiguous(rstd, what);
-  check_device(rstd, stream, op, "rstd");
+  check_on_stream_device(stream, rstd, op, "rstd");
   MT_CHECK(rstd.numel() == view.rows,
            "{}: expected rstd with N = {} elements (one per row of x viewed as [{}, {}]) "
            "but found {}",
@@ -94,7 +78,7 @@ void check_params(const RmsNormParams& params, const char* op) {
 void rmsnorm_forward(Stream& stream, Tensor y, Tensor rstd, const Tensor& x, const Tensor& w,
                      const RmsNormParams& params) {
   constexpr const char* op = "rmsnorm_forward";
-  check_stream(stream, op);
+  check_stream_backend(stream, op);
   NormDTypes dtypes{};
   const RowsView view = check_x(x, stream, &dtypes, op, "x");
   check_argument(w, {view.dim}, dtypes.weight, stream, op, "w");
@@ -113,7 +97,7 @@ void rmsnorm_forward(Stream& stream, Tensor y, Tensor rstd, const Tensor& x, con
 void rmsnorm_backward_input(Stream& stream, Tensor dx, const Tensor& dy, const Tensor& x, const Tensor& w,
                             const Tensor& rstd, const RmsNormParams& params) {
   constexpr const char* op = "rmsnorm_backward_input";
-  check_stream(stream, op);
+  check_stream_backend(stream, op);
   NormDTypes dtypes{};
   const RowsView view = check_x(x, stream, &dtypes, op, "x");
   check_argument(w, {view.dim}, dtypes.weight, stream, op, "w");
@@ -132,7 +116,7 @@ void rmsnorm_backward_input(Stream& stream, Tensor dx, const Tensor& dy, const T
 
 void rmsnorm_backward_weight(Stream& stream, Tensor dw, const Tensor& dy, const Tensor& x, const Tensor& rstd) {
   constexpr const char* op = "rmsnorm_backward_weight";
-  check_stream(stream, op);
+  check_stream_backend(stream, op);
   NormDTypes dtypes{};
   const RowsView view = check_x(x, stream, &dtypes, op, "x");
   check_argument(dw, {view.dim}, dtypes.weight, stream, op, "dw");

@@ -9,6 +9,7 @@
 
 #include "ops/cpu/elementwise.h"
 #include "ops/cpu/optim.h"
+#include "ops/op_checks.h"
 #if MOETRAIN_HAS_CUDA
 #include "ops/cuda/elementwise.h"
 #include "ops/cuda/optim.h"
@@ -18,29 +19,12 @@ namespace moetrain::ops {
 
 namespace {
 
-#if MOETRAIN_HAS_CUDA
-constexpr bool kHasCuda = true;
-#else
-constexpr bool kHasCuda = false;
-#endif
-
-void check_stream(const Stream& stream, const char* op) {
-  MT_CHECK(stream.device().is_cpu() || (kHasCuda && stream.device().is_cuda()),
-           "{}: no kernel for a {} stream in this build", op, stream.device().str());
-}
-
-// Every tensor lives on the stream's device: CPU tensors on the CPU stream, CUDA tensors on their device's stream.
-void check_device(const Tensor& t, const Stream& stream, const char* op, const std::string& name) {
-  MT_CHECK(t.device() == stream.device(), "{}: expected {} on the stream's device {} but found {}", op, name,
-           stream.device().str(), t.describe());
-}
-
 // A contiguous tensor on the stream's device, f32 or f64 on the CPU, f32 on CUDA (optimizer state and gradients are
 // f32 there); `name` may carry an index ("grads[3]").
 void check_float(const Tensor& t, const Stream& stream, const char* op, const std::string& name) {
   const std::string what = fmt::format("{}: {}", op, name);
   expect_contiguous(t, what);
-  check_device(t, stream, op, name);
+  check_on_stream_device(stream, t, op, name);
   if (stream.device().is_cuda()) {
     MT_CHECK(t.dtype() == DType::F32, "{}: expected {} in f32 (CUDA) but found {}", op, name, t.describe());
     return;
@@ -54,7 +38,7 @@ void check_like(const Tensor& t, const Tensor& like, const Stream& stream, const
   expect_shape(t, like.shape(), what);
   expect_dtype(t, like.dtype(), what);
   expect_contiguous(t, what);
-  check_device(t, stream, op, name);
+  check_on_stream_device(stream, t, op, name);
 }
 
 void check_adamw_params(const AdamWParams& p, const char* op) {
@@ -87,7 +71,7 @@ double total_sum_of_squares(const Stream& stream, const std::vector<Tensor>& ten
 void adamw_step(Stream& stream, Tensor param, Tensor exp_avg, Tensor exp_avg_sq, const Tensor& grad,
                 const AdamWParams& params) {
   constexpr const char* op = "adamw_step";
-  check_stream(stream, op);
+  check_stream_backend(stream, op);
   check_float(param, stream, op, "param");
   check_like(exp_avg, param, stream, op, "exp_avg");
   check_like(exp_avg_sq, param, stream, op, "exp_avg_sq");
@@ -104,7 +88,7 @@ void adamw_step(Stream& stream, Tensor param, Tensor exp_avg, Tensor exp_avg_sq,
 
 double sum_of_squares(Stream& stream, const Tensor& x) {
   constexpr const char* op = "sum_of_squares";
-  check_stream(stream, op);
+  check_stream_backend(stream, op);
   check_float(x, stream, op, "x");
 #if MOETRAIN_HAS_CUDA
   if (x.device().is_cuda()) return cuda::sum_of_squares(stream, x);
@@ -114,14 +98,14 @@ double sum_of_squares(Stream& stream, const Tensor& x) {
 
 double global_norm(Stream& stream, const std::vector<Tensor>& tensors) {
   constexpr const char* op = "global_norm";
-  check_stream(stream, op);
+  check_stream_backend(stream, op);
   for (size_t i = 0; i < tensors.size(); ++i) check_float(tensors[i], stream, op, fmt::format("tensors[{}]", i));
   return std::sqrt(total_sum_of_squares(stream, tensors));
 }
 
 double clip_by_global_norm(Stream& stream, const std::vector<Tensor>& grads, double max_norm) {
   constexpr const char* op = "clip_by_global_norm";
-  check_stream(stream, op);
+  check_stream_backend(stream, op);
   MT_CHECK(!std::isnan(max_norm), "{}: expected a max_norm (<= 0 disables clipping) but found NaN", op);
   for (size_t i = 0; i < grads.size(); ++i) check_float(grads[i], stream, op, fmt::format("grads[{}]", i));
   const double norm = std::sqrt(total_sum_of_squares(stream, grads));

@@ -11,6 +11,7 @@
 
 #include "ops/cpu/dispatch.h"
 #include "ops/cpu/permute.h"
+#include "ops/op_checks.h"
 #if MOETRAIN_HAS_CUDA
 #include "ops/cuda/permute.h"
 #endif
@@ -19,32 +20,12 @@ namespace moetrain::ops {
 
 namespace {
 
-// The device every argument must be on (that of `t`) and the stream for it: the CPU, or a CUDA device in a build
-// with CUDA whose stream runs on it.
-Device check_backend(const Stream& stream, const Tensor& t, const char* op, const char* name) {
-  expect_defined(t, fmt::format("{}: {}", op, name));
-#if MOETRAIN_HAS_CUDA
-  if (t.device().is_cuda()) {
-    MT_CHECK(stream.device() == t.device(), "{}: {} is on {} but the stream runs on {}", op, name, t.device().str(),
-             stream.device().str());
-    return t.device();
-  }
-#endif
-  require_cpu(t, op);
-  MT_CHECK(stream.device().is_cpu(), "{}: {} is on the CPU but the stream runs on {}", op, name, stream.device().str());
-  return Device::cpu();
-}
-
 void check_argument(const Tensor& t, const Shape& shape, DType dtype, Device device, const char* op, const char* name) {
   const std::string what = fmt::format("{}: {}", op, name);
   expect_shape(t, shape, what);
   expect_dtype(t, dtype, what);
   expect_contiguous(t, what);
-  if (device.is_cpu()) {
-    require_cpu(t, op);
-  } else {
-    MT_CHECK(t.device() == device, "{}: expected {} on {} but found {}", op, name, device.str(), t.describe());
-  }
+  check_on_device(t, device, op, name);
 }
 
 // The float dtypes of the backend: f32 or f64 on the CPU (checked by the reference's dispatch), f32 or bf16 on CUDA.
@@ -87,7 +68,7 @@ RoutingPlan make_routing_plan(Stream& stream, const Tensor& topk_index, int64_t 
   constexpr const char* op = "make_routing_plan";
   expect_defined(topk_index, "make_routing_plan: topk_index");
   MT_CHECK(topk_index.dim() == 2, "{}: expected topk_index [T, K] but found {}", op, topk_index.describe());
-  const Device device = check_backend(stream, topk_index, op, "topk_index");
+  const Device device = check_tensor_backend(stream, topk_index, op, "topk_index");
   check_argument(topk_index, topk_index.shape(), DType::I32, device, op, "topk_index");
   const int64_t tokens = topk_index.size(0), top_k = topk_index.size(1);
   MT_CHECK(top_k >= 1, "{}: expected topk_index [T, K] with K >= 1 but found {}", op, topk_index.describe());
@@ -111,7 +92,7 @@ RoutingPlan make_routing_plan(Stream& stream, const Tensor& topk_index, int64_t 
 
 void permute_forward(Stream& stream, Tensor permuted, const Tensor& x, const RoutingPlan& plan) {
   constexpr const char* op = "permute_forward";
-  const Device device = check_backend(stream, x, op, "x");
+  const Device device = check_tensor_backend(stream, x, op, "x");
   check_plan(plan, device, op);
   MT_CHECK(x.dim() == 2, "{}: expected x [T, H] but found {}", op, x.describe());
   check_float_dtype(x, device, op, "x");
@@ -129,7 +110,7 @@ void permute_forward(Stream& stream, Tensor permuted, const Tensor& x, const Rou
 
 void permute_backward(Stream& stream, Tensor dx, const Tensor& dpermuted, const RoutingPlan& plan) {
   constexpr const char* op = "permute_backward";
-  const Device device = check_backend(stream, dpermuted, op, "dpermuted");
+  const Device device = check_tensor_backend(stream, dpermuted, op, "dpermuted");
   check_plan(plan, device, op);
   MT_CHECK(dpermuted.dim() == 2, "{}: expected dpermuted [T*K, H] but found {}", op, dpermuted.describe());
   check_float_dtype(dpermuted, device, op, "dpermuted");
@@ -148,7 +129,7 @@ void permute_backward(Stream& stream, Tensor dx, const Tensor& dpermuted, const 
 void unpermute_forward(Stream& stream, Tensor y, const Tensor& expert_out, const Tensor& topk_weight,
                        const RoutingPlan& plan) {
   constexpr const char* op = "unpermute_forward";
-  const Device device = check_backend(stream, expert_out, op, "expert_out");
+  const Device device = check_tensor_backend(stream, expert_out, op, "expert_out");
   check_plan(plan, device, op);
   MT_CHECK(expert_out.dim() == 2, "{}: expected expert_out [T*K, H] but found {}", op, expert_out.describe());
   check_float_dtype(expert_out, device, op, "expert_out");
@@ -169,7 +150,7 @@ void unpermute_forward(Stream& stream, Tensor y, const Tensor& expert_out, const
 void unpermute_backward(Stream& stream, Tensor dexpert_out, Tensor dtopk_weight, const Tensor& dy,
                         const Tensor& expert_out, const Tensor& topk_weight, const RoutingPlan& plan) {
   constexpr const char* op = "unpermute_backward";
-  const Device device = check_backend(stream, dy, op, "dy");
+  const Device device = check_tensor_backend(stream, dy, op, "dy");
   check_plan(plan, device, op);
   MT_CHECK(dy.dim() == 2, "{}: expected dy [T, H] but found {}", op, dy.describe());
   check_float_dtype(dy, device, op, "dy");

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "ops/cpu/rope.h"
+#include "ops/op_checks.h"
 #if MOETRAIN_HAS_CUDA
 #include "ops/cuda/rope.h"
 #endif
@@ -16,23 +17,6 @@ namespace moetrain::ops {
 
 namespace {
 
-#if MOETRAIN_HAS_CUDA
-constexpr bool kHasCuda = true;
-#else
-constexpr bool kHasCuda = false;
-#endif
-
-void check_stream(const Stream& stream, const char* op) {
-  MT_CHECK(stream.device().is_cpu() || (kHasCuda && stream.device().is_cuda()),
-           "{}: no kernel for a {} stream in this build", op, stream.device().str());
-}
-
-// Every tensor lives on the stream's device: CPU tensors on the CPU stream, CUDA tensors on their device's stream.
-void check_device(const Tensor& t, const Stream& stream, const char* op, const char* name) {
-  MT_CHECK(t.device() == stream.device(), "{}: expected {} on the stream's device {} but found {}", op, name,
-           stream.device().str(), t.describe());
-}
-
 // Validates every argument of a rope op: `in` fixes [T, heads, hd] and the dtype, `out` must match it.
 void check_rope_arguments(const Tensor& out, const Tensor& in, const Tensor& position_ids, const RopeParams& params,
                           const Stream& stream, const char* op, const char* out_name, const char* in_name) {
@@ -40,7 +24,7 @@ void check_rope_arguments(const Tensor& out, const Tensor& in, const Tensor& pos
   const std::string out_what = fmt::format("{}: {}", op, out_name);
   const std::string pos_what = fmt::format("{}: position_ids", op);
   expect_contiguous(in, in_what);
-  check_device(in, stream, op, in_name);
+  check_on_stream_device(stream, in, op, in_name);
   MT_CHECK(in.dim() == 3, "{}: expected {} [T, heads, hd] but found {}", op, in_name, in.describe());
   if (stream.device().is_cuda()) {
     MT_CHECK(in.dtype() == DType::F32 || in.dtype() == DType::BF16,
@@ -52,11 +36,11 @@ void check_rope_arguments(const Tensor& out, const Tensor& in, const Tensor& pos
   expect_shape(out, in.shape(), out_what);
   expect_dtype(out, in.dtype(), out_what);
   expect_contiguous(out, out_what);
-  check_device(out, stream, op, out_name);
+  check_on_stream_device(stream, out, op, out_name);
   expect_shape(position_ids, {in.size(0)}, pos_what);
   expect_dtype(position_ids, DType::I32, pos_what);
   expect_contiguous(position_ids, pos_what);
-  check_device(position_ids, stream, op, "position_ids");
+  check_on_stream_device(stream, position_ids, op, "position_ids");
 
   const int64_t head_dim = in.size(2);
   MT_CHECK(params.rotary_dim > 0 && params.rotary_dim % 2 == 0, "{}: expected an even rotary_dim > 0 but found {}", op,
@@ -108,7 +92,7 @@ RopeParams rope_default_params(int rotary_dim, double theta) {
 
 void rope_forward(Stream& stream, Tensor y, const Tensor& x, const Tensor& position_ids, const RopeParams& params) {
   constexpr const char* op = "rope_forward";
-  check_stream(stream, op);
+  check_stream_backend(stream, op);
   check_rope_arguments(y, x, position_ids, params, stream, op, "y", "x");
 #if MOETRAIN_HAS_CUDA
   if (x.device().is_cuda()) {
@@ -121,7 +105,7 @@ void rope_forward(Stream& stream, Tensor y, const Tensor& x, const Tensor& posit
 
 void rope_backward(Stream& stream, Tensor dx, const Tensor& dy, const Tensor& position_ids, const RopeParams& params) {
   constexpr const char* op = "rope_backward";
-  check_stream(stream, op);
+  check_stream_backend(stream, op);
   check_rope_arguments(dx, dy, position_ids, params, stream, op, "dx", "dy");
 #if MOETRAIN_HAS_CUDA
   if (dy.device().is_cuda()) {

@@ -8,6 +8,7 @@
 
 #include "ops/cpu/dispatch.h"
 #include "ops/cpu/router.h"
+#include "ops/op_checks.h"
 #if MOETRAIN_HAS_CUDA
 #include "ops/cuda/router.h"
 #endif
@@ -16,31 +17,12 @@ namespace moetrain::ops {
 
 namespace {
 
-// The device every argument must be on (that of `t`, the [T, E] tensor) and the stream for it: the CPU, or a CUDA
-// device in a build with CUDA whose stream runs on it.
-Device check_backend(const Stream& stream, const Tensor& t, const char* op, const char* name) {
-#if MOETRAIN_HAS_CUDA
-  if (t.device().is_cuda()) {
-    MT_CHECK(stream.device() == t.device(), "{}: {} is on {} but the stream runs on {}", op, name, t.device().str(),
-             stream.device().str());
-    return t.device();
-  }
-#endif
-  require_cpu(t, op);
-  MT_CHECK(stream.device().is_cpu(), "{}: {} is on the CPU but the stream runs on {}", op, name, stream.device().str());
-  return Device::cpu();
-}
-
 void check_argument(const Tensor& t, const Shape& shape, DType dtype, Device device, const char* op, const char* name) {
   const std::string what = fmt::format("{}: {}", op, name);
   expect_shape(t, shape, what);
   expect_dtype(t, dtype, what);
   expect_contiguous(t, what);
-  if (device.is_cpu()) {
-    require_cpu(t, op);
-  } else {
-    MT_CHECK(t.device() == device, "{}: expected {} on {} but found {}", op, name, device.str(), t.describe());
-  }
+  check_on_device(t, device, op, name);
 }
 
 // Checks the [T, E] tensor that fixes the shapes and returns {T, E}.
@@ -67,7 +49,7 @@ void router_forward(Stream& stream, Tensor probs, Tensor topk_index, Tensor topk
                     const RouterParams& params) {
   constexpr const char* op = "router_forward";
   const auto [tokens, experts] = check_router_shape(logits, params, op, "logits");
-  const Device device = check_backend(stream, logits, op, "logits");
+  const Device device = check_tensor_backend(stream, logits, op, "logits");
   const DType dtype = logits.dtype();
   check_argument(logits, {tokens, experts}, dtype, device, op, "logits");
   check_argument(probs, {tokens, experts}, dtype, device, op, "probs");
@@ -87,7 +69,7 @@ void router_backward(Stream& stream, Tensor dlogits, const Tensor& dtopk_weight,
                      const RouterParams& params) {
   constexpr const char* op = "router_backward";
   const auto [tokens, experts] = check_router_shape(probs, params, op, "probs");
-  const Device device = check_backend(stream, probs, op, "probs");
+  const Device device = check_tensor_backend(stream, probs, op, "probs");
   const DType dtype = probs.dtype();
   check_argument(probs, {tokens, experts}, dtype, device, op, "probs");
   check_argument(dlogits, {tokens, experts}, dtype, device, op, "dlogits");

@@ -13,39 +13,20 @@
 
 #include "core/rng.h"
 #include "ops/activation.h"
+#include "testing/cuda_compare.h"
 #include "testing/gpu.h"
 #include "testing/test_data.h"
 
 namespace moetrain {
 namespace {
 
+using testing::expect_error_containing;
+using testing::gpu;
+using testing::host_f32;
+using testing::on_gpu;
 using testing::random_tensor;
 using testing::relative_error;
-
-Stream& gpu() { return default_stream(Device::cuda(0)); }
-Tensor on_gpu(const Tensor& t) { return t.to(Device::cuda(0)); }
-Tensor host_f32(const Tensor& t) {
-  const Tensor host = t.to(Device::cpu());
-  return host.dtype() == DType::F32 ? host : host.to(DType::F32);
-}
-
-bool same_bytes(const Tensor& a, const Tensor& b) {
-  const Tensor ha = a.to(Device::cpu()), hb = b.to(Device::cpu());
-  return ha.dtype() == hb.dtype() && ha.nbytes() == hb.nbytes() &&
-         std::memcmp(ha.raw_data(), hb.raw_data(), ha.nbytes()) == 0;
-}
-
-void expect_error_containing(const std::function<void()>& call, const std::vector<std::string>& needles) {
-  try {
-    call();
-    ADD_FAILURE() << "expected a moetrain::Error";
-  } catch (const Error& e) {
-    const std::string message = e.what();
-    for (const std::string& needle : needles) {
-      EXPECT_NE(message.find(needle), std::string::npos) << "message '" << message << "' lacks '" << needle << "'";
-    }
-  }
-}
+using testing::same_bytes;
 
 // Per element a handful of f32 operations with expf (within 2 ulp) where the CPU's std::exp is within 1 ulp, and
 // nvcc may fuse a multiply-add: a few ulp per element, so 1e-6 relative.

@@ -11,26 +11,18 @@
 #include <gtest/gtest.h>
 
 #include "ops/attention.h"
+#include "testing/cuda_compare.h"
 #include "testing/gpu.h"
 #include "testing/test_data.h"
 
 namespace moetrain {
 namespace {
 
+using testing::expect_error;
 using testing::random_tensor;
 using testing::relative_error;
 
 Device gpu() { return Device::cuda(0); }
-
-template <typename F>
-void expect_error(F&& f, const std::string& needle) {
-  try {
-    f();
-    ADD_FAILURE() << "expected a moetrain::Error containing \"" << needle << "\"";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
-}
 
 Tensor cu_tensor(const std::vector<int32_t>& cu) {
   return Tensor::from_vector<int32_t>(cu, {static_cast<int64_t>(cu.size())});

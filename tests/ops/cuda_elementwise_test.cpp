@@ -15,17 +15,18 @@
 
 #include "core/rng.h"
 #include "ops/elementwise.h"
+#include "testing/cuda_compare.h"
 #include "testing/gpu.h"
 #include "testing/test_data.h"
 
 namespace moetrain {
 namespace {
 
+using testing::expect_error_containing;
+using testing::gpu;
+using testing::on_cpu;
+using testing::on_gpu;
 using testing::random_tensor;
-
-Stream& gpu() { return default_stream(Device::cuda(0)); }
-Tensor on_gpu(const Tensor& t) { return t.to(Device::cuda(0)); }
-Tensor on_cpu(const Tensor& t) { return t.to(Device::cpu()); }
 
 // Index of the first differing element (by bytes), or -1 when a and b hold the same bytes.
 int64_t first_difference(const Tensor& a, const Tensor& b) {
@@ -46,18 +47,6 @@ void expect_same_bytes(const Tensor& got, const Tensor& want, const std::string&
   ADD_FAILURE() << what << ": " << got.describe() << " differs from " << want.describe() << " first at element " << i
                 << ": got " << got.to(DType::F64).to_vector<double>()[i] << ", want "
                 << want.to(DType::F64).to_vector<double>()[i];
-}
-
-void expect_error_containing(const std::function<void()>& call, const std::vector<std::string>& needles) {
-  try {
-    call();
-    ADD_FAILURE() << "expected a moetrain::Error";
-  } catch (const Error& e) {
-    const std::string message = e.what();
-    for (const std::string& needle : needles) {
-      EXPECT_NE(message.find(needle), std::string::npos) << "message '" << message << "' lacks '" << needle << "'";
-    }
-  }
 }
 
 // f32 values that exercise the bf16 rounding: ties to even both ways, just above a tie, the largest finite values

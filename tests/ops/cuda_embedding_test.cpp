@@ -13,17 +13,18 @@
 
 #include "core/rng.h"
 #include "ops/embedding.h"
+#include "testing/cuda_compare.h"
 #include "testing/gpu.h"
 #include "testing/test_data.h"
 
 namespace moetrain {
 namespace {
 
+using testing::expect_error_containing;
+using testing::gpu;
+using testing::on_cpu;
+using testing::on_gpu;
 using testing::random_tensor;
-
-Stream& gpu() { return default_stream(Device::cuda(0)); }
-Tensor on_gpu(const Tensor& t) { return t.to(Device::cuda(0)); }
-Tensor on_cpu(const Tensor& t) { return t.to(Device::cpu()); }
 
 // Fails with the first differing element when two host tensors of one dtype differ in any byte.
 void expect_same_bytes(const Tensor& got, const Tensor& want, const std::string& what) {
@@ -38,18 +39,6 @@ void expect_same_bytes(const Tensor& got, const Tensor& want, const std::string&
                     << got.to(DType::F64).to_vector<double>()[i] << ", want "
                     << want.to(DType::F64).to_vector<double>()[i];
       return;
-    }
-  }
-}
-
-void expect_error_containing(const std::function<void()>& call, const std::vector<std::string>& needles) {
-  try {
-    call();
-    ADD_FAILURE() << "expected a moetrain::Error";
-  } catch (const Error& e) {
-    const std::string message = e.what();
-    for (const std::string& needle : needles) {
-      EXPECT_NE(message.find(needle), std::string::npos) << "message '" << message << "' lacks '" << needle << "'";
     }
   }
 }

@@ -14,13 +14,18 @@
 
 #include "core/rng.h"
 #include "ops/gemm.h"
+#include "testing/cuda_compare.h"
 #include "testing/gpu.h"
 #include "testing/test_data.h"
 
 namespace moetrain::ops {
 namespace {
 
+using testing::gpu;
+using testing::host_f32;
+using testing::on_gpu;
 using testing::random_tensor;
+using testing::rounded_to_bf16;
 
 constexpr Transpose kNo = Transpose::No;
 constexpr Transpose kYes = Transpose::Yes;
@@ -36,16 +41,6 @@ double f32_tolerance(int64_t k) { return std::max(1e-6, 4.0 * kF32Unit * std::sq
 // An output stored in bf16 against the CPU's f32 result on the same (bf16-valued) inputs: the final rounding is a
 // relative error of at most 2^-9 per element (rms ~2^-9 / sqrt(3)); 2^-8 is twice that bound.
 constexpr double kBf16OutputTolerance = 0x1p-8;
-
-Stream& gpu_stream() { return default_stream(Device::cuda(0)); }
-Tensor to_gpu(const Tensor& t) { return t.to(Device::cuda(0)); }
-// A device tensor back on the host, as f32 (bf16 widened exactly) so relative_error can read it.
-Tensor to_host_f32(const Tensor& t) {
-  const Tensor host = t.to(Device::cpu());
-  return host.dtype() == DType::F32 ? host : host.to(DType::F32);
-}
-// The value a bf16 tensor carries, as f32: what the CPU reference computes from.
-Tensor rounded_to_bf16(const Tensor& f32) { return f32.to(DType::BF16).to(DType::F32); }
 
 bool bitwise_equal(const Tensor& a, const Tensor& b) {
   return a.nbytes() == b.nbytes() && std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0;
@@ -109,10 +104,10 @@ void check_against_cpu(DType operand_dtype, DType out_dtype, uint64_t seed) {
           Tensor want = c.clone();
           gemm(Stream::cpu(), want, a, ta, b, tb, sc.alpha, sc.beta);
 
-          Tensor out = to_gpu(c.to(out_dtype));
-          gemm(gpu_stream(), out, to_gpu(a.to(operand_dtype)), ta, to_gpu(b.to(operand_dtype)), tb, sc.alpha, sc.beta);
+          Tensor out = on_gpu(c.to(out_dtype));
+          gemm(gpu(), out, on_gpu(a.to(operand_dtype)), ta, on_gpu(b.to(operand_dtype)), tb, sc.alpha, sc.beta);
           const double tolerance = out_dtype == DType::BF16 ? kBf16OutputTolerance : f32_tolerance(s.k);
-          expect_close(to_host_f32(out), want, tolerance, name);
+          expect_close(host_f32(out), want, tolerance, name);
         }
       }
     }
@@ -147,9 +142,9 @@ TEST(CudaGemm, BetaZeroDoesNotReadOut) {
   Tensor garbage = Tensor::empty({m, n}, DType::F32);
   std::vector<float> nan(static_cast<size_t>(m * n), std::numeric_limits<float>::quiet_NaN());
   std::memcpy(garbage.raw_data(), nan.data(), garbage.nbytes());
-  Tensor out = to_gpu(garbage);
-  gemm(gpu_stream(), out, to_gpu(a), kNo, to_gpu(b), kNo, 2.0, 0.0);
-  expect_close(to_host_f32(out), want, f32_tolerance(k), "NaN in out, beta = 0");
+  Tensor out = on_gpu(garbage);
+  gemm(gpu(), out, on_gpu(a), kNo, on_gpu(b), kNo, 2.0, 0.0);
+  expect_close(host_f32(out), want, f32_tolerance(k), "NaN in out, beta = 0");
 }
 
 TEST(CudaGemm, EmptyDimensionsNeedNoCublas) {
@@ -158,19 +153,18 @@ TEST(CudaGemm, EmptyDimensionsNeedNoCublas) {
     SCOPED_TRACE(std::string(dtype_name(dtype)));
     // K == 0: out = beta * out (beta = 0.5 scales, beta = 0 writes zeros over NaN).
     const Tensor start = Tensor::from_vector<float>({1, 2, 3, 4, 5, 6}, {3, 2});
-    Tensor out = to_gpu(start.to(dtype));
-    gemm(gpu_stream(), out, to_gpu(Tensor::zeros({3, 0}, dtype)), kNo, to_gpu(Tensor::zeros({0, 2}, dtype)), kNo, 1.0,
-         0.5);
-    EXPECT_EQ(to_host_f32(out).to_vector<float>(), (std::vector<float>{0.5f, 1.0f, 1.5f, 2.0f, 2.5f, 3.0f}));
+    Tensor out = on_gpu(start.to(dtype));
+    gemm(gpu(), out, on_gpu(Tensor::zeros({3, 0}, dtype)), kNo, on_gpu(Tensor::zeros({0, 2}, dtype)), kNo, 1.0, 0.5);
+    EXPECT_EQ(host_f32(out).to_vector<float>(), (std::vector<float>{0.5f, 1.0f, 1.5f, 2.0f, 2.5f, 3.0f}));
     const float nan = std::numeric_limits<float>::quiet_NaN();
-    out = to_gpu(Tensor::from_vector<float>({nan, nan, nan, nan, nan, nan}, {3, 2}).to(dtype));
-    gemm(gpu_stream(), out, to_gpu(Tensor::zeros({0, 3}, dtype)), kYes, to_gpu(Tensor::zeros({2, 0}, dtype)), kYes);
-    EXPECT_EQ(to_host_f32(out).to_vector<float>(), std::vector<float>(6, 0.0f));
+    out = on_gpu(Tensor::from_vector<float>({nan, nan, nan, nan, nan, nan}, {3, 2}).to(dtype));
+    gemm(gpu(), out, on_gpu(Tensor::zeros({0, 3}, dtype)), kYes, on_gpu(Tensor::zeros({2, 0}, dtype)), kYes);
+    EXPECT_EQ(host_f32(out).to_vector<float>(), std::vector<float>(6, 0.0f));
     // M == 0 and N == 0: nothing to compute, and nothing fails.
-    Tensor no_rows = to_gpu(Tensor::zeros({0, 4}, dtype));
-    gemm(gpu_stream(), no_rows, to_gpu(Tensor::zeros({0, 5}, dtype)), kNo, to_gpu(Tensor::zeros({5, 4}, dtype)), kNo);
-    Tensor no_cols = to_gpu(Tensor::zeros({4, 0}, dtype));
-    gemm(gpu_stream(), no_cols, to_gpu(Tensor::zeros({4, 5}, dtype)), kNo, to_gpu(Tensor::zeros({5, 0}, dtype)), kNo);
+    Tensor no_rows = on_gpu(Tensor::zeros({0, 4}, dtype));
+    gemm(gpu(), no_rows, on_gpu(Tensor::zeros({0, 5}, dtype)), kNo, on_gpu(Tensor::zeros({5, 4}, dtype)), kNo);
+    Tensor no_cols = on_gpu(Tensor::zeros({4, 0}, dtype));
+    gemm(gpu(), no_cols, on_gpu(Tensor::zeros({4, 5}, dtype)), kNo, on_gpu(Tensor::zeros({5, 0}, dtype)), kNo);
     EXPECT_EQ(no_rows.to(Device::cpu()).numel(), 0);
     EXPECT_EQ(no_cols.to(Device::cpu()).numel(), 0);
   }
@@ -190,12 +184,12 @@ TEST(CudaGemm, HandlesOperandsAtUnalignedOffsets) {
     Tensor want = Tensor::empty({m, n}, DType::F32);
     gemm(Stream::cpu(), want, a, kNo, b, kYes);
 
-    const Tensor a_gpu = to_gpu(a_big.to(dtype)).slice(1, m + 1);
-    const Tensor b_gpu = to_gpu(b_big.to(dtype)).slice(1, n + 1);
-    Tensor out_big = to_gpu(Tensor::zeros({m + 1, n}, dtype));
+    const Tensor a_gpu = on_gpu(a_big.to(dtype)).slice(1, m + 1);
+    const Tensor b_gpu = on_gpu(b_big.to(dtype)).slice(1, n + 1);
+    Tensor out_big = on_gpu(Tensor::zeros({m + 1, n}, dtype));
     Tensor out = out_big.slice(1, m + 1);
-    gemm(gpu_stream(), out, a_gpu, kNo, b_gpu, kYes);
-    expect_close(to_host_f32(out.clone()), want, dtype == DType::BF16 ? kBf16OutputTolerance : f32_tolerance(k),
+    gemm(gpu(), out, a_gpu, kNo, b_gpu, kYes);
+    expect_close(host_f32(out.clone()), want, dtype == DType::BF16 ? kBf16OutputTolerance : f32_tolerance(k),
                  fmt::format("row-sliced {} operands and output", dtype_name(dtype)));
   }
 }
@@ -213,24 +207,24 @@ TEST(CudaLinear, ForwardAndBackwardMatchCpu) {
 
     Tensor y = Tensor::empty({m, n}, DType::F32);
     linear_forward(Stream::cpu(), y, x, w);
-    Tensor y_gpu = to_gpu(Tensor::zeros({m, n}, dtype));
-    linear_forward(gpu_stream(), y_gpu, to_gpu(x.to(dtype)), to_gpu(w.to(dtype)));
-    expect_close(to_host_f32(y_gpu), y, out_tolerance, fmt::format("linear_forward {}", dtype_name(dtype)));
+    Tensor y_gpu = on_gpu(Tensor::zeros({m, n}, dtype));
+    linear_forward(gpu(), y_gpu, on_gpu(x.to(dtype)), on_gpu(w.to(dtype)));
+    expect_close(host_f32(y_gpu), y, out_tolerance, fmt::format("linear_forward {}", dtype_name(dtype)));
 
     Tensor dx = Tensor::empty({m, k}, DType::F32);
     linear_backward_input(Stream::cpu(), dx, dy, w);
-    Tensor dx_gpu = to_gpu(Tensor::zeros({m, k}, dtype));
-    linear_backward_input(gpu_stream(), dx_gpu, to_gpu(dy.to(dtype)), to_gpu(w.to(dtype)));
-    expect_close(to_host_f32(dx_gpu), dx, dtype == DType::BF16 ? kBf16OutputTolerance : f32_tolerance(n),
+    Tensor dx_gpu = on_gpu(Tensor::zeros({m, k}, dtype));
+    linear_backward_input(gpu(), dx_gpu, on_gpu(dy.to(dtype)), on_gpu(w.to(dtype)));
+    expect_close(host_f32(dx_gpu), dx, dtype == DType::BF16 ? kBf16OutputTolerance : f32_tolerance(n),
                  fmt::format("linear_backward_input {}", dtype_name(dtype)));
 
     // The weight gradient accumulates in f32 whatever the activations are (the mixed path for bf16).
     const Tensor dw_start = random_tensor({n, k}, DType::F32, rng);
     Tensor dw = dw_start.clone();
     linear_backward_weight(Stream::cpu(), dw, dy, x);
-    Tensor dw_gpu = to_gpu(dw_start);
-    linear_backward_weight(gpu_stream(), dw_gpu, to_gpu(dy.to(dtype)), to_gpu(x.to(dtype)));
-    expect_close(to_host_f32(dw_gpu), dw, f32_tolerance(m),
+    Tensor dw_gpu = on_gpu(dw_start);
+    linear_backward_weight(gpu(), dw_gpu, on_gpu(dy.to(dtype)), on_gpu(x.to(dtype)));
+    expect_close(host_f32(dw_gpu), dw, f32_tolerance(m),
                  fmt::format("linear_backward_weight f32 += {}^T {}", dtype_name(dtype), dtype_name(dtype)));
   }
 }
@@ -244,11 +238,11 @@ TEST(CudaGemm, MixedWeightGradientAccumulatesMicroBatches) {
   const Tensor x = rounded_to_bf16(random_tensor({2 * m, k}, DType::F32, rng));
   Tensor want = Tensor::zeros({n, k}, DType::F32);
   gemm(Stream::cpu(), want, dy, kYes, x, kNo, 1.0, 1.0);
-  Tensor dw = to_gpu(Tensor::zeros({n, k}, DType::F32));
-  const Tensor dy_gpu = to_gpu(dy.to(DType::BF16)), x_gpu = to_gpu(x.to(DType::BF16));
-  gemm(gpu_stream(), dw, dy_gpu.slice(0, m), kYes, x_gpu.slice(0, m), kNo, 1.0, 1.0);
-  gemm(gpu_stream(), dw, dy_gpu.slice(m, 2 * m), kYes, x_gpu.slice(m, 2 * m), kNo, 1.0, 1.0);
-  expect_close(to_host_f32(dw), want, f32_tolerance(2 * m), "two bf16 micro-batches into one f32 gradient");
+  Tensor dw = on_gpu(Tensor::zeros({n, k}, DType::F32));
+  const Tensor dy_gpu = on_gpu(dy.to(DType::BF16)), x_gpu = on_gpu(x.to(DType::BF16));
+  gemm(gpu(), dw, dy_gpu.slice(0, m), kYes, x_gpu.slice(0, m), kNo, 1.0, 1.0);
+  gemm(gpu(), dw, dy_gpu.slice(m, 2 * m), kYes, x_gpu.slice(m, 2 * m), kNo, 1.0, 1.0);
+  expect_close(host_f32(dw), want, f32_tolerance(2 * m), "two bf16 micro-batches into one f32 gradient");
 }
 
 TEST(CudaGemm, RepeatedCallsAreBitwiseIdentical) {
@@ -257,16 +251,16 @@ TEST(CudaGemm, RepeatedCallsAreBitwiseIdentical) {
     for (const GemmShape& s : kShapes) {
       SCOPED_TRACE(fmt::format("{} M={} N={} K={}", dtype_name(dtype), s.m, s.n, s.k));
       Rng rng(5);
-      const Tensor a = to_gpu(random_tensor({s.k, s.m}, DType::F32, rng).to(dtype));
-      const Tensor b = to_gpu(random_tensor({s.k, s.n}, DType::F32, rng).to(dtype));
+      const Tensor a = on_gpu(random_tensor({s.k, s.m}, DType::F32, rng).to(dtype));
+      const Tensor b = on_gpu(random_tensor({s.k, s.n}, DType::F32, rng).to(dtype));
       const Tensor c = random_tensor({s.m, s.n}, DType::F32, rng);
-      Tensor first = to_gpu(c);
-      gemm(gpu_stream(), first, a, kYes, b, kNo, 1.0, 1.0);
+      Tensor first = on_gpu(c);
+      gemm(gpu(), first, a, kYes, b, kNo, 1.0, 1.0);
       // Another problem in between: the cached plan of the first must come back unchanged.
-      Tensor other = to_gpu(Tensor::zeros({s.n, s.m}, DType::F32));
-      gemm(gpu_stream(), other, b, kYes, a, kNo);
-      Tensor second = to_gpu(c);
-      gemm(gpu_stream(), second, a, kYes, b, kNo, 1.0, 1.0);
+      Tensor other = on_gpu(Tensor::zeros({s.n, s.m}, DType::F32));
+      gemm(gpu(), other, b, kYes, a, kNo);
+      Tensor second = on_gpu(c);
+      gemm(gpu(), second, a, kYes, b, kNo, 1.0, 1.0);
       EXPECT_TRUE(bitwise_equal(first.to(Device::cpu()), second.to(Device::cpu())));
     }
   }
@@ -274,23 +268,23 @@ TEST(CudaGemm, RepeatedCallsAreBitwiseIdentical) {
 
 TEST(CudaGemm, RejectsUnsupportedDtypesAndMixedDevices) {
   MT_REQUIRE_GPU();
-  Stream& s = gpu_stream();
-  const Tensor a = to_gpu(Tensor::zeros({3, 4}, DType::F32));
-  const Tensor b = to_gpu(Tensor::zeros({4, 5}, DType::F32));
-  Tensor out = to_gpu(Tensor::zeros({3, 5}, DType::F32));
+  Stream& s = gpu();
+  const Tensor a = on_gpu(Tensor::zeros({3, 4}, DType::F32));
+  const Tensor b = on_gpu(Tensor::zeros({4, 5}, DType::F32));
+  Tensor out = on_gpu(Tensor::zeros({3, 5}, DType::F32));
   expect_error_mentioning(
       [&] {
-        gemm(s, out, to_gpu(Tensor::zeros({3, 4}, DType::F64)), kNo, b, kNo);
+        gemm(s, out, on_gpu(Tensor::zeros({3, 4}, DType::F64)), kNo, b, kNo);
       },
       "gemm: expected a in f32 or bf16 on CUDA but found f64[3, 4] on cuda:0");
   expect_error_mentioning(
       [&] {
-        gemm(s, out, a, kNo, to_gpu(Tensor::zeros({4, 5}, DType::BF16)), kNo);
+        gemm(s, out, a, kNo, on_gpu(Tensor::zeros({4, 5}, DType::BF16)), kNo);
       },
       "gemm: b: expected dtype f32 but found bf16");
   expect_error_mentioning(
       [&] {
-        gemm(s, to_gpu(Tensor::zeros({3, 5}, DType::BF16)), a, kNo, b, kNo);
+        gemm(s, on_gpu(Tensor::zeros({3, 5}, DType::BF16)), a, kNo, b, kNo);
       },
       "gemm: out: expected dtype f32 but found bf16");
   expect_error_mentioning(
@@ -303,8 +297,8 @@ TEST(CudaGemm, RejectsUnsupportedDtypesAndMixedDevices) {
   expect_error_mentioning([&] { gemm(s, out, a, kNo, b, kYes); }, "gemm: inner dimensions differ");
   expect_error_mentioning(
       [&] {
-        linear_backward_weight(s, to_gpu(Tensor::zeros({5, 4}, DType::BF16)), to_gpu(Tensor::zeros({3, 5}, DType::F32)),
-                               to_gpu(Tensor::zeros({3, 4}, DType::F32)));
+        linear_backward_weight(s, on_gpu(Tensor::zeros({5, 4}, DType::BF16)), on_gpu(Tensor::zeros({3, 5}, DType::F32)),
+                               on_gpu(Tensor::zeros({3, 4}, DType::F32)));
       },
       "linear_backward_weight: dw: expected dtype f32 but found bf16");
 }

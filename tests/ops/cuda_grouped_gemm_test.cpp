@@ -14,13 +14,18 @@
 
 #include "core/rng.h"
 #include "ops/grouped_gemm.h"
+#include "testing/cuda_compare.h"
 #include "testing/gpu.h"
 #include "testing/test_data.h"
 
 namespace moetrain {
 namespace {
 
+using testing::gpu;
+using testing::host_f32;
+using testing::on_gpu;
 using testing::random_tensor;
+using testing::rounded_to_bf16;
 
 constexpr double kF32Unit = 0x1p-24;
 
@@ -32,14 +37,6 @@ double f32_tolerance(int64_t length) { return std::max(1e-6, 4.0 * kF32Unit * st
 // Outputs stored in bf16 against the CPU's f32 result on the same bf16-valued inputs: the store rounds each element
 // by at most 2^-9 relative; 2^-8 is twice that bound.
 constexpr double kBf16OutputTolerance = 0x1p-8;
-
-Stream& gpu_stream() { return default_stream(Device::cuda(0)); }
-Tensor to_gpu(const Tensor& t) { return t.to(Device::cuda(0)); }
-Tensor to_host_f32(const Tensor& t) {
-  const Tensor host = t.to(Device::cpu());
-  return host.dtype() == DType::F32 ? host : host.to(DType::F32);
-}
-Tensor rounded_to_bf16(const Tensor& f32) { return f32.to(DType::BF16).to(DType::F32); }
 
 bool bitwise_equal(const Tensor& a, const Tensor& b) {
   return a.nbytes() == b.nbytes() && std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0;
@@ -132,9 +129,9 @@ void check_forward(DType dtype) {
     const Inputs in = make_inputs(c, dtype, seed++);
     Tensor want = Tensor::empty({c.rows(), c.n_out}, DType::F32);
     ops::grouped_linear_forward(Stream::cpu(), want, in.x, in.w, in.offsets);
-    Tensor y = to_gpu(Tensor::zeros({c.rows(), c.n_out}, dtype));
-    ops::grouped_linear_forward(gpu_stream(), y, to_gpu(in.x.to(dtype)), to_gpu(in.w.to(dtype)), to_gpu(in.offsets));
-    expect_close(to_host_f32(y), want, dtype == DType::BF16 ? kBf16OutputTolerance : f32_tolerance(c.n_in),
+    Tensor y = on_gpu(Tensor::zeros({c.rows(), c.n_out}, dtype));
+    ops::grouped_linear_forward(gpu(), y, on_gpu(in.x.to(dtype)), on_gpu(in.w.to(dtype)), on_gpu(in.offsets));
+    expect_close(host_f32(y), want, dtype == DType::BF16 ? kBf16OutputTolerance : f32_tolerance(c.n_in),
                  label("forward", c, dtype));
   }
 }
@@ -146,10 +143,9 @@ void check_backward_input(DType dtype) {
     const Inputs in = make_inputs(c, dtype, seed++);
     Tensor want = Tensor::empty({c.rows(), c.n_in}, DType::F32);
     ops::grouped_linear_backward_input(Stream::cpu(), want, in.dy, in.w, in.offsets);
-    Tensor dx = to_gpu(Tensor::zeros({c.rows(), c.n_in}, dtype));
-    ops::grouped_linear_backward_input(gpu_stream(), dx, to_gpu(in.dy.to(dtype)), to_gpu(in.w.to(dtype)),
-                                       to_gpu(in.offsets));
-    expect_close(to_host_f32(dx), want, dtype == DType::BF16 ? kBf16OutputTolerance : f32_tolerance(c.n_out),
+    Tensor dx = on_gpu(Tensor::zeros({c.rows(), c.n_in}, dtype));
+    ops::grouped_linear_backward_input(gpu(), dx, on_gpu(in.dy.to(dtype)), on_gpu(in.w.to(dtype)), on_gpu(in.offsets));
+    expect_close(host_f32(dx), want, dtype == DType::BF16 ? kBf16OutputTolerance : f32_tolerance(c.n_out),
                  label("backward_input", c, dtype));
   }
 }
@@ -163,10 +159,9 @@ void check_backward_weight(DType dtype) {
     const Inputs in = make_inputs(c, dtype, seed++);
     Tensor want = in.dw_start.clone();
     ops::grouped_linear_backward_weight(Stream::cpu(), want, in.dy, in.x, in.offsets);
-    Tensor dw = to_gpu(in.dw_start);
-    ops::grouped_linear_backward_weight(gpu_stream(), dw, to_gpu(in.dy.to(dtype)), to_gpu(in.x.to(dtype)),
-                                        to_gpu(in.offsets));
-    const Tensor got = to_host_f32(dw);
+    Tensor dw = on_gpu(in.dw_start);
+    ops::grouped_linear_backward_weight(gpu(), dw, on_gpu(in.dy.to(dtype)), on_gpu(in.x.to(dtype)), on_gpu(in.offsets));
+    const Tensor got = host_f32(dw);
     expect_close(got, want, f32_tolerance(c.largest_group()), label("backward_weight", c, dtype));
     for (int64_t g = 0; g < c.groups(); ++g) {
       if (c.offsets[g] != c.offsets[g + 1]) continue;
@@ -212,16 +207,16 @@ TEST(CudaGroupedLinear, RepeatedRunsAreBitwiseIdentical) {
     for (const GroupCase& c : cases()) {
       SCOPED_TRACE(fmt::format("{} {}", dtype_name(dtype), c.name));
       const Inputs in = make_inputs(c, dtype, 40);
-      const Tensor x = to_gpu(in.x.to(dtype)), w = to_gpu(in.w.to(dtype)), dy = to_gpu(in.dy.to(dtype));
-      const Tensor offsets = to_gpu(in.offsets);
+      const Tensor x = on_gpu(in.x.to(dtype)), w = on_gpu(in.w.to(dtype)), dy = on_gpu(in.dy.to(dtype));
+      const Tensor offsets = on_gpu(in.offsets);
       Tensor results[2][3];
       for (auto& r : results) {
-        Tensor y = to_gpu(Tensor::zeros({c.rows(), c.n_out}, dtype));
-        Tensor dx = to_gpu(Tensor::zeros({c.rows(), c.n_in}, dtype));
-        Tensor dw = to_gpu(in.dw_start);
-        ops::grouped_linear_forward(gpu_stream(), y, x, w, offsets);
-        ops::grouped_linear_backward_input(gpu_stream(), dx, dy, w, offsets);
-        ops::grouped_linear_backward_weight(gpu_stream(), dw, dy, x, offsets);
+        Tensor y = on_gpu(Tensor::zeros({c.rows(), c.n_out}, dtype));
+        Tensor dx = on_gpu(Tensor::zeros({c.rows(), c.n_in}, dtype));
+        Tensor dw = on_gpu(in.dw_start);
+        ops::grouped_linear_forward(gpu(), y, x, w, offsets);
+        ops::grouped_linear_backward_input(gpu(), dx, dy, w, offsets);
+        ops::grouped_linear_backward_weight(gpu(), dw, dy, x, offsets);
         r[0] = y.to(Device::cpu());
         r[1] = dx.to(Device::cpu());
         r[2] = dw.to(Device::cpu());
@@ -243,22 +238,21 @@ TEST(CudaGroupedLinear, RowResultDoesNotDependOnTheOtherRows) {
   for (DType dtype : {DType::F32, DType::BF16}) {
     SCOPED_TRACE(std::string(dtype_name(dtype)));
     const Inputs in = make_inputs(c, dtype, 50);
-    const Tensor x = to_gpu(in.x.to(dtype)), w = to_gpu(in.w.to(dtype)), dy = to_gpu(in.dy.to(dtype));
-    Tensor y = to_gpu(Tensor::zeros({c.rows(), c.n_out}, dtype));
-    Tensor dx = to_gpu(Tensor::zeros({c.rows(), c.n_in}, dtype));
-    ops::grouped_linear_forward(gpu_stream(), y, x, w, to_gpu(in.offsets));
-    ops::grouped_linear_backward_input(gpu_stream(), dx, dy, w, to_gpu(in.offsets));
+    const Tensor x = on_gpu(in.x.to(dtype)), w = on_gpu(in.w.to(dtype)), dy = on_gpu(in.dy.to(dtype));
+    Tensor y = on_gpu(Tensor::zeros({c.rows(), c.n_out}, dtype));
+    Tensor dx = on_gpu(Tensor::zeros({c.rows(), c.n_in}, dtype));
+    ops::grouped_linear_forward(gpu(), y, x, w, on_gpu(in.offsets));
+    ops::grouped_linear_backward_input(gpu(), dx, dy, w, on_gpu(in.offsets));
     const Tensor y_host = y.to(Device::cpu()), dx_host = dx.to(Device::cpu());
     for (int64_t begin : {1, 11}) {
       const int64_t end = 131, count = end - begin;
       // Only group 2 has rows.
       std::vector<int32_t> offsets(c.offsets.size(), static_cast<int32_t>(count));
       offsets[0] = offsets[1] = offsets[2] = 0;
-      Tensor y_part = to_gpu(Tensor::zeros({count, c.n_out}, dtype));
-      Tensor dx_part = to_gpu(Tensor::zeros({count, c.n_in}, dtype));
-      ops::grouped_linear_forward(gpu_stream(), y_part, x.slice(begin, end), w, to_gpu(offsets_tensor(offsets)));
-      ops::grouped_linear_backward_input(gpu_stream(), dx_part, dy.slice(begin, end), w,
-                                         to_gpu(offsets_tensor(offsets)));
+      Tensor y_part = on_gpu(Tensor::zeros({count, c.n_out}, dtype));
+      Tensor dx_part = on_gpu(Tensor::zeros({count, c.n_in}, dtype));
+      ops::grouped_linear_forward(gpu(), y_part, x.slice(begin, end), w, on_gpu(offsets_tensor(offsets)));
+      ops::grouped_linear_backward_input(gpu(), dx_part, dy.slice(begin, end), w, on_gpu(offsets_tensor(offsets)));
       EXPECT_TRUE(bitwise_equal(y_part.to(Device::cpu()), y_host.slice(begin, end).clone()))
           << "forward from row " << begin;
       EXPECT_TRUE(bitwise_equal(dx_part.to(Device::cpu()), dx_host.slice(begin, end).clone()))
@@ -273,41 +267,41 @@ TEST(CudaGroupedLinear, MalformedDeviceOffsetsStayInBounds) {
   MT_REQUIRE_GPU();
   const int64_t rows = 12, groups = 4, n_out = 7, n_in = 9;
   Rng rng(60);
-  const Tensor x = to_gpu(random_tensor({rows, n_in}, DType::F32, rng));
-  const Tensor w = to_gpu(random_tensor({groups, n_out, n_in}, DType::F32, rng));
-  const Tensor dy = to_gpu(random_tensor({rows, n_out}, DType::F32, rng));
-  const Tensor bad = to_gpu(offsets_tensor({-5, 1 << 30, 3, -(1 << 30), 12}));
-  Tensor y = to_gpu(Tensor::zeros({rows, n_out}, DType::F32));
-  Tensor dx = to_gpu(Tensor::zeros({rows, n_in}, DType::F32));
-  Tensor dw = to_gpu(Tensor::zeros({groups, n_out, n_in}, DType::F32));
+  const Tensor x = on_gpu(random_tensor({rows, n_in}, DType::F32, rng));
+  const Tensor w = on_gpu(random_tensor({groups, n_out, n_in}, DType::F32, rng));
+  const Tensor dy = on_gpu(random_tensor({rows, n_out}, DType::F32, rng));
+  const Tensor bad = on_gpu(offsets_tensor({-5, 1 << 30, 3, -(1 << 30), 12}));
+  Tensor y = on_gpu(Tensor::zeros({rows, n_out}, DType::F32));
+  Tensor dx = on_gpu(Tensor::zeros({rows, n_in}, DType::F32));
+  Tensor dw = on_gpu(Tensor::zeros({groups, n_out, n_in}, DType::F32));
   EXPECT_NO_THROW({
-    ops::grouped_linear_forward(gpu_stream(), y, x, w, bad);
-    ops::grouped_linear_backward_input(gpu_stream(), dx, dy, w, bad);
-    ops::grouped_linear_backward_weight(gpu_stream(), dw, dy, x, bad);
+    ops::grouped_linear_forward(gpu(), y, x, w, bad);
+    ops::grouped_linear_backward_input(gpu(), dx, dy, w, bad);
+    ops::grouped_linear_backward_weight(gpu(), dw, dy, x, bad);
     ops::cuda::synchronize(Device::cuda(0));
   });
   // The device is still healthy: a well-formed call afterwards works and matches the CPU.
   const std::vector<int32_t> good{0, 5, 5, 12, 12};
   Tensor want = Tensor::empty({rows, n_out}, DType::F32);
   ops::grouped_linear_forward(Stream::cpu(), want, x.to(Device::cpu()), w.to(Device::cpu()), offsets_tensor(good));
-  ops::grouped_linear_forward(gpu_stream(), y, x, w, to_gpu(offsets_tensor(good)));
+  ops::grouped_linear_forward(gpu(), y, x, w, on_gpu(offsets_tensor(good)));
   expect_close(y.to(Device::cpu()), want, f32_tolerance(n_in), "forward after malformed offsets");
 }
 
 TEST(CudaGroupedLinear, RejectsUnsupportedDtypesAndMixedDevices) {
   MT_REQUIRE_GPU();
-  Stream& s = gpu_stream();
+  Stream& s = gpu();
   const int64_t rows = 12, groups = 4, n_out = 7, n_in = 9;
-  const Tensor x = to_gpu(Tensor::zeros({rows, n_in}, DType::F32));
-  const Tensor w = to_gpu(Tensor::zeros({groups, n_out, n_in}, DType::F32));
-  const Tensor dy = to_gpu(Tensor::zeros({rows, n_out}, DType::F32));
-  const Tensor offsets = to_gpu(offsets_tensor({0, 5, 5, 12, 12}));
-  Tensor y = to_gpu(Tensor::zeros({rows, n_out}, DType::F32));
-  expect_error([&] { ops::grouped_linear_forward(s, y, x, to_gpu(w.to(Device::cpu()).to(DType::F64)), offsets); },
+  const Tensor x = on_gpu(Tensor::zeros({rows, n_in}, DType::F32));
+  const Tensor w = on_gpu(Tensor::zeros({groups, n_out, n_in}, DType::F32));
+  const Tensor dy = on_gpu(Tensor::zeros({rows, n_out}, DType::F32));
+  const Tensor offsets = on_gpu(offsets_tensor({0, 5, 5, 12, 12}));
+  Tensor y = on_gpu(Tensor::zeros({rows, n_out}, DType::F32));
+  expect_error([&] { ops::grouped_linear_forward(s, y, x, on_gpu(w.to(Device::cpu()).to(DType::F64)), offsets); },
                "grouped_linear_forward: expected w in f32 or bf16 on CUDA but found f64[4, 7, 9] on cuda:0");
   expect_error(
       [&] {
-        ops::grouped_linear_forward(s, y, to_gpu(Tensor::zeros({rows, n_in}, DType::BF16)), w, offsets);
+        ops::grouped_linear_forward(s, y, on_gpu(Tensor::zeros({rows, n_in}, DType::BF16)), w, offsets);
       },
       "grouped_linear_forward: x: expected dtype f32 but found bf16");
   expect_error(
@@ -319,21 +313,21 @@ TEST(CudaGroupedLinear, RejectsUnsupportedDtypesAndMixedDevices) {
                "grouped_linear_forward: w is on cuda:0 but the stream runs on cpu");
   expect_error(
       [&] {
-        ops::grouped_linear_forward(s, y, x, w, to_gpu(offsets_tensor({0, 5, 12, 12})));
+        ops::grouped_linear_forward(s, y, x, w, on_gpu(offsets_tensor({0, 5, 12, 12})));
       },
       "grouped_linear_forward: offsets: expected shape [5] but found [4]");
-  expect_error([&] { ops::grouped_linear_forward(s, y, x, w, to_gpu(Tensor::zeros({5}, DType::I64))); },
+  expect_error([&] { ops::grouped_linear_forward(s, y, x, w, on_gpu(Tensor::zeros({5}, DType::I64))); },
                "grouped_linear_forward: offsets: expected dtype i32 but found i64");
   expect_error(
       [&] {
-        ops::grouped_linear_backward_weight(s, to_gpu(Tensor::zeros({groups, n_out, n_in}, DType::BF16)), dy, x,
+        ops::grouped_linear_backward_weight(s, on_gpu(Tensor::zeros({groups, n_out, n_in}, DType::BF16)), dy, x,
                                             offsets);
       },
       "grouped_linear_backward_weight: dw: expected dtype f32 but found bf16");
   expect_error(
       [&] {
-        ops::grouped_linear_backward_weight(s, to_gpu(Tensor::zeros({groups, n_out, n_in}, DType::F32)),
-                                            to_gpu(Tensor::zeros({rows, n_out}, DType::BF16)), x, offsets);
+        ops::grouped_linear_backward_weight(s, on_gpu(Tensor::zeros({groups, n_out, n_in}, DType::F32)),
+                                            on_gpu(Tensor::zeros({rows, n_out}, DType::BF16)), x, offsets);
       },
       "grouped_linear_backward_weight: dy: expected dtype f32 but found bf16");
 }

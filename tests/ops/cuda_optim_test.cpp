@@ -12,18 +12,19 @@
 
 #include "core/rng.h"
 #include "ops/optim.h"
+#include "testing/cuda_compare.h"
 #include "testing/gpu.h"
 #include "testing/test_data.h"
 
 namespace moetrain {
 namespace {
 
+using testing::expect_error_containing;
+using testing::gpu;
+using testing::on_cpu;
+using testing::on_gpu;
 using testing::random_tensor;
 using testing::relative_error;
-
-Stream& gpu() { return default_stream(Device::cuda(0)); }
-Tensor on_gpu(const Tensor& t) { return t.to(Device::cuda(0)); }
-Tensor on_cpu(const Tensor& t) { return t.to(Device::cpu()); }
 
 // Fails with the first differing element when two host f32 tensors differ in any bit.
 void expect_same_bits(const Tensor& got, const Tensor& want, const std::string& what) {
@@ -33,18 +34,6 @@ void expect_same_bits(const Tensor& got, const Tensor& want, const std::string& 
     if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0) {
       ADD_FAILURE() << what << ": first difference at element " << i << ": got " << a[i] << ", want " << b[i];
       return;
-    }
-  }
-}
-
-void expect_error_containing(const std::function<void()>& call, const std::vector<std::string>& needles) {
-  try {
-    call();
-    ADD_FAILURE() << "expected a moetrain::Error";
-  } catch (const Error& e) {
-    const std::string message = e.what();
-    for (const std::string& needle : needles) {
-      EXPECT_NE(message.find(needle), std::string::npos) << "message '" << message << "' lacks '" << needle << "'";
     }
   }
 }

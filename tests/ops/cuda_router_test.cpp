@@ -11,26 +11,18 @@
 #include <gtest/gtest.h>
 
 #include "ops/router.h"
+#include "testing/cuda_compare.h"
 #include "testing/gpu.h"
 #include "testing/test_data.h"
 
 namespace moetrain {
 namespace {
 
+using testing::expect_error;
 using testing::random_tensor;
 using testing::relative_error;
 
 Device gpu() { return Device::cuda(0); }
-
-template <typename F>
-void expect_error(F&& f, const std::string& needle) {
-  try {
-    f();
-    ADD_FAILURE() << "expected a moetrain::Error containing \"" << needle << "\"";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
-}
 
 // Logits whose experts are at least 0.25 apart within each token (a shuffled ladder plus small noise): the
 // probabilities differ by far more than the GPU's and the CPU's rounding, so the selection is unambiguous.

@@ -1,0 +1,41 @@
+// defines: the device and stream checks shared by the public ops (see op_checks.h).
+#include "ops/op_checks.h"
+
+#include "core/error.h"
+#include "ops/cpu/dispatch.h"
+
+namespace moetrain::ops {
+
+void check_stream_backend(const Stream& stream, std::string_view op) {
+  MT_CHECK(stream.device().is_cpu() || (kHasCuda && stream.device().is_cuda()),
+           "{}: no kernel for a {} stream in this build", op, stream.device().str());
+}
+
+void check_on_stream_device(const Stream& stream, const Tensor& t, std::string_view op, std::string_view name) {
+  MT_CHECK(t.device() == stream.device(), "{}: expected {} on the stream's device {} but found {}", op, name,
+           stream.device().str(), t.describe());
+}
+
+Device check_tensor_backend(const Stream& stream, const Tensor& t, std::string_view op, std::string_view name) {
+  expect_defined(t, fmt::format("{}: {}", op, name));
+#if MOETRAIN_HAS_CUDA
+  if (on_cuda(t)) {
+    MT_CHECK(stream.device() == t.device(), "{}: {} is on {} but the stream runs on {}", op, name, t.device().str(),
+             stream.device().str());
+    return t.device();
+  }
+#endif
+  require_cpu(t, op);
+  MT_CHECK(stream.device().is_cpu(), "{}: {} is on the CPU but the stream runs on {}", op, name, stream.device().str());
+  return Device::cpu();
+}
+
+void check_on_device(const Tensor& t, Device device, std::string_view op, std::string_view name) {
+  if (device.is_cpu()) {
+    require_cpu(t, op);
+  } else {
+    MT_CHECK(t.device() == device, "{}: expected {} on {} but found {}", op, name, device.str(), t.describe());
+  }
+}
+
+}  // namespace moetrain::ops

@@ -1,0 +1,33 @@
+// defines: the device and stream checks shared by the public ops (src/ops/<family>.cpp): which backends this build
+// has, and that a tensor and the op's stream are on one device. Internal to src/ops; not part of the ops API.
+#pragma once
+
+#include <string_view>
+
+#include "core/device.h"
+#include "core/tensor.h"
+
+namespace moetrain::ops {
+
+#if MOETRAIN_HAS_CUDA
+inline constexpr bool kHasCuda = true;
+#else
+inline constexpr bool kHasCuda = false;
+#endif
+
+inline bool on_cuda(const Tensor& t) { return t.device().is_cuda(); }
+
+// The build has a backend for the stream's device: the CPU, or a CUDA device in a build with CUDA.
+void check_stream_backend(const Stream& stream, std::string_view op);
+
+// `t` lives on the stream's device: CPU tensors on the CPU stream, CUDA tensors on their device's stream.
+void check_on_stream_device(const Stream& stream, const Tensor& t, std::string_view op, std::string_view name);
+
+// `t` is defined and its device picks the backend: the CPU (whose stream must be the CPU one), or a CUDA device in a
+// build with CUDA (whose stream must run on it). Returns that device, which every other argument must be on.
+Device check_tensor_backend(const Stream& stream, const Tensor& t, std::string_view op, std::string_view name);
+
+// `t` is on `device` (that of the argument which picked the backend); a CPU device also needs a CPU kernel for t.
+void check_on_device(const Tensor& t, Device device, std::string_view op, std::string_view name);
+
+}  // namespace moetrain::ops
