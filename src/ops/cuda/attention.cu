@@ -1,10 +1,5 @@
 // defines: the CUDA attention kernels (ops/cuda/attention.h): a flash-attention style forward with an f32 online
 // softmax, and a backward in three kernels (row terms, dq per query tile, dk / dv per key tile) without atomics.
-// fmt 9 turns constexpr off when it sees __NVCC__, which breaks its C++20 consteval format strings under nvcc; the
-// .cpp files compile it with constexpr on, so say so here too (before the first fmt include).
-#ifndef FMT_USE_CONSTEXPR
-#define FMT_USE_CONSTEXPR 1
-#endif
 #include "ops/cuda/attention.h"
 
 #include <cmath>

@@ -1,11 +1,6 @@
 // defines: the CUDA elementwise kernels: grid-stride loops over the elements, one output per element. The bf16
 // conversion of cast and round_to_bf16_inplace is the bit-level rule of core/dtype.cpp (NaN too), so those ops
 // give the CPU's bytes; the arithmetic ones round bf16 results with __float2bfloat16_rn (nearest even).
-// fmt 9 turns constexpr off when it sees __NVCC__, which breaks its C++20 consteval format strings under nvcc;
-// the .cpp files compile it with constexpr on, so say so here too (before the first fmt include).
-#ifndef FMT_USE_CONSTEXPR
-#define FMT_USE_CONSTEXPR 1
-#endif
 #include "ops/cuda/elementwise.h"
 
 #include <cstdint>
@@ -15,6 +10,7 @@
 #include <cuda_runtime.h>
 
 #include "ops/cuda/check.h"
+#include "ops/cuda/float_io.cuh"
 #include "ops/cuda/runtime.h"
 
 namespace moetrain::ops::cuda {
@@ -24,10 +20,6 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int64_t kMaxBlocks = 1 << 16;  // the grid-stride loop covers the rest
 
-__device__ __forceinline__ float load_float(const float* p) { return *p; }
-__device__ __forceinline__ float load_float(const __nv_bfloat16* p) { return __bfloat162float(*p); }
-__device__ __forceinline__ void store_float(float* p, float v) { *p = v; }
-__device__ __forceinline__ void store_float(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
 
 // core/dtype.cpp's f32_to_bf16_bits: nearest even; NaN keeps its sign and upper payload and is forced quiet.
 __device__ __forceinline__ uint16_t f32_to_bf16_bits(float value) {

@@ -2,11 +2,6 @@
 // sort, so each id's tokens sit together in ascending token order; the block at the start of each id's run then sums
 // those tokens' dy rows column by column in that order and adds the sum to dtable. No floating-point atomics: every
 // dtable element is one thread's ascending sum, whatever T, the grid or the other ids.
-// fmt 9 turns constexpr off when it sees __NVCC__, which breaks its C++20 consteval format strings under nvcc;
-// the .cpp files compile it with constexpr on, so say so here too (before the first fmt include).
-#ifndef FMT_USE_CONSTEXPR
-#define FMT_USE_CONSTEXPR 1
-#endif
 #include "ops/cuda/embedding.h"
 
 #include <cstddef>
@@ -17,6 +12,7 @@
 #include <cub/device/device_radix_sort.cuh>
 
 #include "ops/cuda/check.h"
+#include "ops/cuda/float_io.cuh"
 #include "ops/cuda/runtime.h"
 
 namespace moetrain::ops::cuda {
@@ -26,10 +22,6 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int64_t kMaxRowBlocks = int64_t(1) << 20;  // grid-stride over rows beyond this
 
-__device__ __forceinline__ float load_float(const float* p) { return *p; }
-__device__ __forceinline__ float load_float(const __nv_bfloat16* p) { return __bfloat162float(*p); }
-__device__ __forceinline__ void store_float(float* p, float v) { *p = v; }
-__device__ __forceinline__ void store_float(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
 
 // One block per token row (grid-stride), threads over the columns.
 template <typename TTable, typename TOut>

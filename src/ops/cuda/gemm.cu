@@ -1,10 +1,5 @@
 // defines: the one kernel of the CUDA gemm that cuBLASLt does not run: out = beta * out for an empty inner
 // dimension (K == 0), where cuBLAS is not called at all.
-// fmt 9 turns constexpr off when it sees __NVCC__, which breaks its C++20 consteval format strings under nvcc;
-// the .cpp files compile it with constexpr on, so say so here too (before the first fmt include).
-#ifndef FMT_USE_CONSTEXPR
-#define FMT_USE_CONSTEXPR 1
-#endif
 #include "ops/cuda/gemm.h"
 
 #include <cstdint>
@@ -13,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include "ops/cuda/check.h"
+#include "ops/cuda/float_io.cuh"
 #include "ops/cuda/runtime.h"
 
 namespace moetrain::ops::cuda {
@@ -21,10 +17,6 @@ namespace {
 
 constexpr int kScaleThreads = 256;
 
-__device__ __forceinline__ float load_float(const float* p) { return *p; }
-__device__ __forceinline__ float load_float(const __nv_bfloat16* p) { return __bfloat162float(*p); }
-__device__ __forceinline__ void store_float(float* p, float v) { *p = v; }
-__device__ __forceinline__ void store_float(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
 
 template <typename T>
 __global__ void scale_kernel(T* out, int64_t n, float beta) {

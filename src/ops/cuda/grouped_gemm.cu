@@ -6,11 +6,6 @@
 // block per (group, 64 x 64 tile of dw[g]) loops over the group's rows in ascending order. Both stage operands in
 // shared memory in 32-deep slices along the reduction, converted to f32; every output element is one f32 fma chain
 // in ascending reduction order, whatever its tile, so results are deterministic and batch-invariant.
-// fmt 9 turns constexpr off when it sees __NVCC__, which breaks its C++20 consteval format strings under nvcc;
-// the .cpp files compile it with constexpr on, so say so here too (before the first fmt include).
-#ifndef FMT_USE_CONSTEXPR
-#define FMT_USE_CONSTEXPR 1
-#endif
 #include "ops/cuda/grouped_gemm.h"
 
 #include <climits>

@@ -1,11 +1,6 @@
 // defines: the CUDA cross-entropy kernels, the formulas of ops/cpu/loss.cpp in f32: lse = m + log(sum exp(x - m))
 // with m the row maximum, loss = lse - x[target]; dlogits = scale * (exp(x - lse) - onehot). Block reductions are a
 // fixed tree: per-thread strided partials, a butterfly inside each warp, then the warp results in a fixed order.
-// fmt 9 turns constexpr off when it sees __NVCC__, which breaks its C++20 consteval format strings under nvcc;
-// the .cpp files compile it with constexpr on, so say so here too (before the first fmt include).
-#ifndef FMT_USE_CONSTEXPR
-#define FMT_USE_CONSTEXPR 1
-#endif
 #include "ops/cuda/loss.h"
 
 #include <cstdint>
@@ -14,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include "ops/cuda/check.h"
+#include "ops/cuda/float_io.cuh"
 #include "ops/cuda/runtime.h"
 
 namespace moetrain::ops::cuda {
@@ -24,10 +20,6 @@ constexpr int kWarps = kCrossEntropyThreads / 32;
 constexpr int kTotalsThreads = 1024;
 constexpr int64_t kMaxRowBlocks = int64_t(1) << 20;  // grid-stride beyond this
 
-__device__ __forceinline__ float load_float(const float* p) { return *p; }
-__device__ __forceinline__ float load_float(const __nv_bfloat16* p) { return __bfloat162float(*p); }
-__device__ __forceinline__ void store_float(float* p, float v) { *p = v; }
-__device__ __forceinline__ void store_float(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
 
 __device__ __forceinline__ float quiet_nan() { return __int_as_float(0x7fc00000); }
 

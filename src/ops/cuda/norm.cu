@@ -3,11 +3,6 @@
 // gradient sums fixed chunks of rows into a [chunks, D] buffer, then the chunks in order. Every product and sum is
 // written with the round-to-nearest intrinsics (__fmul_rn, __fadd_rn, ...), which nvcc never fuses into a
 // multiply-add: each element rounds as the CPU's -ffp-contract=off code does, and only the summation orders differ.
-// fmt 9 turns constexpr off when it sees __NVCC__, which breaks its C++20 consteval format strings under nvcc;
-// the .cpp files compile it with constexpr on, so say so here too (before the first fmt include).
-#ifndef FMT_USE_CONSTEXPR
-#define FMT_USE_CONSTEXPR 1
-#endif
 #include "ops/cuda/norm.h"
 
 #include <cstdint>
@@ -16,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include "ops/cuda/check.h"
+#include "ops/cuda/float_io.cuh"
 #include "ops/cuda/runtime.h"
 
 namespace moetrain::ops::cuda {
@@ -27,10 +23,6 @@ constexpr int kRowThreads = 32 * kWarpsPerBlock;
 constexpr int kColumnThreads = 256;
 constexpr int64_t kMaxBlocks = int64_t(1) << 20;  // grid-stride beyond this
 
-__device__ __forceinline__ float load_float(const float* p) { return *p; }
-__device__ __forceinline__ float load_float(const __nv_bfloat16* p) { return __bfloat162float(*p); }
-__device__ __forceinline__ void store_float(float* p, float v) { *p = v; }
-__device__ __forceinline__ void store_float(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
 
 // Butterfly sum over the warp: every lane ends with the same bits (each step adds the same two values, a + b and
 // b + a), in an order fixed by the lane layout.

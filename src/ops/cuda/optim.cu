@@ -1,11 +1,6 @@
 // defines: the CUDA optimizer kernels: AdamW with the explicit round-to-nearest intrinsics (__fmul_rn, ...), which
 // nvcc never fuses into a multiply-add, so each step rounds exactly as the CPU's -ffp-contract=off code does; sums
 // of squares as two fixed trees in f64 (within chunks, then over the chunks).
-// fmt 9 turns constexpr off when it sees __NVCC__, which breaks its C++20 consteval format strings under nvcc;
-// the .cpp files compile it with constexpr on, so say so here too (before the first fmt include).
-#ifndef FMT_USE_CONSTEXPR
-#define FMT_USE_CONSTEXPR 1
-#endif
 #include "ops/cuda/optim.h"
 
 #include <cmath>

@@ -1,10 +1,5 @@
 // defines: the CUDA permutation kernels (ops/cuda/permute.h): the routing plan (CUB's stable radix sort of the
 // choices by expert, its inverse, per-expert offsets by binary search) and the row gathers / weighted sums.
-// fmt 9 turns constexpr off when it sees __NVCC__, which breaks its C++20 consteval format strings under nvcc; the
-// .cpp files compile it with constexpr on, so say so here too (before the first fmt include).
-#ifndef FMT_USE_CONSTEXPR
-#define FMT_USE_CONSTEXPR 1
-#endif
 #include "ops/cuda/permute.h"
 
 #include <cstddef>

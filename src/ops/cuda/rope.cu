@@ -1,11 +1,6 @@
 // defines: the CUDA rope kernel. One thread per (token, head, pair): the pair (a, b) becomes (a*c - b*s, b*c + a*s)
 // with c = cos * scaling and s = sin * scaling (the backward, the transpose, negates s), as ops/cpu/rope.cpp; threads
 // past the pairs copy the head's dims beyond rotary_dim.
-// fmt 9 turns constexpr off when it sees __NVCC__, which breaks its C++20 consteval format strings under nvcc;
-// the .cpp files compile it with constexpr on, so say so here too (before the first fmt include).
-#ifndef FMT_USE_CONSTEXPR
-#define FMT_USE_CONSTEXPR 1
-#endif
 #include "ops/cuda/rope.h"
 
 #include <cstdint>
@@ -14,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include "ops/cuda/check.h"
+#include "ops/cuda/float_io.cuh"
 #include "ops/cuda/runtime.h"
 
 namespace moetrain::ops::cuda {
@@ -23,10 +19,6 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int64_t kMaxBlocks = int64_t(1) << 20;  // grid-stride beyond this
 
-__device__ __forceinline__ float load_float(const float* p) { return *p; }
-__device__ __forceinline__ float load_float(const __nv_bfloat16* p) { return __bfloat162float(*p); }
-__device__ __forceinline__ void store_float(float* p, float v) { *p = v; }
-__device__ __forceinline__ void store_float(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
 
 // Passed by value in the kernel's parameter space (about 1 KiB).
 struct RopeArgs {

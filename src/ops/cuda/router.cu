@@ -1,10 +1,5 @@
 // defines: the CUDA router kernels (ops/cuda/router.h): one warp per token; softmax in f32, top-k by repeated warp
 // arg-max under the strict order (descending probability, ascending expert), renormalisation, and the backward.
-// fmt 9 turns constexpr off when it sees __NVCC__, which breaks its C++20 consteval format strings under nvcc; the
-// .cpp files compile it with constexpr on, so say so here too (before the first fmt include).
-#ifndef FMT_USE_CONSTEXPR
-#define FMT_USE_CONSTEXPR 1
-#endif
 #include "ops/cuda/router.h"
 
 #include <climits>
