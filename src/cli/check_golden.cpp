@@ -35,7 +35,8 @@ struct Thresholds {
 };
 
 double relative_error(const Tensor& ours, const Tensor& ref) {
-  MT_CHECK(ours.numel() == ref.numel(), "check-golden: comparing {} with reference {}", ours.describe(), ref.describe());
+  MT_CHECK(ours.numel() == ref.numel(), "check-golden: comparing {} with reference {}", ours.describe(),
+           ref.describe());
   const Tensor host = ours.device().is_cpu() ? ours : ours.to(Device::cpu());
   const Tensor a = host.to(DType::F64), b = ref.to(DType::F64);
   const double* pa = a.data<double>();
@@ -99,7 +100,8 @@ void check_routing(Report& report, const std::string& label, const model::Causal
   std::string first;
   for (size_t layer = 0; layer < ours.size(); ++layer) {
     const Tensor ref_logits = ref.tensor(fmt::format("router_logits.{}", layer)).to(DType::F32);
-    const Tensor our_logits = (ours[layer].device().is_cpu() ? ours[layer] : ours[layer].to(Device::cpu())).to(DType::F32);
+    const Tensor our_logits =
+        (ours[layer].device().is_cpu() ? ours[layer] : ours[layer].to(Device::cpu())).to(DType::F32);
     for (int64_t t = 0; t < ref_logits.size(0); ++t, ++tokens) {
       const float* r = ref_logits.data<float>() + t * experts;
       if (top_k_of(r, experts, k) == top_k_of(our_logits.data<float>() + t * experts, experts, k)) continue;
@@ -141,15 +143,15 @@ std::vector<std::pair<std::string, double>> compare_named(const model::Parameter
 }
 
 void run_forward_backward_case(Report& report, const std::string& label, const std::string& prefix,
-                               model::CausalLm& model, const model::MicroBatch& batch,
-                               const io::SafetensorsReader& ref, const Thresholds& th) {
+                               model::CausalLm& model, const model::MicroBatch& batch, const io::SafetensorsReader& ref,
+                               const Thresholds& th) {
   model.params().zero_grads();
   model::ForwardObservation observed;
   const model::StepLoss step = model::forward_backward(model, {batch}, 0, &observed);
   const Tensor ref_logits = ref.tensor(prefix + "logits");
   report.group(label + "/logits", {{prefix + "logits", relative_error(observed.logits[0], ref_logits)}}, th.logits);
-  report.group(label + "/loss", {{prefix + "loss", relative_error(scalar_tensor(step.loss), ref.tensor(prefix + "loss"))}},
-               th.loss);
+  report.group(label + "/loss",
+               {{prefix + "loss", relative_error(scalar_tensor(step.loss), ref.tensor(prefix + "loss"))}}, th.loss);
   if (ref.contains(prefix + "num_tokens")) {
     const int64_t ref_count = ref.tensor(prefix + "num_tokens").to(DType::I64).item<int64_t>();
     report.line(ref_count == step.num_targets, fmt::format("{:<28} {} counted targets (reference {})",
@@ -164,8 +166,7 @@ void run_forward_backward_case(Report& report, const std::string& label, const s
     report.group(label + "/router_logits", errors, th.router_logits);
     check_routing(report, label, model, observed.router_logits[0], ref);
   }
-  report.group(label + "/grads", compare_named(model.params(), true, ref, prefix + "grad.", report, label),
-               th.grads);
+  report.group(label + "/grads", compare_named(model.params(), true, ref, prefix + "grad.", report, label), th.grads);
 }
 
 void run_batch_case(Report& report, model::CausalLm& model, const io::SafetensorsReader& ref, const Thresholds& th) {
@@ -174,9 +175,9 @@ void run_batch_case(Report& report, model::CausalLm& model, const io::Safetensor
 }
 
 void run_packed_case(Report& report, model::CausalLm& model, const io::SafetensorsReader& ref, const Thresholds& th) {
-  const model::MicroBatch batch = model::MicroBatch::packed(ref.tensor("packed.input_ids").clone(),
-                                                            ref.tensor("packed.targets").clone(),
-                                                            ref.tensor("packed.cu_seqlens").clone());
+  const model::MicroBatch batch =
+      model::MicroBatch::packed(ref.tensor("packed.input_ids").clone(), ref.tensor("packed.targets").clone(),
+                                ref.tensor("packed.cu_seqlens").clone());
   const auto ours = batch.position_ids.to_vector<int32_t>();
   const auto theirs = ref.tensor("packed.position_ids").to_vector<int32_t>();
   report.line(ours == theirs, fmt::format("{:<28} {} documents, positions restart per document: {}", "packed/positions",
@@ -211,8 +212,7 @@ void run_trajectory_case(Report& report, const std::string& model_dir, Device de
                {{"traj.grad_norm", relative_error(Tensor::from_vector(norms, {steps}), ref_norms)}},
                th.trajectory_grad_norm);
   report.group("trajectory/final_weights",
-               compare_named(model->params(), false, ref, "traj.final.", report, "trajectory"),
-               th.trajectory_weights);
+               compare_named(model->params(), false, ref, "traj.final.", report, "trajectory"), th.trajectory_weights);
 }
 
 }  // namespace

@@ -63,7 +63,9 @@ int run_import_hf(const std::string& hf_dir, const std::string& checkpoint_dir) 
     data.optimizer.emplace_back("exp_avg/" + spec.name, Tensor::zeros(spec.shape, DType::F32));
     data.optimizer.emplace_back("exp_avg_sq/" + spec.name, Tensor::zeros(spec.shape, DType::F32));
   }
-  data.state = {{"step", 0}, {"optimizer_steps", 0}, {"data", nullptr},
+  data.state = {{"step", 0},
+                {"optimizer_steps", 0},
+                {"data", nullptr},
                 {"model_config", io::model_config_to_json(model->config())}};
   const std::string path = train::save_checkpoint(checkpoint_dir, data, 1 << 30);
   log_info("imported {} as {}", hf_dir, path);
@@ -75,7 +77,8 @@ void add_convert_command(CLI::App& app, std::function<int()>& command) {
   auto checkpoint = std::make_shared<std::string>();
   auto hf = std::make_shared<std::string>();
   auto out = std::make_shared<std::string>();
-  auto* from_checkpoint = convert->add_option("--checkpoint", *checkpoint, "checkpoint folder (or checkpoint.dir) to export");
+  auto* from_checkpoint =
+      convert->add_option("--checkpoint", *checkpoint, "checkpoint folder (or checkpoint.dir) to export");
   auto* from_hf = convert->add_option("--hf", *hf, "Hugging Face folder to import as a step-0 checkpoint");
   from_checkpoint->excludes(from_hf);
   convert->add_option("--out", *out, "output folder (HF folder for export, checkpoint.dir for import)")->required();

@@ -52,8 +52,8 @@ DeviceAllocator g_allocators[kDeviceKinds] = {
 const DeviceAllocator& allocator_for(Device device) {
   const DeviceAllocator& allocator = g_allocators[static_cast<int>(device.kind)];
   MT_CHECK(allocator.allocate != nullptr,
-           "allocation: no allocator for device {}; this build or this machine has no {} backend",
-           device.str(), device.is_cuda() ? "CUDA" : "CPU");
+           "allocation: no allocator for device {}; this build or this machine has no {} backend", device.str(),
+           device.is_cuda() ? "CUDA" : "CPU");
   return allocator;
 }
 
@@ -74,9 +74,7 @@ void register_device_allocator(DeviceKind kind, const DeviceAllocator& allocator
   g_allocators[static_cast<int>(kind)] = allocator;
 }
 
-bool has_device_allocator(DeviceKind kind) {
-  return g_allocators[static_cast<int>(kind)].allocate != nullptr;
-}
+bool has_device_allocator(DeviceKind kind) { return g_allocators[static_cast<int>(kind)].allocate != nullptr; }
 
 std::shared_ptr<Storage> allocate_storage(size_t bytes, Device device) {
   const DeviceAllocator& allocator = allocator_for(device);
@@ -94,12 +92,8 @@ void zero_storage(void* data, size_t bytes, Device device) {
   allocator_for(device).memset_zero(data, bytes, device);
 }
 
-MemoryStats memory_stats(DeviceKind kind) {
-  return {counters(kind).live.load(), counters(kind).peak.load()};
-}
+MemoryStats memory_stats(DeviceKind kind) { return {counters(kind).live.load(), counters(kind).peak.load()}; }
 
-void reset_peak_memory(DeviceKind kind) {
-  counters(kind).peak.store(counters(kind).live.load());
-}
+void reset_peak_memory(DeviceKind kind) { counters(kind).peak.store(counters(kind).live.load()); }
 
 }  // namespace moetrain

@@ -7,9 +7,7 @@
 
 namespace moetrain {
 
-std::string Device::str() const {
-  return kind == DeviceKind::CPU ? std::string("cpu") : fmt::format("cuda:{}", index);
-}
+std::string Device::str() const { return kind == DeviceKind::CPU ? std::string("cpu") : fmt::format("cuda:{}", index); }
 
 Device parse_device(const std::string& text) {
   if (text == "cpu") return Device::cpu();

@@ -19,13 +19,13 @@ struct DTypeInfo {
 };
 
 constexpr DTypeInfo kDTypes[] = {
-    {DType::F64, 8, "f64", "F64", true},          {DType::F32, 4, "f32", "F32", true},
-    {DType::BF16, 2, "bf16", "BF16", true},       {DType::F16, 2, "f16", "F16", true},
+    {DType::F64, 8, "f64", "F64", true},           {DType::F32, 4, "f32", "F32", true},
+    {DType::BF16, 2, "bf16", "BF16", true},        {DType::F16, 2, "f16", "F16", true},
     {DType::F8E4M3, 1, "f8e4m3", "F8_E4M3", true}, {DType::F8E5M2, 1, "f8e5m2", "F8_E5M2", true},
-    {DType::I64, 8, "i64", "I64", false},         {DType::I32, 4, "i32", "I32", false},
-    {DType::I16, 2, "i16", "I16", false},         {DType::I8, 1, "i8", "I8", false},
-    {DType::U64, 8, "u64", "U64", false},         {DType::U32, 4, "u32", "U32", false},
-    {DType::U16, 2, "u16", "U16", false},         {DType::U8, 1, "u8", "U8", false},
+    {DType::I64, 8, "i64", "I64", false},          {DType::I32, 4, "i32", "I32", false},
+    {DType::I16, 2, "i16", "I16", false},          {DType::I8, 1, "i8", "I8", false},
+    {DType::U64, 8, "u64", "U64", false},          {DType::U32, 4, "u32", "U32", false},
+    {DType::U16, 2, "u16", "U16", false},          {DType::U8, 1, "u8", "U8", false},
     {DType::Bool, 1, "bool", "BOOL", false},
 };
 
@@ -51,8 +51,7 @@ struct MiniFloat {
     return std::ldexp(1.0 + top_mantissa / double(1 << man_bits), max_exponent());
   }
   uint32_t nan_bits() const {
-    return has_inf ? (((1u << exp_bits) - 1) << man_bits) | (1u << (man_bits - 1))
-                   : (1u << (exp_bits + man_bits)) - 1;
+    return has_inf ? (((1u << exp_bits) - 1) << man_bits) | (1u << (man_bits - 1)) : (1u << (exp_bits + man_bits)) - 1;
   }
   uint32_t inf_bits() const { return ((1u << exp_bits) - 1) << man_bits; }
 

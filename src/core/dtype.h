@@ -28,23 +28,53 @@ enum class DType : uint8_t {
 };
 
 size_t dtype_size(DType dtype);
-std::string_view dtype_name(DType dtype);                 // "f32", "bf16", ...
-std::string_view dtype_safetensors_name(DType dtype);     // "F32", "BF16", "F8_E4M3", ...
+std::string_view dtype_name(DType dtype);                             // "f32", "bf16", ...
+std::string_view dtype_safetensors_name(DType dtype);                 // "F32", "BF16", "F8_E4M3", ...
 bool dtype_from_safetensors_name(std::string_view name, DType* out);  // false when unknown
 bool dtype_is_floating(DType dtype);
 
 template <typename T>
 constexpr DType dtype_of();
-template <> constexpr DType dtype_of<double>() { return DType::F64; }
-template <> constexpr DType dtype_of<float>() { return DType::F32; }
-template <> constexpr DType dtype_of<int64_t>() { return DType::I64; }
-template <> constexpr DType dtype_of<int32_t>() { return DType::I32; }
-template <> constexpr DType dtype_of<int16_t>() { return DType::I16; }
-template <> constexpr DType dtype_of<int8_t>() { return DType::I8; }
-template <> constexpr DType dtype_of<uint64_t>() { return DType::U64; }
-template <> constexpr DType dtype_of<uint32_t>() { return DType::U32; }
-template <> constexpr DType dtype_of<uint16_t>() { return DType::U16; }
-template <> constexpr DType dtype_of<uint8_t>() { return DType::U8; }
+template <>
+constexpr DType dtype_of<double>() {
+  return DType::F64;
+}
+template <>
+constexpr DType dtype_of<float>() {
+  return DType::F32;
+}
+template <>
+constexpr DType dtype_of<int64_t>() {
+  return DType::I64;
+}
+template <>
+constexpr DType dtype_of<int32_t>() {
+  return DType::I32;
+}
+template <>
+constexpr DType dtype_of<int16_t>() {
+  return DType::I16;
+}
+template <>
+constexpr DType dtype_of<int8_t>() {
+  return DType::I8;
+}
+template <>
+constexpr DType dtype_of<uint64_t>() {
+  return DType::U64;
+}
+template <>
+constexpr DType dtype_of<uint32_t>() {
+  return DType::U32;
+}
+template <>
+constexpr DType dtype_of<uint16_t>() {
+  return DType::U16;
+}
+template <>
+constexpr DType dtype_of<uint8_t>() {
+  return DType::U8;
+}
 
 // bf16 is the upper half of an f32; the conversion rounds to nearest, ties to even, keeps NaN a
 // (quiet) NaN and infinities infinite. Subnormals round like any other value.

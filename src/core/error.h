@@ -21,11 +21,11 @@ class Error : public std::runtime_error {
 }  // namespace moetrain
 
 // MT_CHECK(cond, "fmt {}", args...): throws moetrain::Error with the formatted message when cond is false.
-#define MT_CHECK(cond, ...)                                                              \
-  do {                                                                                   \
-    if (!(cond)) [[unlikely]] {                                                          \
-      ::moetrain::throw_error(__FILE__, __LINE__, ::fmt::format(__VA_ARGS__));           \
-    }                                                                                    \
+#define MT_CHECK(cond, ...)                                                    \
+  do {                                                                         \
+    if (!(cond)) [[unlikely]] {                                                \
+      ::moetrain::throw_error(__FILE__, __LINE__, ::fmt::format(__VA_ARGS__)); \
+    }                                                                          \
   } while (0)
 
 // MT_FAIL("fmt {}", args...): unconditional error.

@@ -15,8 +15,8 @@ class Rng {
   static Rng for_key(uint64_t seed, std::string_view key);
 
   uint64_t next_u64();
-  double uniform();  // [0, 1)
-  double normal();   // standard normal (Box-Muller, uses two draws)
+  double uniform();                // [0, 1)
+  double normal();                 // standard normal (Box-Muller, uses two draws)
   uint64_t below(uint64_t bound);  // uniform integer in [0, bound), bound > 0
 
   uint64_t seed() const { return seed_; }

@@ -97,8 +97,7 @@ Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
   return t;
 }
 
-Tensor Tensor::from_blob(void* data, const Shape& shape, DType dtype, Device device,
-                         std::shared_ptr<void> owner) {
+Tensor Tensor::from_blob(void* data, const Shape& shape, DType dtype, Device device, std::shared_ptr<void> owner) {
   check_shape_valid(shape);
   Tensor t;
   t.storage_ = std::make_shared<Storage>();
@@ -158,8 +157,8 @@ Tensor Tensor::view(const Shape& shape) const {
 
 Tensor Tensor::slice(int64_t begin, int64_t end) const {
   MT_CHECK(dim() >= 1, "tensor: slice of a scalar {}", describe());
-  MT_CHECK(0 <= begin && begin <= end && end <= shape_[0], "tensor: slice [{}, {}) out of range for {}", begin,
-           end, describe());
+  MT_CHECK(0 <= begin && begin <= end && end <= shape_[0], "tensor: slice [{}, {}) out of range for {}", begin, end,
+           describe());
   Tensor t = *this;
   t.offset_bytes_ += static_cast<size_t>(begin * strides_[0]) * dtype_size(dtype_);
   t.shape_[0] = end - begin;
@@ -202,8 +201,8 @@ Tensor Tensor::to(Device device) const {
 void Tensor::copy_from(const Tensor& source) {
   MT_CHECK(source.shape_ == shape_ && source.dtype_ == dtype_, "tensor: copy {} into {}", source.describe(),
            describe());
-  MT_CHECK(is_contiguous() && source.is_contiguous(), "tensor: copy needs contiguous tensors ({} <- {})",
-           describe(), source.describe());
+  MT_CHECK(is_contiguous() && source.is_contiguous(), "tensor: copy needs contiguous tensors ({} <- {})", describe(),
+           source.describe());
   copy_bytes(raw_data(), device(), source.raw_data(), source.device(), nbytes());
 }
 
@@ -220,8 +219,7 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
     std::memmove(dst, src, bytes);
     return;
   }
-  MT_CHECK(g_copy_bytes != nullptr, "tensor: no copy registered between {} and {}", src_device.str(),
-           dst_device.str());
+  MT_CHECK(g_copy_bytes != nullptr, "tensor: no copy registered between {} and {}", src_device.str(), dst_device.str());
   g_copy_bytes(dst, dst_device, src, src_device, bytes);
 }
 
@@ -245,8 +243,8 @@ void expect_contiguous(const Tensor& t, std::string_view what) {
 }
 
 void expect_same_device(const Tensor& a, const Tensor& b, std::string_view what) {
-  MT_CHECK(a.device() == b.device(), "{}: expected tensors on one device but found {} and {}", what,
-           a.device().str(), b.device().str());
+  MT_CHECK(a.device() == b.device(), "{}: expected tensors on one device but found {} and {}", what, a.device().str(),
+           b.device().str());
 }
 
 }  // namespace moetrain

@@ -29,8 +29,7 @@ class Tensor {
   static Tensor empty(const Shape& shape, DType dtype, Device device = Device::cpu());
   static Tensor zeros(const Shape& shape, DType dtype, Device device = Device::cpu());
   // A tensor over memory that someone else owns; `owner` keeps it alive (a mapped file, ...).
-  static Tensor from_blob(void* data, const Shape& shape, DType dtype, Device device,
-                          std::shared_ptr<void> owner);
+  static Tensor from_blob(void* data, const Shape& shape, DType dtype, Device device, std::shared_ptr<void> owner);
   template <typename T>
   static Tensor from_vector(const std::vector<T>& values, const Shape& shape);
 
@@ -49,20 +48,20 @@ class Tensor {
   void* raw_data() const;
   template <typename T>
   T* data() const {
-    MT_CHECK(dtype_ == dtype_of<T>(), "tensor: data<{}>() on a {} tensor",
-             dtype_name(dtype_of<T>()), dtype_name(dtype_));
+    MT_CHECK(dtype_ == dtype_of<T>(), "tensor: data<{}>() on a {} tensor", dtype_name(dtype_of<T>()),
+             dtype_name(dtype_));
     return static_cast<T*>(raw_data());
   }
 
   // Views. All keep the storage alive and never copy.
-  Tensor view(const Shape& shape) const;         // contiguous only; one entry may be -1
+  Tensor view(const Shape& shape) const;           // contiguous only; one entry may be -1
   Tensor slice(int64_t begin, int64_t end) const;  // rows [begin, end) of dim 0
-  Tensor select(int64_t index) const;            // row `index` of dim 0, one dimension less
+  Tensor select(int64_t index) const;              // row `index` of dim 0, one dimension less
 
   // Copies.
   Tensor clone() const;
-  Tensor to(DType dtype) const;    // CPU conversion through the scalar rules of dtype.h
-  Tensor to(Device device) const;  // needs the target backend's copy (registered by it)
+  Tensor to(DType dtype) const;          // CPU conversion through the scalar rules of dtype.h
+  Tensor to(Device device) const;        // needs the target backend's copy (registered by it)
   void copy_from(const Tensor& source);  // same shape and dtype; any device pair with a copy
   void zero_();
 
@@ -93,8 +92,8 @@ void expect_same_device(const Tensor& a, const Tensor& b, std::string_view what)
 
 template <typename T>
 Tensor Tensor::from_vector(const std::vector<T>& values, const Shape& shape) {
-  MT_CHECK(static_cast<int64_t>(values.size()) == shape_numel(shape),
-           "tensor: from_vector with {} values for shape {}", values.size(), shape_str(shape));
+  MT_CHECK(static_cast<int64_t>(values.size()) == shape_numel(shape), "tensor: from_vector with {} values for shape {}",
+           values.size(), shape_str(shape));
   Tensor t = empty(shape, dtype_of<T>());
   std::copy(values.begin(), values.end(), t.data<T>());
   return t;

@@ -12,14 +12,14 @@
 namespace moetrain::io {
 
 struct ModelSection {
-  std::string config;        // HF model folder or config.json path (required)
+  std::string config;           // HF model folder or config.json path (required)
   std::string init = "random";  // "random" (from train.seed) or "pretrained" (weights from the folder)
-  double init_std = 0.02;    // std of the normal init of matrices ("random"); norms start at 1
-  std::string device = "cpu";  // cpu | cuda | cuda:N
+  double init_std = 0.02;       // std of the normal init of matrices ("random"); norms start at 1
+  std::string device = "cpu";   // cpu | cuda | cuda:N
 };
 
 struct DataSource {
-  std::string path;    // indexed dataset prefix (path.idx + path.bin)
+  std::string path;     // indexed dataset prefix (path.idx + path.bin)
   double weight = 1.0;  // mixture weight (normalised over the sources)
 };
 
@@ -32,10 +32,10 @@ struct DataSection {
 };
 
 struct TrainSection {
-  int64_t steps = 0;             // required, > 0
-  int64_t seq_len = 0;           // tokens per row (required, > 0)
-  int64_t micro_batch = 1;       // rows per micro-batch: a micro-batch holds micro_batch * seq_len tokens
-  int64_t global_batch = 0;      // rows per optimizer step over all ranks (multiple of micro_batch)
+  int64_t steps = 0;                // required, > 0
+  int64_t seq_len = 0;              // tokens per row (required, > 0)
+  int64_t micro_batch = 1;          // rows per micro-batch: a micro-batch holds micro_batch * seq_len tokens
+  int64_t global_batch = 0;         // rows per optimizer step over all ranks (multiple of micro_batch)
   int64_t global_batch_tokens = 0;  // alternative to global_batch: tokens per step (multiple of micro-batch tokens)
   uint64_t seed = 1234;
 };
@@ -45,10 +45,10 @@ struct OptimSection {
   double beta1 = 0.9;
   double beta2 = 0.95;
   double eps = 1e-8;
-  double weight_decay = 0.1;  // matrices only; norms, biases and 1-D tensors get none
+  double weight_decay = 0.1;        // matrices only; norms, biases and 1-D tensors get none
   std::string schedule = "cosine";  // constant | cosine | linear | wsd (each after warmup)
   int64_t warmup_steps = 0;
-  double min_lr_ratio = 0.1;   // floor of cosine / linear / wsd decay, as a fraction of lr
+  double min_lr_ratio = 0.1;    // floor of cosine / linear / wsd decay, as a fraction of lr
   double decay_fraction = 0.2;  // wsd: fraction of the steps spent in the final decay
   double clip_grad_norm = 1.0;  // <= 0 disables clipping
 };
@@ -60,10 +60,10 @@ struct LossSection {
 };
 
 struct CheckpointSection {
-  std::string dir;        // empty: no checkpoints
-  int64_t every = 0;      // 0: only at the end
-  int64_t keep = 3;       // newest checkpoints kept (>= 1)
-  bool resume = true;     // resume from the newest complete checkpoint in dir
+  std::string dir;     // empty: no checkpoints
+  int64_t every = 0;   // 0: only at the end
+  int64_t keep = 3;    // newest checkpoints kept (>= 1)
+  bool resume = true;  // resume from the newest complete checkpoint in dir
 };
 
 struct MetricsSection {

@@ -23,7 +23,7 @@ struct ModelConfig {
   int64_t num_hidden_layers = 0;
   int64_t num_attention_heads = 0;
   int64_t num_key_value_heads = 0;
-  int64_t head_dim = 0;  // defaults to hidden_size / num_attention_heads when absent
+  int64_t head_dim = 0;           // defaults to hidden_size / num_attention_heads when absent
   int64_t intermediate_size = 0;  // dense MLP width
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000.0;

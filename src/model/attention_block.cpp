@@ -88,8 +88,8 @@ Tensor AttentionBlock::backward_input(AttentionRecord& r, const Tensor& d_out) c
   Tensor d_q_rot = Tensor::empty(r.q.shape(), dt, dev);
   Tensor d_k_rot = Tensor::empty(r.k.shape(), dt, dev);
   r.d_v = Tensor::empty(r.v.shape(), dt, dev);
-  ops::attention_backward(s, d_q_rot, d_k_rot, r.d_v, d_attn, r.q_rot, r.k_rot, r.v, r.attn, r.lse,
-                          r.batch->cu_seqlens, attention_);
+  ops::attention_backward(s, d_q_rot, d_k_rot, r.d_v, d_attn, r.q_rot, r.k_rot, r.v, r.attn, r.lse, r.batch->cu_seqlens,
+                          attention_);
   r.d_q_normed = d_q_rot;  // rope's backward runs in place: d_q_rot becomes d(q after norm)
   r.d_k_normed = d_k_rot;
   ops::rope_backward(s, r.d_q_normed, d_q_rot, r.batch->position_ids, rope_);

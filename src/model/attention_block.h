@@ -17,11 +17,11 @@
 namespace moetrain::model {
 
 struct AttentionRecord {
-  Tensor x;                  // [T, H] block input (already normed)
-  Tensor q, k, v;            // projections before the q/k norm: [T, nh, hd], [T, nkv, hd], [T, nkv, hd]
-  Tensor rstd_q, rstd_k;     // [T * nh], [T * nkv]
-  Tensor q_rot, k_rot;       // after norm and rope: what attention saw
-  Tensor attn, lse;          // attention output [T, nh, hd] and its log-sum-exp [T, nh]
+  Tensor x;               // [T, H] block input (already normed)
+  Tensor q, k, v;         // projections before the q/k norm: [T, nh, hd], [T, nkv, hd], [T, nkv, hd]
+  Tensor rstd_q, rstd_k;  // [T * nh], [T * nkv]
+  Tensor q_rot, k_rot;    // after norm and rope: what attention saw
+  Tensor attn, lse;       // attention output [T, nh, hd] and its log-sum-exp [T, nh]
   const MicroBatch* batch = nullptr;
   // Kept by backward_input for backward_weight.
   Tensor d_out, d_q_normed, d_k_normed, d_q, d_k, d_v;

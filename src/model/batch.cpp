@@ -59,8 +59,8 @@ void MicroBatch::validate(int64_t vocab_size) const {
   expect_dtype(input_ids, DType::I32, "micro-batch input_ids");
   expect_dtype(targets, DType::I32, "micro-batch targets");
   expect_dtype(position_ids, DType::I32, "micro-batch position_ids");
-  MT_CHECK(input_ids.dim() == 1 && input_ids.numel() > 0, "micro-batch input_ids: expected a non-empty [T] but found {}",
-           input_ids.describe());
+  MT_CHECK(input_ids.dim() == 1 && input_ids.numel() > 0,
+           "micro-batch input_ids: expected a non-empty [T] but found {}", input_ids.describe());
   expect_shape(targets, input_ids.shape(), "micro-batch targets");
   expect_shape(position_ids, input_ids.shape(), "micro-batch position_ids");
   ops::validate_cu_seqlens(cu_seqlens, num_tokens(), "micro-batch cu_seqlens");
@@ -69,16 +69,17 @@ void MicroBatch::validate(int64_t vocab_size) const {
   const int32_t* pos = position_ids.data<int32_t>();
   const int32_t* cu = cu_seqlens.data<int32_t>();
   for (int64_t t = 0; t < num_tokens(); ++t) {
-    MT_CHECK(ids[t] >= 0 && ids[t] < vocab_size, "micro-batch: token id {} at position {} is outside the vocabulary [0, {})",
-             ids[t], t, vocab_size);
+    MT_CHECK(ids[t] >= 0 && ids[t] < vocab_size,
+             "micro-batch: token id {} at position {} is outside the vocabulary [0, {})", ids[t], t, vocab_size);
     MT_CHECK(tgt[t] == ops::kIgnoreIndex || (tgt[t] >= 0 && tgt[t] < vocab_size),
              "micro-batch: target {} at position {} is neither -100 nor inside the vocabulary [0, {})", tgt[t], t,
              vocab_size);
   }
   for (int64_t d = 0; d < num_documents(); ++d) {
     for (int32_t t = cu[d]; t < cu[d + 1]; ++t) {
-      MT_CHECK(pos[t] == t - cu[d], "micro-batch: position_ids[{}] is {} but document {} starts at token {}, so {} was expected",
-               t, pos[t], d, cu[d], t - cu[d]);
+      MT_CHECK(pos[t] == t - cu[d],
+               "micro-batch: position_ids[{}] is {} but document {} starts at token {}, so {} was expected", t, pos[t],
+               d, cu[d], t - cu[d]);
     }
   }
 }

@@ -12,10 +12,10 @@ namespace moetrain::model {
 struct RouterLossSettings;
 
 struct MicroBatch {
-  Tensor input_ids;     // i32 [T]
-  Tensor targets;       // i32 [T]; -100 = not counted in the loss
-  Tensor position_ids;  // i32 [T]; restart at 0 in every document
-  Tensor cu_seqlens;    // i32 [D + 1]; document d is tokens [cu[d], cu[d + 1])
+  Tensor input_ids;        // i32 [T]
+  Tensor targets;          // i32 [T]; -100 = not counted in the loss
+  Tensor position_ids;     // i32 [T]; restart at 0 in every document
+  Tensor cu_seqlens;       // i32 [D + 1]; document d is tokens [cu[d], cu[d + 1])
   Tensor cu_seqlens_host;  // the same on the CPU (host-side logic never reads device memory)
   // The step's auxiliary router losses (load balance, z-loss); null: none (the HF reference).
   const RouterLossSettings* router_loss = nullptr;

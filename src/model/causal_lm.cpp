@@ -56,7 +56,8 @@ int64_t count_targets(const std::vector<MicroBatch>& batches) {
 CausalLm::CausalLm(const io::ModelConfig& config, Device device)
     : config_(config), device_(device), params_(std::make_unique<ParameterStore>(param_specs_for(config), device)) {
   final_norm_.eps = static_cast<float>(config.rms_norm_eps);
-  for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) layers_.push_back(make_layer(config_, *params_, layer));
+  for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer)
+    layers_.push_back(make_layer(config_, *params_, layer));
 }
 
 std::unique_ptr<CausalLm> CausalLm::from_hf(const std::string& dir, Device device) {
@@ -141,7 +142,8 @@ StepLoss forward_backward(const CausalLm& model, const std::vector<MicroBatch>& 
     }
     Tensor d_hidden = model.head_backward_input(epilog, loss_scale);
     model.head_backward_weight(epilog);
-    for (size_t i = model.layers().size(); i-- > 0;) d_hidden = model.layers()[i]->reference_backward(records[i], d_hidden);
+    for (size_t i = model.layers().size(); i-- > 0;)
+      d_hidden = model.layers()[i]->reference_backward(records[i], d_hidden);
     model.embed_backward(batch, d_hidden);
   }
   step.loss = step.ce_sum / static_cast<double>(denominator);

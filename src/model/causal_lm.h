@@ -80,8 +80,8 @@ struct StepLoss {
 // Forward and backward of every micro-batch in order, accumulating into the parameter gradients
 // (which the caller zeroes). The loss scale is 1 / the targets counted over all the micro-batches,
 // or 1 / global_num_targets when that is given (> 0: the count over every data-parallel rank).
-StepLoss forward_backward(const CausalLm& model, const std::vector<MicroBatch>& batches,
-                          int64_t global_num_targets = 0, ForwardObservation* observe = nullptr);
+StepLoss forward_backward(const CausalLm& model, const std::vector<MicroBatch>& batches, int64_t global_num_targets = 0,
+                          ForwardObservation* observe = nullptr);
 
 // Forward only (no records kept past each layer); fills `observe` when given.
 StepLoss forward_only(const CausalLm& model, const std::vector<MicroBatch>& batches,

@@ -20,9 +20,9 @@
 namespace moetrain::model {
 
 struct Stage1Out {
-  Tensor residual;         // [T, H] hidden + attention: the residual stage 5 adds to
-  Tensor dispatched;       // [R, H] rows for stage 3 (expert-ordered token copies, or the T normed tokens)
-  Tensor group_offsets;    // i32 [E + 1] rows per expert of `dispatched`; undefined for dense layers
+  Tensor residual;          // [T, H] hidden + attention: the residual stage 5 adds to
+  Tensor dispatched;        // [R, H] rows for stage 3 (expert-ordered token copies, or the T normed tokens)
+  Tensor group_offsets;     // i32 [E + 1] rows per expert of `dispatched`; undefined for dense layers
   RoutingMetadata routing;  // empty for dense layers
 };
 

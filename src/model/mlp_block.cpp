@@ -13,9 +13,8 @@ void GatedMlp::add_dense_specs(const io::ModelConfig& config, int64_t layer, std
   const std::string hf = fmt::format("model.layers.{}.mlp.", layer);
   const std::string in = fmt::format("layers.{}.mlp.", layer);
   const int64_t h = config.hidden_size, i = config.intermediate_size;
-  specs.push_back({in + "gate_up",
-                   {2 * i, h},
-                   {{hf + "gate_proj.weight", {i, h}, 0}, {hf + "up_proj.weight", {i, h}, i * h}}});
+  specs.push_back(
+      {in + "gate_up", {2 * i, h}, {{hf + "gate_proj.weight", {i, h}, 0}, {hf + "up_proj.weight", {i, h}, i * h}}});
   specs.push_back({in + "down", {h, i}, {{hf + "down_proj.weight", {h, i}, 0}}});
 }
 

@@ -15,12 +15,14 @@ namespace {
 void check_pieces_tile(const ParamSpec& spec) {
   int64_t expected_offset = 0;
   for (const HfPiece& piece : spec.pieces) {
-    MT_CHECK(piece.offset == expected_offset, "parameter store: piece '{}' of '{}' starts at element {} but {} was expected",
-             piece.hf_name, spec.name, piece.offset, expected_offset);
+    MT_CHECK(piece.offset == expected_offset,
+             "parameter store: piece '{}' of '{}' starts at element {} but {} was expected", piece.hf_name, spec.name,
+             piece.offset, expected_offset);
     expected_offset += shape_numel(piece.hf_shape);
   }
-  MT_CHECK(expected_offset == shape_numel(spec.shape), "parameter store: pieces of '{}' cover {} elements but it has {}",
-           spec.name, expected_offset, shape_numel(spec.shape));
+  MT_CHECK(expected_offset == shape_numel(spec.shape),
+           "parameter store: pieces of '{}' cover {} elements but it has {}", spec.name, expected_offset,
+           shape_numel(spec.shape));
 }
 
 Tensor piece_view(const Tensor& whole, const HfPiece& piece) {
@@ -80,7 +82,8 @@ void ParameterStore::load_hf_tensors(const std::vector<std::pair<std::string, Te
       expected.insert(piece.hf_name);
       auto it = by_name.find(piece.hf_name);
       if (it == by_name.end()) {
-        problems.push_back(fmt::format("missing tensor '{}' (expected shape {})", piece.hf_name, shape_str(piece.hf_shape)));
+        problems.push_back(
+            fmt::format("missing tensor '{}' (expected shape {})", piece.hf_name, shape_str(piece.hf_shape)));
       } else if (it->second.shape() != piece.hf_shape) {
         problems.push_back(fmt::format("tensor '{}' has shape {} but the config implies {}", piece.hf_name,
                                        shape_str(it->second.shape()), shape_str(piece.hf_shape)));

@@ -61,8 +61,8 @@ class ParameterStore {
   std::vector<std::pair<std::string, Tensor>> export_hf(bool of_grads = false) const;
   // Like export_hf, but a fused tensor is exported whole under its hf_fused_name when `use_fused`
   // says that name is wanted (how transformers names parameters and gradients in memory).
-  std::vector<std::pair<std::string, Tensor>> export_hf_runtime(bool of_grads,
-                                                                const std::function<bool(const std::string&)>& use_fused) const;
+  std::vector<std::pair<std::string, Tensor>> export_hf_runtime(
+      bool of_grads, const std::function<bool(const std::string&)>& use_fused) const;
 
   // Every parameter from N(0, std^2), norms (1-D) set to 1; each tensor from its own stream
   // Rng::for_key(seed, name), so the values do not depend on the order or the mesh.

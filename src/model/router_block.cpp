@@ -10,7 +10,8 @@ namespace moetrain::model {
 
 void RouterBlock::add_param_specs(const io::ModelConfig& config, int64_t layer, std::vector<ParamSpec>& specs) {
   const Shape shape{config.num_experts, config.hidden_size};
-  specs.push_back({fmt::format("layers.{}.router", layer), shape,
+  specs.push_back({fmt::format("layers.{}.router", layer),
+                   shape,
                    {{fmt::format("model.layers.{}.mlp.gate.weight", layer), shape, 0}}});
 }
 

@@ -23,7 +23,7 @@ struct RoutingMetadata {
 };
 
 struct RouterRecord {
-  Tensor x;        // [T, H] router input
+  Tensor x;         // [T, H] router input
   Tensor d_logits;  // kept by backward_input for backward_weight
 };
 

@@ -29,8 +29,8 @@ struct RouterLossSettings {
   LoadBalanceVariant variant = LoadBalanceVariant::MicroBatch;
   double load_balance_coef = 0.0;
   double z_loss_coef = 0.0;
-  double loss_scale = 0.0;      // 1 / the step's global count of counted targets
-  int64_t num_moe_layers = 1;   // values and gradients are averaged over these
+  double loss_scale = 0.0;     // 1 / the step's global count of counted targets
+  int64_t num_moe_layers = 1;  // values and gradients are averaged over these
   // global_batch: selections per expert accumulated over the step, one vector per MoE layer
   // (indexed by the layer's position among MoE layers); the trainer clears it at each step.
   std::vector<std::vector<double>>* running_counts = nullptr;

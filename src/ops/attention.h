@@ -11,7 +11,7 @@ namespace moetrain::ops {
 struct AttentionParams {
   float softmax_scale = 1.0f;  // usually 1 / sqrt(head dim)
   bool causal = true;
-  int sliding_window = 0;      // 0: unlimited; w > 0: a query sees the w most recent keys (itself included)
+  int sliding_window = 0;  // 0: unlimited; w > 0: a query sees the w most recent keys (itself included)
 };
 
 // q [T, nh, hd], k [T, nkv, hd], v [T, nkv, hdv], nh % nkv == 0 (query head h reads kv head

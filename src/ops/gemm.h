@@ -11,8 +11,8 @@ enum class Transpose : uint8_t { No, Yes };
 
 // out[M, N] = alpha * op(a) * op(b) + beta * out, op(x) = x or x^T. 2-D contiguous tensors of one
 // float dtype. Each output element is one dot product over K in ascending order (batch-invariant).
-void gemm(Stream& stream, Tensor out, const Tensor& a, Transpose transpose_a, const Tensor& b,
-          Transpose transpose_b, double alpha = 1.0, double beta = 0.0);
+void gemm(Stream& stream, Tensor out, const Tensor& a, Transpose transpose_a, const Tensor& b, Transpose transpose_b,
+          double alpha = 1.0, double beta = 0.0);
 
 // y [M, N] = x [M, K] * w[N, K]^T
 void linear_forward(Stream& stream, Tensor y, const Tensor& x, const Tensor& w);

@@ -10,8 +10,7 @@ namespace moetrain::ops {
 // y [R, N] = x [R, K] * w[g]^T per group; w [G, N, K]; offsets i32 [G + 1], 0 .. R.
 void grouped_linear_forward(Stream& stream, Tensor y, const Tensor& x, const Tensor& w, const Tensor& offsets);
 // dx [R, K] = dy [R, N] * w[g] per group
-void grouped_linear_backward_input(Stream& stream, Tensor dx, const Tensor& dy, const Tensor& w,
-                                   const Tensor& offsets);
+void grouped_linear_backward_input(Stream& stream, Tensor dx, const Tensor& dy, const Tensor& w, const Tensor& offsets);
 // dw[g] [N, K] += dy_g^T * x_g (rows in ascending order; an empty group adds nothing)
 void grouped_linear_backward_weight(Stream& stream, Tensor dw, const Tensor& dy, const Tensor& x,
                                     const Tensor& offsets);

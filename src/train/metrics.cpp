@@ -28,7 +28,8 @@ std::string format_progress_line(const StepMetrics& m) {
   std::string line = fmt::format("step {}/{} | loss {:.4f} | lb {:.3f} | lr {:.3e} | gnorm {:.3f} | {:.0f} tok/s",
                                  m.step, m.total_steps, m.loss, m.lb_loss, m.lr, m.grad_norm, m.tokens_per_s);
   if (m.mfu > 0.0) line += fmt::format(" | {:.1f} TFLOP/s | MFU {:.1f}%", m.tflops, 100.0 * m.mfu);
-  line += fmt::format(" | mem {:.1f} MiB | eta {}", static_cast<double>(m.peak_mem_bytes) / (1 << 20), human_duration(m.eta_s));
+  line += fmt::format(" | mem {:.1f} MiB | eta {}", static_cast<double>(m.peak_mem_bytes) / (1 << 20),
+                      human_duration(m.eta_s));
   return line;
 }
 

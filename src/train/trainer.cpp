@@ -72,9 +72,9 @@ Trainer::Trainer(const io::JobConfig& config)
   if (device.is_cuda()) ops::cuda::setup_cuda(device.index);
   const io::ModelConfig model_config = io::load_model_config(config.model.config);
   model_ = std::make_unique<model::CausalLm>(model_config, device);
-  optimizer_ = std::make_unique<AdamW>(model_->params(), AdamWConfig{config.optim.lr, config.optim.beta1,
-                                                                     config.optim.beta2, config.optim.eps,
-                                                                     config.optim.weight_decay});
+  optimizer_ =
+      std::make_unique<AdamW>(model_->params(), AdamWConfig{config.optim.lr, config.optim.beta1, config.optim.beta2,
+                                                            config.optim.eps, config.optim.weight_decay});
   loader_ = std::make_unique<data::DataLoader>(loader_options(config, model_config.vocab_size));
   micro_batches_per_step_ = micro_batches_for(config.train);
   router_loss_.variant = model::parse_load_balance_variant(config.loss.load_balance);
@@ -120,8 +120,8 @@ void Trainer::resume_if_possible() {
     for (const char* kind : {"exp_avg/", "exp_avg_sq/"}) {
       auto it = moments.find(kind + spec.name);
       MT_CHECK(it != moments.end() && it->second.shape() == spec.shape && it->second.dtype() == DType::F32,
-               "checkpoint {}: optimizer state '{}{}' is missing or has the wrong shape/dtype (expected f32{})", *latest,
-               kind, spec.name, shape_str(spec.shape));
+               "checkpoint {}: optimizer state '{}{}' is missing or has the wrong shape/dtype (expected f32{})",
+               *latest, kind, spec.name, shape_str(spec.shape));
     }
   }
   model_->params().load_hf_tensors(data.model);
@@ -170,15 +170,18 @@ double Trainer::train_step(int64_t step) {
 
   model_->params().zero_grads();
   const model::StepLoss loss = model::forward_backward(*model_, batches, targets);
-  const double total = loss.loss + router_loss_.load_balance_coef * loss.load_balance +
-                       router_loss_.z_loss_coef * loss.z_loss;
-  MT_CHECK(std::isfinite(total), "step {}: the loss is {} (cross-entropy {}, load balance {}, z-loss {}); stopping "
+  const double total =
+      loss.loss + router_loss_.load_balance_coef * loss.load_balance + router_loss_.z_loss_coef * loss.z_loss;
+  MT_CHECK(std::isfinite(total),
+           "step {}: the loss is {} (cross-entropy {}, load balance {}, z-loss {}); stopping "
            "before the optimizer step, so no checkpoint holds this state",
            step + 1, total, loss.loss, loss.load_balance, loss.z_loss);
   const std::vector<Tensor> grads = model_->params().all_grads();
   const double norm = ops::clip_by_global_norm(default_stream(model_->device()), grads, config_.optim.clip_grad_norm);
-  MT_CHECK(std::isfinite(norm), "step {}: the gradient norm is {}; stopping before the optimizer step, so no "
-           "checkpoint holds this state", step + 1, norm);
+  MT_CHECK(std::isfinite(norm),
+           "step {}: the gradient norm is {}; stopping before the optimizer step, so no "
+           "checkpoint holds this state",
+           step + 1, norm);
   const double lr = schedule_.at(step);
   optimizer_->step(lr);
 

@@ -19,8 +19,8 @@
 namespace moetrain::train {
 
 struct TrainSummary {
-  int64_t first_step = 0;  // steps already done when this run started (resume point)
-  int64_t last_step = 0;   // steps done when it stopped
+  int64_t first_step = 0;          // steps already done when this run started (resume point)
+  int64_t last_step = 0;           // steps done when it stopped
   std::vector<double> losses;      // loss of every step this run took
   std::vector<double> grad_norms;  // gradient norm before clipping, per step
 };

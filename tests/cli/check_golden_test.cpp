@@ -21,7 +21,9 @@ CheckGoldenOptions options_for(const std::string& family, const std::string& cas
 
 class CheckGoldenFamily : public ::testing::TestWithParam<const char*> {};
 
-TEST_P(CheckGoldenFamily, BatchCaseMatchesTransformers) { EXPECT_EQ(run_check_golden(options_for(GetParam(), "batch")), 0); }
+TEST_P(CheckGoldenFamily, BatchCaseMatchesTransformers) {
+  EXPECT_EQ(run_check_golden(options_for(GetParam(), "batch")), 0);
+}
 TEST_P(CheckGoldenFamily, PackedCaseMatchesTransformers) {
   EXPECT_EQ(run_check_golden(options_for(GetParam(), "packed")), 0);
 }
@@ -38,9 +40,7 @@ TEST(CheckGolden, FailsWhenTheModelDoesNotMatchTheReference) {
   EXPECT_EQ(run_check_golden(o), 1);
 }
 
-TEST(CheckGolden, RejectsUnknownCase) {
-  EXPECT_THROW(run_check_golden(options_for("qwen3", "everything")), Error);
-}
+TEST(CheckGolden, RejectsUnknownCase) { EXPECT_THROW(run_check_golden(options_for("qwen3", "everything")), Error); }
 
 TEST(CheckGolden, CommandLineExitsNonZeroOnMissingModel) {
   const char* argv[] = {"moetrain", "check-golden", "--model", "/nonexistent/model", "--reference", "/nonexistent/ref"};

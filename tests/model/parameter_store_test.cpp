@@ -82,8 +82,9 @@ TEST(ParameterStore, RejectsWrongShapeForConfig) {
     if (name == "model.layers.0.self_attn.q_proj.weight") tensor = Tensor::zeros({64, 64}, DType::F32);
   }
   const std::string message = load_error(write_model_dir("qwen3", weights));
-  EXPECT_NE(message.find("'model.layers.0.self_attn.q_proj.weight' has shape [64, 64] but the config implies [128, 64]"),
-            std::string::npos)
+  EXPECT_NE(
+      message.find("'model.layers.0.self_attn.q_proj.weight' has shape [64, 64] but the config implies [128, 64]"),
+      std::string::npos)
       << message;
 }
 
@@ -100,7 +101,8 @@ TEST(ParameterStore, LoadsBf16CheckpointsByConverting) {
   const auto model = CausalLm::from_hf(write_model_dir("qwen3", weights));
   const Tensor norm = model->params().param("final_norm");
   const Tensor expected = golden_weights("qwen3").front().second;  // sorted: lm_head.weight first
-  EXPECT_EQ(model->params().param("lm_head").to_vector<float>(), expected.to(DType::BF16).to(DType::F32).to_vector<float>());
+  EXPECT_EQ(model->params().param("lm_head").to_vector<float>(),
+            expected.to(DType::BF16).to(DType::F32).to_vector<float>());
   EXPECT_EQ(norm.dtype(), DType::F32);
 }
 

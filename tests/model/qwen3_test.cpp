@@ -94,7 +94,8 @@ TEST_P(Qwen3Family, PackedDocumentLogitsEqualEachDocumentAlone) {
     const std::vector<int32_t> doc_cu{0, bounds[d + 1] - bounds[d]};
     ForwardObservation alone;
     forward_only(*model, {MicroBatch::packed(doc_ids, doc_targets, Tensor::from_vector(doc_cu, {2}))}, &alone);
-    EXPECT_EQ(alone.logits[0].to_vector<float>(), packed.logits[0].slice(bounds[d], bounds[d + 1]).clone().to_vector<float>())
+    EXPECT_EQ(alone.logits[0].to_vector<float>(),
+              packed.logits[0].slice(bounds[d], bounds[d + 1]).clone().to_vector<float>())
         << "document " << d;
   }
 }

@@ -55,7 +55,8 @@ TEST(RouterLoss, PerfectBalanceIsOne) {
   Tensor topk = Tensor::from_vector<int32_t>({0, 1, 2, 3}, {4, 1});
   Tensor cu = Tensor::from_vector<int32_t>({0, 4}, {2});
   Tensor dp, dz;
-  const auto v = router_aux_losses(settings(LoadBalanceVariant::MicroBatch, 1.0, 0.0), 0, logits, probs, topk, cu, dp, dz);
+  const auto v =
+      router_aux_losses(settings(LoadBalanceVariant::MicroBatch, 1.0, 0.0), 0, logits, probs, topk, cu, dp, dz);
   EXPECT_NEAR(v.load_balance, 1.0, 1e-12);
 }
 
@@ -67,7 +68,8 @@ TEST(RouterLoss, CollapsedRoutingIsNumberOfExperts) {
   Tensor topk = Tensor::from_vector<int32_t>({0, 0, 0, 0}, {4, 1});
   Tensor cu = Tensor::from_vector<int32_t>({0, 4}, {2});
   Tensor dp, dz;
-  const auto v = router_aux_losses(settings(LoadBalanceVariant::MicroBatch, 1.0, 0.0), 0, logits, probs, topk, cu, dp, dz);
+  const auto v =
+      router_aux_losses(settings(LoadBalanceVariant::MicroBatch, 1.0, 0.0), 0, logits, probs, topk, cu, dp, dz);
   EXPECT_NEAR(v.load_balance, 4.0, 1e-12);
 }
 

@@ -7,10 +7,10 @@
 
 #include "ops/cuda/runtime.h"
 
-#define MT_REQUIRE_GPU()                                                  \
-  do {                                                                    \
-    if (::moetrain::ops::cuda::device_count() == 0) {                     \
-      GTEST_SKIP() << "no CUDA device visible: GPU test skipped";         \
-    }                                                                     \
-    ::moetrain::ops::cuda::setup_cuda(0);                                 \
+#define MT_REQUIRE_GPU()                                          \
+  do {                                                            \
+    if (::moetrain::ops::cuda::device_count() == 0) {             \
+      GTEST_SKIP() << "no CUDA device visible: GPU test skipped"; \
+    }                                                             \
+    ::moetrain::ops::cuda::setup_cuda(0);                         \
   } while (0)

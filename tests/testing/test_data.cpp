@@ -2,8 +2,8 @@
 #include "testing/test_data.h"
 
 #include <atomic>
-#include <cstdlib>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 
 #include <gtest/gtest.h>
@@ -73,7 +73,8 @@ double relative_error(const Tensor& a, const Tensor& b) {
 
 double max_abs_diff(const Tensor& a, const Tensor& b) {
   double m = 0.0;
-  for (int64_t i = 0; i < std::min(a.numel(), b.numel()); ++i) m = std::max(m, std::fabs(element(a, i) - element(b, i)));
+  for (int64_t i = 0; i < std::min(a.numel(), b.numel()); ++i)
+    m = std::max(m, std::fabs(element(a, i) - element(b, i)));
   return m;
 }
 

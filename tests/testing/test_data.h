@@ -36,7 +36,7 @@ struct GradientInput {
 // current input values) and fails the test when the relative error of a tensor exceeds
 // `tolerance`. In f64 with step 1e-6, truncation (~step^2) and rounding (~1e-16/step) errors are
 // both far below the default tolerance of 1e-6, so a failure is a wrong derivative.
-void expect_gradients_match(const std::function<double()>& loss, std::vector<GradientInput> inputs,
-                            double step = 1e-6, double tolerance = 1e-6);
+void expect_gradients_match(const std::function<double()>& loss, std::vector<GradientInput> inputs, double step = 1e-6,
+                            double tolerance = 1e-6);
 
 }  // namespace moetrain::testing

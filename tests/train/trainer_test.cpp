@@ -99,8 +99,8 @@ TEST(Trainer, LossFallsAndMetricsAreLogged) {
   while (std::getline(in, line)) {
     ++lines;
     const auto record = nlohmann::json::parse(line);
-    for (const char* key : {"step", "loss", "lb_loss", "grad_norm", "lr", "tokens", "tokens_per_s", "peak_mem_bytes",
-                            "elapsed_s"}) {
+    for (const char* key :
+         {"step", "loss", "lb_loss", "grad_norm", "lr", "tokens", "tokens_per_s", "peak_mem_bytes", "elapsed_s"}) {
       EXPECT_TRUE(record.contains(key)) << key;
     }
     EXPECT_EQ(record["step"].get<int>(), lines);

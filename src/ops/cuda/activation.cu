@@ -18,7 +18,6 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int64_t kMaxBlocks = int64_t(1) << 20;  // grid-stride beyond this
 
-
 template <typename T>
 __global__ void forward_kernel(T* y, const T* gate_up, int64_t rows, int64_t width) {
   const int64_t total = rows * width;

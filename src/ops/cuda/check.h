@@ -7,14 +7,14 @@
 
 #include "core/error.h"
 
-#define MT_CUDA_CHECK(call)                                                                                  \
-  do {                                                                                                      \
-    const cudaError_t mt_status_ = (call);                                                                  \
-    if (mt_status_ != cudaSuccess) [[unlikely]] {                                                           \
-      ::moetrain::throw_error(__FILE__, __LINE__,                                                           \
+#define MT_CUDA_CHECK(call)                                                                                    \
+  do {                                                                                                         \
+    const cudaError_t mt_status_ = (call);                                                                     \
+    if (mt_status_ != cudaSuccess) [[unlikely]] {                                                              \
+      ::moetrain::throw_error(__FILE__, __LINE__,                                                              \
                               ::fmt::format("CUDA: {} failed: {} ({})", #call, cudaGetErrorString(mt_status_), \
-                                            static_cast<int>(mt_status_)));                                  \
-    }                                                                                                       \
+                                            static_cast<int>(mt_status_)));                                    \
+    }                                                                                                          \
   } while (0)
 
 #define MT_CUDA_CHECK_LAUNCH(kernel_name) MT_CUDA_CHECK(cudaGetLastError())

@@ -20,7 +20,6 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int64_t kMaxBlocks = 1 << 16;  // the grid-stride loop covers the rest
 
-
 // core/dtype.cpp's f32_to_bf16_bits: nearest even; NaN keeps its sign and upper payload and is forced quiet.
 __device__ __forceinline__ uint16_t f32_to_bf16_bits(float value) {
   const uint32_t bits = __float_as_uint(value);

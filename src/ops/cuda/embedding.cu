@@ -22,7 +22,6 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int64_t kMaxRowBlocks = int64_t(1) << 20;  // grid-stride over rows beyond this
 
-
 // One block per token row (grid-stride), threads over the columns.
 template <typename TTable, typename TOut>
 __global__ void gather_kernel(TOut* y, const int32_t* ids, const TTable* table, int64_t tokens, int64_t vocab,

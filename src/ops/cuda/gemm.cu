@@ -17,7 +17,6 @@ namespace {
 
 constexpr int kScaleThreads = 256;
 
-
 template <typename T>
 __global__ void scale_kernel(T* out, int64_t n, float beta) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;

@@ -20,7 +20,6 @@ constexpr int kWarps = kCrossEntropyThreads / 32;
 constexpr int kTotalsThreads = 1024;
 constexpr int64_t kMaxRowBlocks = int64_t(1) << 20;  // grid-stride beyond this
 
-
 __device__ __forceinline__ float quiet_nan() { return __int_as_float(0x7fc00000); }
 
 // Butterfly inside the warp: every lane ends with the same bits.

@@ -23,7 +23,6 @@ constexpr int kRowThreads = 32 * kWarpsPerBlock;
 constexpr int kColumnThreads = 256;
 constexpr int64_t kMaxBlocks = int64_t(1) << 20;  // grid-stride beyond this
 
-
 // Butterfly sum over the warp: every lane ends with the same bits (each step adds the same two values, a + b and
 // b + a), in an order fixed by the lane layout.
 __device__ __forceinline__ float warp_sum(float v) {

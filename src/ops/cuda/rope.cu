@@ -19,7 +19,6 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int64_t kMaxBlocks = int64_t(1) << 20;  // grid-stride beyond this
 
-
 // Passed by value in the kernel's parameter space (about 1 KiB).
 struct RopeArgs {
   float inv_freq[kRopeMaxFrequencies];

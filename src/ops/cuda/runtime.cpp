@@ -47,7 +47,9 @@ void pool_release(void* data, size_t, Device) {
   MT_CUDA_CHECK(cudaFreeAsync(data, state().stream));
 }
 
-void pool_memset_zero(void* data, size_t bytes, Device) { MT_CUDA_CHECK(cudaMemsetAsync(data, 0, bytes, state().stream)); }
+void pool_memset_zero(void* data, size_t bytes, Device) {
+  MT_CUDA_CHECK(cudaMemsetAsync(data, 0, bytes, state().stream));
+}
 
 void copy_between(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) {
   cudaMemcpyKind kind = cudaMemcpyDeviceToDevice;
