@@ -9,8 +9,11 @@ namespace moetrain::ops {
 
 enum class Transpose : uint8_t { No, Yes };
 
-// out[M, N] = alpha * op(a) * op(b) + beta * out, op(x) = x or x^T. 2-D contiguous tensors of one
-// float dtype. Each output element is one dot product over K in ascending order (batch-invariant).
+// out[M, N] = alpha * op(a) * op(b) + beta * out, op(x) = x or x^T, 2-D contiguous tensors.
+// CPU: one float dtype (f32 or f64); each output element is one dot product over K in ascending
+// order, so the result is batch-invariant. CUDA (cuBLASLt, f32 accumulation): all f32, or bf16
+// operands with a bf16 or f32 output; deterministic for a given shape (the algorithm is fixed per
+// shape) but not batch-invariant across M: the exact lanes need their own kernel there.
 void gemm(Stream& stream, Tensor out, const Tensor& a, Transpose transpose_a, const Tensor& b, Transpose transpose_b,
           double alpha = 1.0, double beta = 0.0);
 

@@ -1,6 +1,6 @@
-// defines: MT_CUDA_CHECK and MT_CUBLAS_CHECK, the checking macros every CUDA runtime and cuBLAS
-// call goes through, and MT_CUDA_CHECK_LAUNCH for the last error after a kernel launch. Usable
-// from .cu and .cpp files (no host-only headers).
+// defines: MT_CUDA_CHECK, the checking macro every CUDA runtime call goes through, and
+// MT_CUDA_CHECK_LAUNCH for the last error after a kernel launch (cuBLAS calls use MT_CUBLAS_CHECK
+// of cublas_check.h). Usable from .cu and .cpp files (no host-only headers).
 #pragma once
 
 #include <cuda_runtime.h>

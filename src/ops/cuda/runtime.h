@@ -1,7 +1,7 @@
 // defines: the CUDA backend's process-wide set-up (DESIGN.md section 4: set once, read
 // everywhere): for one device, a compute stream, a stream-ordered allocator (CUDA memory pools)
 // registered with core's allocator registry, host<->device copies, and the cuBLASLt handle and
-// workspace. A build without CUDA compiles this file to stubs that report no device.
+// workspace. A build without CUDA reports no device and refuses set-up with a clear error.
 #pragma once
 
 #include <cstddef>
