@@ -113,6 +113,34 @@ void CausalLm::head_backward_weight(EpilogRecord& r) const {
   r = EpilogRecord{};
 }
 
+namespace {
+
+// Forward of one micro-batch (on the model's device) through the embedding, the layers and the
+// head, adding its loss and router losses to `step`. With `records` sized to the layers, every
+// layer's record is kept for the backward; when empty, each record is dropped once its layer ran.
+void forward_micro_batch(const CausalLm& model, const MicroBatch& batch, std::vector<LayerRecord>& records,
+                         EpilogRecord& epilog, StepLoss& step, ForwardObservation* observe) {
+  Tensor hidden = model.embed_forward(batch);
+  std::vector<Tensor> router_logits;
+  for (size_t i = 0; i < model.layers().size(); ++i) {
+    LayerRecord scratch;
+    LayerRecord& record = records.empty() ? scratch : records[i];
+    hidden = model.layers()[i]->reference_forward(record, hidden, batch);
+    if (record.stage1_out.routing.defined()) router_logits.push_back(record.stage1_out.routing.logits);
+    add_router_losses(step, record.stage1);
+  }
+  step.num_tokens += batch.num_tokens();
+  const LossSum sum = model.head_forward(epilog, hidden, batch);
+  step.ce_sum += sum.ce_sum;
+  step.num_targets += sum.num_targets;
+  if (observe) {
+    observe->logits.push_back(epilog.logits);
+    observe->router_logits.push_back(std::move(router_logits));
+  }
+}
+
+}  // namespace
+
 StepLoss forward_backward(const CausalLm& model, const std::vector<MicroBatch>& batches, int64_t global_num_targets,
                           ForwardObservation* observe) {
   const int64_t local_targets = count_targets(batches);
@@ -124,22 +152,8 @@ StepLoss forward_backward(const CausalLm& model, const std::vector<MicroBatch>& 
     host_batch.validate(model.config().vocab_size);
     const MicroBatch batch = host_batch.to(model.device());
     std::vector<LayerRecord> records(model.layers().size());
-    Tensor hidden = model.embed_forward(batch);
-    std::vector<Tensor> router_logits;
-    for (size_t i = 0; i < model.layers().size(); ++i) {
-      hidden = model.layers()[i]->reference_forward(records[i], hidden, batch);
-      if (records[i].stage1_out.routing.defined()) router_logits.push_back(records[i].stage1_out.routing.logits);
-      add_router_losses(step, records[i].stage1);
-    }
-    step.num_tokens += batch.num_tokens();
     EpilogRecord epilog;
-    const LossSum sum = model.head_forward(epilog, hidden, batch);
-    step.ce_sum += sum.ce_sum;
-    step.num_targets += sum.num_targets;
-    if (observe) {
-      observe->logits.push_back(epilog.logits);
-      observe->router_logits.push_back(std::move(router_logits));
-    }
+    forward_micro_batch(model, batch, records, epilog, step, observe);
     Tensor d_hidden = model.head_backward_input(epilog, loss_scale);
     model.head_backward_weight(epilog);
     for (size_t i = model.layers().size(); i-- > 0;)
@@ -156,23 +170,9 @@ StepLoss forward_only(const CausalLm& model, const std::vector<MicroBatch>& batc
   for (const MicroBatch& host_batch : batches) {
     host_batch.validate(model.config().vocab_size);
     const MicroBatch batch = host_batch.to(model.device());
-    Tensor hidden = model.embed_forward(batch);
-    std::vector<Tensor> router_logits;
-    for (const auto& layer : model.layers()) {
-      LayerRecord record;
-      hidden = layer->reference_forward(record, hidden, batch);
-      if (record.stage1_out.routing.defined()) router_logits.push_back(record.stage1_out.routing.logits);
-      add_router_losses(step, record.stage1);
-    }
-    step.num_tokens += batch.num_tokens();
+    std::vector<LayerRecord> no_records;
     EpilogRecord epilog;
-    const LossSum sum = model.head_forward(epilog, hidden, batch);
-    step.ce_sum += sum.ce_sum;
-    step.num_targets += sum.num_targets;
-    if (observe) {
-      observe->logits.push_back(epilog.logits);
-      observe->router_logits.push_back(std::move(router_logits));
-    }
+    forward_micro_batch(model, batch, no_records, epilog, step, observe);
   }
   step.loss = step.num_targets > 0 ? step.ce_sum / static_cast<double>(step.num_targets) : 0.0;
   finish_router_losses(step, model);

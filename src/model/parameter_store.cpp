@@ -108,13 +108,7 @@ void ParameterStore::load_hf_tensors(const std::vector<std::pair<std::string, Te
 }
 
 std::vector<std::pair<std::string, Tensor>> ParameterStore::export_hf(bool of_grads) const {
-  std::vector<std::pair<std::string, Tensor>> out;
-  for (size_t i = 0; i < specs_.size(); ++i) {
-    const Tensor& whole = of_grads ? grads_[i] : params_[i];
-    const Tensor host = whole.device().is_cpu() ? whole : whole.to(Device::cpu());
-    for (const HfPiece& piece : specs_[i].pieces) out.emplace_back(piece.hf_name, piece_view(host, piece).clone());
-  }
-  return out;
+  return export_hf_runtime(of_grads, [](const std::string&) { return false; });
 }
 
 std::vector<std::pair<std::string, Tensor>> ParameterStore::export_hf_runtime(

@@ -28,14 +28,6 @@ void check_float(const Tensor& t, const Stream& stream, const char* op, const ch
            t.describe());
 }
 
-void check_like(const Tensor& t, const Tensor& like, const Stream& stream, const char* op, const char* name) {
-  const std::string what = fmt::format("{}: {}", op, name);
-  expect_shape(t, like.shape(), what);
-  expect_dtype(t, like.dtype(), what);
-  expect_contiguous(t, what);
-  check_on_stream_device(stream, t, op, name);
-}
-
 void check_castable(const Tensor& t, const Stream& stream, const char* op, const char* name) {
   expect_contiguous(t, fmt::format("{}: {}", op, name));
   check_on_stream_device(stream, t, op, name);

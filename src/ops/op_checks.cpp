@@ -38,4 +38,12 @@ void check_on_device(const Tensor& t, Device device, std::string_view op, std::s
   }
 }
 
+void check_like(const Tensor& t, const Tensor& like, const Stream& stream, std::string_view op, std::string_view name) {
+  const std::string what = fmt::format("{}: {}", op, name);
+  expect_shape(t, like.shape(), what);
+  expect_dtype(t, like.dtype(), what);
+  expect_contiguous(t, what);
+  check_on_stream_device(stream, t, op, name);
+}
+
 }  // namespace moetrain::ops

@@ -33,14 +33,6 @@ void check_float(const Tensor& t, const Stream& stream, const char* op, const st
            t.describe());
 }
 
-void check_like(const Tensor& t, const Tensor& like, const Stream& stream, const char* op, const char* name) {
-  const std::string what = fmt::format("{}: {}", op, name);
-  expect_shape(t, like.shape(), what);
-  expect_dtype(t, like.dtype(), what);
-  expect_contiguous(t, what);
-  check_on_stream_device(stream, t, op, name);
-}
-
 void check_adamw_params(const AdamWParams& p, const char* op) {
   MT_CHECK(std::isfinite(p.lr) && p.lr >= 0.0, "{}: expected lr >= 0 but found {}", op, p.lr);
   MT_CHECK(p.beta1 >= 0.0 && p.beta1 < 1.0, "{}: expected beta1 in [0, 1) but found {}", op, p.beta1);
