@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # defines: the one place that installs what moetrain needs to build and test; safe to run twice.
-# Versions are pinned to what Debian 12 (bookworm) ships; the GPU machine has none of these and
-# gets header-only copies through scripts/fetch_deps.sh once the CUDA backend needs them.
+# Versions are pinned to what Debian 12 (bookworm) ships. NVIDIA's header libraries (CUTLASS, the
+# cuDNN frontend) come from PyPI into .deps/pypi; binaries built here carry them to the GPU machine.
 set -euo pipefail
 
 APT_PACKAGES=(
@@ -34,4 +34,16 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 else
   echo "setup: all build dependencies present"
+fi
+
+PYPI_PACKAGES=(nvidia-cutlass==4.2.0.0 nvidia-cudnn-frontend==1.32.0)
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+STAMP="$ROOT/.deps/pypi/.installed"
+if [[ "$(cat "$STAMP" 2>/dev/null)" != "${PYPI_PACKAGES[*]}" ]]; then
+  echo "setup: installing ${PYPI_PACKAGES[*]} into .deps/pypi"
+  rm -rf "$ROOT/.deps/pypi"
+  python3 -m pip install -q --disable-pip-version-check --no-deps --target "$ROOT/.deps/pypi" "${PYPI_PACKAGES[@]}"
+  echo "${PYPI_PACKAGES[*]}" >"$STAMP"
+else
+  echo "setup: header libraries present in .deps/pypi"
 fi
