@@ -11,6 +11,7 @@ struct CheckGoldenOptions {
   std::string model_dir;
   std::string reference;  // reference.safetensors
   std::string device = "cpu";
+  std::string dtype = "f32";  // compute dtype: f32, or bf16 on CUDA (fp32 masters, looser thresholds)
   std::string cases = "all";  // batch | packed | trajectory | all
 };
 

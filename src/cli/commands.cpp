@@ -8,6 +8,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "cli/bench_command.h"
 #include "cli/check_golden.h"
 #include "cli/convert_command.h"
 #include "cli/data_command.h"
@@ -26,10 +27,12 @@ int run_main(int argc, char** argv) {
   check->add_option("--model", golden.model_dir, "HF model folder (config.json + safetensors)")->required();
   check->add_option("--reference", golden.reference, "reference.safetensors of the dump")->required();
   check->add_option("--device", golden.device, "cpu | cuda[:N]")->capture_default_str();
+  check->add_option("--dtype", golden.dtype, "compute dtype: f32 | bf16 (CUDA)")->capture_default_str();
   check->add_option("--case", golden.cases, "batch | packed | trajectory | all")->capture_default_str();
   check->callback([&] { command = [&] { return run_check_golden(golden); }; });
 
   add_train_command(app, command);
+  add_bench_command(app, command);
   add_data_command(app, command);
   add_convert_command(app, command);
 

@@ -59,6 +59,7 @@ std::vector<FieldRef> field_refs(JobConfig& c) {
       {"model.init", &c.model.init},
       {"model.init_std", &c.model.init_std},
       {"model.device", &c.model.device},
+      {"model.compute_dtype", &c.model.compute_dtype},
       {"data.path", DataPathField{&c.data.sources}},
       {"data.mode", &c.data.mode},
       {"data.shuffle", &c.data.shuffle},
@@ -453,16 +454,26 @@ void validate(JobConfig& c, const std::string& source) {
   MT_CHECK(std::isfinite(c.model.init_std) && c.model.init_std >= 0,
            "{}: model.init_std must be finite and >= 0 but is {}", s, c.model.init_std);
   MT_CHECK(is_device(c.model.device), "{}: model.device must be cpu, cuda or cuda:N but is '{}'", s, c.model.device);
+  MT_CHECK(one_of(c.model.compute_dtype, {"f32", "bf16"}), "{}: model.compute_dtype must be f32 or bf16 but is '{}'",
+           s, c.model.compute_dtype);
+  MT_CHECK(c.model.compute_dtype == "f32" || c.model.device != "cpu",
+           "{}: model.compute_dtype = bf16 needs a CUDA device (the CPU reference computes in f32) but model.device is "
+           "cpu",
+           s);
 
-  MT_CHECK(!c.data.sources.empty(), "{}: no training data: set data.path = PREFIX or add [[data.sources]] tables", s);
+  MT_CHECK(one_of(c.data.mode, {"packed", "fixed", "synthetic"}),
+           "{}: data.mode must be packed, fixed or synthetic but is '{}'", s, c.data.mode);
+  const bool synthetic = c.data.mode == "synthetic";
+  MT_CHECK(synthetic || !c.data.sources.empty(),
+           "{}: no training data: set data.path = PREFIX or add [[data.sources]] tables", s);
+  MT_CHECK(!synthetic || c.data.sources.empty(), "{}: data.mode = synthetic reads no files but data sources are set",
+           s);
   for (size_t i = 0; i < c.data.sources.size(); ++i) {
     const DataSource& d = c.data.sources[i];
     MT_CHECK(!d.path.empty(), "{}: data.sources[{}].path is empty (expected an indexed dataset prefix)", s, i);
     MT_CHECK(std::isfinite(d.weight) && d.weight > 0, "{}: data.sources[{}].weight must be > 0 but is {}", s, i,
              d.weight);
   }
-  MT_CHECK(one_of(c.data.mode, {"packed", "fixed"}), "{}: data.mode must be packed or fixed but is '{}'", s,
-           c.data.mode);
 
   TrainSection& t = c.train;
   MT_CHECK(t.steps > 0, "{}: train.steps must be > 0 but is {}", s, t.steps);

@@ -16,6 +16,9 @@ struct ModelSection {
   std::string init = "random";  // "random" (from train.seed) or "pretrained" (weights from the folder)
   double init_std = 0.02;       // std of the normal init of matrices ("random"); norms start at 1
   std::string device = "cpu";   // cpu | cuda | cuda:N
+  // f32: everything in fp32. bf16 (CUDA): bf16 weights copies and activations, fp32 accumulation,
+  // fp32 masters, gradients and optimizer state.
+  std::string compute_dtype = "f32";
 };
 
 struct DataSource {
@@ -27,7 +30,8 @@ struct DataSection {
   std::vector<DataSource> sources;  // TOML: [[data.sources]] path = ..., weight = ...
   // Shorthand for one source: data.path = "prefix" (a single source of weight 1).
   std::string mode = "packed";  // "packed": whole or split documents, attention within each;
-                                // "fixed": rows of seq_len tokens cut from the token stream
+                                // "fixed": rows of seq_len tokens cut from the token stream;
+                                // "synthetic": uniformly random token rows, no files (benchmarks)
   bool shuffle = true;          // shuffle documents per epoch from train.seed
 };
 

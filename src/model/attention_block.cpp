@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/device.h"
+#include "model/precision.h"
 #include "ops/elementwise.h"
 #include "ops/gemm.h"
 
@@ -36,12 +37,12 @@ AttentionBlock::AttentionBlock(const io::ModelConfig& config, ParameterStore& st
   rope_ = ops::rope_default_params(rotary_dim - rotary_dim % 2, config.rope_theta);
   attention_.softmax_scale = static_cast<float>(1.0 / std::sqrt(double(head_dim_)));
   const std::string p = prefix + "attn.";
-  w_q_ = store.param(p + "q_proj"), g_q_ = store.grad(p + "q_proj");
-  w_k_ = store.param(p + "k_proj"), g_k_ = store.grad(p + "k_proj");
-  w_v_ = store.param(p + "v_proj"), g_v_ = store.grad(p + "v_proj");
-  w_o_ = store.param(p + "o_proj"), g_o_ = store.grad(p + "o_proj");
-  w_q_norm_ = store.param(p + "q_norm"), g_q_norm_ = store.grad(p + "q_norm");
-  w_k_norm_ = store.param(p + "k_norm"), g_k_norm_ = store.grad(p + "k_norm");
+  w_q_ = store.weight(p + "q_proj"), g_q_ = store.grad(p + "q_proj");
+  w_k_ = store.weight(p + "k_proj"), g_k_ = store.grad(p + "k_proj");
+  w_v_ = store.weight(p + "v_proj"), g_v_ = store.grad(p + "v_proj");
+  w_o_ = store.weight(p + "o_proj"), g_o_ = store.grad(p + "o_proj");
+  w_q_norm_ = store.weight(p + "q_norm"), g_q_norm_ = store.grad(p + "q_norm");
+  w_k_norm_ = store.weight(p + "k_norm"), g_k_norm_ = store.grad(p + "k_norm");
 }
 
 Tensor AttentionBlock::forward(AttentionRecord& r, const Tensor& x, const MicroBatch& batch) const {
@@ -58,8 +59,8 @@ Tensor AttentionBlock::forward(AttentionRecord& r, const Tensor& x, const MicroB
   ops::linear_forward(s, r.k.view({T, -1}), x, w_k_);
   ops::linear_forward(s, r.v.view({T, -1}), x, w_v_);
 
-  r.rstd_q = Tensor::empty({T * heads_}, dt, dev);
-  r.rstd_k = Tensor::empty({T * kv_heads_}, dt, dev);
+  r.rstd_q = Tensor::empty({T * heads_}, statistics_dtype(dt), dev);
+  r.rstd_k = Tensor::empty({T * kv_heads_}, statistics_dtype(dt), dev);
   r.q_rot = Tensor::empty(r.q.shape(), dt, dev);
   r.k_rot = Tensor::empty(r.k.shape(), dt, dev);
   ops::rmsnorm_forward(s, r.q_rot, r.rstd_q, r.q, w_q_norm_, qk_norm_);
@@ -68,7 +69,7 @@ Tensor AttentionBlock::forward(AttentionRecord& r, const Tensor& x, const MicroB
   ops::rope_forward(s, r.k_rot, r.k_rot, batch.position_ids, rope_);
 
   r.attn = Tensor::empty({T, heads_, head_dim_}, dt, dev);
-  r.lse = Tensor::empty({T, heads_}, dt, dev);
+  r.lse = Tensor::empty({T, heads_}, statistics_dtype(dt), dev);
   ops::attention_forward(s, r.attn, r.lse, r.q_rot, r.k_rot, r.v, batch.cu_seqlens, attention_);
 
   Tensor out = Tensor::empty({T, config_.hidden_size}, dt, dev);

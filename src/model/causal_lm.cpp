@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "io/safetensors.h"
+#include "model/precision.h"
 #include "model/qwen3.h"
 #include "ops/embedding.h"
 #include "ops/gemm.h"
@@ -53,23 +54,25 @@ int64_t count_targets(const std::vector<MicroBatch>& batches) {
 
 }  // namespace
 
-CausalLm::CausalLm(const io::ModelConfig& config, Device device)
-    : config_(config), device_(device), params_(std::make_unique<ParameterStore>(param_specs_for(config), device)) {
+CausalLm::CausalLm(const io::ModelConfig& config, Device device, DType compute_dtype)
+    : config_(config),
+      device_(device),
+      params_(std::make_unique<ParameterStore>(param_specs_for(config), device, compute_dtype)) {
   final_norm_.eps = static_cast<float>(config.rms_norm_eps);
   for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer)
     layers_.push_back(make_layer(config_, *params_, layer));
 }
 
-std::unique_ptr<CausalLm> CausalLm::from_hf(const std::string& dir, Device device) {
+std::unique_ptr<CausalLm> CausalLm::from_hf(const std::string& dir, Device device, DType compute_dtype) {
   const io::ModelConfig config = io::load_model_config(dir);
-  auto model = std::make_unique<CausalLm>(config, device);
+  auto model = std::make_unique<CausalLm>(config, device, compute_dtype);
   model->params().load_hf(io::SafetensorsReader::open(dir));
   return model;
 }
 
 Tensor CausalLm::embed_forward(const MicroBatch& batch) const {
-  Tensor hidden = Tensor::empty({batch.num_tokens(), config_.hidden_size}, DType::F32, device_);
-  ops::embedding_forward(default_stream(device_), hidden, batch.input_ids, params_->param("embed"));
+  Tensor hidden = Tensor::empty({batch.num_tokens(), config_.hidden_size}, params_->compute_dtype(), device_);
+  ops::embedding_forward(default_stream(device_), hidden, batch.input_ids, params_->weight("embed"));
   return hidden;
 }
 
@@ -82,13 +85,13 @@ LossSum CausalLm::head_forward(EpilogRecord& r, const Tensor& hidden, const Micr
   const int64_t T = hidden.size(0);
   r.hidden = hidden;
   r.batch = &batch;
-  r.rstd = Tensor::empty({T}, hidden.dtype(), device_);
+  r.rstd = Tensor::empty({T}, statistics_dtype(hidden.dtype()), device_);
   r.normed = Tensor::empty(hidden.shape(), hidden.dtype(), device_);
-  ops::rmsnorm_forward(s, r.normed, r.rstd, hidden, params_->param("final_norm"), final_norm_);
+  ops::rmsnorm_forward(s, r.normed, r.rstd, hidden, params_->weight("final_norm"), final_norm_);
   r.logits = Tensor::empty({T, config_.vocab_size}, hidden.dtype(), device_);
-  ops::linear_forward(s, r.logits, r.normed, params_->param(head_name(*params_)));
-  r.losses = Tensor::empty({T}, hidden.dtype(), device_);
-  r.lse = Tensor::empty({T}, hidden.dtype(), device_);
+  ops::linear_forward(s, r.logits, r.normed, params_->weight(head_name(*params_)));
+  r.losses = Tensor::empty({T}, statistics_dtype(hidden.dtype()), device_);
+  r.lse = Tensor::empty({T}, statistics_dtype(hidden.dtype()), device_);
   ops::cross_entropy_forward(s, r.losses, r.lse, r.logits, batch.targets);
   const ops::LossTotals totals = ops::cross_entropy_totals(s, r.losses, batch.targets);
   return {totals.sum, totals.count};
@@ -100,9 +103,9 @@ Tensor CausalLm::head_backward_input(EpilogRecord& r, double loss_scale) const {
   ops::cross_entropy_backward(s, d_logits, r.logits, r.lse, r.batch->targets, loss_scale);
   r.logits = d_logits;  // the logits are no longer needed; keep their gradient for the weight pass
   r.d_normed = Tensor::empty(r.normed.shape(), r.normed.dtype(), device_);
-  ops::linear_backward_input(s, r.d_normed, d_logits, params_->param(head_name(*params_)));
+  ops::linear_backward_input(s, r.d_normed, d_logits, params_->weight(head_name(*params_)));
   Tensor d_hidden = Tensor::empty(r.hidden.shape(), r.hidden.dtype(), device_);
-  ops::rmsnorm_backward_input(s, d_hidden, r.d_normed, r.hidden, params_->param("final_norm"), r.rstd, final_norm_);
+  ops::rmsnorm_backward_input(s, d_hidden, r.d_normed, r.hidden, params_->weight("final_norm"), r.rstd, final_norm_);
   return d_hidden;
 }
 

@@ -31,16 +31,19 @@ struct LossSum {
 
 class CausalLm {
  public:
-  // Zero parameters of the layout `config` implies.
-  explicit CausalLm(const io::ModelConfig& config, Device device = Device::cpu());
+  // Zero parameters of the layout `config` implies; activations in `compute_dtype` (f32, or bf16
+  // on CUDA with fp32 masters: see ParameterStore).
+  explicit CausalLm(const io::ModelConfig& config, Device device = Device::cpu(), DType compute_dtype = DType::F32);
   // A Hugging Face model folder: config.json and its safetensors (single file or sharded).
-  static std::unique_ptr<CausalLm> from_hf(const std::string& dir, Device device = Device::cpu());
+  static std::unique_ptr<CausalLm> from_hf(const std::string& dir, Device device = Device::cpu(),
+                                           DType compute_dtype = DType::F32);
 
   const io::ModelConfig& config() const { return config_; }
   ParameterStore& params() { return *params_; }
   const ParameterStore& params() const { return *params_; }
   const std::vector<std::unique_ptr<DecoderLayer>>& layers() const { return layers_; }
   Device device() const { return device_; }
+  DType compute_dtype() const { return params_->compute_dtype(); }
 
   // Prolog: hidden [T, H] = embedding of the batch's tokens.
   Tensor embed_forward(const MicroBatch& batch) const;

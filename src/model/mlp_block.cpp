@@ -36,8 +36,8 @@ void GatedMlp::add_expert_specs(const io::ModelConfig& config, int64_t layer, st
 
 GatedMlp::GatedMlp(ParameterStore& store, const std::string& prefix, bool experts) : experts_(experts) {
   const std::string p = prefix + (experts ? "experts." : "mlp.");
-  w_gate_up_ = store.param(p + "gate_up"), g_gate_up_ = store.grad(p + "gate_up");
-  w_down_ = store.param(p + "down"), g_down_ = store.grad(p + "down");
+  w_gate_up_ = store.weight(p + "gate_up"), g_gate_up_ = store.grad(p + "gate_up");
+  w_down_ = store.weight(p + "down"), g_down_ = store.grad(p + "down");
 }
 
 Tensor GatedMlp::forward(MlpRecord& r, const Tensor& x, const Tensor& group_offsets) const {

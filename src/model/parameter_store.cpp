@@ -1,12 +1,14 @@
 // defines: ParameterStore allocation, HF import/export and seeded initialisation.
 #include "model/parameter_store.h"
 
+#include <algorithm>
 #include <set>
 
 #include <fmt/format.h>
 
 #include "core/rng.h"
 #include "io/safetensors.h"
+#include "ops/elementwise.h"
 
 namespace moetrain::model {
 
@@ -32,13 +34,32 @@ Tensor piece_view(const Tensor& whole, const HfPiece& piece) {
 
 }  // namespace
 
-ParameterStore::ParameterStore(std::vector<ParamSpec> specs, Device device) : specs_(std::move(specs)) {
+ParameterStore::ParameterStore(std::vector<ParamSpec> specs, Device device, DType compute_dtype)
+    : specs_(std::move(specs)), compute_dtype_(compute_dtype) {
+  MT_CHECK(compute_dtype == DType::F32 || (compute_dtype == DType::BF16 && device.is_cuda()),
+           "parameter store: compute dtype {} on {} is not supported (f32 everywhere, bf16 on CUDA)",
+           dtype_name(compute_dtype), device.str());
   for (size_t i = 0; i < specs_.size(); ++i) {
     const ParamSpec& spec = specs_[i];
     MT_CHECK(index_.emplace(spec.name, i).second, "parameter store: duplicate parameter '{}'", spec.name);
     check_pieces_tile(spec);
     params_.push_back(Tensor::zeros(spec.shape, DType::F32, device));
     grads_.push_back(Tensor::zeros(spec.shape, DType::F32, device));
+    const bool copy = compute_dtype != DType::F32 && spec.is_matrix();
+    compute_.push_back(copy ? Tensor::zeros(spec.shape, compute_dtype, device) : params_.back());
+  }
+}
+
+Tensor ParameterStore::weight(const std::string& name) const {
+  auto it = index_.find(name);
+  MT_CHECK(it != index_.end(), "parameter store: no parameter '{}'", name);
+  return compute_[it->second];
+}
+
+void ParameterStore::refresh_compute_weights() {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (compute_[i].dtype() != params_[i].dtype())
+      ops::cast(default_stream(params_[i].device()), compute_[i], params_[i]);
   }
 }
 
@@ -105,6 +126,7 @@ void ParameterStore::load_hf_tensors(const std::vector<std::pair<std::string, Te
       piece_view(params_[i], piece).copy_from(source);
     }
   }
+  refresh_compute_weights();
 }
 
 std::vector<std::pair<std::string, Tensor>> ParameterStore::export_hf(bool of_grads) const {
@@ -130,14 +152,24 @@ void ParameterStore::init_random(uint64_t seed, double std) {
   for (size_t i = 0; i < specs_.size(); ++i) {
     Tensor host = Tensor::empty(specs_[i].shape, DType::F32);
     float* p = host.data<float>();
+    const int64_t n = host.numel();
     if (!specs_[i].is_matrix()) {
-      for (int64_t j = 0; j < host.numel(); ++j) p[j] = 1.0f;
+      for (int64_t j = 0; j < n; ++j) p[j] = 1.0f;
     } else {
-      Rng rng = Rng::for_key(seed, specs_[i].name);
-      for (int64_t j = 0; j < host.numel(); ++j) p[j] = static_cast<float>(rng.normal() * std);
+      // normal() takes exactly two draws, so element j is the stream started at counter + 2j: chunks
+      // fill in parallel with the same values as one sequential pass.
+      const Rng base = Rng::for_key(seed, specs_[i].name);
+      constexpr int64_t kChunk = 1 << 16;
+#pragma omp parallel for schedule(static)
+      for (int64_t start = 0; start < n; start += kChunk) {
+        Rng rng(base.seed(), base.counter() + 2 * static_cast<uint64_t>(start));
+        const int64_t end = std::min(n, start + kChunk);
+        for (int64_t j = start; j < end; ++j) p[j] = static_cast<float>(rng.normal() * std);
+      }
     }
     params_[i].copy_from(host);
   }
+  refresh_compute_weights();
 }
 
 }  // namespace moetrain::model

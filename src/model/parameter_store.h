@@ -36,16 +36,26 @@ struct ParamSpec {
   bool is_matrix() const { return shape.size() >= 2; }  // weight decay applies to these
 };
 
+// The parameters are fp32 masters with fp32 gradients. With a bf16 compute dtype every matrix also
+// has a bf16 copy that the forward and backward read (`weight`); norms and other 1-D tensors are
+// read in fp32 (the kernels take their weights in f32). The copies follow the masters through
+// refresh_compute_weights, which every write to the masters here calls and the trainer calls after
+// each optimizer step.
 class ParameterStore {
  public:
   // Allocates zero parameters and zero gradients for `specs` (fp32 masters on `device`). The
-  // pieces of each spec must tile it exactly; names must be unique.
-  ParameterStore(std::vector<ParamSpec> specs, Device device = Device::cpu());
+  // pieces of each spec must tile it exactly; names must be unique. bf16 compute needs CUDA.
+  ParameterStore(std::vector<ParamSpec> specs, Device device = Device::cpu(), DType compute_dtype = DType::F32);
 
   const std::vector<ParamSpec>& specs() const { return specs_; }
   bool contains(const std::string& name) const { return index_.count(name) != 0; }
   Tensor param(const std::string& name) const;
   Tensor grad(const std::string& name) const;
+  // What compute reads: the bf16 copy of a matrix under bf16 compute, else the master itself.
+  Tensor weight(const std::string& name) const;
+  DType compute_dtype() const { return compute_dtype_; }
+  // Rounds every master into its compute copy (nothing to do under f32 compute).
+  void refresh_compute_weights();
   std::vector<Tensor> all_params() const { return params_; }
   std::vector<Tensor> all_grads() const { return grads_; }
   int64_t num_parameters() const;
@@ -73,6 +83,8 @@ class ParameterStore {
   std::map<std::string, size_t> index_;
   std::vector<Tensor> params_;
   std::vector<Tensor> grads_;
+  DType compute_dtype_ = DType::F32;
+  std::vector<Tensor> compute_;  // per parameter: its bf16 copy, or the master
 };
 
 }  // namespace moetrain::model

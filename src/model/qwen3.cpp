@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include "model/precision.h"
 #include "ops/elementwise.h"
 #include "ops/permute.h"
 
@@ -50,8 +51,8 @@ Qwen3DecoderLayer::Qwen3DecoderLayer(const io::ModelConfig& config, ParameterSto
     for (int64_t l = 0; l < layer; ++l) moe_index_ += config.layer_is_moe(l) ? 1 : 0;
   }
   const std::string p = layer_prefix(layer);
-  w_input_norm_ = store.param(p + "input_norm"), g_input_norm_ = store.grad(p + "input_norm");
-  w_post_norm_ = store.param(p + "post_norm"), g_post_norm_ = store.grad(p + "post_norm");
+  w_input_norm_ = store.weight(p + "input_norm"), g_input_norm_ = store.grad(p + "input_norm");
+  w_post_norm_ = store.weight(p + "post_norm"), g_post_norm_ = store.grad(p + "post_norm");
 }
 
 Stage1Out Qwen3DecoderLayer::stage1_forward(Stage1Record& r, const Tensor& hidden, const MicroBatch& batch) const {
@@ -60,14 +61,14 @@ Stage1Out Qwen3DecoderLayer::stage1_forward(Stage1Record& r, const Tensor& hidde
   const DType dt = hidden.dtype();
   const Device dev = hidden.device();
   r.hidden = hidden;
-  r.rstd_input = Tensor::empty({T}, dt, dev);
+  r.rstd_input = Tensor::empty({T}, statistics_dtype(dt), dev);
   r.normed_input = Tensor::empty(hidden.shape(), dt, dev);
   ops::rmsnorm_forward(s, r.normed_input, r.rstd_input, hidden, w_input_norm_, norm_);
   const Tensor attn = attention_.forward(r.attention, r.normed_input, batch);
 
   r.residual = Tensor::empty(hidden.shape(), dt, dev);
   ops::add_forward(s, r.residual, hidden, attn);
-  r.rstd_post = Tensor::empty({T}, dt, dev);
+  r.rstd_post = Tensor::empty({T}, statistics_dtype(dt), dev);
   r.normed_post = Tensor::empty(hidden.shape(), dt, dev);
   ops::rmsnorm_forward(s, r.normed_post, r.rstd_post, r.residual, w_post_norm_, norm_);
 
@@ -120,7 +121,7 @@ Stage5Grads Qwen3DecoderLayer::stage5_backward_input(Stage5Record& r, const Tens
     return g;
   }
   g.d_combined = Tensor::empty(r.combined.shape(), d_out.dtype(), d_out.device());
-  g.d_topk_weight = Tensor::empty(r.routing.topk_weight.shape(), d_out.dtype(), d_out.device());
+  g.d_topk_weight = Tensor::empty(r.routing.topk_weight.shape(), r.routing.topk_weight.dtype(), d_out.device());
   ops::unpermute_backward(default_stream(d_out.device()), g.d_combined, g.d_topk_weight, d_out, r.combined,
                           r.routing.topk_weight, r.routing.plan);
   r = Stage5Record{};

@@ -8,6 +8,7 @@
 
 #include "ops/cpu/activation.h"
 #include "ops/op_checks.h"
+#include "ops/op_profile.h"
 #if MOETRAIN_HAS_CUDA
 #include "ops/cuda/activation.h"
 #endif
@@ -45,6 +46,7 @@ void check_argument(const Tensor& t, const Shape& shape, DType dtype, const Stre
 }  // namespace
 
 void swiglu_forward(Stream& stream, Tensor y, const Tensor& gate_up) {
+  OpScope profile(stream, "activation");
   constexpr const char* op = "swiglu_forward";
   check_stream_backend(stream, op);
   const int64_t width = check_gate_up(gate_up, stream, op);
@@ -59,6 +61,7 @@ void swiglu_forward(Stream& stream, Tensor y, const Tensor& gate_up) {
 }
 
 void swiglu_backward(Stream& stream, Tensor dgate_up, const Tensor& dy, const Tensor& gate_up) {
+  OpScope profile(stream, "activation");
   constexpr const char* op = "swiglu_backward";
   check_stream_backend(stream, op);
   const int64_t width = check_gate_up(gate_up, stream, op);

@@ -6,6 +6,7 @@
 
 #include "ops/cpu/elementwise.h"
 #include "ops/op_checks.h"
+#include "ops/op_profile.h"
 #if MOETRAIN_HAS_CUDA
 #include "ops/cuda/elementwise.h"
 #endif
@@ -38,6 +39,7 @@ void check_castable(const Tensor& t, const Stream& stream, const char* op, const
 }  // namespace
 
 void add_forward(Stream& stream, Tensor out, const Tensor& a, const Tensor& b) {
+  OpScope profile(stream, "elementwise");
   constexpr const char* op = "add_forward";
   check_stream_backend(stream, op);
   check_float(a, stream, op, "a");
@@ -53,6 +55,7 @@ void add_forward(Stream& stream, Tensor out, const Tensor& a, const Tensor& b) {
 }
 
 void accumulate(Stream& stream, Tensor acc, const Tensor& x) {
+  OpScope profile(stream, "elementwise");
   constexpr const char* op = "accumulate";
   check_stream_backend(stream, op);
   check_float(acc, stream, op, "acc");
@@ -67,6 +70,7 @@ void accumulate(Stream& stream, Tensor acc, const Tensor& x) {
 }
 
 void scale_inplace(Stream& stream, Tensor x, double factor) {
+  OpScope profile(stream, "elementwise");
   constexpr const char* op = "scale_inplace";
   check_stream_backend(stream, op);
   check_float(x, stream, op, "x");
@@ -80,6 +84,7 @@ void scale_inplace(Stream& stream, Tensor x, double factor) {
 }
 
 void cast(Stream& stream, Tensor out, const Tensor& in) {
+  OpScope profile(stream, "elementwise");
   constexpr const char* op = "cast";
   check_stream_backend(stream, op);
   check_castable(in, stream, op, "in");
@@ -95,6 +100,7 @@ void cast(Stream& stream, Tensor out, const Tensor& in) {
 }
 
 void round_to_bf16_inplace(Stream& stream, Tensor x) {
+  OpScope profile(stream, "elementwise");
   constexpr const char* op = "round_to_bf16_inplace";
   check_stream_backend(stream, op);
   const std::string what = fmt::format("{}: x", op);

@@ -7,6 +7,7 @@
 
 #include "ops/cpu/embedding.h"
 #include "ops/op_checks.h"
+#include "ops/op_profile.h"
 #if MOETRAIN_HAS_CUDA
 #include "ops/cuda/embedding.h"
 #endif
@@ -62,6 +63,7 @@ int64_t check_ids(const Tensor& ids, int64_t vocab, const Stream& stream, const 
 }  // namespace
 
 void embedding_forward(Stream& stream, Tensor y, const Tensor& ids, const Tensor& table) {
+  OpScope profile(stream, "embedding");
   constexpr const char* op = "embedding_forward";
   check_stream_backend(stream, op);
   check_table(table, stream, op, "table");
@@ -81,6 +83,7 @@ void embedding_forward(Stream& stream, Tensor y, const Tensor& ids, const Tensor
 }
 
 void embedding_backward_weight(Stream& stream, Tensor dtable, const Tensor& dy, const Tensor& ids) {
+  OpScope profile(stream, "embedding");
   constexpr const char* op = "embedding_backward_weight";
   check_stream_backend(stream, op);
   check_table(dtable, stream, op, "dtable");

@@ -10,6 +10,7 @@
 #include "ops/cpu/dispatch.h"
 #include "ops/cpu/gemm.h"
 #include "ops/op_checks.h"
+#include "ops/op_profile.h"
 #if MOETRAIN_HAS_CUDA
 #include "ops/cuda/gemm.h"
 #endif
@@ -57,6 +58,7 @@ const char* transpose_name(Transpose t) { return t == Transpose::No ? "" : "^T";
 
 void gemm(Stream& stream, Tensor out, const Tensor& a, Transpose transpose_a, const Tensor& b, Transpose transpose_b,
           double alpha, double beta) {
+  OpScope profile(stream, "gemm");
   constexpr const char* op = "gemm";
   check_matrix(stream, out, op, "out");
   check_matrix(stream, a, op, "a");
@@ -91,6 +93,7 @@ void gemm(Stream& stream, Tensor out, const Tensor& a, Transpose transpose_a, co
 }
 
 void linear_forward(Stream& stream, Tensor y, const Tensor& x, const Tensor& w) {
+  OpScope profile(stream, "gemm");
   constexpr const char* op = "linear_forward";
   check_matrix(stream, x, op, "x [M, K]");
   check_matrix(stream, w, op, "w [N, K]");
@@ -104,6 +107,7 @@ void linear_forward(Stream& stream, Tensor y, const Tensor& x, const Tensor& w) 
 }
 
 void linear_backward_input(Stream& stream, Tensor dx, const Tensor& dy, const Tensor& w) {
+  OpScope profile(stream, "gemm");
   constexpr const char* op = "linear_backward_input";
   check_matrix(stream, dy, op, "dy [M, N]");
   check_matrix(stream, w, op, "w [N, K]");
@@ -117,6 +121,7 @@ void linear_backward_input(Stream& stream, Tensor dx, const Tensor& dy, const Te
 }
 
 void linear_backward_weight(Stream& stream, Tensor dw, const Tensor& dy, const Tensor& x) {
+  OpScope profile(stream, "gemm");
   constexpr const char* op = "linear_backward_weight";
   check_matrix(stream, dy, op, "dy [M, N]");
   check_matrix(stream, x, op, "x [M, K]");

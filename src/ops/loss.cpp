@@ -9,6 +9,7 @@
 
 #include "ops/cpu/loss.h"
 #include "ops/op_checks.h"
+#include "ops/op_profile.h"
 #if MOETRAIN_HAS_CUDA
 #include "ops/cuda/loss.h"
 #endif
@@ -63,6 +64,7 @@ void check_targets(const Tensor& targets, int64_t tokens, int64_t vocab, int ign
 
 void cross_entropy_forward(Stream& stream, Tensor losses, Tensor lse, const Tensor& logits, const Tensor& targets,
                            int ignore_index) {
+  OpScope profile(stream, "loss");
   constexpr const char* op = "cross_entropy_forward";
   check_stream_backend(stream, op);
   check_logits(logits, stream, op);
@@ -82,6 +84,7 @@ void cross_entropy_forward(Stream& stream, Tensor losses, Tensor lse, const Tens
 
 void cross_entropy_backward(Stream& stream, Tensor dlogits, const Tensor& logits, const Tensor& lse,
                             const Tensor& targets, double scale, int ignore_index) {
+  OpScope profile(stream, "loss");
   constexpr const char* op = "cross_entropy_backward";
   check_stream_backend(stream, op);
   check_logits(logits, stream, op);
@@ -101,6 +104,7 @@ void cross_entropy_backward(Stream& stream, Tensor dlogits, const Tensor& logits
 }
 
 LossTotals cross_entropy_totals(Stream& stream, const Tensor& losses, const Tensor& targets, int ignore_index) {
+  OpScope profile(stream, "loss");
   constexpr const char* op = "cross_entropy_totals";
   check_stream_backend(stream, op);
   expect_contiguous(losses, fmt::format("{}: losses", op));

@@ -8,6 +8,7 @@
 
 #include "ops/cpu/norm.h"
 #include "ops/op_checks.h"
+#include "ops/op_profile.h"
 #if MOETRAIN_HAS_CUDA
 #include "ops/cuda/norm.h"
 #endif
@@ -77,6 +78,7 @@ void check_params(const RmsNormParams& params, const char* op) {
 
 void rmsnorm_forward(Stream& stream, Tensor y, Tensor rstd, const Tensor& x, const Tensor& w,
                      const RmsNormParams& params) {
+  OpScope profile(stream, "norm");
   constexpr const char* op = "rmsnorm_forward";
   check_stream_backend(stream, op);
   NormDTypes dtypes{};
@@ -96,6 +98,7 @@ void rmsnorm_forward(Stream& stream, Tensor y, Tensor rstd, const Tensor& x, con
 
 void rmsnorm_backward_input(Stream& stream, Tensor dx, const Tensor& dy, const Tensor& x, const Tensor& w,
                             const Tensor& rstd, const RmsNormParams& params) {
+  OpScope profile(stream, "norm");
   constexpr const char* op = "rmsnorm_backward_input";
   check_stream_backend(stream, op);
   NormDTypes dtypes{};
@@ -115,6 +118,7 @@ void rmsnorm_backward_input(Stream& stream, Tensor dx, const Tensor& dy, const T
 }
 
 void rmsnorm_backward_weight(Stream& stream, Tensor dw, const Tensor& dy, const Tensor& x, const Tensor& rstd) {
+  OpScope profile(stream, "norm");
   constexpr const char* op = "rmsnorm_backward_weight";
   check_stream_backend(stream, op);
   NormDTypes dtypes{};

@@ -10,6 +10,7 @@
 #include "ops/cpu/elementwise.h"
 #include "ops/cpu/optim.h"
 #include "ops/op_checks.h"
+#include "ops/op_profile.h"
 #if MOETRAIN_HAS_CUDA
 #include "ops/cuda/elementwise.h"
 #include "ops/cuda/optim.h"
@@ -62,6 +63,7 @@ double total_sum_of_squares(const Stream& stream, const std::vector<Tensor>& ten
 
 void adamw_step(Stream& stream, Tensor param, Tensor exp_avg, Tensor exp_avg_sq, const Tensor& grad,
                 const AdamWParams& params) {
+  OpScope profile(stream, "optimizer");
   constexpr const char* op = "adamw_step";
   check_stream_backend(stream, op);
   check_float(param, stream, op, "param");
@@ -79,6 +81,7 @@ void adamw_step(Stream& stream, Tensor param, Tensor exp_avg, Tensor exp_avg_sq,
 }
 
 double sum_of_squares(Stream& stream, const Tensor& x) {
+  OpScope profile(stream, "optimizer");
   constexpr const char* op = "sum_of_squares";
   check_stream_backend(stream, op);
   check_float(x, stream, op, "x");
@@ -89,6 +92,7 @@ double sum_of_squares(Stream& stream, const Tensor& x) {
 }
 
 double global_norm(Stream& stream, const std::vector<Tensor>& tensors) {
+  OpScope profile(stream, "optimizer");
   constexpr const char* op = "global_norm";
   check_stream_backend(stream, op);
   for (size_t i = 0; i < tensors.size(); ++i) check_float(tensors[i], stream, op, fmt::format("tensors[{}]", i));
@@ -96,6 +100,7 @@ double global_norm(Stream& stream, const std::vector<Tensor>& tensors) {
 }
 
 double clip_by_global_norm(Stream& stream, const std::vector<Tensor>& grads, double max_norm) {
+  OpScope profile(stream, "optimizer");
   constexpr const char* op = "clip_by_global_norm";
   check_stream_backend(stream, op);
   MT_CHECK(!std::isnan(max_norm), "{}: expected a max_norm (<= 0 disables clipping) but found NaN", op);

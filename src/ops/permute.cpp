@@ -12,6 +12,7 @@
 #include "ops/cpu/dispatch.h"
 #include "ops/cpu/permute.h"
 #include "ops/op_checks.h"
+#include "ops/op_profile.h"
 #if MOETRAIN_HAS_CUDA
 #include "ops/cuda/permute.h"
 #endif
@@ -35,6 +36,10 @@ void check_float_dtype(const Tensor& t, Device device, const char* op, const cha
              op, name, t.describe());
   }
 }
+
+// The routing weights' dtype: f32 on CUDA (the router computes in f32, whatever the activations), the
+// activations' on the CPU.
+DType weight_dtype(DType activations, Device device) { return device.is_cuda() ? DType::F32 : activations; }
 
 // The plan's tensors have the right shapes, and choice_row / row_choice are inverse permutations of the T*K
 // choices (so every permuted row is written exactly once). The values are checked on the CPU only.
@@ -65,6 +70,7 @@ void check_plan(const RoutingPlan& plan, Device device, const char* op) {
 }  // namespace
 
 RoutingPlan make_routing_plan(Stream& stream, const Tensor& topk_index, int64_t num_experts) {
+  OpScope profile(stream, "permute");
   constexpr const char* op = "make_routing_plan";
   expect_defined(topk_index, "make_routing_plan: topk_index");
   MT_CHECK(topk_index.dim() == 2, "{}: expected topk_index [T, K] but found {}", op, topk_index.describe());
@@ -91,6 +97,7 @@ RoutingPlan make_routing_plan(Stream& stream, const Tensor& topk_index, int64_t 
 }
 
 void permute_forward(Stream& stream, Tensor permuted, const Tensor& x, const RoutingPlan& plan) {
+  OpScope profile(stream, "permute");
   constexpr const char* op = "permute_forward";
   const Device device = check_tensor_backend(stream, x, op, "x");
   check_plan(plan, device, op);
@@ -109,6 +116,7 @@ void permute_forward(Stream& stream, Tensor permuted, const Tensor& x, const Rou
 }
 
 void permute_backward(Stream& stream, Tensor dx, const Tensor& dpermuted, const RoutingPlan& plan) {
+  OpScope profile(stream, "permute");
   constexpr const char* op = "permute_backward";
   const Device device = check_tensor_backend(stream, dpermuted, op, "dpermuted");
   check_plan(plan, device, op);
@@ -128,6 +136,7 @@ void permute_backward(Stream& stream, Tensor dx, const Tensor& dpermuted, const 
 
 void unpermute_forward(Stream& stream, Tensor y, const Tensor& expert_out, const Tensor& topk_weight,
                        const RoutingPlan& plan) {
+  OpScope profile(stream, "permute");
   constexpr const char* op = "unpermute_forward";
   const Device device = check_tensor_backend(stream, expert_out, op, "expert_out");
   check_plan(plan, device, op);
@@ -136,7 +145,7 @@ void unpermute_forward(Stream& stream, Tensor y, const Tensor& expert_out, const
   const int64_t hidden = expert_out.size(1);
   const DType dtype = expert_out.dtype();
   check_argument(expert_out, {plan.num_tokens * plan.top_k, hidden}, dtype, device, op, "expert_out");
-  check_argument(topk_weight, {plan.num_tokens, plan.top_k}, dtype, device, op, "topk_weight");
+  check_argument(topk_weight, {plan.num_tokens, plan.top_k}, weight_dtype(dtype, device), device, op, "topk_weight");
   check_argument(y, {plan.num_tokens, hidden}, dtype, device, op, "y");
 #if MOETRAIN_HAS_CUDA
   if (device.is_cuda()) {
@@ -149,6 +158,7 @@ void unpermute_forward(Stream& stream, Tensor y, const Tensor& expert_out, const
 
 void unpermute_backward(Stream& stream, Tensor dexpert_out, Tensor dtopk_weight, const Tensor& dy,
                         const Tensor& expert_out, const Tensor& topk_weight, const RoutingPlan& plan) {
+  OpScope profile(stream, "permute");
   constexpr const char* op = "unpermute_backward";
   const Device device = check_tensor_backend(stream, dy, op, "dy");
   check_plan(plan, device, op);
@@ -158,9 +168,10 @@ void unpermute_backward(Stream& stream, Tensor dexpert_out, Tensor dtopk_weight,
   const DType dtype = dy.dtype();
   check_argument(dy, {plan.num_tokens, hidden}, dtype, device, op, "dy");
   check_argument(expert_out, {plan.num_tokens * plan.top_k, hidden}, dtype, device, op, "expert_out");
-  check_argument(topk_weight, {plan.num_tokens, plan.top_k}, dtype, device, op, "topk_weight");
+  check_argument(topk_weight, {plan.num_tokens, plan.top_k}, weight_dtype(dtype, device), device, op, "topk_weight");
   check_argument(dexpert_out, {plan.num_tokens * plan.top_k, hidden}, dtype, device, op, "dexpert_out");
-  check_argument(dtopk_weight, {plan.num_tokens, plan.top_k}, dtype, device, op, "dtopk_weight");
+  check_argument(dtopk_weight, {plan.num_tokens, plan.top_k}, weight_dtype(dtype, device), device, op,
+                 "dtopk_weight");
 #if MOETRAIN_HAS_CUDA
   if (device.is_cuda()) {
     cuda::unpermute_backward(stream, dexpert_out, dtopk_weight, dy, expert_out, topk_weight, plan);

@@ -27,7 +27,8 @@ RoutingPlan make_routing_plan(Stream& stream, const Tensor& topk_index, int64_t 
 void permute_forward(Stream& stream, Tensor permuted, const Tensor& x, const RoutingPlan& plan);
 // dx [T, H] = sum over k (ascending) of dpermuted[choice_row[t*K + k]]
 void permute_backward(Stream& stream, Tensor dx, const Tensor& dpermuted, const RoutingPlan& plan);
-// y [T, H] = sum over k (ascending) of weight[t, k] * expert_out[choice_row[t*K + k]]
+// y [T, H] = sum over k (ascending) of weight[t, k] * expert_out[choice_row[t*K + k]]. The routing
+// weights (topk_weight, dtopk_weight) are f32 on CUDA whatever the activations' dtype.
 void unpermute_forward(Stream& stream, Tensor y, const Tensor& expert_out, const Tensor& topk_weight,
                        const RoutingPlan& plan);
 // dexpert_out [T*K, H] and dtopk_weight [T, K] from dy [T, H]

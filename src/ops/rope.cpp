@@ -9,6 +9,7 @@
 
 #include "ops/cpu/rope.h"
 #include "ops/op_checks.h"
+#include "ops/op_profile.h"
 #if MOETRAIN_HAS_CUDA
 #include "ops/cuda/rope.h"
 #endif
@@ -91,6 +92,7 @@ RopeParams rope_default_params(int rotary_dim, double theta) {
 }
 
 void rope_forward(Stream& stream, Tensor y, const Tensor& x, const Tensor& position_ids, const RopeParams& params) {
+  OpScope profile(stream, "rope");
   constexpr const char* op = "rope_forward";
   check_stream_backend(stream, op);
   check_rope_arguments(y, x, position_ids, params, stream, op, "y", "x");
@@ -104,6 +106,7 @@ void rope_forward(Stream& stream, Tensor y, const Tensor& x, const Tensor& posit
 }
 
 void rope_backward(Stream& stream, Tensor dx, const Tensor& dy, const Tensor& position_ids, const RopeParams& params) {
+  OpScope profile(stream, "rope");
   constexpr const char* op = "rope_backward";
   check_stream_backend(stream, op);
   check_rope_arguments(dx, dy, position_ids, params, stream, op, "dx", "dy");

@@ -9,6 +9,7 @@
 #include "ops/cpu/dispatch.h"
 #include "ops/cpu/router.h"
 #include "ops/op_checks.h"
+#include "ops/op_profile.h"
 #if MOETRAIN_HAS_CUDA
 #include "ops/cuda/router.h"
 #endif
@@ -47,6 +48,7 @@ std::pair<int64_t, int64_t> check_router_shape(const Tensor& t, const RouterPara
 
 void router_forward(Stream& stream, Tensor probs, Tensor topk_index, Tensor topk_weight, const Tensor& logits,
                     const RouterParams& params) {
+  OpScope profile(stream, "router");
   constexpr const char* op = "router_forward";
   const auto [tokens, experts] = check_router_shape(logits, params, op, "logits");
   const Device device = check_tensor_backend(stream, logits, op, "logits");
@@ -67,6 +69,7 @@ void router_forward(Stream& stream, Tensor probs, Tensor topk_index, Tensor topk
 void router_backward(Stream& stream, Tensor dlogits, const Tensor& dtopk_weight, const Tensor& dprobs,
                      const Tensor& probs, const Tensor& topk_index, const Tensor& topk_weight,
                      const RouterParams& params) {
+  OpScope profile(stream, "router");
   constexpr const char* op = "router_backward";
   const auto [tokens, experts] = check_router_shape(probs, params, op, "probs");
   const Device device = check_tensor_backend(stream, probs, op, "probs");

@@ -71,7 +71,8 @@ Trainer::Trainer(const io::JobConfig& config)
   const Device device = parse_device(config.model.device);
   if (device.is_cuda()) ops::cuda::setup_cuda(device.index);
   const io::ModelConfig model_config = io::load_model_config(config.model.config);
-  model_ = std::make_unique<model::CausalLm>(model_config, device);
+  const DType compute_dtype = config.model.compute_dtype == "bf16" ? DType::BF16 : DType::F32;
+  model_ = std::make_unique<model::CausalLm>(model_config, device, compute_dtype);
   optimizer_ =
       std::make_unique<AdamW>(model_->params(), AdamWConfig{config.optim.lr, config.optim.beta1, config.optim.beta2,
                                                             config.optim.eps, config.optim.weight_decay});
@@ -84,8 +85,8 @@ Trainer::Trainer(const io::JobConfig& config)
   router_loss_.running_counts = &running_counts_;
   flops_per_token_ = model_flops_per_token(model_config, config.train.seq_len);
   device_peak_flops_ = device.is_cuda() ? 989e12 : 0.0;  // H100/H200 dense bf16; unknown on the CPU
-  log_info("model: {} with {} layers, {} parameters on {}", model_config.model_type, model_config.num_hidden_layers,
-           model_->params().num_parameters(), device.str());
+  log_info("model: {} with {} layers, {} parameters on {}, {} compute", model_config.model_type,
+           model_config.num_hidden_layers, model_->params().num_parameters(), device.str(), config.model.compute_dtype);
   log_info("step: {} micro-batch(es) of {} tokens", micro_batches_per_step_, loader_->tokens_per_micro_batch());
   init_weights();
   resume_if_possible();
@@ -184,6 +185,9 @@ double Trainer::train_step(int64_t step) {
            step + 1, norm);
   const double lr = schedule_.at(step);
   optimizer_->step(lr);
+  model_->params().refresh_compute_weights();
+  // The step's time is its device work too: wait for the optimizer's kernels (once per step).
+  if (model_->device().is_cuda()) ops::cuda::synchronize(model_->device());
 
   last_.loss = loss.loss;
   last_.lb_loss = loss.load_balance;
@@ -210,6 +214,8 @@ TrainSummary Trainer::run(int64_t max_steps_this_run) {
     last_.step = step_;
     last_.total_steps = total;
     last_.step_seconds = std::chrono::duration<double>(t1 - t0).count();
+    summary.step_seconds.push_back(last_.step_seconds);
+    summary.step_tokens.push_back(last_.tokens);
     last_.elapsed_s = std::chrono::duration<double>(t1 - start).count();
     last_.tokens_per_s = static_cast<double>(last_.tokens) / last_.step_seconds;
     last_.tflops = last_.tokens_per_s * flops_per_token_ / 1e12;

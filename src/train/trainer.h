@@ -23,6 +23,8 @@ struct TrainSummary {
   int64_t last_step = 0;           // steps done when it stopped
   std::vector<double> losses;      // loss of every step this run took
   std::vector<double> grad_norms;  // gradient norm before clipping, per step
+  std::vector<double> step_seconds;  // wall time of every step, device work included
+  std::vector<int64_t> step_tokens;  // tokens of every step
 };
 
 // Supplies the micro-batches of a step instead of the data loader (tests feed reference batches).
@@ -39,6 +41,8 @@ class Trainer {
   void use_batch_source(BatchSource source) { batch_source_ = std::move(source); }
 
   const model::CausalLm& model() const { return *model_; }
+  const AdamW& optimizer() const { return *optimizer_; }
+  double flops_per_token() const { return flops_per_token_; }
   int64_t steps_done() const { return step_; }
   int64_t micro_batches_per_step() const { return micro_batches_per_step_; }
 

@@ -88,15 +88,15 @@ __global__ void __launch_bounds__(kThreads)
 // y[t] = sum over k (ascending) of weight[t, k] * expert_out[choice_row[t*K + k]], product and sum rounded apart.
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
-    unpermute_forward_kernel(T* y, const T* expert_out, const T* topk_weight, const int32_t* choice_row, int64_t top_k,
+    unpermute_forward_kernel(T* y, const T* expert_out, const float* topk_weight, const int32_t* choice_row, int64_t top_k,
                              int64_t hidden) {
   const int64_t t = blockIdx.x;
   const int32_t* rows = choice_row + t * top_k;
-  const T* w = topk_weight + t * top_k;
+  const float* w = topk_weight + t * top_k;
   for (int64_t h = threadIdx.x; h < hidden; h += kThreads) {
     float acc = 0.0f;
     for (int64_t k = 0; k < top_k; ++k) {
-      acc = __fadd_rn(acc, __fmul_rn(to_f32(w[k]), to_f32(expert_out[rows[k] * hidden + h])));
+      acc = __fadd_rn(acc, __fmul_rn(w[k], to_f32(expert_out[rows[k] * hidden + h])));
     }
     y[t * hidden + h] = from_f32<T>(acc);
   }
@@ -107,7 +107,8 @@ __global__ void __launch_bounds__(kThreads)
 // each warp, then the warps' sums in ascending order: an order fixed by H alone.
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
-    unpermute_backward_kernel(T* dexpert_out, T* dtopk_weight, const T* dy, const T* expert_out, const T* topk_weight,
+    unpermute_backward_kernel(T* dexpert_out, float* dtopk_weight, const T* dy, const T* expert_out,
+                              const float* topk_weight,
                               const int32_t* choice_row, int64_t top_k, int64_t hidden) {
   __shared__ float warp_sums[kWarps];
   const int64_t c = blockIdx.x;
@@ -115,7 +116,7 @@ __global__ void __launch_bounds__(kThreads)
   const T* g = dy + (c / top_k) * hidden;
   const T* e = expert_out + row * hidden;
   T* de = dexpert_out + row * hidden;
-  const float w = to_f32(topk_weight[c]);
+  const float w = topk_weight[c];
   float dot = 0.0f;
   for (int64_t h = threadIdx.x; h < hidden; h += kThreads) {
     const float gh = to_f32(g[h]);
@@ -128,7 +129,7 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x == 0) {
     float total = 0.0f;
     for (int i = 0; i < kWarps; ++i) total += warp_sums[i];
-    dtopk_weight[c] = from_f32<T>(total);
+    dtopk_weight[c] = total;
   }
 }
 
@@ -222,7 +223,7 @@ void unpermute_forward(const Stream& stream, const Tensor& y, const Tensor& expe
   dispatch_activation(y.dtype(), "unpermute_forward", [&]<typename T>() {
     if (plan.num_tokens == 0 || hidden == 0) return;
     unpermute_forward_kernel<T><<<static_cast<unsigned>(plan.num_tokens), kThreads, 0, s>>>(
-        ptr<T>(y), ptr<const T>(expert_out), ptr<const T>(topk_weight), ptr<const int32_t>(plan.choice_row), plan.top_k,
+        ptr<T>(y), ptr<const T>(expert_out), ptr<const float>(topk_weight), ptr<const int32_t>(plan.choice_row), plan.top_k,
         hidden);
     MT_CUDA_CHECK(cudaGetLastError());
   });
@@ -235,8 +236,8 @@ void unpermute_backward(const Stream& stream, const Tensor& dexpert_out, const T
   dispatch_activation(dy.dtype(), "unpermute_backward", [&]<typename T>() {
     if (choices == 0) return;
     unpermute_backward_kernel<T><<<static_cast<unsigned>(choices), kThreads, 0, s>>>(
-        ptr<T>(dexpert_out), ptr<T>(dtopk_weight), ptr<const T>(dy), ptr<const T>(expert_out),
-        ptr<const T>(topk_weight), ptr<const int32_t>(plan.choice_row), plan.top_k, hidden);
+        ptr<T>(dexpert_out), ptr<float>(dtopk_weight), ptr<const T>(dy), ptr<const T>(expert_out),
+        ptr<const float>(topk_weight), ptr<const int32_t>(plan.choice_row), plan.top_k, hidden);
     MT_CUDA_CHECK(cudaGetLastError());
   });
 }

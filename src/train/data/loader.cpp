@@ -40,11 +40,14 @@ int64_t require_int(const nlohmann::json& object, const std::string& key, const 
 }  // namespace
 
 DataLoader::DataLoader(const LoaderOptions& options) : options_(options) {
-  MT_CHECK(!options.sources.empty(),
-           "data loader: no data sources (expected at least one [[data.sources]] or data.path)");
-  MT_CHECK(options.mode == "packed" || options.mode == "fixed",
-           "data loader: unknown mode \"{}\" (expected \"packed\" or \"fixed\")", options.mode);
+  MT_CHECK(options.mode == "packed" || options.mode == "fixed" || options.mode == "synthetic",
+           "data loader: unknown mode \"{}\" (expected \"packed\", \"fixed\" or \"synthetic\")", options.mode);
   packed_ = options.mode == "packed";
+  synthetic_ = options.mode == "synthetic";
+  MT_CHECK(synthetic_ || !options.sources.empty(),
+           "data loader: no data sources (expected at least one [[data.sources]] or data.path)");
+  MT_CHECK(!synthetic_ || options.sources.empty(),
+           "data loader: mode \"synthetic\" reads no data but {} source(s) are given", options.sources.size());
   MT_CHECK(options.seq_len > 0, "data loader: seq_len is {} (expected > 0)", options.seq_len);
   MT_CHECK(options.micro_batch > 0, "data loader: micro_batch is {} (expected > 0)", options.micro_batch);
   MT_CHECK(options.micro_batch <= std::numeric_limits<int32_t>::max() / options.seq_len,
@@ -187,12 +190,33 @@ void DataLoader::pack(bool materialize, std::vector<int32_t>& inputs, std::vecto
   }
 }
 
+void DataLoader::synthesize(std::vector<int32_t>& inputs, std::vector<int32_t>& targets) const {
+  const int64_t rows = options_.micro_batch, seq = options_.seq_len;
+  // Micro-batch m draws rows * (seq + 1) ids from counter m * rows * (seq + 1): a function of m alone.
+  const Rng base = Rng::for_key(options_.seed, "synthetic");
+  Rng rng(base.seed(), base.counter() + static_cast<uint64_t>(micro_batches_ * rows * (seq + 1)));
+  const auto vocab = static_cast<uint64_t>(options_.vocab_size);
+  for (int64_t row = 0; row < rows; ++row) {
+    int32_t previous = static_cast<int32_t>(rng.below(vocab));
+    for (int64_t t = 0; t < seq; ++t) {
+      const auto id = static_cast<int32_t>(rng.below(vocab));
+      inputs.push_back(previous);
+      targets.push_back(id);
+      previous = id;
+    }
+  }
+}
+
 model::MicroBatch DataLoader::next() {
   std::vector<int32_t> inputs, targets, cu_seqlens;
   // Every rank walks the same global sequence over a group of `world` micro-batches and keeps its
   // own; the state after the call is the same on every rank.
   for (int r = 0; r < options_.world; ++r) {
-    pack(r == options_.rank, inputs, targets, cu_seqlens);
+    if (synthetic_) {
+      if (r == options_.rank) synthesize(inputs, targets);
+    } else {
+      pack(r == options_.rank, inputs, targets, cu_seqlens);
+    }
     ++micro_batches_;
   }
   const int64_t budget = tokens_per_micro_batch();

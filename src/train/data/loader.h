@@ -19,7 +19,7 @@ namespace moetrain::train::data {
 
 struct LoaderOptions {
   std::vector<io::DataSource> sources;  // indexed dataset prefixes and mixture weights (> 0)
-  std::string mode = "packed";          // "packed" | "fixed" (see io::DataSection)
+  std::string mode = "packed";          // "packed" | "fixed" | "synthetic" (see io::DataSection)
   bool shuffle = true;                  // documents in a seeded permutation per epoch, else in order
   int64_t seq_len = 0;                  // tokens per row
   int64_t micro_batch = 1;              // rows per micro-batch
@@ -81,12 +81,15 @@ class DataLoader {
   Cursor draw_document();
   // Builds the global micro-batch at the packer's position; with materialize false it only
   // advances (no tokens are read).
+  // synthetic: rows of uniformly random ids, each target the next id (benchmarks).
+  void synthesize(std::vector<int32_t>& inputs, std::vector<int32_t>& targets) const;
   void pack(bool materialize, std::vector<int32_t>& inputs, std::vector<int32_t>& targets,
             std::vector<int32_t>& cu_seqlens);
   void read_checked(const Cursor& cursor, int64_t count, int32_t* out) const;
 
   LoaderOptions options_;
   bool packed_ = true;
+  bool synthetic_ = false;
   std::vector<Source> sources_;
   Cursor cursor_;
   int64_t micro_batches_ = 0;  // global micro-batches the packer has passed

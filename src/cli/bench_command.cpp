@@ -1,0 +1,141 @@
+// defines: the bench command.
+#include "cli/bench_command.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <numeric>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/train_command.h"
+#include "core/allocator.h"
+#include "core/error.h"
+#include "io/job_config.h"
+#include "ops/op_profile.h"
+#include "train/trainer.h"
+
+namespace moetrain::cli {
+
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+int64_t bytes_of(const std::vector<Tensor>& tensors) {
+  int64_t n = 0;
+  for (const Tensor& t : tensors) n += t.numel() * static_cast<int64_t>(dtype_size(t.dtype()));
+  return n;
+}
+
+// The long-lived tensors of training by role; whatever else the peak held is activations and
+// workspaces.
+nlohmann::json memory_breakdown(const train::Trainer& trainer, int64_t peak) {
+  const model::ParameterStore& params = trainer.model().params();
+  int64_t copies = 0;
+  for (const auto& spec : params.specs()) {
+    const Tensor w = params.weight(spec.name);
+    if (w.dtype() != params.param(spec.name).dtype()) copies += w.numel() * static_cast<int64_t>(dtype_size(w.dtype()));
+  }
+  const int64_t masters = bytes_of(params.all_params());
+  const int64_t grads = bytes_of(params.all_grads());
+  const int64_t optimizer = bytes_of(trainer.optimizer().exp_avg()) + bytes_of(trainer.optimizer().exp_avg_sq());
+  const int64_t activations = peak - copies - masters - grads - optimizer;
+  return {{"compute_weights_GiB", copies / kGiB}, {"masters_GiB", masters / kGiB},
+          {"optimizer_state_GiB", optimizer / kGiB}, {"gradients_GiB", grads / kGiB},
+          {"activations_and_workspace_GiB", activations / kGiB}, {"peak_GiB", peak / kGiB}};
+}
+
+}  // namespace
+
+int run_bench(const BenchOptions& options) {
+  MT_CHECK(options.warmup >= 0 && options.steps >= 1, "bench: expected --warmup >= 0 and --steps >= 1 but found {} and {}",
+           options.warmup, options.steps);
+  std::vector<std::string> overrides = options.overrides;
+  overrides.push_back("checkpoint.dir=");  // a benchmark neither resumes nor writes checkpoints
+  overrides.push_back(fmt::format("train.steps={}", options.warmup + options.steps));
+  const io::JobConfig config = io::load_job_config(options.config, overrides);
+  train::Trainer trainer(config);
+  const DeviceKind kind = trainer.model().device().kind;
+  if (options.warmup > 0) trainer.run(options.warmup);
+  ops::set_op_profiling(true);
+  ops::collect_op_times();  // drop anything recorded before the timed steps
+  const train::TrainSummary timed = trainer.run(options.steps);
+  ops::set_op_profiling(false);
+  const std::map<std::string, double> by_family = ops::collect_op_times();
+
+  const double seconds = std::accumulate(timed.step_seconds.begin(), timed.step_seconds.end(), 0.0);
+  const double tokens = static_cast<double>(std::accumulate(timed.step_tokens.begin(), timed.step_tokens.end(), int64_t{0}));
+  const double tokens_per_s = tokens / seconds;
+  const double tflops = tokens_per_s * trainer.flops_per_token() / 1e12;
+  const double mfu = kind == DeviceKind::CUDA ? tflops / 989.0 : 0.0;
+  const int64_t peak = memory_stats(kind).peak_bytes;
+
+  nlohmann::json result = {{"model", trainer.model().config().model_type},
+                           {"layers", trainer.model().config().num_hidden_layers},
+                           {"parameters", trainer.model().params().num_parameters()},
+                           {"compute_dtype", config.model.compute_dtype},
+                           {"device", config.model.device},
+                           {"tokens_per_step", tokens / static_cast<double>(options.steps)},
+                           {"timed_steps", options.steps},
+                           {"step_s", seconds / static_cast<double>(options.steps)},
+                           {"tokens_per_s", tokens_per_s},
+                           {"model_tflops", tflops},
+                           {"mfu_vs_989", mfu},
+                           {"flops_per_token", trainer.flops_per_token()},
+                           {"memory", memory_breakdown(trainer, peak)}};
+  std::printf("bench: %s, %lld layers, %lld parameters, %s compute on %s\n", result["model"].get<std::string>().c_str(),
+              static_cast<long long>(result["layers"].get<int64_t>()),
+              static_cast<long long>(result["parameters"].get<int64_t>()), config.model.compute_dtype.c_str(),
+              config.model.device.c_str());
+  std::printf("bench: %.0f tokens/step, %.3f s/step over %lld steps: %.1f tokens/s, %.1f model TFLOP/s, MFU %.1f%%\n",
+              tokens / static_cast<double>(options.steps), seconds / static_cast<double>(options.steps),
+              static_cast<long long>(options.steps), tokens_per_s, tflops, 100.0 * mfu);
+  std::printf("bench: memory peak %.2f GiB = compute weights %.2f + masters %.2f + optimizer state %.2f + gradients "
+              "%.2f + activations and workspace %.2f\n",
+              peak / kGiB, result["memory"]["compute_weights_GiB"].get<double>(),
+              result["memory"]["masters_GiB"].get<double>(), result["memory"]["optimizer_state_GiB"].get<double>(),
+              result["memory"]["gradients_GiB"].get<double>(),
+              result["memory"]["activations_and_workspace_GiB"].get<double>());
+  std::vector<std::pair<double, std::string>> families;
+  double device_seconds = 0.0;
+  for (const auto& [family, s] : by_family) {
+    families.emplace_back(s, family);
+    device_seconds += s;
+  }
+  std::sort(families.rbegin(), families.rend());
+  nlohmann::json time_json = nlohmann::json::object();
+  for (const auto& [s, family] : families) {
+    const double per_step = s / static_cast<double>(options.steps);
+    std::printf("bench: time %-14s %8.2f ms/step %5.1f%%\n", family.c_str(), 1e3 * per_step, 100.0 * s / seconds);
+    time_json[family] = per_step;
+  }
+  const double other = std::max(0.0, seconds - device_seconds) / static_cast<double>(options.steps);
+  std::printf("bench: time %-14s %8.2f ms/step %5.1f%% (host work and gaps between ops)\n", "other", 1e3 * other,
+              100.0 * other * static_cast<double>(options.steps) / seconds);
+  time_json["other"] = other;
+  result["time_per_step_s"] = time_json;
+  if (!options.out.empty()) {
+    std::ofstream out(options.out);
+    MT_CHECK(out.good(), "bench: cannot write {}", options.out);
+    out << result.dump(1) << "\n";
+  }
+  return 0;
+}
+
+void add_bench_command(CLI::App& app, std::function<int()>& command) {
+  CLI::App* bench = app.add_subcommand("bench", "Measure a job's training step (tokens/s, MFU, memory, time by op)");
+  auto options = std::make_shared<BenchOptions>();
+  bench->add_option("--config", options->config, "job TOML file")->required();
+  bench->add_option("--warmup", options->warmup, "untimed steps first")->capture_default_str();
+  bench->add_option("--steps", options->steps, "timed steps")->capture_default_str();
+  bench->add_option("--out", options->out, "write the results as JSON here");
+  bench->allow_extras();
+  bench->callback([bench, options, &command] {
+    options->overrides = collect_overrides(bench->remaining());
+    command = [options] { return run_bench(*options); };
+  });
+}
+
+}  // namespace moetrain::cli
