@@ -7,10 +7,12 @@
 
 #include "core/allocator.h"
 #include "core/log.h"
+#include "dist/mesh.h"
 #include "io/safetensors.h"
 #include "ops/cuda/runtime.h"
 #include "ops/optim.h"
 #include "train/checkpoint.h"
+#include "train/data_parallel.h"
 
 namespace moetrain::train {
 
@@ -64,10 +66,24 @@ double model_flops_per_token(const io::ModelConfig& c, int64_t seq_len) {
   return 6 * matmul + 3 * attention;
 }
 
-Trainer::Trainer(const io::JobConfig& config)
+Trainer::Trainer(const io::JobConfig& config, dist::Mesh* mesh)
     : config_(config),
+      mesh_(mesh),
       schedule_(config.optim, config.train.steps),
-      metrics_(config.metrics.jsonl, config.metrics.console_every) {
+      // Ranks hold the same numbers after each step's reductions: the first one reports them.
+      metrics_(mesh == nullptr || mesh->rank() == 0 ? config.metrics.jsonl : std::string(),
+               mesh == nullptr || mesh->rank() == 0 ? config.metrics.console_every : 0) {
+  if (mesh_ != nullptr) {
+    const dist::MeshShape& shape = mesh_->shape();
+    MT_CHECK(shape.pp == 1 && shape.ep == 1,
+             "trainer: the mesh {} asks for pipeline or expert parallelism, which the training loop does not run "
+             "yet (data parallelism only: parallel.pp = 1 and parallel.ep = 1)",
+             shape.str());
+    MT_CHECK(shape.world() == 1 || config.loss.load_balance != "global_batch" || config.loss.load_balance_coef == 0.0,
+             "trainer: loss.load_balance = global_batch counts experts over the whole step, which data-parallel ranks "
+             "do not share yet; use micro_batch or sequence with {} ranks",
+             shape.world());
+  }
   const Device device = parse_device(config.model.device);
   if (device.is_cuda()) ops::cuda::setup_cuda(device.index);
   const io::ModelConfig model_config = io::load_model_config(config.model.config);
@@ -76,8 +92,22 @@ Trainer::Trainer(const io::JobConfig& config)
   optimizer_ =
       std::make_unique<AdamW>(model_->params(), AdamWConfig{config.optim.lr, config.optim.beta1, config.optim.beta2,
                                                             config.optim.eps, config.optim.weight_decay});
-  loader_ = std::make_unique<data::DataLoader>(loader_options(config, model_config.vocab_size));
+  data::LoaderOptions loader = loader_options(config, model_config.vocab_size);
+  if (mesh_ != nullptr) {
+    loader.rank = mesh_->dp_ep().rank();
+    loader.world = mesh_->dp_ep().size();
+  }
+  loader_ = std::make_unique<data::DataLoader>(loader);
   micro_batches_per_step_ = micro_batches_for(config.train);
+  if (mesh_ != nullptr) {
+    // The global batch is the mesh's whatever its shape: each data-parallel rank reads its share.
+    const int64_t ranks = mesh_->dp_ep().size();
+    MT_CHECK(micro_batches_per_step_ % ranks == 0,
+             "trainer: the global batch holds {} micro-batches, which the {} data-parallel ranks cannot share "
+             "evenly (make train.global_batch / train.micro_batch a multiple of {})",
+             micro_batches_per_step_, ranks, ranks);
+    micro_batches_per_step_ /= ranks;
+  }
   router_loss_.variant = model::parse_load_balance_variant(config.loss.load_balance);
   router_loss_.load_balance_coef = config.loss.load_balance_coef;
   router_loss_.z_loss_coef = config.loss.z_loss_coef;
@@ -90,6 +120,29 @@ Trainer::Trainer(const io::JobConfig& config)
   log_info("step: {} micro-batch(es) of {} tokens", micro_batches_per_step_, loader_->tokens_per_micro_batch());
   init_weights();
   resume_if_possible();
+}
+
+bool Trainer::first_rank() const { return mesh_ == nullptr || mesh_->rank() == 0; }
+
+int64_t Trainer::global_count(int64_t local) const {
+  if (mesh_ == nullptr || mesh_->dp_ep().size() == 1) return local;
+  return all_reduce_sum(mesh_->dp_ep(), model_->device(), local);
+}
+
+// Every rank's gradients and loss sums become the step's totals; each rank then holds the same
+// gradients and steps the same optimizer update.
+void Trainer::reduce_across_ranks(model::StepLoss& loss) const {
+  if (mesh_ == nullptr || mesh_->dp_ep().size() == 1) return;
+  dist::Communicator& comm = mesh_->dp_ep();
+  all_reduce_gradients(comm, model_->params().all_grads());
+  const double tokens = static_cast<double>(loss.num_tokens);
+  const std::vector<double> sums = all_reduce_sum(
+      comm, model_->device(), {loss.loss, loss.ce_sum, tokens, loss.load_balance * tokens, loss.z_loss * tokens});
+  loss.loss = sums[0];
+  loss.ce_sum = sums[1];
+  loss.num_tokens = static_cast<int64_t>(sums[2]);
+  loss.load_balance = sums[2] > 0 ? sums[3] / sums[2] : 0.0;
+  loss.z_loss = sums[2] > 0 ? sums[4] / sums[2] : 0.0;
 }
 
 void Trainer::init_weights() {
@@ -162,15 +215,17 @@ double Trainer::train_step(int64_t step) {
   } else {
     for (int64_t i = 0; i < micro_batches_per_step_; ++i) batches.push_back(loader_->next());
   }
-  int64_t targets = 0;
-  for (const auto& batch : batches) targets += batch.num_targets();
+  int64_t local_targets = 0;
+  for (const auto& batch : batches) local_targets += batch.num_targets();
+  const int64_t targets = global_count(local_targets);
   MT_CHECK(targets > 0, "step {}: the global batch has no counted targets", step + 1);
   running_counts_.assign(static_cast<size_t>(router_loss_.num_moe_layers), {});
   router_loss_.loss_scale = 1.0 / static_cast<double>(targets);
   for (auto& batch : batches) batch.router_loss = &router_loss_;
 
   model_->params().zero_grads();
-  const model::StepLoss loss = model::forward_backward(*model_, batches, targets);
+  model::StepLoss loss = model::forward_backward(*model_, batches, targets);
+  reduce_across_ranks(loss);
   const double total =
       loss.loss + router_loss_.load_balance_coef * loss.load_balance + router_loss_.z_loss_coef * loss.z_loss;
   MT_CHECK(std::isfinite(total),
@@ -224,7 +279,7 @@ TrainSummary Trainer::run(int64_t max_steps_this_run) {
     last_.eta_s = last_.elapsed_s / static_cast<double>(taken) * static_cast<double>(total - step_);
     metrics_.record(last_);
     const bool periodic = config_.checkpoint.every > 0 && step_ % config_.checkpoint.every == 0;
-    if (!config_.checkpoint.dir.empty() && (periodic || step_ == total)) save(step_);
+    if (!config_.checkpoint.dir.empty() && (periodic || step_ == total) && first_rank()) save(step_);
   }
   summary.last_step = step_;
   return summary;

@@ -16,6 +16,10 @@
 #include "train/metrics.h"
 #include "train/optimizer.h"
 
+namespace moetrain::dist {
+class Mesh;
+}
+
 namespace moetrain::train {
 
 struct TrainSummary {
@@ -32,7 +36,9 @@ using BatchSource = std::function<std::vector<model::MicroBatch>(int64_t step)>;
 
 class Trainer {
  public:
-  explicit Trainer(const io::JobConfig& config);
+  // `mesh`: this rank's device mesh when the job has several ranks (data parallelism over its
+  // dp x ep ranks; pipeline and expert parallelism are refused until they are wired), else null.
+  explicit Trainer(const io::JobConfig& config, dist::Mesh* mesh = nullptr);
 
   // Runs until train.steps, or until `max_steps_this_run` steps were taken (> 0; for tests that
   // stop a run midway). Checkpoints every checkpoint.every steps and at train.steps.
@@ -47,12 +53,16 @@ class Trainer {
   int64_t micro_batches_per_step() const { return micro_batches_per_step_; }
 
  private:
+  bool first_rank() const;
+  int64_t global_count(int64_t local) const;
+  void reduce_across_ranks(model::StepLoss& loss) const;
   void init_weights();
   void resume_if_possible();
   void save(int64_t step);
   double train_step(int64_t step);
 
   io::JobConfig config_;
+  dist::Mesh* mesh_ = nullptr;
   std::unique_ptr<model::CausalLm> model_;
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<data::DataLoader> loader_;

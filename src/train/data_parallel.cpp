@@ -1,0 +1,22 @@
+// defines: the data-parallel reductions.
+#include "train/data_parallel.h"
+
+namespace moetrain::train {
+
+int64_t all_reduce_sum(dist::Communicator& comm, Device device, int64_t value) {
+  Tensor t = Tensor::from_vector<int64_t>({value}, {1}).to(device);
+  comm.all_reduce(default_stream(device), t, dist::ReduceOp::Sum);
+  return t.to(Device::cpu()).to_vector<int64_t>()[0];
+}
+
+std::vector<double> all_reduce_sum(dist::Communicator& comm, Device device, const std::vector<double>& values) {
+  Tensor t = Tensor::from_vector<double>(values, {static_cast<int64_t>(values.size())}).to(device);
+  comm.all_reduce(default_stream(device), t, dist::ReduceOp::Sum);
+  return t.to(Device::cpu()).to_vector<double>();
+}
+
+void all_reduce_gradients(dist::Communicator& comm, const std::vector<Tensor>& grads) {
+  for (const Tensor& g : grads) comm.all_reduce(default_stream(g.device()), g, dist::ReduceOp::Sum);
+}
+
+}  // namespace moetrain::train
