@@ -42,16 +42,19 @@ nlohmann::json memory_breakdown(const train::Trainer& trainer, int64_t peak) {
   const int64_t grads = bytes_of(params.all_grads());
   const int64_t optimizer = bytes_of(trainer.optimizer().exp_avg()) + bytes_of(trainer.optimizer().exp_avg_sq());
   const int64_t activations = peak - copies - masters - grads - optimizer;
-  return {{"compute_weights_GiB", copies / kGiB}, {"masters_GiB", masters / kGiB},
-          {"optimizer_state_GiB", optimizer / kGiB}, {"gradients_GiB", grads / kGiB},
-          {"activations_and_workspace_GiB", activations / kGiB}, {"peak_GiB", peak / kGiB}};
+  return {{"compute_weights_GiB", copies / kGiB},
+          {"masters_GiB", masters / kGiB},
+          {"optimizer_state_GiB", optimizer / kGiB},
+          {"gradients_GiB", grads / kGiB},
+          {"activations_and_workspace_GiB", activations / kGiB},
+          {"peak_GiB", peak / kGiB}};
 }
 
 }  // namespace
 
 int run_bench(const BenchOptions& options) {
-  MT_CHECK(options.warmup >= 0 && options.steps >= 1, "bench: expected --warmup >= 0 and --steps >= 1 but found {} and {}",
-           options.warmup, options.steps);
+  MT_CHECK(options.warmup >= 0 && options.steps >= 1,
+           "bench: expected --warmup >= 0 and --steps >= 1 but found {} and {}", options.warmup, options.steps);
   std::vector<std::string> overrides = options.overrides;
   overrides.push_back("checkpoint.dir=");  // a benchmark neither resumes nor writes checkpoints
   overrides.push_back(fmt::format("train.steps={}", options.warmup + options.steps));
@@ -66,7 +69,8 @@ int run_bench(const BenchOptions& options) {
   const std::map<std::string, double> by_family = ops::collect_op_times();
 
   const double seconds = std::accumulate(timed.step_seconds.begin(), timed.step_seconds.end(), 0.0);
-  const double tokens = static_cast<double>(std::accumulate(timed.step_tokens.begin(), timed.step_tokens.end(), int64_t{0}));
+  const double tokens =
+      static_cast<double>(std::accumulate(timed.step_tokens.begin(), timed.step_tokens.end(), int64_t{0}));
   const double tokens_per_s = tokens / seconds;
   const double tflops = tokens_per_s * trainer.flops_per_token() / 1e12;
   const double mfu = kind == DeviceKind::CUDA ? tflops / 989.0 : 0.0;
@@ -92,12 +96,12 @@ int run_bench(const BenchOptions& options) {
   std::printf("bench: %.0f tokens/step, %.3f s/step over %lld steps: %.1f tokens/s, %.1f model TFLOP/s, MFU %.1f%%\n",
               tokens / static_cast<double>(options.steps), seconds / static_cast<double>(options.steps),
               static_cast<long long>(options.steps), tokens_per_s, tflops, 100.0 * mfu);
-  std::printf("bench: memory peak %.2f GiB = compute weights %.2f + masters %.2f + optimizer state %.2f + gradients "
-              "%.2f + activations and workspace %.2f\n",
-              peak / kGiB, result["memory"]["compute_weights_GiB"].get<double>(),
-              result["memory"]["masters_GiB"].get<double>(), result["memory"]["optimizer_state_GiB"].get<double>(),
-              result["memory"]["gradients_GiB"].get<double>(),
-              result["memory"]["activations_and_workspace_GiB"].get<double>());
+  std::printf(
+      "bench: memory peak %.2f GiB = compute weights %.2f + masters %.2f + optimizer state %.2f + gradients "
+      "%.2f + activations and workspace %.2f\n",
+      peak / kGiB, result["memory"]["compute_weights_GiB"].get<double>(), result["memory"]["masters_GiB"].get<double>(),
+      result["memory"]["optimizer_state_GiB"].get<double>(), result["memory"]["gradients_GiB"].get<double>(),
+      result["memory"]["activations_and_workspace_GiB"].get<double>());
   std::vector<std::pair<double, std::string>> families;
   double device_seconds = 0.0;
   for (const auto& [family, s] : by_family) {

@@ -12,6 +12,7 @@
 #include "cli/check_golden.h"
 #include "cli/convert_command.h"
 #include "cli/data_command.h"
+#include "cli/score_command.h"
 #include "cli/train_command.h"
 #include "core/error.h"
 
@@ -35,6 +36,7 @@ int run_main(int argc, char** argv) {
   add_bench_command(app, command);
   add_data_command(app, command);
   add_convert_command(app, command);
+  add_score_command(app, command);
 
   try {
     app.parse(argc, argv);

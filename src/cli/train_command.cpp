@@ -7,7 +7,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "io/job_config.h"
-#include "train/trainer.h"
+#include "train/launch.h"
 
 namespace moetrain::cli {
 
@@ -32,8 +32,7 @@ int run_train(const std::string& config_path, const std::vector<std::string>& ov
   const io::JobConfig config = io::load_job_config(config_path, overrides);
   std::printf("# resolved job configuration\n%s\n", io::job_config_to_toml(config).c_str());
   std::fflush(stdout);
-  train::Trainer trainer(config);
-  const train::TrainSummary summary = trainer.run();
+  const train::TrainSummary summary = train::run_training_job(config);
   if (summary.losses.empty()) {
     log_info("nothing to do: the job is at step {} of train.steps = {} (raise --train.steps to continue)",
              summary.last_step, config.train.steps);

@@ -16,6 +16,7 @@
 #include <utility>
 #include <variant>
 
+#include <fmt/ranges.h>
 #include <toml++/toml.h>
 
 #include "core/error.h"
@@ -36,7 +37,8 @@ struct DataPathField {
   std::vector<DataSource>* sources;
 };
 
-using Target = std::variant<int64_t*, uint64_t*, double*, bool*, std::string*, PathField, DataPathField>;
+using Target =
+    std::variant<int64_t*, uint64_t*, double*, bool*, std::string*, PathField, DataPathField, std::vector<int64_t>*>;
 
 struct FieldRef {
   std::string_view key;  // "section.key"
@@ -88,6 +90,13 @@ std::vector<FieldRef> field_refs(JobConfig& c) {
       {"checkpoint.resume", &c.checkpoint.resume},
       {"metrics.jsonl", PathField{&c.metrics.jsonl}},
       {"metrics.console_every", &c.metrics.console_every},
+      {"parallel.pp", &c.parallel.pp},
+      {"parallel.ep", &c.parallel.ep},
+      {"parallel.cp", &c.parallel.cp},
+      {"parallel.pp_cuts", &c.parallel.pp_cuts},
+      {"dist.local_ranks", &c.dist.local_ranks},
+      {"dist.timeout_s", &c.dist.timeout_s},
+      {"exact.enabled", &c.exact.enabled},
   };
 }
 
@@ -272,6 +281,22 @@ class FileReader {
     fail_type(key, "a string", node);
   }
 
+  std::vector<int64_t> int_list_of(const std::string& key, const toml::node& node) const {
+    const toml::array* array = node.as_array();
+    if (array == nullptr) fail_type(key, "an array of integers (e.g. [2, 4, 6])", node);
+    std::vector<int64_t> values;
+    for (size_t i = 0; i < array->size(); ++i) {
+      const toml::node& element = *array->get(i);
+      const auto* v = element.as_integer();
+      if (v == nullptr) {
+        fail(element.source(),
+             fmt::format("key '{}' expects an array of integers but element {} is {}", key, i, found_str(element)));
+      }
+      values.push_back(v->get());
+    }
+    return values;
+  }
+
   void assign(const FieldRef& ref, const toml::node& node) const {
     const std::string key(ref.key);
     std::visit(Overloaded{
@@ -291,6 +316,7 @@ class FileReader {
                    [&](DataPathField f) {
                      *f.sources = {DataSource{resolve_path(string_of(key, node), base_), 1.0}};
                    },
+                   [&](std::vector<int64_t>* p) { *p = int_list_of(key, node); },
                },
                ref.target);
   }
@@ -379,6 +405,23 @@ std::optional<double> parse_float(std::string_view text) {
   return std::nullopt;
 }
 
+// An integer list: a TOML array ("[2, 4, 6]", "[]") or bare comma-separated integers ("2,4,6"; "" is empty).
+std::optional<std::vector<int64_t>> parse_int_list(std::string_view text) {
+  std::string body(text);
+  if (body.find('[') == std::string::npos) body = "[" + body + "]";
+  const auto table = parse_toml_value(body);
+  if (!table) return std::nullopt;
+  const toml::array* array = table->get("v")->as_array();
+  if (array == nullptr) return std::nullopt;
+  std::vector<int64_t> values;
+  for (size_t i = 0; i < array->size(); ++i) {
+    const auto* v = array->get(i)->as_integer();
+    if (v == nullptr) return std::nullopt;
+    values.push_back(v->get());
+  }
+  return values;
+}
+
 [[noreturn]] void fail_override_value(const std::string& given, const std::string& key, const char* expected,
                                       const std::string& value) {
   MT_FAIL("override '{}': key '{}' expects {} but found '{}'", given, key, expected, value);
@@ -427,6 +470,11 @@ void apply_override(JobConfig& config, const std::string& given) {
                  [&](DataPathField f) {
                    *f.sources = {DataSource{resolve_path(value, cwd), 1.0}};
                  },
+                 [&](std::vector<int64_t>* p) {
+                   const auto v = parse_int_list(value);
+                   if (!v) bad_value("a list of integers ([2, 4, 6] or 2,4,6; [] for none)");
+                   *p = *v;
+                 },
              },
              ref->target);
 }
@@ -454,8 +502,8 @@ void validate(JobConfig& c, const std::string& source) {
   MT_CHECK(std::isfinite(c.model.init_std) && c.model.init_std >= 0,
            "{}: model.init_std must be finite and >= 0 but is {}", s, c.model.init_std);
   MT_CHECK(is_device(c.model.device), "{}: model.device must be cpu, cuda or cuda:N but is '{}'", s, c.model.device);
-  MT_CHECK(one_of(c.model.compute_dtype, {"f32", "bf16"}), "{}: model.compute_dtype must be f32 or bf16 but is '{}'",
-           s, c.model.compute_dtype);
+  MT_CHECK(one_of(c.model.compute_dtype, {"f32", "bf16"}), "{}: model.compute_dtype must be f32 or bf16 but is '{}'", s,
+           c.model.compute_dtype);
   MT_CHECK(c.model.compute_dtype == "f32" || c.model.device != "cpu",
            "{}: model.compute_dtype = bf16 needs a CUDA device (the CPU reference computes in f32) but model.device is "
            "cpu",
@@ -525,6 +573,34 @@ void validate(JobConfig& c, const std::string& source) {
   MT_CHECK(c.checkpoint.keep >= 1, "{}: checkpoint.keep must be >= 1 but is {}", s, c.checkpoint.keep);
   MT_CHECK(c.metrics.console_every >= 1, "{}: metrics.console_every must be >= 1 but is {}", s,
            c.metrics.console_every);
+
+  const ParallelSection& p = c.parallel;
+  MT_CHECK(p.pp >= 1, "{}: parallel.pp must be >= 1 but is {}", s, p.pp);
+  MT_CHECK(p.ep >= 1, "{}: parallel.ep must be >= 1 but is {}", s, p.ep);
+  MT_CHECK(p.cp >= 1, "{}: parallel.cp must be >= 1 but is {}", s, p.cp);
+  // The layer count is not known here: partition_from_cuts checks the cuts against the model.
+  if (!p.pp_cuts.empty()) {
+    const size_t expected = static_cast<size_t>(2 * p.pp - 1);
+    MT_CHECK(p.pp_cuts.size() == expected,
+             "{}: parallel.pp_cuts has {} entries but parallel.pp = {} has {} stages and needs {} cut points (or [] "
+             "for a partition balanced by cost)",
+             s, p.pp_cuts.size(), p.pp, 2 * p.pp, expected);
+    for (size_t i = 0; i < p.pp_cuts.size(); ++i) {
+      MT_CHECK(p.pp_cuts[i] > 0, "{}: parallel.pp_cuts[{}] must be > 0 (a layer index after the first layer) but is {}",
+               s, i, p.pp_cuts[i]);
+      MT_CHECK(i == 0 || p.pp_cuts[i] > p.pp_cuts[i - 1],
+               "{}: parallel.pp_cuts[{}] = {} is not greater than parallel.pp_cuts[{}] = {}: cuts must be strictly "
+               "increasing",
+               s, i, p.pp_cuts[i], i - 1, p.pp_cuts[i - 1]);
+    }
+  }
+  MT_CHECK(c.dist.local_ranks >= 0, "{}: dist.local_ranks must be >= 0 (0: one process per rank) but is {}", s,
+           c.dist.local_ranks);
+  MT_CHECK(c.dist.local_ranks == 0 || c.model.device == "cpu",
+           "{}: dist.local_ranks = {} runs thread ranks on the CPU but model.device is '{}'; set model.device = cpu "
+           "or dist.local_ranks = 0",
+           s, c.dist.local_ranks, c.model.device);
+  MT_CHECK(c.dist.timeout_s > 0, "{}: dist.timeout_s must be > 0 but is {}", s, c.dist.timeout_s);
 }
 
 // A TOML basic string: quotes, backslashes and control characters escaped.
@@ -610,16 +686,18 @@ std::string job_config_to_toml(const JobConfig& config) {
       section = section_of(ref.key);
       out += fmt::format("\n[{}]\n", section);
     }
-    const std::string value = std::visit(Overloaded{
-                                             [](int64_t* p) { return fmt::format("{}", *p); },
-                                             [](uint64_t* p) { return fmt::format("{}", *p); },
-                                             [](double* p) { return float_text(*p); },
-                                             [](bool* p) { return std::string(*p ? "true" : "false"); },
-                                             [](std::string* p) { return quote(*p); },
-                                             [](PathField f) { return quote(*f.value); },
-                                             [](DataPathField) { return std::string(); },
-                                         },
-                                         ref.target);
+    const std::string value =
+        std::visit(Overloaded{
+                       [](int64_t* p) { return fmt::format("{}", *p); },
+                       [](uint64_t* p) { return fmt::format("{}", *p); },
+                       [](double* p) { return float_text(*p); },
+                       [](bool* p) { return std::string(*p ? "true" : "false"); },
+                       [](std::string* p) { return quote(*p); },
+                       [](PathField f) { return quote(*f.value); },
+                       [](DataPathField) { return std::string(); },
+                       [](std::vector<int64_t>* p) { return fmt::format("[{}]", fmt::join(*p, ", ")); },
+                   },
+                   ref.target);
     out += fmt::format("{} = {}\n", leaf_of(ref.key), value);
   }
   if (section == "data") write_sources(out, copy.data.sources);

@@ -70,6 +70,25 @@ struct CheckpointSection {
   bool resume = true;  // resume from the newest complete checkpoint in dir
 };
 
+// The mesh axes of DESIGN.md section 1 (dp is what remains of the world: world / (pp * cp * ep)).
+struct ParallelSection {
+  int64_t pp = 1;                // pipeline ranks P (DualPipeV: 2P stages in a V)
+  int64_t ep = 1;                // expert-parallel ranks
+  int64_t cp = 1;                // context-parallel ranks
+  std::vector<int64_t> pp_cuts;  // explicit stage cuts (2P - 1 increasing layer indices); empty: balanced by cost
+};
+
+struct DistSection {
+  int64_t local_ranks = 0;  // N > 0: N thread ranks in this one process on the CPU; 0: the launcher's processes
+  int64_t timeout_s = 300;  // collectives and rendezvous give up (fail closed) after this many seconds
+};
+
+// Exact lanes (DESIGN.md section 6, docs/exact_lanes.md): byte-identical forward outputs whatever
+// the pipeline cut, the packing and the padding, behind a fail-closed admission contract.
+struct ExactSection {
+  bool enabled = false;
+};
+
 struct MetricsSection {
   std::string jsonl;          // empty: no JSONL file
   int64_t console_every = 1;  // a progress line every N steps
@@ -83,6 +102,9 @@ struct JobConfig {
   LossSection loss;
   CheckpointSection checkpoint;
   MetricsSection metrics;
+  ParallelSection parallel;
+  DistSection dist;
+  ExactSection exact;
 };
 
 // Reads `toml_path` (may be empty: defaults only), applies `overrides` in order (each

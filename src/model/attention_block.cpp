@@ -45,6 +45,14 @@ AttentionBlock::AttentionBlock(const io::ModelConfig& config, ParameterStore& st
   w_k_norm_ = store.weight(p + "k_norm"), g_k_norm_ = store.grad(p + "k_norm");
 }
 
+// The longest document lets the CUDA backend plan cuDNN's attention for the batch (bf16); the CPU
+// reference ignores it.
+ops::AttentionParams AttentionBlock::attention_for(const MicroBatch& batch) const {
+  ops::AttentionParams params = attention_;
+  params.max_seqlen = batch.max_document_length();
+  return params;
+}
+
 Tensor AttentionBlock::forward(AttentionRecord& r, const Tensor& x, const MicroBatch& batch) const {
   Stream& s = default_stream(x.device());
   const int64_t T = x.size(0);
@@ -70,7 +78,7 @@ Tensor AttentionBlock::forward(AttentionRecord& r, const Tensor& x, const MicroB
 
   r.attn = Tensor::empty({T, heads_, head_dim_}, dt, dev);
   r.lse = Tensor::empty({T, heads_}, statistics_dtype(dt), dev);
-  ops::attention_forward(s, r.attn, r.lse, r.q_rot, r.k_rot, r.v, batch.cu_seqlens, attention_);
+  ops::attention_forward(s, r.attn, r.lse, r.q_rot, r.k_rot, r.v, batch.cu_seqlens, attention_for(batch));
 
   Tensor out = Tensor::empty({T, config_.hidden_size}, dt, dev);
   ops::linear_forward(s, out, r.attn.view({T, -1}), w_o_);
@@ -90,7 +98,7 @@ Tensor AttentionBlock::backward_input(AttentionRecord& r, const Tensor& d_out) c
   Tensor d_k_rot = Tensor::empty(r.k.shape(), dt, dev);
   r.d_v = Tensor::empty(r.v.shape(), dt, dev);
   ops::attention_backward(s, d_q_rot, d_k_rot, r.d_v, d_attn, r.q_rot, r.k_rot, r.v, r.attn, r.lse, r.batch->cu_seqlens,
-                          attention_);
+                          attention_for(*r.batch));
   r.d_q_normed = d_q_rot;  // rope's backward runs in place: d_q_rot becomes d(q after norm)
   r.d_k_normed = d_k_rot;
   ops::rope_backward(s, r.d_q_normed, d_q_rot, r.batch->position_ids, rope_);

@@ -39,6 +39,8 @@ class AttentionBlock {
   void backward_weight(AttentionRecord& record) const;
 
  private:
+  ops::AttentionParams attention_for(const MicroBatch& batch) const;
+
   const io::ModelConfig& config_;
   int64_t heads_, kv_heads_, head_dim_;
   ops::RmsNormParams qk_norm_;

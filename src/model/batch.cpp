@@ -1,6 +1,7 @@
 // defines: MicroBatch construction and validation.
 #include "model/batch.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "ops/attention.h"
@@ -52,6 +53,14 @@ MicroBatch MicroBatch::packed(const Tensor& input_ids, const Tensor& targets, co
   const int32_t* t = mb.targets.data<int32_t>();
   for (int64_t i = 0; i < mb.targets.numel(); ++i) mb.num_targets_ += t[i] != ops::kIgnoreIndex;
   return mb;
+}
+
+int64_t MicroBatch::max_document_length() const {
+  if (!cu_seqlens_host.defined() || !cu_seqlens_host.device().is_cpu()) return 0;
+  const int32_t* cu = cu_seqlens_host.data<int32_t>();
+  int64_t longest = 0;
+  for (int64_t d = 0; d + 1 < cu_seqlens_host.numel(); ++d) longest = std::max<int64_t>(longest, cu[d + 1] - cu[d]);
+  return longest;
 }
 
 void MicroBatch::validate(int64_t vocab_size) const {

@@ -24,6 +24,9 @@ struct MicroBatch {
   int64_t num_documents() const { return cu_seqlens.numel() - 1; }
   // Number of targets that count (!= -100); counted on the host when the batch is made.
   int64_t num_targets() const { return num_targets_; }
+  // The longest document, read from the host copy of cu_seqlens (0 when there is none): kernels
+  // that plan by document length (cuDNN's attention) need it without reading device memory.
+  int64_t max_document_length() const;
   Device device() const { return input_ids.device(); }
 
   // B rows of T tokens, each row one document: input_ids and targets i32 [B, T].

@@ -6,6 +6,7 @@
 #include "io/safetensors.h"
 #include "model/precision.h"
 #include "model/qwen3.h"
+#include "ops/elementwise.h"
 #include "ops/embedding.h"
 #include "ops/gemm.h"
 #include "ops/loss.h"
@@ -70,6 +71,24 @@ std::unique_ptr<CausalLm> CausalLm::from_hf(const std::string& dir, Device devic
   return model;
 }
 
+void CausalLm::round_boundary(Tensor& hidden) const {
+  if (exact_ && hidden.dtype() == DType::F32) ops::round_to_bf16_inplace(default_stream(hidden.device()), hidden);
+}
+
+Tensor token_logprobs_from_losses(const Tensor& losses, const Tensor& targets) {
+  expect_dtype(losses, DType::F32, "token log-probs: per-token losses");
+  expect_dtype(targets, DType::I32, "token log-probs: targets");
+  MT_CHECK(losses.dim() == 1 && targets.shape() == losses.shape(),
+           "token log-probs: expected losses [T] and targets [T] but found {} and {}", losses.describe(),
+           targets.describe());
+  const std::vector<float> loss = losses.to_vector<float>();
+  const std::vector<int32_t> target = targets.to_vector<int32_t>();
+  std::vector<float> logprob(loss.size());
+  // 0.0f - x is +0.0f for x = +-0.0f, so a zero loss never gives -0.0f.
+  for (size_t t = 0; t < loss.size(); ++t) logprob[t] = target[t] == ops::kIgnoreIndex ? 0.0f : 0.0f - loss[t];
+  return Tensor::from_vector(logprob, losses.shape());
+}
+
 Tensor CausalLm::embed_forward(const MicroBatch& batch) const {
   Tensor hidden = Tensor::empty({batch.num_tokens(), config_.hidden_size}, params_->compute_dtype(), device_);
   ops::embedding_forward(default_stream(device_), hidden, batch.input_ids, params_->weight("embed"));
@@ -124,11 +143,13 @@ namespace {
 void forward_micro_batch(const CausalLm& model, const MicroBatch& batch, std::vector<LayerRecord>& records,
                          EpilogRecord& epilog, StepLoss& step, ForwardObservation* observe) {
   Tensor hidden = model.embed_forward(batch);
+  model.round_boundary(hidden);
   std::vector<Tensor> router_logits;
   for (size_t i = 0; i < model.layers().size(); ++i) {
     LayerRecord scratch;
     LayerRecord& record = records.empty() ? scratch : records[i];
     hidden = model.layers()[i]->reference_forward(record, hidden, batch);
+    model.round_boundary(hidden);
     if (record.stage1_out.routing.defined()) router_logits.push_back(record.stage1_out.routing.logits);
     add_router_losses(step, record.stage1);
   }
@@ -139,6 +160,7 @@ void forward_micro_batch(const CausalLm& model, const MicroBatch& batch, std::ve
   if (observe) {
     observe->logits.push_back(epilog.logits);
     observe->router_logits.push_back(std::move(router_logits));
+    observe->token_logprobs.push_back(token_logprobs_from_losses(epilog.losses, batch.targets));
   }
 }
 

@@ -1,7 +1,8 @@
 // defines: CausalLm, a whole decoder-only model: its parameters, the prolog (token embedding),
 // the decoder layers, and the epilog (final norm, LM head, cross-entropy). forward_backward runs
 // it over a list of micro-batches with the token-weighted loss of DESIGN.md section 1: the sum of
-// cross-entropy over every counted target of the step divided by their number.
+// cross-entropy over every counted target of the step divided by their number. In exact mode
+// (set_exact) the hidden state is rounded to bf16 at every layer boundary (DESIGN.md section 6).
 #pragma once
 
 #include <memory>
@@ -45,6 +46,16 @@ class CausalLm {
   Device device() const { return device_; }
   DType compute_dtype() const { return params_->compute_dtype(); }
 
+  // The exact program (DESIGN.md section 6): when on, the f32 hidden state is rounded to bf16
+  // values after the embedding and after every decoder layer, i.e. at every boundary where a
+  // pipeline may cut, so the wire between stages is the same program whatever the cut; within a
+  // layer the math stays f32. The backward passes gradients straight through the rounding. A bf16
+  // hidden state (CUDA bf16 compute) is already on the bf16 grid. Off by default.
+  void set_exact(bool exact) { exact_ = exact; }
+  bool exact() const { return exact_; }
+  // Rounds `hidden` to the bf16 grid in place when exact mode is on (and it is f32); else nothing.
+  void round_boundary(Tensor& hidden) const;
+
   // Prolog: hidden [T, H] = embedding of the batch's tokens.
   Tensor embed_forward(const MicroBatch& batch) const;
   void embed_backward(const MicroBatch& batch, const Tensor& d_hidden) const;
@@ -61,13 +72,20 @@ class CausalLm {
   std::unique_ptr<ParameterStore> params_;
   std::vector<std::unique_ptr<DecoderLayer>> layers_;
   ops::RmsNormParams final_norm_;
+  bool exact_ = false;
 };
 
 // What a caller may want to look at besides the loss (check-golden, tests).
 struct ForwardObservation {
   std::vector<Tensor> logits;                      // per micro-batch, [T, V]
   std::vector<std::vector<Tensor>> router_logits;  // per micro-batch, per MoE layer, [T, E]
+  // Per micro-batch, f32 [T] on the CPU: log p(target[t]) = -(cross-entropy of token t); +0.0f
+  // (never -0.0f) where the target is ignored (-100), e.g. at the end of a document.
+  std::vector<Tensor> token_logprobs;
 };
+
+// The per-token log-probs of one micro-batch from its per-token losses (any device) and targets.
+Tensor token_logprobs_from_losses(const Tensor& losses, const Tensor& targets);
 
 struct StepLoss {
   double loss = 0.0;  // ce_sum / num_targets

@@ -1,5 +1,6 @@
 // defines: the public attention ops: argument validation (shapes, dtypes, devices, cu_seqlens) and dispatch to
-// the backend: the CPU reference (f32 or f64) or, for CUDA tensors, the CUDA kernels (f32 or bf16, lse in f32).
+// the backend: the CPU reference (f32 or f64) or, for CUDA tensors, cuDNN's fused SDPA (bf16, hd == hdv in
+// {64, 128}, max_seqlen known, no sliding window) or else our CUDA kernels (f32 or bf16, lse in f32).
 #include "ops/attention.h"
 
 #include <cstdint>
@@ -8,8 +9,10 @@
 #include "ops/cpu/attention.h"
 #include "ops/cpu/dispatch.h"
 #include "ops/op_checks.h"
+#include "ops/op_profile.h"
 #if MOETRAIN_HAS_CUDA
 #include "ops/cuda/attention.h"
+#include "ops/cuda/attention_cudnn.h"
 #endif
 
 namespace moetrain::ops {
@@ -83,9 +86,21 @@ void check_cu_seqlens(const Tensor& cu_seqlens, int64_t tokens, Device device, c
            cu_seqlens.numel());
 }
 
-void check_params(const AttentionParams& params, const char* op) {
+// max_seqlen must lie in [0, T]; on the CPU, where cu_seqlens (already validated) is readable, a known max_seqlen
+// must also cover the longest document.
+void check_params(const AttentionParams& params, int64_t tokens, const Tensor& cu_seqlens, const char* op) {
   MT_CHECK(params.sliding_window >= 0, "{}: sliding_window must be >= 0 (0 = unlimited) but found {}", op,
            params.sliding_window);
+  MT_CHECK(params.max_seqlen >= 0 && params.max_seqlen <= tokens,
+           "{}: max_seqlen must be in [0, T = {}] (0 = unknown) but found {}", op, tokens, params.max_seqlen);
+  if (params.max_seqlen > 0 && cu_seqlens.device().is_cpu()) {
+    const int32_t* cu = cu_seqlens.data<int32_t>();
+    for (int64_t d = 0; d + 1 < cu_seqlens.numel(); ++d) {
+      MT_CHECK(cu[d + 1] - cu[d] <= params.max_seqlen,
+               "{}: max_seqlen ({}) must cover the longest document but document {} has {} tokens", op,
+               params.max_seqlen, d, cu[d + 1] - cu[d]);
+    }
+  }
 }
 
 }  // namespace
@@ -110,6 +125,7 @@ void validate_cu_seqlens(const Tensor& cu_seqlens, int64_t num_tokens, const cha
 
 void attention_forward(Stream& stream, Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
                        const Tensor& cu_seqlens, const AttentionParams& params) {
+  OpScope profile(stream, "attention");
   constexpr const char* op = "attention_forward";
   const AttentionShape s = check_qkv(q, k, v, op);
   const Device device = check_tensor_backend(stream, q, op, "q");
@@ -120,9 +136,13 @@ void attention_forward(Stream& stream, Tensor out, Tensor lse, const Tensor& q, 
   check_argument(out, {s.tokens, s.nh, s.hdv}, dtype, device, op, "out");
   check_argument(lse, {s.tokens, s.nh}, lse_dtype(q), device, op, "lse");
   check_cu_seqlens(cu_seqlens, s.tokens, device, "attention_forward: cu_seqlens");
-  check_params(params, op);
+  check_params(params, s.tokens, cu_seqlens, op);
 #if MOETRAIN_HAS_CUDA
   if (device.is_cuda()) {
+    if (cuda::cudnn_attention_supports(dtype, s.hd, s.hdv, params)) {
+      cuda::cudnn_attention_forward(stream, out, lse, q, k, v, cu_seqlens, params);
+      return;
+    }
     cuda::attention_forward(stream, out, lse, q, k, v, cu_seqlens, params);
     return;
   }
@@ -133,6 +153,7 @@ void attention_forward(Stream& stream, Tensor out, Tensor lse, const Tensor& q, 
 void attention_backward(Stream& stream, Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q,
                         const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                         const Tensor& cu_seqlens, const AttentionParams& params) {
+  OpScope profile(stream, "attention");
   constexpr const char* op = "attention_backward";
   const AttentionShape s = check_qkv(q, k, v, op);
   const Device device = check_tensor_backend(stream, q, op, "q");
@@ -147,9 +168,13 @@ void attention_backward(Stream& stream, Tensor dq, Tensor dk, Tensor dv, const T
   check_argument(dk, {s.tokens, s.nkv, s.hd}, dtype, device, op, "dk");
   check_argument(dv, {s.tokens, s.nkv, s.hdv}, dtype, device, op, "dv");
   check_cu_seqlens(cu_seqlens, s.tokens, device, "attention_backward: cu_seqlens");
-  check_params(params, op);
+  check_params(params, s.tokens, cu_seqlens, op);
 #if MOETRAIN_HAS_CUDA
   if (device.is_cuda()) {
+    if (cuda::cudnn_attention_supports(dtype, s.hd, s.hdv, params)) {
+      cuda::cudnn_attention_backward(stream, dq, dk, dv, dout, q, k, v, out, lse, cu_seqlens, params);
+      return;
+    }
     cuda::attention_backward(stream, dq, dk, dv, dout, q, k, v, out, lse, cu_seqlens, params);
     return;
   }

@@ -1,6 +1,7 @@
 // defines: the public grouped GEMM ops: validation of the group offsets, shapes, dtypes and devices, and dispatch
-// to the backend: the CPU reference (f32 or f64) or, for CUDA tensors, the kernels of ops/cuda/grouped_gemm (f32 or
-// bf16 activations; weight gradients in f32).
+// to the backend: the CPU reference (f32 or f64) or, for CUDA tensors, the Hopper tensor-core kernels of
+// ops/cuda/grouped_gemm_cutlass (bf16 with N and K multiples of 8 and 16-byte aligned data) and the generic kernels
+// of ops/cuda/grouped_gemm for everything else (f32, other shapes); weight gradients in f32.
 #include "ops/grouped_gemm.h"
 
 #include <cstdint>
@@ -9,8 +10,10 @@
 #include "ops/cpu/dispatch.h"
 #include "ops/cpu/grouped_gemm.h"
 #include "ops/op_checks.h"
+#include "ops/op_profile.h"
 #if MOETRAIN_HAS_CUDA
 #include "ops/cuda/grouped_gemm.h"
+#include "ops/cuda/grouped_gemm_cutlass.h"
 #endif
 
 namespace moetrain::ops {
@@ -69,6 +72,7 @@ void check_offsets(const Stream& stream, const Tensor& offsets, int64_t groups, 
 }  // namespace
 
 void grouped_linear_forward(Stream& stream, Tensor y, const Tensor& x, const Tensor& w, const Tensor& offsets) {
+  OpScope profile(stream, "grouped_gemm");
   constexpr const char* op = "grouped_linear_forward";
   check_weight_rank(w, op, "w");
   check_matrix_rank(x, op, "x", "[R, K]");
@@ -80,6 +84,10 @@ void grouped_linear_forward(Stream& stream, Tensor y, const Tensor& x, const Ten
   check_offsets(stream, offsets, groups, rows, op);
 #if MOETRAIN_HAS_CUDA
   if (on_cuda(y)) {
+    if (cuda::cutlass_grouped_gemm_supported(dtype, rows, n_out, n_in, {&y, &x, &w})) {
+      cuda::grouped_linear_forward_cutlass(stream, y, x, w, offsets);
+      return;
+    }
     cuda::grouped_linear_forward(stream, y, x, w, offsets);
     return;
   }
@@ -89,6 +97,7 @@ void grouped_linear_forward(Stream& stream, Tensor y, const Tensor& x, const Ten
 
 void grouped_linear_backward_input(Stream& stream, Tensor dx, const Tensor& dy, const Tensor& w,
                                    const Tensor& offsets) {
+  OpScope profile(stream, "grouped_gemm");
   constexpr const char* op = "grouped_linear_backward_input";
   check_weight_rank(w, op, "w");
   check_matrix_rank(dy, op, "dy", "[R, N]");
@@ -100,6 +109,10 @@ void grouped_linear_backward_input(Stream& stream, Tensor dx, const Tensor& dy, 
   check_offsets(stream, offsets, groups, rows, op);
 #if MOETRAIN_HAS_CUDA
   if (on_cuda(dx)) {
+    if (cuda::cutlass_grouped_gemm_supported(dtype, rows, n_out, n_in, {&dx, &dy, &w})) {
+      cuda::grouped_linear_backward_input_cutlass(stream, dx, dy, w, offsets);
+      return;
+    }
     cuda::grouped_linear_backward_input(stream, dx, dy, w, offsets);
     return;
   }
@@ -109,6 +122,7 @@ void grouped_linear_backward_input(Stream& stream, Tensor dx, const Tensor& dy, 
 
 void grouped_linear_backward_weight(Stream& stream, Tensor dw, const Tensor& dy, const Tensor& x,
                                     const Tensor& offsets) {
+  OpScope profile(stream, "grouped_gemm");
   constexpr const char* op = "grouped_linear_backward_weight";
   check_weight_rank(dw, op, "dw");
   check_matrix_rank(x, op, "x", "[R, K]");
@@ -123,6 +137,10 @@ void grouped_linear_backward_weight(Stream& stream, Tensor dw, const Tensor& dy,
   check_offsets(stream, offsets, groups, rows, op);
 #if MOETRAIN_HAS_CUDA
   if (on_cuda(dw)) {
+    if (cuda::cutlass_grouped_gemm_supported(dtype, rows, n_out, n_in, {&dw, &dy, &x})) {
+      cuda::grouped_linear_backward_weight_cutlass(stream, dw, dy, x, offsets);
+      return;
+    }
     cuda::grouped_linear_backward_weight(stream, dw, dy, x, offsets);
     return;
   }

@@ -23,7 +23,7 @@ class OpScope {
   OpScope& operator=(const OpScope&) = delete;
 
  private:
-  bool nested_ = false;            // this scope entered the thread's depth count
+  bool nested_ = false;             // this scope entered the thread's depth count
   const Stream* stream_ = nullptr;  // set for the outermost scope only
   const char* family_ = nullptr;
   void* start_ = nullptr;  // a CUDA event, or a heap copy of the start time on the CPU

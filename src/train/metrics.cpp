@@ -61,7 +61,8 @@ MetricsLog::MetricsLog(const std::string& jsonl_path, int64_t console_every)
 }
 
 void MetricsLog::record(const StepMetrics& m) {
-  if (console_every_ > 0 && (m.step % console_every_ == 0 || m.step == m.total_steps)) log_info("{}", format_progress_line(m));
+  if (console_every_ > 0 && (m.step % console_every_ == 0 || m.step == m.total_steps))
+    log_info("{}", format_progress_line(m));
   if (jsonl_) {
     const std::string line = format_jsonl_record(m) + "\n";
     MT_CHECK(std::fwrite(line.data(), 1, line.size(), jsonl_.get()) == line.size() && std::fflush(jsonl_.get()) == 0,

@@ -23,10 +23,10 @@ class Mesh;
 namespace moetrain::train {
 
 struct TrainSummary {
-  int64_t first_step = 0;          // steps already done when this run started (resume point)
-  int64_t last_step = 0;           // steps done when it stopped
-  std::vector<double> losses;      // loss of every step this run took
-  std::vector<double> grad_norms;  // gradient norm before clipping, per step
+  int64_t first_step = 0;            // steps already done when this run started (resume point)
+  int64_t last_step = 0;             // steps done when it stopped
+  std::vector<double> losses;        // loss of every step this run took
+  std::vector<double> grad_norms;    // gradient norm before clipping, per step
   std::vector<double> step_seconds;  // wall time of every step, device work included
   std::vector<int64_t> step_tokens;  // tokens of every step
 };

@@ -104,6 +104,13 @@ void expect_same_config(const JobConfig& a, const JobConfig& b) {
   EXPECT_EQ(a.checkpoint.resume, b.checkpoint.resume);
   EXPECT_EQ(a.metrics.jsonl, b.metrics.jsonl);
   EXPECT_EQ(a.metrics.console_every, b.metrics.console_every);
+  EXPECT_EQ(a.parallel.pp, b.parallel.pp);
+  EXPECT_EQ(a.parallel.ep, b.parallel.ep);
+  EXPECT_EQ(a.parallel.cp, b.parallel.cp);
+  EXPECT_EQ(a.parallel.pp_cuts, b.parallel.pp_cuts);
+  EXPECT_EQ(a.dist.local_ranks, b.dist.local_ranks);
+  EXPECT_EQ(a.dist.timeout_s, b.dist.timeout_s);
+  EXPECT_EQ(a.exact.enabled, b.exact.enabled);
 }
 
 // Changes the working directory for one test and restores it.
@@ -337,6 +344,12 @@ TEST(JobConfig, TomlRoundTripGivesTheSameConfig) {
   c.checkpoint.resume = false;
   c.metrics.jsonl = "";
   c.metrics.console_every = 100;
+  c.parallel.pp = 2;
+  c.parallel.ep = 4;
+  c.parallel.cp = 1;
+  c.parallel.pp_cuts = {1, 3, 7};
+  c.dist.timeout_s = 45;
+  c.exact.enabled = true;
 
   const std::string text = job_config_to_toml(c);
   const JobConfig back = parse_job_config(text, "resolved.toml", {});
@@ -344,6 +357,7 @@ TEST(JobConfig, TomlRoundTripGivesTheSameConfig) {
   EXPECT_EQ(job_config_to_toml(back), text);
   EXPECT_NE(text.find("[[data.sources]]"), std::string::npos) << text;
   EXPECT_NE(text.find("init_std = 0.3333333333333333\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("pp_cuts = [1, 3, 7]\n"), std::string::npos) << text;
 
   const JobConfig defaults = parse_job_config(kMinimal, "job.toml", {});
   expect_same_config(parse_job_config(job_config_to_toml(defaults), "resolved.toml", {}), defaults);
@@ -391,7 +405,17 @@ TEST(JobConfig, WriterWritesEveryKey) {
                           "resume = ",
                           "[metrics]",
                           "jsonl = ",
-                          "console_every = "}) {
+                          "console_every = ",
+                          "[parallel]",
+                          "pp = 1",
+                          "ep = 1",
+                          "cp = 1",
+                          "pp_cuts = []",
+                          "[dist]",
+                          "local_ranks = 0",
+                          "timeout_s = 300",
+                          "[exact]",
+                          "enabled = false"}) {
     EXPECT_NE(text.find(key), std::string::npos) << "'" << key << "' missing from\n" << text;
   }
 }
@@ -623,6 +647,114 @@ TEST(JobConfig, ValidatesCheckpointSection) {
 
 TEST(JobConfig, ValidatesMetricsSection) {
   expect_override_error("metrics.console_every=0", {"metrics.console_every must be >= 1"});
+}
+
+TEST(JobConfig, ParallelDistAndExactDefaults) {
+  const JobConfig c = parse_job_config(kMinimal, "job.toml", {});
+  EXPECT_EQ(c.parallel.pp, 1);
+  EXPECT_EQ(c.parallel.ep, 1);
+  EXPECT_EQ(c.parallel.cp, 1);
+  EXPECT_TRUE(c.parallel.pp_cuts.empty());
+  EXPECT_EQ(c.dist.local_ranks, 0);
+  EXPECT_EQ(c.dist.timeout_s, 300);
+  EXPECT_FALSE(c.exact.enabled);
+}
+
+TEST(JobConfig, ParsesParallelDistAndExactSections) {
+  const JobConfig c = parse_job_config(std::string(kMinimal) + R"(
+[parallel]
+pp = 2
+ep = 2
+cp = 1
+pp_cuts = [2, 4, 6]
+
+[dist]
+local_ranks = 4
+timeout_s = 60
+
+[exact]
+enabled = true
+)",
+                                       "job.toml", {});
+  EXPECT_EQ(c.parallel.pp, 2);
+  EXPECT_EQ(c.parallel.ep, 2);
+  EXPECT_EQ(c.parallel.pp_cuts, (std::vector<int64_t>{2, 4, 6}));
+  EXPECT_EQ(c.dist.local_ranks, 4);
+  EXPECT_EQ(c.dist.timeout_s, 60);
+  EXPECT_TRUE(c.exact.enabled);
+}
+
+TEST(JobConfig, TomlRoundTripKeepsThreadRanks) {
+  JobConfig c = parse_job_config(kMinimal, "job.toml", {});
+  c.parallel.pp = 4;
+  c.parallel.pp_cuts = {1, 2, 3, 4, 5, 6, 7};
+  c.dist.local_ranks = 8;
+  const std::string text = job_config_to_toml(c);
+  const JobConfig back = parse_job_config(text, "resolved.toml", {});
+  expect_same_config(back, c);
+  EXPECT_EQ(job_config_to_toml(back), text);
+}
+
+TEST(JobConfig, PpCutsOverrideAcceptsTomlArraysAndBareLists) {
+  EXPECT_EQ(parse_job_config(kMinimal, "job.toml", {"parallel.pp=2", "--parallel.pp_cuts=[1, 2, 5]"}).parallel.pp_cuts,
+            (std::vector<int64_t>{1, 2, 5}));
+  EXPECT_EQ(parse_job_config(kMinimal, "job.toml", {"parallel.pp=2", "parallel.pp_cuts=3,4,7"}).parallel.pp_cuts,
+            (std::vector<int64_t>{3, 4, 7}));
+  const std::string with_cuts = std::string(kMinimal) + "[parallel]\npp = 2\npp_cuts = [1, 2, 3]\n";
+  EXPECT_TRUE(parse_job_config(with_cuts, "job.toml", {"parallel.pp_cuts=[]"}).parallel.pp_cuts.empty());
+  EXPECT_TRUE(parse_job_config(with_cuts, "job.toml", {"parallel.pp_cuts="}).parallel.pp_cuts.empty());
+  EXPECT_TRUE(parse_job_config(kMinimal, "job.toml", {"exact.enabled=true"}).exact.enabled);
+}
+
+TEST(JobConfig, RejectsPpCutsOfTheWrongType) {
+  expect_text_error(std::string(kMinimal) + "[parallel]\npp_cuts = 3\n",
+                    {"job.toml", "parallel.pp_cuts", "an array of integers", "an integer (3)"});
+  expect_text_error(std::string(kMinimal) + "[parallel]\npp = 2\npp_cuts = [1, \"2\", 3]\n",
+                    {"parallel.pp_cuts", "element 1", "a string"});
+  expect_override_error("parallel.pp_cuts=[1, 2.5]", {"parallel.pp_cuts", "a list of integers", "'[1, 2.5]'"});
+  expect_override_error("parallel.pp_cuts=two", {"parallel.pp_cuts", "a list of integers", "'two'"});
+  expect_override_error("exact.enabled=yes", {"exact.enabled", "a boolean"});
+}
+
+TEST(JobConfig, ValidatesParallelSection) {
+  expect_override_error("parallel.pp=0", {"parallel.pp must be >= 1 but is 0"});
+  expect_override_error("parallel.ep=-1", {"parallel.ep must be >= 1 but is -1"});
+  expect_override_error("parallel.cp=0", {"parallel.cp must be >= 1 but is 0"});
+  expect_error(
+      [] {
+        parse_job_config(kMinimal, "job.toml", {"parallel.pp=2", "parallel.pp_cuts=[2, 4]"});
+      },
+      {"parallel.pp_cuts has 2 entries", "parallel.pp = 2 has 4 stages and needs 3 cut points"});
+  expect_error([] { parse_job_config(kMinimal, "job.toml", {"parallel.pp_cuts=[3, 5]"}); },
+               {"parallel.pp_cuts has 2 entries", "parallel.pp = 1 has 2 stages and needs 1 cut points"});
+  expect_error(
+      [] {
+        parse_job_config(kMinimal, "job.toml", {"parallel.pp=2", "parallel.pp_cuts=[0, 2, 4]"});
+      },
+      {"parallel.pp_cuts[0] must be > 0", "is 0"});
+  expect_error(
+      [] {
+        parse_job_config(kMinimal, "job.toml", {"parallel.pp=2", "parallel.pp_cuts=[2, -1, 4]"});
+      },
+      {"parallel.pp_cuts[1] must be > 0", "is -1"});
+  expect_error(
+      [] {
+        parse_job_config(kMinimal, "job.toml", {"parallel.pp=2", "parallel.pp_cuts=[2, 4, 4]"});
+      },
+      {"parallel.pp_cuts[2] = 4 is not greater than parallel.pp_cuts[1] = 4", "strictly increasing"});
+  const JobConfig ok = parse_job_config(kMinimal, "job.toml", {"parallel.pp=4", "parallel.pp_cuts=1,2,3,4,5,6,7"});
+  EXPECT_EQ(ok.parallel.pp_cuts.size(), 7u);
+}
+
+TEST(JobConfig, ValidatesDistSection) {
+  expect_override_error("dist.local_ranks=-2", {"dist.local_ranks must be >= 0", "-2"});
+  expect_override_error("dist.timeout_s=0", {"dist.timeout_s must be > 0 but is 0"});
+  expect_error(
+      [] {
+        parse_job_config(kMinimal, "job.toml", {"dist.local_ranks=2", "model.device=cuda"});
+      },
+      {"dist.local_ranks = 2", "CPU", "model.device is 'cuda'"});
+  EXPECT_EQ(parse_job_config(kMinimal, "job.toml", {"dist.local_ranks=4", "dist.timeout_s=1"}).dist.local_ranks, 4);
 }
 
 }  // namespace

@@ -119,7 +119,9 @@ TEST(DataParallel, RanksWithVeryDifferentTokenCountsGiveTheTokenMean) {
     return rank == 0 ? std::vector<model::MicroBatch>{batch(0, step), batch(1, step)}
                      : std::vector<model::MicroBatch>{batch(2, step)};
   };
-  const auto all = [&](int64_t step) { return std::vector<model::MicroBatch>{batch(0, step), batch(1, step), batch(2, step)}; };
+  const auto all = [&](int64_t step) {
+    return std::vector<model::MicroBatch>{batch(0, step), batch(1, step), batch(2, step)};
+  };
   const io::JobConfig config = job();
   expect_same_training(run_ranks(config, 2, per_rank), run_single(config, all));
 }

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# defines: the benchmark of record in one run on the GPU machine: moetrain bench on the workload
+# of record (bench/workload_of_record.toml), then the PyTorch baseline on the same GPU
+# (bench/torch_baseline.py, PREC=amp: the same recipe, fp32 masters + bf16 compute; PREC=bf16 too
+# when BASELINE_PRECS="amp bf16"), then the ratios. Results (JSON and logs) go to $RESULTS_DIR.
+#   RESULTS_DIR=/tmp/bench bash bench/run_bench.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out="${RESULTS_DIR:-/tmp/moetrain_bench}"
+mkdir -p "$out"
+export RESULTS_DIR="$out"
+binary="${MOETRAIN:-./build/src/moetrain}"
+
+"$binary" bench --config bench/workload_of_record.toml --warmup "${WARMUP:-2}" --steps "${STEPS:-4}" \
+  --out "$out/bench_moetrain.json" "$@" 2>&1 | tee "$out/bench_moetrain.log" | grep -E "^bench:|error"
+
+for prec in ${BASELINE_PRECS:-amp}; do
+  PREC=$prec python3 bench/torch_baseline.py >"$out/torch_$prec.log" 2>&1 || { echo "torch $prec: FAILED"; tail -5 "$out/torch_$prec.log"; }
+done
+
+python3 - "$out" <<'PY'
+import json, os, sys
+out = sys.argv[1]
+ours = json.load(open(os.path.join(out, "bench_moetrain.json")))
+print(f"moetrain: {ours['tokens_per_s']:.0f} tokens/s, {100 * ours['mfu_vs_989']:.1f}% MFU, "
+      f"peak {ours['memory']['peak_GiB']:.1f} GiB")
+for prec in ("amp", "bf16"):
+    path = os.path.join(out, f"bench_torch_{prec}_acc8.json")
+    if not os.path.exists(path):
+        continue
+    t = json.load(open(path))
+    for mode in ("eager", "compiled"):
+        if f"{mode}_tok_s" in t:
+            print(f"torch {prec} {mode}: {t[f'{mode}_tok_s']:.0f} tokens/s, {100 * t[f'{mode}_mfu_vs_989']:.1f}% MFU, "
+                  f"peak {t[f'{mode}_peak_GiB']:.1f} GiB -> moetrain / torch = {ours['tokens_per_s'] / t[f'{mode}_tok_s']:.2f}x")
+PY

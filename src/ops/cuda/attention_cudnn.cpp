@@ -1,0 +1,357 @@
+// defines: the cuDNN side of CUDA attention (ops/cuda/attention_cudnn.h), host code: SDPA forward and backward
+// graphs of the cuDNN frontend over packed documents in THD layout (ragged offsets, per-document lengths, padding
+// mask), the per-device cuDNN handle, and the cache of built graphs per shape bucket.
+#include "ops/cuda/attention_cudnn.h"
+
+#if MOETRAIN_HAS_CUDA
+
+#include <algorithm>
+#include <atomic>
+#include <compare>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include <cuda_runtime.h>
+#include <cudnn.h>
+// The graph API does not need the frontend's JSON (de)serialisation; skipping it keeps this file quick to compile.
+#define CUDNN_FRONTEND_SKIP_JSON_LIB
+#include <cudnn_frontend.h>
+
+#include "core/error.h"
+#include "ops/cuda/check.h"
+#include "ops/cuda/runtime.h"
+
+// Every cuDNN library call goes through this: a failing status raises moetrain::Error with the call and the
+// status's name.
+#define MT_CUDNN_CHECK(call)                                                                                           \
+  do {                                                                                                                 \
+    const cudnnStatus_t mt_cudnn_status_ = (call);                                                                     \
+    if (mt_cudnn_status_ != CUDNN_STATUS_SUCCESS) [[unlikely]] {                                                       \
+      ::moetrain::throw_error(__FILE__, __LINE__,                                                                      \
+                              ::fmt::format("cuDNN: {} failed: {} ({})", #call, cudnnGetErrorString(mt_cudnn_status_), \
+                                            static_cast<int>(mt_cudnn_status_)));                                      \
+    }                                                                                                                  \
+  } while (0)
+
+namespace moetrain::ops::cuda {
+
+namespace fe = cudnn_frontend;
+
+namespace {
+
+using TensorAttr = std::shared_ptr<fe::graph::Tensor_attributes>;
+
+constexpr int64_t kMinSeqBucket = 64;
+constexpr int kOffsetRows = 5;  // q, k, v, o, stats
+
+// Every frontend call returns an error object; a bad one becomes a moetrain::Error naming the graph and the stage.
+void check_fe(fe::error_t status, const char* stage, const std::string& what) {
+  if (status.is_good()) return;
+  MT_FAIL("cuDNN SDPA ({}): {} failed: {} (frontend error code {}; cuDNN {} at run time)", what, stage,
+          status.get_message(), static_cast<int>(status.get_code()), cudnnGetVersion());
+}
+
+int64_t next_power_of_two(int64_t x) {
+  int64_t p = 1;
+  while (p < x) p <<= 1;
+  return p;
+}
+
+// One cuDNN handle per device, created on first use and kept for the life of the process (destroying it at exit
+// would race the CUDA context's teardown). `mutex` serialises cudnnSetStream + execute on the shared handle.
+struct HandleSlot {
+  cudnnHandle_t handle = nullptr;
+  std::mutex mutex;
+};
+
+HandleSlot& handle_for(Device device) {
+  static std::mutex mutex;
+  static std::map<int, std::unique_ptr<HandleSlot>> slots;
+  const std::lock_guard<std::mutex> lock(mutex);
+  std::unique_ptr<HandleSlot>& slot = slots[device.index];
+  if (!slot) {
+    int current = -1;
+    MT_CUDA_CHECK(cudaGetDevice(&current));
+    MT_CHECK(current == device.index, "cuDNN attention: tensors are on {} but the current CUDA device is cuda:{}",
+             device.str(), current);
+    auto fresh = std::make_unique<HandleSlot>();
+    MT_CUDNN_CHECK(cudnnCreate(&fresh->handle));
+    slot = std::move(fresh);
+  }
+  return *slot;
+}
+
+struct GraphKey {
+  int device = 0;
+  bool backward = false;
+  int64_t batch = 0, seq = 0, tokens = 0;  // tokens: the backward's packed-token bucket (0 in the forward)
+  int64_t nh = 0, nkv = 0, hd = 0;
+  bool causal = true;
+  auto operator<=>(const GraphKey&) const = default;
+};
+
+std::string describe(const GraphKey& key) {
+  return fmt::format("{} B={} S={}{} nh={} nkv={} hd={} {} bf16", key.backward ? "backward" : "forward", key.batch,
+                     key.seq, key.backward ? fmt::format(" T<={}", key.tokens) : std::string(), key.nh, key.nkv, key.hd,
+                     key.causal ? "causal" : "non-causal");
+}
+
+// A built graph and the tensor attributes its variant pack is keyed by.
+struct SdpaGraph {
+  std::shared_ptr<fe::graph::Graph> graph;
+  TensorAttr q, k, v, o, stats, dout, dq, dk, dv;  // o, stats: outputs of the forward, inputs of the backward
+  TensorAttr scale, seq_q, seq_kv;
+  TensorAttr offsets[kOffsetRows];
+  int64_t workspace_bytes = 0;
+};
+
+std::atomic<int64_t> g_graphs_built{0};
+
+// Tensors of the graph in THD layout: logical [B, heads, S, d] over a packed [T, heads, d] run, document b starting
+// at element offsets[b] (a ragged offset), so the batch stride is never used for addressing.
+std::shared_ptr<SdpaGraph> build_graph(const GraphKey& key, cudnnHandle_t handle) {
+  const std::string what = describe(key);
+  auto g = std::make_shared<SdpaGraph>();
+  g->graph = std::make_shared<fe::graph::Graph>();
+  fe::graph::Graph& graph = *g->graph;
+  graph.set_io_data_type(fe::DataType_t::BFLOAT16)
+      .set_intermediate_data_type(fe::DataType_t::FLOAT)
+      .set_compute_data_type(fe::DataType_t::FLOAT);
+  const int64_t b = key.batch, s = key.seq, d = key.hd;
+
+  const char* offset_names[kOffsetRows] = {"offset_q", "offset_k", "offset_v", "offset_o", "offset_stats"};
+  for (int r = 0; r < kOffsetRows; ++r) {
+    g->offsets[r] = graph.tensor(fe::graph::Tensor_attributes()
+                                     .set_name(offset_names[r])
+                                     .set_dim({b + 1, 1, 1, 1})
+                                     .set_stride({1, 1, 1, 1})
+                                     .set_data_type(fe::DataType_t::INT64));
+  }
+  const auto thd = [&](const char* name, int64_t heads, const TensorAttr& offset) {
+    return graph.tensor(fe::graph::Tensor_attributes()
+                            .set_name(name)
+                            .set_dim({b, heads, s, d})
+                            .set_stride({s * heads * d, d, heads * d, 1})
+                            .set_ragged_offset(offset));
+  };
+  const auto seq_lens = [&](const char* name) {
+    return graph.tensor(fe::graph::Tensor_attributes()
+                            .set_name(name)
+                            .set_dim({b, 1, 1, 1})
+                            .set_stride({1, 1, 1, 1})
+                            .set_data_type(fe::DataType_t::INT32));
+  };
+  g->q = thd("q", key.nh, g->offsets[0]);
+  g->k = thd("k", key.nkv, g->offsets[1]);
+  g->v = thd("v", key.nkv, g->offsets[2]);
+  g->seq_q = seq_lens("seq_len_q");
+  g->seq_kv = seq_lens("seq_len_kv");
+  g->scale = graph.tensor(fe::graph::Tensor_attributes()
+                              .set_name("attn_scale")
+                              .set_dim({1, 1, 1, 1})
+                              .set_stride({1, 1, 1, 1})
+                              .set_is_pass_by_value(true)
+                              .set_data_type(fe::DataType_t::FLOAT));
+  // lse [T, nh] seen as [B, nh, S, 1]: token stride nh, head stride 1, document b at offset c_b * nh.
+  const std::vector<int64_t> stats_dim = {b, key.nh, s, 1};
+  const std::vector<int64_t> stats_stride = {key.nh * s, 1, key.nh, 1};
+
+  if (!key.backward) {
+    auto options = fe::graph::SDPA_attributes()
+                       .set_name("moetrain_sdpa_forward")
+                       .set_generate_stats(true)
+                       .set_attn_scale(g->scale)
+                       .set_padding_mask(true)
+                       .set_seq_len_q(g->seq_q)
+                       .set_seq_len_kv(g->seq_kv)
+                       // The classic (composite) engines: what cuDNN 9.14 runs for ragged + padding; later cuDNN's
+                       // unified engine would be picked by AUTO and behave differently across versions.
+                       .set_implementation(fe::AttentionImplementation_t::COMPOSITE);
+    if (key.causal) {
+      options.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
+    }
+    auto [o, stats] = graph.sdpa(g->q, g->k, g->v, options);
+    o->set_output(true)
+        .set_dim({b, key.nh, s, d})
+        .set_stride({s * key.nh * d, d, key.nh * d, 1})
+        .set_ragged_offset(g->offsets[3]);
+    MT_CHECK(stats != nullptr, "cuDNN SDPA ({}): the forward graph produced no softmax statistics", what);
+    stats->set_output(true)
+        .set_data_type(fe::DataType_t::FLOAT)
+        .set_dim(stats_dim)
+        .set_stride(stats_stride)
+        .set_ragged_offset(g->offsets[4]);
+    g->o = o;
+    g->stats = stats;
+  } else {
+    g->o = thd("o", key.nh, g->offsets[3]);
+    g->dout = thd("dout", key.nh, g->offsets[3]);
+    g->stats = graph.tensor(fe::graph::Tensor_attributes()
+                                .set_name("stats")
+                                .set_dim(stats_dim)
+                                .set_stride(stats_stride)
+                                .set_data_type(fe::DataType_t::FLOAT)
+                                .set_ragged_offset(g->offsets[4]));
+    auto options = fe::graph::SDPA_backward_attributes()
+                       .set_name("moetrain_sdpa_backward")
+                       .set_attn_scale(g->scale)
+                       .set_padding_mask(true)
+                       .set_seq_len_q(g->seq_q)
+                       .set_seq_len_kv(g->seq_kv)
+                       // Packed token totals: the f32 dq accumulator and the GQA full-head dk / dv scratch are
+                       // sized by T instead of B x S.
+                       .set_max_total_seq_len_q(key.tokens)
+                       .set_max_total_seq_len_kv(key.tokens)
+                       .set_deterministic_algorithm(false);
+    if (key.causal) {
+      options.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
+    }
+    auto [dq, dk, dv] = graph.sdpa_backward(g->q, g->k, g->v, g->o, g->dout, g->stats, options);
+    dq->set_output(true)
+        .set_dim({b, key.nh, s, d})
+        .set_stride({s * key.nh * d, d, key.nh * d, 1})
+        .set_ragged_offset(g->offsets[0]);
+    dk->set_output(true)
+        .set_dim({b, key.nkv, s, d})
+        .set_stride({s * key.nkv * d, d, key.nkv * d, 1})
+        .set_ragged_offset(g->offsets[1]);
+    dv->set_output(true)
+        .set_dim({b, key.nkv, s, d})
+        .set_stride({s * key.nkv * d, d, key.nkv * d, 1})
+        .set_ragged_offset(g->offsets[2]);
+    g->dq = dq;
+    g->dk = dk;
+    g->dv = dv;
+  }
+
+  check_fe(graph.validate(), "validate", what);
+  check_fe(graph.build_operation_graph(handle), "build_operation_graph", what);
+  check_fe(graph.create_execution_plans({fe::HeurMode_t::A}), "create_execution_plans", what);
+  check_fe(graph.check_support(), "check_support", what);
+  check_fe(graph.build_plans(), "build_plans", what);
+  check_fe(graph.get_workspace_size(g->workspace_bytes), "get_workspace_size", what);
+  g_graphs_built.fetch_add(1);
+  return g;
+}
+
+// Built graphs per key. A training run meets a handful of buckets; the cache is never emptied.
+std::shared_ptr<SdpaGraph> cached_graph(const GraphKey& key, cudnnHandle_t handle) {
+  static std::mutex mutex;
+  static std::map<GraphKey, std::shared_ptr<SdpaGraph>> cache;
+  const std::lock_guard<std::mutex> lock(mutex);
+  std::shared_ptr<SdpaGraph>& entry = cache[key];
+  if (!entry) entry = build_graph(key, handle);
+  return entry;
+}
+
+struct Extents {
+  int64_t tokens, nh, nkv, hd, docs, batch, seq;
+};
+
+Extents extents_of(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens,
+                   const AttentionParams& params, const char* op) {
+  MT_CHECK(cudnn_attention_supports(q.dtype(), q.size(2), v.size(2), params),
+           "{} (cuDNN): expected bf16 with hd == hdv in {{64, 128}}, max_seqlen > 0 and no sliding window but found "
+           "q {}, v {}, max_seqlen {}, sliding_window {}",
+           op, q.describe(), v.describe(), params.max_seqlen, params.sliding_window);
+  Extents e{q.size(0), q.size(1), k.size(1), q.size(2), cu_seqlens.numel() - 1, 0, 0};
+  MT_CHECK(e.docs >= 1, "{} (cuDNN): cu_seqlens needs at least 2 entries but found {}", op, cu_seqlens.describe());
+  // cuDNN's ragged offsets are i64 and its sequence lengths i32.
+  MT_CHECK(params.max_seqlen <= (int64_t{1} << 30),
+           "{} (cuDNN): max_seqlen {} is beyond the 2^30 tokens the i32 sequence lengths allow", op, params.max_seqlen);
+  e.batch = next_power_of_two(e.docs);
+  e.seq = std::max(kMinSeqBucket, next_power_of_two(params.max_seqlen));
+  for (const Tensor* t : {&q, &k, &v}) {
+    MT_CHECK(reinterpret_cast<uintptr_t>(t->raw_data()) % 16 == 0,
+             "{} (cuDNN): expected 16-byte aligned operands but {} starts at {}", op, t->describe(), t->raw_data());
+  }
+  return e;
+}
+
+// The per-call device tables: sequence lengths (i32 [B]) and the five ragged offset rows (i64 [5, B + 1], rows
+// padded to 16 bytes).
+struct RaggedTables {
+  Tensor seq_lens, offsets;
+};
+
+RaggedTables ragged_tables(const Stream& stream, const Extents& e, const Tensor& cu_seqlens, Device device) {
+  RaggedTables t;
+  t.seq_lens = Tensor::empty({e.batch}, DType::I32, device);
+  t.offsets = Tensor::empty({kOffsetRows, (e.batch + 2) / 2 * 2}, DType::I64, device);
+  const RaggedMultipliers m{e.nh * e.hd, e.nkv * e.hd, e.nkv * e.hd, e.nh * e.hd, e.nh};
+  fill_ragged_tables(stream, t.seq_lens, t.offsets, cu_seqlens, e.batch, e.seq, m);
+  return t;
+}
+
+void* offset_row(const RaggedTables& t, int row) {
+  return static_cast<int64_t*>(t.offsets.raw_data()) + row * t.offsets.size(1);
+}
+
+using VariantPack = std::unordered_map<TensorAttr, void*>;
+
+void add_tables(VariantPack& pack, const SdpaGraph& g, const RaggedTables& t) {
+  pack[g.seq_q] = t.seq_lens.raw_data();
+  pack[g.seq_kv] = t.seq_lens.raw_data();
+  for (int r = 0; r < kOffsetRows; ++r) pack[g.offsets[r]] = offset_row(t, r);
+}
+
+void execute(const Stream& stream, const GraphKey& key, const SdpaGraph& g, VariantPack& pack, Device device) {
+  // The workspace comes from the stream-ordered pool; its release is ordered after the graph's kernels.
+  const Tensor workspace = Tensor::empty({std::max<int64_t>(g.workspace_bytes, 1)}, DType::U8, device);
+  HandleSlot& slot = handle_for(device);
+  const std::lock_guard<std::mutex> lock(slot.mutex);
+  MT_CUDNN_CHECK(cudnnSetStream(slot.handle, static_cast<cudaStream_t>(stream_handle(stream))));
+  check_fe(g.graph->execute(slot.handle, pack, workspace.raw_data()), "execute", describe(key));
+}
+
+}  // namespace
+
+bool cudnn_attention_supports(DType dtype, int64_t hd, int64_t hdv, const AttentionParams& params) {
+  return dtype == DType::BF16 && (hd == 64 || hd == 128) && hdv == hd && params.max_seqlen > 0 &&
+         params.sliding_window == 0;
+}
+
+int64_t cudnn_attention_graphs_built() { return g_graphs_built.load(); }
+
+void cudnn_attention_forward(const Stream& stream, const Tensor& out, const Tensor& lse, const Tensor& q,
+                             const Tensor& k, const Tensor& v, const Tensor& cu_seqlens,
+                             const AttentionParams& params) {
+  constexpr const char* op = "attention_forward";
+  const Extents e = extents_of(q, k, v, cu_seqlens, params, op);
+  const Device device = q.device();
+  const GraphKey key{device.index, false, e.batch, e.seq, 0, e.nh, e.nkv, e.hd, params.causal};
+  const std::shared_ptr<SdpaGraph> g = cached_graph(key, handle_for(device).handle);
+  const RaggedTables tables = ragged_tables(stream, e, cu_seqlens, device);
+  float scale = params.softmax_scale;
+  VariantPack pack = {{g->q, q.raw_data()},   {g->k, k.raw_data()},       {g->v, v.raw_data()},
+                      {g->o, out.raw_data()}, {g->stats, lse.raw_data()}, {g->scale, &scale}};
+  add_tables(pack, *g, tables);
+  execute(stream, key, *g, pack, device);
+}
+
+void cudnn_attention_backward(const Stream& stream, const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                              const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                              const Tensor& lse, const Tensor& cu_seqlens, const AttentionParams& params) {
+  constexpr const char* op = "attention_backward";
+  const Extents e = extents_of(q, k, v, cu_seqlens, params, op);
+  const Device device = q.device();
+  const int64_t token_bucket = std::max(kMinSeqBucket, next_power_of_two(e.tokens));
+  const GraphKey key{device.index, true, e.batch, e.seq, token_bucket, e.nh, e.nkv, e.hd, params.causal};
+  const std::shared_ptr<SdpaGraph> g = cached_graph(key, handle_for(device).handle);
+  const RaggedTables tables = ragged_tables(stream, e, cu_seqlens, device);
+  float scale = params.softmax_scale;
+  VariantPack pack = {{g->q, q.raw_data()},   {g->k, k.raw_data()},       {g->v, v.raw_data()},
+                      {g->o, out.raw_data()}, {g->dout, dout.raw_data()}, {g->stats, lse.raw_data()},
+                      {g->dq, dq.raw_data()}, {g->dk, dk.raw_data()},     {g->dv, dv.raw_data()},
+                      {g->scale, &scale}};
+  add_tables(pack, *g, tables);
+  execute(stream, key, *g, pack, device);
+}
+
+}  // namespace moetrain::ops::cuda
+
+#endif  // MOETRAIN_HAS_CUDA

@@ -1,0 +1,54 @@
+// defines: causal grouped-query attention over packed documents (ops/attention.h) through cuDNN's fused SDPA graphs
+// (the cuDNN frontend), bf16 in a THD layout with ragged offsets; plus the small kernel that turns the device
+// cu_seqlens into the per-document tables cuDNN reads, so no host synchronisation is needed.
+#pragma once
+
+#include <cstdint>
+
+#include "core/device.h"
+#include "core/dtype.h"
+#include "core/tensor.h"
+#include "ops/attention.h"
+
+namespace moetrain::ops::cuda {
+
+// Whether the cuDNN path takes a call: bf16, hd == hdv in {64, 128}, a host-known longest document
+// (params.max_seqlen > 0) and no sliding window. Everything else runs on the kernels of ops/cuda/attention.h.
+bool cudnn_attention_supports(DType dtype, int64_t hd, int64_t hdv, const AttentionParams& params);
+
+// The arguments are validated by ops::attention_forward / ops::attention_backward (shapes, dtypes, devices) and
+// must satisfy cudnn_attention_supports (checked again here). cu_seqlens i32 [D + 1] on the device: its values are
+// the caller's contract, and every document must be at most params.max_seqlen tokens long: a longer one makes the
+// table kernel trap (a sticky CUDA error) rather than let cuDNN read or write out of bounds.
+//
+// Documents become cuDNN's batch: B = D rounded up to a power of two (the extra documents have length 0),
+// S = max_seqlen rounded up to a power of two (at least 64). Built graphs are cached per (device, B, S, token bucket
+// (backward), nh, nkv, hd, causal); the softmax scale is a run-time scalar, not part of the key.
+//
+// lse is cuDNN's softmax statistic, the natural-log log-sum-exp of the scaled scores, written straight into
+// lse [T, nh] through a ragged offset: the same convention as the other CUDA kernels and the CPU reference.
+void cudnn_attention_forward(const Stream& stream, const Tensor& out, const Tensor& lse, const Tensor& q,
+                             const Tensor& k, const Tensor& v, const Tensor& cu_seqlens, const AttentionParams& params);
+// dq, dk, dv are overwritten. NOT deterministic: cuDNN accumulates dq in f32 with atomics across key tiles, so
+// repeated runs may differ in the last bits (cuDNN's deterministic mode on Hopper needs an S x S score workspace
+// per (document, head), which packed batches cannot afford).
+void cudnn_attention_backward(const Stream& stream, const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                              const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                              const Tensor& lse, const Tensor& cu_seqlens, const AttentionParams& params);
+
+// Graphs built so far in this process (forward and backward, all devices): a call that reuses a cached graph
+// leaves it unchanged. For the tests of the cache.
+int64_t cudnn_attention_graphs_built();
+
+// Element offsets of each document's first token in the THD tensors: token index times these.
+struct RaggedMultipliers {
+  int64_t q = 0, k = 0, v = 0, o = 0, stats = 0;
+};
+
+// Rows of `offsets` (i64 [5, row_stride], row_stride >= batch + 1): q, k, v, o, stats offsets of documents
+// 0..batch (document b >= D is empty and starts at T). seq_lens i32 [batch]: the document lengths, 0 past D.
+// A document longer than max_len traps (see cudnn_attention_forward). Runs on `stream`, no host synchronisation.
+void fill_ragged_tables(const Stream& stream, const Tensor& seq_lens, const Tensor& offsets, const Tensor& cu_seqlens,
+                        int64_t batch, int64_t max_len, const RaggedMultipliers& multipliers);
+
+}  // namespace moetrain::ops::cuda

@@ -1,0 +1,43 @@
+// defines: the Hopper tensor-core path of the grouped expert GEMMs (ops/grouped_gemm.h) on CUTLASS's ptr-array grouped
+// kernels (wgmma + TMA, sm_90a): bf16 operands, f32 accumulation. The per-group problem sizes, pointers and strides
+// are built on the device from the device offsets (no host copy, no synchronisation).
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+
+#include "core/device.h"
+#include "core/dtype.h"
+#include "core/tensor.h"
+
+namespace moetrain::ops::cuda {
+
+// N and K must be positive multiples of this (8 bf16 = 16 bytes, TMA's row alignment), and every tensor's data must
+// start on a 16-byte boundary, so that each group's first row (x + offsets[g] * K, ...) is 16-byte aligned.
+inline constexpr int64_t kCutlassGroupedAlignment = 8;
+
+// Whether the CUTLASS kernels take these operands: activation dtype bf16, w / dw [G, N, K] with N and K positive
+// multiples of kCutlassGroupedAlignment, row counts and N, K within int32, and 16-byte aligned data for every tensor
+// in `tensors`. The public ops route such calls here and keep the generic kernels (ops/cuda/grouped_gemm.h) for the
+// rest (f32, unaligned shapes).
+bool cutlass_grouped_gemm_supported(DType activations, int64_t rows, int64_t n_out, int64_t n_in,
+                                    std::initializer_list<const Tensor*> tensors);
+
+// Arguments as for the ops:: functions of the same name, already validated, and cutlass_grouped_gemm_supported.
+// offsets i32 [G + 1] on the device; their values are clamped into [0, R] on the device (bad offsets give wrong
+// results, never out-of-bounds accesses). Each output tile is computed by one CTA in a fixed order along the reduction
+// (no split-K, no atomics), so results are deterministic and a group's rows do not depend on the other groups.
+// y [R, N] (bf16) = x [R, K] (bf16) * w[g]^T, w [G, N, K] bf16.
+void grouped_linear_forward_cutlass(const Stream& stream, const Tensor& y, const Tensor& x, const Tensor& w,
+                                    const Tensor& offsets);
+// dx [R, K] (bf16) = dy [R, N] (bf16) * w[g] (overwrites dx).
+void grouped_linear_backward_input_cutlass(const Stream& stream, const Tensor& dx, const Tensor& dy, const Tensor& w,
+                                           const Tensor& offsets);
+// dw[g] [N, K] (f32) += dy_g^T * x_g (dy, x bf16): the group's sum is formed in f32 and then added to dw[g]; an
+// empty group leaves dw[g] untouched. With accumulate = false, dw[g] = dy_g^T * x_g instead (an empty group's dw[g]
+// becomes 0) and dw is never read: ~1.5x faster on the expert shapes, for the first micro-batch of a step (the public
+// op always accumulates).
+void grouped_linear_backward_weight_cutlass(const Stream& stream, const Tensor& dw, const Tensor& dy, const Tensor& x,
+                                            const Tensor& offsets, bool accumulate = true);
+
+}  // namespace moetrain::ops::cuda

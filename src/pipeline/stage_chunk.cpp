@@ -1,0 +1,252 @@
+// defines: a pipeline stage's forward, backward_input and backward_weight, cut into stage-sized steps.
+#include "pipeline/stage_chunk.h"
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+
+namespace moetrain::pipeline {
+
+// One layer's records for one micro-batch and the tensors in flight between its stages.
+struct StageChunk::LayerState {
+  model::Stage1Record stage1;
+  model::Stage3Record stage3;
+  model::Stage5Record stage5;
+  model::Stage1Out stage1_out;
+  Tensor dispatched, expert_out, combined;  // forward: rows after stage 2, after stage 3, after stage 4
+  model::Stage5Grads stage5_grads;          // backward: stage 5's gradients until stage 1 consumed them
+  Tensor d_expert_out, d_dispatched_local, d_dispatched;
+};
+
+struct StageChunk::MicroBatchState {
+  enum class Phase { Forward, ForwardDone, Backward, BackwardInputDone };
+  int microbatch = 0;
+  Phase phase = Phase::Forward;
+  model::MicroBatch batch;  // the records (attention, epilog) point into it: the state never moves
+  std::vector<LayerState> layers;
+  model::EpilogRecord epilog;
+  Tensor hidden;   // the activation flowing through the forward steps
+  Tensor grad;     // the gradient flowing through the backward steps
+  Tensor d_embed;  // embedding stage: the gradient of its output, kept for the weight pass
+  bool weight_done = false;
+  ChunkForward result;
+};
+
+StageChunk::StageChunk(const model::CausalLm& model, const StageLayers& stage) : model_(model), stage_(stage) {
+  const int64_t num_layers = static_cast<int64_t>(model.layers().size());
+  MT_CHECK(stage.first_layer >= 0 && stage.first_layer < stage.end_layer && stage.end_layer <= num_layers,
+           "pipeline: stage {} holds layers [{}, {}) but the model has {} decoder layers; expected a non-empty range "
+           "inside [0, {})",
+           stage.stage, stage.first_layer, stage.end_layer, num_layers, num_layers);
+  MT_CHECK(stage.has_final_norm == stage.has_head,
+           "pipeline: stage {} has the final norm {} the head; the two must be on the same (last) stage", stage.stage,
+           stage.has_final_norm ? "but not" : "without");
+}
+
+StageChunk::~StageChunk() = default;
+
+void StageChunk::clear() { states_.clear(); }
+
+StageChunk::MicroBatchState& StageChunk::state(int microbatch, const char* what) {
+  const auto it = states_.find(microbatch);
+  MT_CHECK(it != states_.end(),
+           "pipeline: {} of micro-batch {} on stage {}, which holds no record of it (its forward "
+           "did not run, or its backward_weight already freed it)",
+           what, microbatch, stage_.stage);
+  return *it->second;
+}
+
+std::vector<ChunkStep> StageChunk::plan_forward(int microbatch, const model::MicroBatch& batch, const Tensor& input) {
+  MT_CHECK(states_.count(microbatch) == 0, "pipeline: forward of micro-batch {} on stage {} ran twice in one step",
+           microbatch, stage_.stage);
+  if (stage_.has_embedding) {
+    expect_defined(batch.input_ids, "pipeline: first stage's micro-batch input_ids");
+  } else {
+    expect_defined(input, "pipeline: stage input");
+    MT_CHECK(input.dim() == 2 && input.size(1) == model_.config().hidden_size &&
+                 input.size(0) == batch.position_ids.numel() && input.dtype() == model_.compute_dtype(),
+             "pipeline: stage {} expects its input as {}[{}, {}] (T from the micro-batch's position_ids) but found {}",
+             stage_.stage, dtype_name(model_.compute_dtype()), batch.position_ids.numel(), model_.config().hidden_size,
+             input.describe());
+  }
+  if (stage_.has_head) expect_defined(batch.targets, "pipeline: last stage's micro-batch targets");
+
+  auto owned = std::make_unique<MicroBatchState>();
+  MicroBatchState& st = *owned;
+  st.microbatch = microbatch;
+  st.batch = batch;
+  st.hidden = input;
+  st.layers.resize(static_cast<size_t>(stage_.num_layers()));
+  states_.emplace(microbatch, std::move(owned));
+
+  std::vector<ChunkStep> steps;
+  const std::string tag = fmt::format("F mb{}", microbatch);
+  if (stage_.has_embedding)
+    steps.push_back({tag + " embed", false, [this, &st] { st.hidden = model_.embed_forward(st.batch); }});
+  for (int64_t i = 0; i < stage_.num_layers(); ++i) {
+    const model::DecoderLayer& layer = *model_.layers()[static_cast<size_t>(stage_.first_layer + i)];
+    LayerState& ls = st.layers[static_cast<size_t>(i)];
+    const std::string l = fmt::format("{} L{}", tag, layer.index());
+    steps.push_back({l + " s1", false, [&st, &ls, &layer] {
+                       ls.stage1_out = layer.stage1_forward(ls.stage1, st.hidden, st.batch);
+                       if (layer.has_experts()) st.result.router_losses.emplace_back(layer.index(), ls.stage1.aux);
+                     }});
+    steps.push_back({l + " s2", true, [this, &ls] { ls.dispatched = expert_dispatch(ls.stage1_out); }});
+    steps.push_back({l + " s3", false, [&ls, &layer] {
+                       ls.expert_out = layer.stage3_forward(ls.stage3, ls.dispatched, ls.stage1_out.group_offsets);
+                       ls.dispatched = Tensor();
+                     }});
+    steps.push_back({l + " s4", true, [this, &ls] {
+                       ls.combined = expert_combine(ls.expert_out);
+                       ls.expert_out = Tensor();
+                     }});
+    steps.push_back({l + " s5", false, [&st, &ls, &layer] {
+                       st.hidden = layer.stage5_forward(ls.stage5, ls.combined, ls.stage1_out);
+                       ls.combined = Tensor();
+                       ls.stage1_out = model::Stage1Out{};  // stage 5's record keeps what its backward needs
+                     }});
+  }
+  if (stage_.has_head) {
+    steps.push_back({tag + " head", false, [this, &st] {
+                       st.result.loss = model_.head_forward(st.epilog, st.hidden, st.batch);
+                       st.hidden = Tensor();
+                     }});
+  }
+  steps.push_back({tag + " done", false, [&st] { st.phase = MicroBatchState::Phase::ForwardDone; }});
+  return steps;
+}
+
+ChunkForward StageChunk::finish_forward(int microbatch) {
+  MicroBatchState& st = state(microbatch, "finish_forward");
+  MT_CHECK(st.phase == MicroBatchState::Phase::ForwardDone,
+           "pipeline: finish_forward of micro-batch {} on stage {} before its forward steps all ran", microbatch,
+           stage_.stage);
+  ChunkForward out = std::move(st.result);
+  out.hidden = std::move(st.hidden);
+  st.result = ChunkForward{};
+  st.hidden = Tensor();
+  return out;
+}
+
+std::vector<ChunkStep> StageChunk::plan_backward(int microbatch, const Tensor& d_output, double loss_scale,
+                                                 bool with_weight) {
+  MicroBatchState& st = state(microbatch, "backward");
+  MT_CHECK(st.phase == MicroBatchState::Phase::ForwardDone, "pipeline: backward of micro-batch {} on stage {} {}",
+           microbatch, stage_.stage,
+           st.phase == MicroBatchState::Phase::Forward ? "before its forward finished" : "ran twice in one step");
+  if (stage_.has_head) {
+    MT_CHECK(!d_output.defined() && loss_scale > 0.0,
+             "pipeline: the loss stage's backward starts from the loss: expected no output gradient and a positive "
+             "loss scale, found {} and {}",
+             d_output.defined() ? d_output.describe() : "none", loss_scale);
+  } else {
+    expect_defined(d_output, "pipeline: stage output gradient");
+    MT_CHECK(d_output.dim() == 2 && d_output.size(0) == st.batch.position_ids.numel() &&
+                 d_output.size(1) == model_.config().hidden_size && d_output.dtype() == model_.compute_dtype(),
+             "pipeline: stage {} expects the gradient of its output as {}[{}, {}] but found {}", stage_.stage,
+             dtype_name(model_.compute_dtype()), st.batch.position_ids.numel(), model_.config().hidden_size,
+             d_output.describe());
+  }
+  st.phase = MicroBatchState::Phase::Backward;
+  st.grad = d_output;
+
+  std::vector<ChunkStep> steps;
+  const std::string tag = fmt::format("B mb{}", microbatch);
+  if (stage_.has_head) {
+    steps.push_back({tag + " head", false, [this, &st, loss_scale, with_weight] {
+                       st.grad = model_.head_backward_input(st.epilog, loss_scale);
+                       if (with_weight) model_.head_backward_weight(st.epilog);
+                     }});
+  }
+  for (int64_t i = stage_.num_layers(); i-- > 0;) {
+    const model::DecoderLayer& layer = *model_.layers()[static_cast<size_t>(stage_.first_layer + i)];
+    LayerState& ls = st.layers[static_cast<size_t>(i)];
+    const std::string l = fmt::format("{} L{}", tag, layer.index());
+    steps.push_back({l + " s5", false, [&st, &ls, &layer] {
+                       ls.stage5_grads = layer.stage5_backward_input(ls.stage5, st.grad);
+                       ls.stage5 = model::Stage5Record{};
+                     }});
+    steps.push_back(
+        {l + " s4", true, [this, &ls] { ls.d_expert_out = expert_combine_backward(ls.stage5_grads.d_combined); }});
+    steps.push_back({l + " s3", false, [&ls, &layer, with_weight] {
+                       ls.d_dispatched_local = layer.stage3_backward_input(ls.stage3, ls.d_expert_out);
+                       ls.d_expert_out = Tensor();
+                       if (with_weight) {
+                         layer.stage3_backward_weight(ls.stage3);
+                         ls.stage3 = model::Stage3Record{};
+                       }
+                     }});
+    steps.push_back({l + " s2", true, [this, &ls] {
+                       ls.d_dispatched = expert_dispatch_backward(ls.d_dispatched_local);
+                       ls.d_dispatched_local = Tensor();
+                     }});
+    steps.push_back({l + " s1", false, [&st, &ls, &layer, with_weight] {
+                       st.grad = layer.stage1_backward_input(ls.stage1, ls.stage5_grads, ls.d_dispatched);
+                       ls.stage5_grads = model::Stage5Grads{};
+                       ls.d_dispatched = Tensor();
+                       if (with_weight) {
+                         layer.stage1_backward_weight(ls.stage1);
+                         ls.stage1 = model::Stage1Record{};
+                       }
+                     }});
+  }
+  steps.push_back({tag + " done", false, [this, &st, with_weight] {
+                     if (stage_.has_embedding) {
+                       st.d_embed = st.grad;
+                       st.grad = Tensor();
+                       if (with_weight) model_.embed_backward(st.batch, st.d_embed);
+                     }
+                     st.weight_done = with_weight;
+                     st.phase = MicroBatchState::Phase::BackwardInputDone;
+                   }});
+  return steps;
+}
+
+Tensor StageChunk::finish_backward(int microbatch) {
+  MicroBatchState& st = state(microbatch, "finish_backward");
+  MT_CHECK(st.phase == MicroBatchState::Phase::BackwardInputDone,
+           "pipeline: finish_backward of micro-batch {} on stage {} before its backward steps all ran", microbatch,
+           stage_.stage);
+  Tensor d_input = std::move(st.grad);
+  st.grad = Tensor();
+  if (st.weight_done) states_.erase(microbatch);  // a full backward: the records are no longer needed
+  return d_input;
+}
+
+void StageChunk::run_weight_work(MicroBatchState& st) {
+  if (stage_.has_head) model_.head_backward_weight(st.epilog);
+  for (int64_t i = stage_.num_layers(); i-- > 0;) {
+    const model::DecoderLayer& layer = *model_.layers()[static_cast<size_t>(stage_.first_layer + i)];
+    LayerState& ls = st.layers[static_cast<size_t>(i)];
+    layer.stage3_backward_weight(ls.stage3);
+    layer.stage1_backward_weight(ls.stage1);
+  }
+  if (stage_.has_embedding) model_.embed_backward(st.batch, st.d_embed);
+}
+
+ChunkForward StageChunk::forward(int microbatch, const model::MicroBatch& batch, const Tensor& input) {
+  for (const ChunkStep& step : plan_forward(microbatch, batch, input)) step.run();
+  return finish_forward(microbatch);
+}
+
+Tensor StageChunk::backward_input(int microbatch, const Tensor& d_output, double loss_scale) {
+  for (const ChunkStep& step : plan_backward(microbatch, d_output, loss_scale, false)) step.run();
+  return finish_backward(microbatch);
+}
+
+Tensor StageChunk::backward_full(int microbatch, const Tensor& d_output, double loss_scale) {
+  for (const ChunkStep& step : plan_backward(microbatch, d_output, loss_scale, true)) step.run();
+  return finish_backward(microbatch);
+}
+
+void StageChunk::backward_weight(int microbatch) {
+  MicroBatchState& st = state(microbatch, "backward_weight");
+  MT_CHECK(st.phase == MicroBatchState::Phase::BackwardInputDone && !st.weight_done,
+           "pipeline: backward_weight of micro-batch {} on stage {} needs its backward_input to have run (and its "
+           "weight work not yet)",
+           microbatch, stage_.stage);
+  run_weight_work(st);
+  states_.erase(microbatch);
+}
+
+}  // namespace moetrain::pipeline

@@ -1,0 +1,99 @@
+// defines: StageChunk, the work of one pipeline stage (a contiguous run of decoder layers, plus the embedding on
+// the first stage and the final norm, head and loss on the last) for the micro-batches in flight, with a record per
+// micro-batch that lives from its forward to its backward_weight. Work is cut into stage-sized steps so that the
+// executor can interleave the forward of one micro-batch with the backward of another (DualPipe's overlapped pair).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/tensor.h"
+#include "model/batch.h"
+#include "model/causal_lm.h"
+#include "model/decoder_layer.h"
+#include "model/router_loss.h"
+#include "pipeline/partition.h"
+
+namespace moetrain::pipeline {
+
+// One step of a chunk's forward or backward for one micro-batch: one stage of one layer, the embedding or the
+// head. `communication` marks stages 2 and 4 (the expert-parallel dispatch and combine and their backwards): they
+// pass through today, and they are what a GPU executor puts on its communication stream.
+struct ChunkStep {
+  std::string label;  // "F mb3 L5 s1", "B mb2 head", ... (traces and test messages)
+  bool communication = false;
+  std::function<void()> run;
+};
+
+// What a chunk's forward of one micro-batch produced.
+struct ChunkForward {
+  Tensor hidden;        // [T, H] the stage output; undefined on the loss stage
+  model::LossSum loss;  // the loss stage only: cross-entropy sum and counted targets
+  // The auxiliary router losses of the chunk's MoE layers for this micro-batch: (global layer index, values).
+  std::vector<std::pair<int64_t, model::RouterLossValues>> router_losses;
+};
+
+class StageChunk {
+ public:
+  // `model` must outlive the chunk; the chunk computes with (and accumulates into the gradients of) the layers of
+  // `stage` only.
+  StageChunk(const model::CausalLm& model, const StageLayers& stage);
+  ~StageChunk();
+  StageChunk(const StageChunk&) = delete;
+  StageChunk& operator=(const StageChunk&) = delete;
+
+  const StageLayers& stage() const { return stage_; }
+  bool is_loss_stage() const { return stage_.has_head; }
+  bool has_embedding() const { return stage_.has_embedding; }
+
+  // Whole calls. `input` is the previous stage's output (ignored and may be undefined on the embedding stage,
+  // which reads batch.input_ids); `batch` carries the metadata (cu_seqlens, position_ids; targets on the loss
+  // stage) and must stay as given until the micro-batch's backward_weight ran (the chunk keeps a copy).
+  ChunkForward forward(int microbatch, const model::MicroBatch& batch, const Tensor& input);
+  // Activation gradients only; the weight work is kept for backward_weight. `d_output` is the gradient of the
+  // stage output (undefined on the loss stage, whose backward starts from d(loss)/d(ce_sum) = loss_scale).
+  // Returns the gradient of the stage input (undefined on the embedding stage).
+  Tensor backward_input(int microbatch, const Tensor& d_output, double loss_scale);
+  // The weight gradients of a micro-batch whose backward_input ran; frees its records.
+  void backward_weight(int microbatch);
+  // backward_input and backward_weight together (the weight work of each stage right after its input work).
+  Tensor backward_full(int microbatch, const Tensor& d_output, double loss_scale);
+
+  // The same work as steps. plan_* creates the micro-batch's record (checks run here, before any step) and
+  // returns steps that must run in order; finish_* then returns the result. An executor may interleave the steps
+  // of two plans on different micro-batches.
+  std::vector<ChunkStep> plan_forward(int microbatch, const model::MicroBatch& batch, const Tensor& input);
+  ChunkForward finish_forward(int microbatch);
+  std::vector<ChunkStep> plan_backward(int microbatch, const Tensor& d_output, double loss_scale, bool with_weight);
+  Tensor finish_backward(int microbatch);
+
+  // Micro-batches whose records are held (forward ran, backward_weight not yet).
+  int64_t live_records() const { return static_cast<int64_t>(states_.size()); }
+  // Drops every record (after a failed step).
+  void clear();
+
+ private:
+  struct LayerState;
+  struct MicroBatchState;
+
+  MicroBatchState& state(int microbatch, const char* what);
+  void run_weight_work(MicroBatchState& st);
+
+  // Stages 2 and 4 of a layer: the expert-parallel dispatch and combine (and their backwards) go here. Without
+  // expert parallelism they pass the rows through unchanged.
+  Tensor expert_dispatch(const model::Stage1Out& stage1) const { return stage1.dispatched; }
+  Tensor expert_combine(const Tensor& expert_out) const { return expert_out; }
+  Tensor expert_combine_backward(const Tensor& d_combined) const { return d_combined; }
+  Tensor expert_dispatch_backward(const Tensor& d_dispatched) const { return d_dispatched; }
+
+  const model::CausalLm& model_;
+  StageLayers stage_;
+  std::map<int, std::unique_ptr<MicroBatchState>> states_;  // stable addresses: records point into the batch
+};
+
+}  // namespace moetrain::pipeline

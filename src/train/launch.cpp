@@ -1,0 +1,80 @@
+// defines: the launch of a training job on its ranks.
+#include "train/launch.h"
+
+#include <chrono>
+#include <memory>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "dist/bootstrap.h"
+#include "dist/inprocess_communicator.h"
+#include "dist/mesh.h"
+#include "dist/nccl_communicator.h"
+#include "io/model_config.h"
+
+namespace moetrain::train {
+
+namespace {
+
+dist::MeshShape mesh_for(const io::JobConfig& config, int world) {
+  const io::ModelConfig model = io::load_model_config(config.model.config);
+  return dist::resolve_mesh(world, static_cast<int>(config.parallel.pp), static_cast<int>(config.parallel.cp),
+                            static_cast<int>(config.parallel.ep), model.num_experts);
+}
+
+TrainSummary run_thread_ranks(const io::JobConfig& config) {
+  const int world = static_cast<int>(config.dist.local_ranks);
+  MT_CHECK(config.model.device == "cpu",
+           "launch: dist.local_ranks = {} runs thread ranks on the CPU, but model.device is {} (launch one process "
+           "per GPU with torchrun, srun or mpirun instead)",
+           world, config.model.device);
+  const dist::MeshShape shape = mesh_for(config, world);
+  log_info("launch: {} thread ranks, mesh {}", world, shape.str());
+  TrainSummary first;
+  dist::LocalWorldOptions options;
+  options.timeout = std::chrono::seconds(config.dist.timeout_s);
+  dist::run_local_ranks(
+      world,
+      [&](dist::Communicator& comm) {
+        dist::Mesh mesh(comm.split(0, comm.rank(), "world"), shape);
+        Trainer trainer(config, &mesh);
+        TrainSummary summary = trainer.run();
+        if (comm.rank() == 0) first = std::move(summary);
+      },
+      options);
+  return first;
+}
+
+TrainSummary run_process_rank(const io::JobConfig& config, const dist::LaunchEnv& env) {
+  MT_CHECK(config.model.device != "cpu",
+           "launch: {} started {} processes, but model.device is cpu (processes run one GPU each over NCCL; for CPU "
+           "ranks use dist.local_ranks)",
+           env.launcher, env.world_size);
+  setup_logging(LogLevel::Info, env.rank);
+  const dist::MeshShape shape = mesh_for(config, env.world_size);
+  io::JobConfig local = config;
+  local.model.device = fmt::format("cuda:{}", env.local_rank);  // one GPU per process, picked by the local rank
+  log_info("launch: rank {} of {} ({}), {}, mesh {}", env.rank, env.world_size, env.launcher, local.model.device,
+           shape.str());
+  dist::NcclOptions options;
+  options.timeout = std::chrono::seconds(config.dist.timeout_s);
+  dist::RendezvousOptions rendezvous;
+  rendezvous.timeout = options.timeout;
+  dist::Mesh& mesh =
+      dist::setup_mesh(dist::connect_nccl_world(env, Device::cuda(env.local_rank), options, rendezvous), shape);
+  Trainer trainer(local, &mesh);
+  return trainer.run();
+}
+
+}  // namespace
+
+TrainSummary run_training_job(const io::JobConfig& config) {
+  if (config.dist.local_ranks > 1) return run_thread_ranks(config);
+  const dist::LaunchEnv env = dist::read_launch_env(dist::process_env());
+  if (env.world_size > 1) return run_process_rank(config, env);
+  mesh_for(config, 1);  // refuses a parallel.* that one rank cannot hold
+  Trainer trainer(config);
+  return trainer.run();
+}
+
+}  // namespace moetrain::train

@@ -1,0 +1,370 @@
+// Tests for the Hopper (CUTLASS) path of the grouped expert GEMMs (ops/cuda/grouped_gemm_cutlass.*), reached through
+// the public ops with bf16 operands whose N and K are multiples of 8: forward, backward input and backward weight
+// against the CPU reference on bf16-rounded inputs over uniform groups, skewed groups with empty ones, one group, no
+// rows, odd row counts and more groups than a warp scans at once; weight-gradient accumulation and the launcher's
+// overwriting form, determinism, group independence and the fallback for shapes the path does not take. Each comparison
+// prints ||gpu - cpu|| / ||cpu||. CudaGroupedGemmBench.DISABLED_ExpertShapes times the Qwen3-30B-A3B expert shapes
+// (run it with --gtest_also_run_disabled_tests; bench/grouped_mm_torch.py times torch._grouped_mm on the same ones).
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#if MOETRAIN_HAS_CUDA
+#include <cuda_runtime.h>
+#endif
+
+#include "core/rng.h"
+#include "ops/grouped_gemm.h"
+#if MOETRAIN_HAS_CUDA
+#include "ops/cuda/check.h"
+#include "ops/cuda/grouped_gemm_cutlass.h"
+#include "ops/cuda/runtime.h"
+#endif
+#include "testing/cuda_compare.h"
+#include "testing/gpu.h"
+#include "testing/test_data.h"
+
+namespace moetrain {
+namespace {
+
+// The CUTLASS path and its launchers exist only in builds with CUDA; without it there is nothing to test here.
+#if MOETRAIN_HAS_CUDA
+
+using testing::gpu;
+using testing::host_f32;
+using testing::on_gpu;
+using testing::random_tensor;
+using testing::rounded_to_bf16;
+using testing::same_bytes;
+
+// bf16 outputs against the CPU's f32 result on the same bf16-valued inputs: the final store rounds each element by at
+// most 2^-9 relative (the f32 accumulation differs by ~1e-6); 2^-8 is twice that bound, while one wrong or missing
+// term of a K >= 16 reduction costs ~1/sqrt(K) >= 6e-2.
+constexpr double kBf16OutputTolerance = 0x1p-8;
+// f32 weight gradients: products of bf16 values are exact in f32, so only the summation differs from the CPU's. The
+// tensor cores may truncate rather than round while accumulating: at most one f32 ulp (2^-23 relative to the running
+// sum) per added product over the longest group here (300 rows) bounds the error by ~3.6e-5; 1e-4 leaves margin,
+// while a wrong or missing row costs ~1/sqrt(rows) >= 5e-2.
+constexpr double kF32GradientTolerance = 1e-4;
+
+std::vector<int32_t> offsets_from_sizes(const std::vector<int32_t>& sizes) {
+  std::vector<int32_t> offsets{0};
+  for (int32_t s : sizes) offsets.push_back(offsets.back() + s);
+  return offsets;
+}
+
+Tensor offsets_tensor(const std::vector<int32_t>& offsets) {
+  return Tensor::from_vector<int32_t>(offsets, {static_cast<int64_t>(offsets.size())});
+}
+
+void expect_close(const Tensor& gpu_result, const Tensor& cpu_result, double tolerance, const std::string& what) {
+  const double err = testing::relative_error(gpu_result, cpu_result);
+  std::printf("    %-86s relative error %.3e (threshold %.1e)\n", what.c_str(), err, tolerance);
+  EXPECT_LE(err, tolerance) << what << ": ||gpu - cpu|| / ||cpu|| = " << err
+                            << ", max |gpu - cpu| = " << testing::max_abs_diff(gpu_result, cpu_result);
+}
+
+struct GroupCase {
+  std::string name;
+  std::vector<int32_t> offsets;
+  int64_t n_out, n_in;  // N and K of w [G, N, K]
+  int64_t groups() const { return static_cast<int64_t>(offsets.size()) - 1; }
+  int64_t rows() const { return offsets.back(); }
+};
+
+// N and K multiples of 8 (the CUTLASS path's requirement) but not of the 128 x 256 x 64 tile, so partial tiles along
+// every dimension are exercised.
+std::vector<GroupCase> cases() {
+  std::vector<GroupCase> all;
+  all.push_back({"uniform: 8 groups of 128 rows", offsets_from_sizes(std::vector<int32_t>(8, 128)), 256, 512});
+  all.push_back(
+      {"skewed with empty groups (first, middle, last)", offsets_from_sizes({0, 300, 1, 0, 129, 7, 45, 0}), 136, 200});
+  all.push_back({"a single group (G = 1)", offsets_from_sizes({333}), 64, 128});
+  all.push_back({"no rows at all (R = 0)", offsets_from_sizes({0, 0, 0}), 16, 32});
+  all.push_back({"odd row counts", offsets_from_sizes({1, 3, 255, 17, 129}), 128, 72});
+  Rng rng(91);
+  std::vector<int32_t> small(40);
+  for (int32_t& s : small) s = static_cast<int32_t>(rng.below(10));
+  all.push_back({"40 groups of 0..9 rows (more than one warp's 32 groups)", offsets_from_sizes(small), 24, 40});
+  return all;
+}
+
+// f32 tensors on the CPU holding bf16 values (what the GPU sees), plus a random f32 starting dw.
+struct Inputs {
+  Tensor x, w, dy, dw_start, offsets;
+};
+
+Inputs make_inputs(const GroupCase& c, uint64_t seed) {
+  Rng rng(seed);
+  Inputs in;
+  in.x = rounded_to_bf16(random_tensor({c.rows(), c.n_in}, DType::F32, rng));
+  in.w = rounded_to_bf16(random_tensor({c.groups(), c.n_out, c.n_in}, DType::F32, rng));
+  in.dy = rounded_to_bf16(random_tensor({c.rows(), c.n_out}, DType::F32, rng));
+  in.dw_start = random_tensor({c.groups(), c.n_out, c.n_in}, DType::F32, rng);
+  in.offsets = offsets_tensor(c.offsets);
+  return in;
+}
+
+Tensor bf16_gpu(const Tensor& f32) { return on_gpu(f32.to(DType::BF16)); }
+
+// The cases above must take the CUTLASS path (else these tests would check the generic kernels).
+void expect_cutlass_path(const GroupCase& c, const Tensor& a, const Tensor& b, const Tensor& out) {
+  EXPECT_TRUE(ops::cuda::cutlass_grouped_gemm_supported(DType::BF16, c.rows(), c.n_out, c.n_in, {&a, &b, &out}))
+      << c.name << ": expected the CUTLASS path to take N = " << c.n_out << ", K = " << c.n_in;
+}
+
+TEST(CudaGroupedGemmCutlass, ForwardMatchesCpuOnRoundedInputs) {
+  MT_REQUIRE_GPU();
+  uint64_t seed = 100;
+  for (const GroupCase& c : cases()) {
+    SCOPED_TRACE(c.name);
+    const Inputs in = make_inputs(c, seed++);
+    Tensor want = Tensor::empty({c.rows(), c.n_out}, DType::F32);
+    ops::grouped_linear_forward(Stream::cpu(), want, in.x, in.w, in.offsets);
+    const Tensor x = bf16_gpu(in.x), w = bf16_gpu(in.w);
+    Tensor y = on_gpu(Tensor::zeros({c.rows(), c.n_out}, DType::BF16));
+    expect_cutlass_path(c, x, w, y);
+    ops::grouped_linear_forward(gpu(), y, x, w, on_gpu(in.offsets));
+    expect_close(host_f32(y), want, kBf16OutputTolerance, "forward: " + c.name);
+  }
+}
+
+TEST(CudaGroupedGemmCutlass, BackwardInputMatchesCpuOnRoundedInputs) {
+  MT_REQUIRE_GPU();
+  uint64_t seed = 200;
+  for (const GroupCase& c : cases()) {
+    SCOPED_TRACE(c.name);
+    const Inputs in = make_inputs(c, seed++);
+    Tensor want = Tensor::empty({c.rows(), c.n_in}, DType::F32);
+    ops::grouped_linear_backward_input(Stream::cpu(), want, in.dy, in.w, in.offsets);
+    const Tensor dy = bf16_gpu(in.dy), w = bf16_gpu(in.w);
+    Tensor dx = on_gpu(Tensor::zeros({c.rows(), c.n_in}, DType::BF16));
+    expect_cutlass_path(c, dy, w, dx);
+    ops::grouped_linear_backward_input(gpu(), dx, dy, w, on_gpu(in.offsets));
+    expect_close(host_f32(dx), want, kBf16OutputTolerance, "backward_input: " + c.name);
+  }
+}
+
+// dw starts from random values and the op is called twice: dw = start + 2 * sum, and empty groups keep their start
+// bytes.
+TEST(CudaGroupedGemmCutlass, BackwardWeightAccumulatesTwiceAndSkipsEmptyGroups) {
+  MT_REQUIRE_GPU();
+  uint64_t seed = 300;
+  for (const GroupCase& c : cases()) {
+    SCOPED_TRACE(c.name);
+    const Inputs in = make_inputs(c, seed++);
+    Tensor want = in.dw_start.clone();
+    ops::grouped_linear_backward_weight(Stream::cpu(), want, in.dy, in.x, in.offsets);
+    Tensor want_once = want.clone();
+    ops::grouped_linear_backward_weight(Stream::cpu(), want, in.dy, in.x, in.offsets);
+    const Tensor dy = bf16_gpu(in.dy), x = bf16_gpu(in.x), offsets = on_gpu(in.offsets);
+    Tensor dw = on_gpu(in.dw_start);
+    expect_cutlass_path(c, dy, x, dw);
+    ops::grouped_linear_backward_weight(gpu(), dw, dy, x, offsets);
+    expect_close(host_f32(dw), want_once, kF32GradientTolerance, "backward_weight once: " + c.name);
+    ops::grouped_linear_backward_weight(gpu(), dw, dy, x, offsets);
+    const Tensor got = host_f32(dw);
+    expect_close(got, want, kF32GradientTolerance, "backward_weight twice: " + c.name);
+    for (int64_t g = 0; g < c.groups(); ++g) {
+      if (c.offsets[g] != c.offsets[g + 1]) continue;
+      EXPECT_TRUE(same_bytes(got.select(g).clone(), in.dw_start.select(g).clone()))
+          << c.name << ": empty group " << g << " changed its gradient";
+    }
+  }
+}
+
+// The launcher's overwriting form (accumulate = false) ignores dw's previous contents: dw[g] = dy_g^T x_g, and empty
+// groups become 0 (also when there are no rows at all).
+TEST(CudaGroupedGemmCutlass, BackwardWeightOverwriteIgnoresPreviousContentsAndZeroesEmptyGroups) {
+  MT_REQUIRE_GPU();
+  uint64_t seed = 700;
+  for (const GroupCase& c : cases()) {
+    SCOPED_TRACE(c.name);
+    const Inputs in = make_inputs(c, seed++);
+    Tensor want = Tensor::zeros({c.groups(), c.n_out, c.n_in}, DType::F32);
+    ops::grouped_linear_backward_weight(Stream::cpu(), want, in.dy, in.x, in.offsets);
+    Tensor dw = on_gpu(in.dw_start);
+    ops::cuda::grouped_linear_backward_weight_cutlass(gpu(), dw, bf16_gpu(in.dy), bf16_gpu(in.x), on_gpu(in.offsets),
+                                                      /*accumulate=*/false);
+    const Tensor got = host_f32(dw);
+    expect_close(got, want, kF32GradientTolerance, "backward_weight overwrite: " + c.name);
+    for (int64_t g = 0; g < c.groups(); ++g) {
+      if (c.offsets[g] != c.offsets[g + 1]) continue;
+      const std::vector<float> values = got.select(g).clone().to_vector<float>();
+      EXPECT_TRUE(std::all_of(values.begin(), values.end(), [](float v) { return v == 0.0f; }))
+          << c.name << ": empty group " << g << " was not zeroed";
+    }
+  }
+}
+
+TEST(CudaGroupedGemmCutlass, RepeatedRunsAreBitwiseIdentical) {
+  MT_REQUIRE_GPU();
+  for (const GroupCase& c : cases()) {
+    SCOPED_TRACE(c.name);
+    const Inputs in = make_inputs(c, 400);
+    const Tensor x = bf16_gpu(in.x), w = bf16_gpu(in.w), dy = bf16_gpu(in.dy), offsets = on_gpu(in.offsets);
+    Tensor results[2][3];
+    for (auto& r : results) {
+      Tensor y = on_gpu(Tensor::zeros({c.rows(), c.n_out}, DType::BF16));
+      Tensor dx = on_gpu(Tensor::zeros({c.rows(), c.n_in}, DType::BF16));
+      Tensor dw = on_gpu(in.dw_start);
+      ops::grouped_linear_forward(gpu(), y, x, w, offsets);
+      ops::grouped_linear_backward_input(gpu(), dx, dy, w, offsets);
+      ops::grouped_linear_backward_weight(gpu(), dw, dy, x, offsets);
+      r[0] = y.to(Device::cpu());
+      r[1] = dx.to(Device::cpu());
+      r[2] = dw.to(Device::cpu());
+    }
+    EXPECT_TRUE(same_bytes(results[0][0], results[1][0])) << "forward";
+    EXPECT_TRUE(same_bytes(results[0][1], results[1][1])) << "backward_input";
+    EXPECT_TRUE(same_bytes(results[0][2], results[1][2])) << "backward_weight";
+  }
+}
+
+// A group's results do not depend on the other groups: group 1 of the skewed case (rows 0..300) computed with every
+// other group emptied gives the same bytes for its rows (forward, backward input) and for dw[1].
+TEST(CudaGroupedGemmCutlass, GroupResultsDoNotDependOnOtherGroups) {
+  MT_REQUIRE_GPU();
+  const GroupCase c = cases()[1];
+  ASSERT_EQ(c.offsets[1], 0);
+  ASSERT_EQ(c.offsets[2], 300);
+  const Inputs in = make_inputs(c, 500);
+  const Tensor x = bf16_gpu(in.x), w = bf16_gpu(in.w), dy = bf16_gpu(in.dy);
+  Tensor y = on_gpu(Tensor::zeros({c.rows(), c.n_out}, DType::BF16));
+  Tensor dx = on_gpu(Tensor::zeros({c.rows(), c.n_in}, DType::BF16));
+  Tensor dw = on_gpu(in.dw_start);
+  ops::grouped_linear_forward(gpu(), y, x, w, on_gpu(in.offsets));
+  ops::grouped_linear_backward_input(gpu(), dx, dy, w, on_gpu(in.offsets));
+  ops::grouped_linear_backward_weight(gpu(), dw, dy, x, on_gpu(in.offsets));
+
+  const int64_t count = 300;
+  std::vector<int32_t> alone(c.offsets.size(), static_cast<int32_t>(count));
+  alone[0] = alone[1] = 0;
+  const Tensor alone_offsets = on_gpu(offsets_tensor(alone));
+  Tensor y_alone = on_gpu(Tensor::zeros({count, c.n_out}, DType::BF16));
+  Tensor dx_alone = on_gpu(Tensor::zeros({count, c.n_in}, DType::BF16));
+  Tensor dw_alone = on_gpu(in.dw_start);
+  ops::grouped_linear_forward(gpu(), y_alone, x.slice(0, count), w, alone_offsets);
+  ops::grouped_linear_backward_input(gpu(), dx_alone, dy.slice(0, count), w, alone_offsets);
+  ops::grouped_linear_backward_weight(gpu(), dw_alone, dy.slice(0, count), x.slice(0, count), alone_offsets);
+  EXPECT_TRUE(same_bytes(y_alone, y.to(Device::cpu()).slice(0, count).clone())) << "forward";
+  EXPECT_TRUE(same_bytes(dx_alone, dx.to(Device::cpu()).slice(0, count).clone())) << "backward_input";
+  EXPECT_TRUE(same_bytes(dw_alone.to(Device::cpu()).select(1).clone(), dw.to(Device::cpu()).select(1).clone()))
+      << "backward_weight of group 1";
+}
+
+// Shapes the CUTLASS path does not take (N or K not a multiple of 8, f32) still run, on the generic kernels.
+TEST(CudaGroupedGemmCutlass, UnalignedShapesFallBackToTheGenericKernels) {
+  MT_REQUIRE_GPU();
+  const GroupCase c{"N = 12 (not a multiple of 8)", offsets_from_sizes({5, 0, 70}), 12, 32};
+  const Inputs in = make_inputs(c, 600);
+  const Tensor x = bf16_gpu(in.x), w = bf16_gpu(in.w);
+  Tensor y = on_gpu(Tensor::zeros({c.rows(), c.n_out}, DType::BF16));
+  EXPECT_FALSE(ops::cuda::cutlass_grouped_gemm_supported(DType::BF16, c.rows(), c.n_out, c.n_in, {&x, &w, &y}));
+  EXPECT_FALSE(ops::cuda::cutlass_grouped_gemm_supported(DType::F32, c.rows(), 16, 32, {}));
+  EXPECT_FALSE(ops::cuda::cutlass_grouped_gemm_supported(DType::BF16, c.rows(), 16, 36, {}));
+  EXPECT_TRUE(ops::cuda::cutlass_grouped_gemm_supported(DType::BF16, c.rows(), 16, 40, {}));
+  Tensor want = Tensor::empty({c.rows(), c.n_out}, DType::F32);
+  ops::grouped_linear_forward(Stream::cpu(), want, in.x, in.w, in.offsets);
+  ops::grouped_linear_forward(gpu(), y, x, w, on_gpu(in.offsets));
+  expect_close(host_f32(y), want, kBf16OutputTolerance, "forward (generic kernel): " + c.name);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Benchmark: the Qwen3-30B-A3B expert GEMMs (E = 128, H = 2048, I = 768, 65,536 routed rows), bf16 in, f32
+// accumulate. Uniform routing (512 rows per expert) and a Zipf-like skew (expert e gets a share ~ 1 / (e + 1)^1.2,
+// the last 16 experts none); bench/grouped_mm_torch.py builds the same routing.
+
+std::vector<int32_t> bench_sizes(bool skewed, int experts, int rows) {
+  std::vector<int32_t> sizes(experts, rows / experts);
+  if (!skewed) return sizes;
+  const int active = experts - 16;
+  std::vector<double> share(experts, 0.0);
+  double total = 0.0;
+  for (int e = 0; e < active; ++e) total += share[e] = 1.0 / std::pow(e + 1.0, 1.2);
+  int assigned = 0;
+  for (int e = 0; e < experts; ++e) {
+    sizes[e] = static_cast<int32_t>(std::floor(rows * share[e] / total));
+    assigned += sizes[e];
+  }
+  sizes[0] += rows - assigned;
+  return sizes;
+}
+
+// A device bf16 tensor filled with a repeated block of random values (generating 10^8 normals on the host is slow;
+// the values only need to look like data to the tensor cores).
+Tensor bench_tensor(const Shape& shape, Rng& rng) {
+  Tensor t = Tensor::empty(shape, DType::BF16, Device::cuda(0));
+  const int64_t block = std::min<int64_t>(t.numel(), int64_t{1} << 20);
+  const Tensor pattern = random_tensor({block}, DType::F32, rng).to(DType::BF16);
+  auto* dst = static_cast<uint8_t*>(t.raw_data());
+  for (int64_t at = 0; at < t.numel(); at += block) {
+    const int64_t n = std::min(block, t.numel() - at);
+    copy_bytes(dst + at * 2, Device::cuda(0), pattern.raw_data(), Device::cpu(), static_cast<size_t>(n) * 2);
+  }
+  return t;
+}
+
+template <typename F>
+double time_ms(F&& call) {
+  auto stream = static_cast<cudaStream_t>(ops::cuda::stream_handle(gpu()));
+  for (int i = 0; i < 3; ++i) call();
+  cudaEvent_t start, stop;
+  MT_CUDA_CHECK(cudaEventCreate(&start));
+  MT_CUDA_CHECK(cudaEventCreate(&stop));
+  constexpr int kTimed = 20;
+  MT_CUDA_CHECK(cudaEventRecord(start, stream));
+  for (int i = 0; i < kTimed; ++i) call();
+  MT_CUDA_CHECK(cudaEventRecord(stop, stream));
+  MT_CUDA_CHECK(cudaEventSynchronize(stop));
+  float ms = 0.0f;
+  MT_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+  MT_CUDA_CHECK(cudaEventDestroy(start));
+  MT_CUDA_CHECK(cudaEventDestroy(stop));
+  return static_cast<double>(ms) / kTimed;
+}
+
+TEST(CudaGroupedGemmBench, DISABLED_ExpertShapes) {
+  MT_REQUIRE_GPU();
+  constexpr int kExperts = 128, kRows = 65536;
+  struct Shape2 {
+    const char* name;
+    int64_t n_out, n_in;
+  };
+  const Shape2 shapes[] = {{"gate_up (N=1536, K=2048)", 1536, 2048}, {"down (N=2048, K=768)", 2048, 768}};
+  Rng rng(7);
+  std::printf("moetrain CUTLASS grouped GEMM: %d experts, %d rows, bf16 in, f32 accumulate\n", kExperts, kRows);
+  for (const Shape2& s : shapes) {
+    const Tensor x = bench_tensor({kRows, s.n_in}, rng), w = bench_tensor({kExperts, s.n_out, s.n_in}, rng);
+    const Tensor dy = bench_tensor({kRows, s.n_out}, rng);
+    Tensor y = Tensor::empty({kRows, s.n_out}, DType::BF16, Device::cuda(0));
+    Tensor dx = Tensor::empty({kRows, s.n_in}, DType::BF16, Device::cuda(0));
+    Tensor dw = Tensor::zeros({kExperts, s.n_out, s.n_in}, DType::F32, Device::cuda(0));
+    for (bool skewed : {false, true}) {
+      const std::vector<int32_t> sizes = bench_sizes(skewed, kExperts, kRows);
+      const Tensor offsets = on_gpu(offsets_tensor(offsets_from_sizes(sizes)));
+      ASSERT_TRUE(ops::cuda::cutlass_grouped_gemm_supported(DType::BF16, kRows, s.n_out, s.n_in, {&x, &w, &y}));
+      const double flops = 2.0 * kRows * static_cast<double>(s.n_out) * static_cast<double>(s.n_in);
+      const double fwd = time_ms([&] { ops::grouped_linear_forward(gpu(), y, x, w, offsets); });
+      const double dgrad = time_ms([&] { ops::grouped_linear_backward_input(gpu(), dx, dy, w, offsets); });
+      const double wgrad = time_ms([&] { ops::grouped_linear_backward_weight(gpu(), dw, dy, x, offsets); });
+      const double wgrad_overwrite = time_ms(
+          [&] { ops::cuda::grouped_linear_backward_weight_cutlass(gpu(), dw, dy, x, offsets, /*accumulate=*/false); });
+      const char* routing = skewed ? "skewed (Zipf 1.2, 16 empty, max " : "uniform (";
+      const int32_t largest = *std::max_element(sizes.begin(), sizes.end());
+      for (const auto& [op, ms] : {std::pair{"fwd  ", fwd}, std::pair{"dgrad", dgrad}, std::pair{"wgrad", wgrad},
+                                   std::pair{"wgrad(overwrite)", wgrad_overwrite}}) {
+        std::printf("  %-26s %s%d rows) %s %8.3f ms %7.1f TFLOP/s\n", s.name, routing, largest, op, ms,
+                    flops / (ms * 1e-3) / 1e12);
+      }
+    }
+  }
+}
+
+#endif  // MOETRAIN_HAS_CUDA
+
+}  // namespace
+}  // namespace moetrain
