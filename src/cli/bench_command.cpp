@@ -15,6 +15,8 @@
 #include "core/error.h"
 #include "io/job_config.h"
 #include "ops/op_profile.h"
+#include "dist/mesh.h"
+#include "train/launch.h"
 #include "train/trainer.h"
 
 namespace moetrain::cli {
@@ -58,8 +60,10 @@ int run_bench(const BenchOptions& options) {
   std::vector<std::string> overrides = options.overrides;
   overrides.push_back("checkpoint.dir=");  // a benchmark neither resumes nor writes checkpoints
   overrides.push_back(fmt::format("train.steps={}", options.warmup + options.steps));
-  const io::JobConfig config = io::load_job_config(options.config, overrides);
-  train::Trainer trainer(config);
+  io::JobConfig config = io::load_job_config(options.config, overrides);
+  dist::Mesh* mesh = train::setup_process_mesh(config);  // torchrun & co.: one GPU per process
+  const int world = mesh == nullptr ? 1 : mesh->shape().world();
+  train::Trainer trainer(config, mesh);
   const DeviceKind kind = trainer.model().device().kind;
   if (options.warmup > 0) trainer.run(options.warmup);
   ops::set_op_profiling(true);
@@ -72,7 +76,8 @@ int run_bench(const BenchOptions& options) {
   const double tokens =
       static_cast<double>(std::accumulate(timed.step_tokens.begin(), timed.step_tokens.end(), int64_t{0}));
   const double tokens_per_s = tokens / seconds;
-  const double tflops = tokens_per_s * trainer.flops_per_token() / 1e12;
+  const double tokens_per_s_per_gpu = tokens_per_s / world;
+  const double tflops = tokens_per_s_per_gpu * trainer.flops_per_token() / 1e12;  // per GPU
   const double mfu = kind == DeviceKind::CUDA ? tflops / 989.0 : 0.0;
   const int64_t peak = memory_stats(kind).peak_bytes;
 
@@ -85,17 +90,22 @@ int run_bench(const BenchOptions& options) {
                            {"timed_steps", options.steps},
                            {"step_s", seconds / static_cast<double>(options.steps)},
                            {"tokens_per_s", tokens_per_s},
+                           {"ranks", world},
+                           {"tokens_per_s_per_gpu", tokens_per_s_per_gpu},
                            {"model_tflops", tflops},
                            {"mfu_vs_989", mfu},
                            {"flops_per_token", trainer.flops_per_token()},
                            {"memory", memory_breakdown(trainer, peak)}};
+  if (mesh != nullptr && mesh->rank() != 0) return 0;  // the reductions gave every rank the same figures
+  std::printf("bench: %d rank(s)%s\n", world, mesh == nullptr ? "" : (", mesh " + mesh->shape().str()).c_str());
   std::printf("bench: %s, %lld layers, %lld parameters, %s compute on %s\n", result["model"].get<std::string>().c_str(),
               static_cast<long long>(result["layers"].get<int64_t>()),
               static_cast<long long>(result["parameters"].get<int64_t>()), config.model.compute_dtype.c_str(),
               config.model.device.c_str());
-  std::printf("bench: %.0f tokens/step, %.3f s/step over %lld steps: %.1f tokens/s, %.1f model TFLOP/s, MFU %.1f%%\n",
+  std::printf("bench: %.0f tokens/step, %.3f s/step over %lld steps: %.1f tokens/s (%.1f per GPU), %.1f model TFLOP/s "
+              "per GPU, MFU %.1f%%\n",
               tokens / static_cast<double>(options.steps), seconds / static_cast<double>(options.steps),
-              static_cast<long long>(options.steps), tokens_per_s, tflops, 100.0 * mfu);
+              static_cast<long long>(options.steps), tokens_per_s, tokens_per_s_per_gpu, tflops, 100.0 * mfu);
   std::printf(
       "bench: memory peak %.2f GiB = compute weights %.2f + masters %.2f + optimizer state %.2f + gradients "
       "%.2f + activations and workspace %.2f\n",

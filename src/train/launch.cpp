@@ -45,35 +45,37 @@ TrainSummary run_thread_ranks(const io::JobConfig& config) {
   return first;
 }
 
-TrainSummary run_process_rank(const io::JobConfig& config, const dist::LaunchEnv& env) {
+dist::Mesh& connect_process_mesh(io::JobConfig& config, const dist::LaunchEnv& env) {
   MT_CHECK(config.model.device != "cpu",
            "launch: {} started {} processes, but model.device is cpu (processes run one GPU each over NCCL; for CPU "
            "ranks use dist.local_ranks)",
            env.launcher, env.world_size);
   setup_logging(LogLevel::Info, env.rank);
   const dist::MeshShape shape = mesh_for(config, env.world_size);
-  io::JobConfig local = config;
-  local.model.device = fmt::format("cuda:{}", env.local_rank);  // one GPU per process, picked by the local rank
-  log_info("launch: rank {} of {} ({}), {}, mesh {}", env.rank, env.world_size, env.launcher, local.model.device,
+  config.model.device = fmt::format("cuda:{}", env.local_rank);  // one GPU per process, picked by the local rank
+  log_info("launch: rank {} of {} ({}), {}, mesh {}", env.rank, env.world_size, env.launcher, config.model.device,
            shape.str());
   dist::NcclOptions options;
   options.timeout = std::chrono::seconds(config.dist.timeout_s);
   dist::RendezvousOptions rendezvous;
   rendezvous.timeout = options.timeout;
-  dist::Mesh& mesh =
-      dist::setup_mesh(dist::connect_nccl_world(env, Device::cuda(env.local_rank), options, rendezvous), shape);
-  Trainer trainer(local, &mesh);
-  return trainer.run();
+  return dist::setup_mesh(dist::connect_nccl_world(env, Device::cuda(env.local_rank), options, rendezvous), shape);
 }
 
 }  // namespace
 
+dist::Mesh* setup_process_mesh(io::JobConfig& config) {
+  const dist::LaunchEnv env = dist::read_launch_env(dist::process_env());
+  if (env.world_size > 1) return &connect_process_mesh(config, env);
+  mesh_for(config, 1);  // refuses a parallel.* that one rank cannot hold
+  return nullptr;
+}
+
 TrainSummary run_training_job(const io::JobConfig& config) {
   if (config.dist.local_ranks > 1) return run_thread_ranks(config);
-  const dist::LaunchEnv env = dist::read_launch_env(dist::process_env());
-  if (env.world_size > 1) return run_process_rank(config, env);
-  mesh_for(config, 1);  // refuses a parallel.* that one rank cannot hold
-  Trainer trainer(config);
+  io::JobConfig local = config;
+  dist::Mesh* mesh = setup_process_mesh(local);
+  Trainer trainer(local, mesh);
   return trainer.run();
 }
 

@@ -7,7 +7,16 @@
 #include "io/job_config.h"
 #include "train/trainer.h"
 
+namespace moetrain::dist {
+class Mesh;
+}
+
 namespace moetrain::train {
+
+// When a launcher started several processes: connects this one to the NCCL world, sets the
+// process-wide mesh, points `config` at this process's GPU (cuda:LOCAL_RANK) and returns the mesh.
+// Null for a process alone.
+dist::Mesh* setup_process_mesh(io::JobConfig& config);
 
 // Trains `config` on the ranks the launch gives; returns the first rank's summary (thread ranks) or
 // this process's.
