@@ -170,8 +170,10 @@ std::set<size_t> check_routing(Report& report, const std::string& label, const m
   return near_tie_layers;
 }
 
-// Splits off the expert gradients of the decoder layers whose MoE layer had near-tie flips: they
-// are reported on their own line, not held to the threshold, since those tokens used other experts.
+// Splits off the gradients of the MoE block (experts, router, and the post-attention norm that feeds
+// them) of every decoder layer whose routing had near-tie flips: those tokens went through other
+// experts, so these gradients differ by construction. They are named with their errors on their own
+// line, not held to the threshold; every other gradient still is.
 std::vector<std::pair<std::string, double>> set_aside_flipped_experts(
     Report& report, const std::string& label, const io::ModelConfig& config, const std::set<size_t>& moe_layers,
     std::vector<std::pair<std::string, double>> errors) {
@@ -180,7 +182,9 @@ std::vector<std::pair<std::string, double>> set_aside_flipped_experts(
   size_t moe = 0;
   for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
     if (!config.layer_is_moe(layer)) continue;
-    if (moe_layers.count(moe++)) prefixes.push_back(fmt::format("model.layers.{}.mlp.experts.", layer));
+    if (!moe_layers.count(moe++)) continue;
+    prefixes.push_back(fmt::format("model.layers.{}.mlp.", layer));
+    prefixes.push_back(fmt::format("model.layers.{}.post_attention_layernorm.", layer));
   }
   std::vector<std::pair<std::string, double>> kept;
   std::string aside;
@@ -193,7 +197,7 @@ std::vector<std::pair<std::string, double>> set_aside_flipped_experts(
       kept.emplace_back(std::move(name), error);
     }
   }
-  report.info(fmt::format("{:<28} expert gradients of layers with near-tie flips, not compared:{}",
+  report.info(fmt::format("{:<28} MoE-block gradients of layers with near-tie flips, not compared:{}",
                           label + "/grads_flipped", aside));
   return kept;
 }

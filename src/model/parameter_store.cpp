@@ -1,6 +1,8 @@
 // defines: ParameterStore allocation, HF import/export and seeded initialisation.
 #include "model/parameter_store.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <set>
 
@@ -157,10 +159,11 @@ void ParameterStore::init_random(uint64_t seed, double std) {
       for (int64_t j = 0; j < n; ++j) p[j] = 1.0f;
     } else {
       // normal() takes exactly two draws, so element j is the stream started at counter + 2j: chunks
-      // fill in parallel with the same values as one sequential pass.
+      // fill in parallel with the same values as one sequential pass. Every core helps, whatever
+      // OMP_NUM_THREADS says (torchrun sets 1): billions of draws otherwise take minutes.
       const Rng base = Rng::for_key(seed, specs_[i].name);
       constexpr int64_t kChunk = 1 << 16;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(omp_get_num_procs())
       for (int64_t start = 0; start < n; start += kChunk) {
         Rng rng(base.seed(), base.counter() + 2 * static_cast<uint64_t>(start));
         const int64_t end = std::min(n, start + kChunk);

@@ -20,7 +20,7 @@ struct StepMetrics {
   int64_t tokens = 0;  // tokens of this step over all ranks
   double step_seconds = 0.0;
   double tokens_per_s = 0.0;
-  double tflops = 0.0;  // model TFLOP/s (0 when unknown)
+  double tflops = 0.0;  // model TFLOP/s per device (0 when unknown)
   double mfu = 0.0;     // fraction of the device peak (0 when the peak is unknown)
   int64_t peak_mem_bytes = 0;
   double elapsed_s = 0.0;  // since the start of this run

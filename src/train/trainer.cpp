@@ -273,7 +273,8 @@ TrainSummary Trainer::run(int64_t max_steps_this_run) {
     summary.step_tokens.push_back(last_.tokens);
     last_.elapsed_s = std::chrono::duration<double>(t1 - start).count();
     last_.tokens_per_s = static_cast<double>(last_.tokens) / last_.step_seconds;
-    last_.tflops = last_.tokens_per_s * flops_per_token_ / 1e12;
+    const double gpus = mesh_ == nullptr ? 1.0 : static_cast<double>(mesh_->shape().world());
+    last_.tflops = last_.tokens_per_s / gpus * flops_per_token_ / 1e12;  // per device, as MFU needs
     last_.mfu = device_peak_flops_ > 0.0 ? last_.tflops * 1e12 / device_peak_flops_ : 0.0;
     last_.peak_mem_bytes = memory_stats(model_->device().kind).peak_bytes;
     last_.eta_s = last_.elapsed_s / static_cast<double>(taken) * static_cast<double>(total - step_);
