@@ -29,6 +29,14 @@ LoadBalanceVariant parse_load_balance_variant(const std::string& name) {
   MT_FAIL("loss.load_balance: expected micro_batch, global_batch or sequence but found '{}'", name);
 }
 
+void RouterLossValues::resolve() {
+  if (!on_device.defined()) return;
+  const std::vector<float> host = on_device.to(Device::cpu()).to_vector<float>();
+  load_balance = host.at(0);
+  z_loss = host.at(1);
+  on_device = Tensor();
+}
+
 RouterLossValues router_aux_losses(const RouterLossSettings& s, int64_t moe_layer, const Tensor& logits,
                                    const Tensor& probs, const Tensor& topk_index, const Tensor& cu_seqlens,
                                    Tensor& d_probs, Tensor& d_logits) {

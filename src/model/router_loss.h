@@ -43,6 +43,11 @@ struct RouterLossValues {
   double load_balance = 0.0;  // this layer's normalised value (1.0 = balanced), token-weighted over the micro-batch
   double z_loss = 0.0;
   int64_t tokens = 0;
+  // On CUDA the two values stay on the device, f32 [2] = (load_balance, z_loss), until resolve()
+  // copies them into the doubles above: call it where the host needs them, as late as possible
+  // (a copy waits for the stream). Undefined when the doubles already hold the values.
+  Tensor on_device;
+  void resolve();
 };
 
 // Computes the values and the gradients to inject: d_probs [T, E] on the router probabilities
