@@ -14,15 +14,19 @@
 #include "model/batch.h"
 #include "model/decoder_layer.h"
 #include "model/parameter_store.h"
+#include "ops/linear_cross_entropy.h"
 #include "ops/norm.h"
 
 namespace moetrain::model {
 
 struct EpilogRecord {
   Tensor hidden, rstd, normed;  // final norm input, its rstd, its output
-  Tensor logits, lse, losses;   // [T, V], [T], [T]
+  Tensor logits, lse, losses;   // [T, V] (undefined after a fused forward), [T], [T]
   const MicroBatch* batch = nullptr;
-  Tensor d_normed;  // kept by backward_input for backward_weight
+  Tensor d_normed;  // kept by backward_input for backward_weight; made by a fused forward with a loss scale
+  // Set by head_forward_fused with loss_scale > 0: d_normed exists and the head's weight gradient is accumulated.
+  bool fused = false;
+  double loss_scale = 0.0;
 };
 
 struct LossSum {
@@ -65,6 +69,17 @@ class CausalLm {
   // d_hidden for d(loss)/d(ce_sum) = loss_scale (1 / the step's global target count).
   Tensor head_backward_input(EpilogRecord& record, double loss_scale) const;
   void head_backward_weight(EpilogRecord& record) const;
+  // Fused epilog: final norm, then the head and the cross-entropy chunked over the vocabulary
+  // (ops/linear_cross_entropy.h, head_chunk() columns at a time): the [T, V] logits never exist. With
+  // loss_scale > 0 (1 / the step's global target count) the gradients come at once: d_normed is kept in the
+  // record and the head's weight gradient is accumulated now; head_backward_input (same loss_scale) and
+  // head_backward_weight then only finish the final norm's backward. loss_scale == 0: forward only.
+  LossSum head_forward_fused(EpilogRecord& record, const Tensor& hidden, const MicroBatch& batch,
+                             double loss_scale) const;
+  // Vocabulary columns per chunk of the fused head; 0 makes forward_backward / forward_only materialise the logits
+  // (head_forward). They do so anyway when the caller observes the logits.
+  void set_head_chunk(int64_t columns) { head_chunk_ = columns; }
+  int64_t head_chunk() const { return head_chunk_; }
 
  private:
   io::ModelConfig config_;
@@ -73,6 +88,7 @@ class CausalLm {
   std::vector<std::unique_ptr<DecoderLayer>> layers_;
   ops::RmsNormParams final_norm_;
   bool exact_ = false;
+  int64_t head_chunk_ = ops::kLinearCrossEntropyChunk;
 };
 
 // What a caller may want to look at besides the loss (check-golden, tests).
@@ -96,6 +112,9 @@ struct StepLoss {
   double load_balance = 0.0;
   double z_loss = 0.0;
   int64_t num_tokens = 0;
+  // Router-loss values still on the device, summed into the fields above with one wait when the
+  // step's forward passes are done (CUDA keeps them there so no layer waits for the stream).
+  std::vector<RouterLossValues> pending_router_losses;
 };
 
 // Forward and backward of every micro-batch in order, accumulating into the parameter gradients

@@ -67,10 +67,10 @@ Stage1Out Qwen3DecoderLayer::stage1_forward(Stage1Record& r, const Tensor& hidde
   const Tensor attn = attention_.forward(r.attention, r.normed_input, batch);
 
   r.residual = Tensor::empty(hidden.shape(), dt, dev);
-  ops::add_forward(s, r.residual, hidden, attn);
   r.rstd_post = Tensor::empty({T}, statistics_dtype(dt), dev);
   r.normed_post = Tensor::empty(hidden.shape(), dt, dev);
-  ops::rmsnorm_forward(s, r.normed_post, r.rstd_post, r.residual, w_post_norm_, norm_);
+  // residual = hidden + attention and its norm in one pass (the same bits as the two ops apart).
+  ops::add_rmsnorm_forward(s, r.residual, r.normed_post, r.rstd_post, hidden, attn, w_post_norm_, norm_);
 
   Stage1Out out;
   out.residual = r.residual;
@@ -80,13 +80,11 @@ Stage1Out Qwen3DecoderLayer::stage1_forward(Stage1Record& r, const Tensor& hidde
   }
   r.routing = router_->forward(r.router, r.normed_post);
   if (batch.router_loss != nullptr && batch.router_loss->active()) {
-    // The auxiliary losses are host math over [T, E] values: small next to the layer's work.
-    auto host = [](const Tensor& t) { return t.device().is_cpu() ? t : t.to(Device::cpu()); };
-    Tensor d_probs, d_logits;
-    r.aux = router_aux_losses(*batch.router_loss, moe_index_, host(r.routing.logits), host(r.routing.probs),
-                              host(r.routing.topk_index), batch.cu_seqlens_host, d_probs, d_logits);
-    r.d_probs = dev.is_cpu() ? d_probs : d_probs.to(dev);
-    r.d_logits = dev.is_cpu() ? d_logits : d_logits.to(dev);
+    // On the router's device: host math on the CPU; on CUDA device kernels that leave the values in
+    // r.aux.on_device (no host synchronisation; the readers call resolve()).
+    const Tensor& cu_seqlens = dev.is_cpu() ? batch.cu_seqlens_host : batch.cu_seqlens;
+    r.aux = router_aux_losses(*batch.router_loss, moe_index_, r.routing.logits, r.routing.probs, r.routing.topk_index,
+                              cu_seqlens, r.d_probs, r.d_logits);
   }
   out.routing = r.routing;
   out.group_offsets = r.routing.plan.expert_offsets;

@@ -1,8 +1,13 @@
-// defines: the load-balance and z-loss values and their router gradients (host math on the CPU
-// tensors of one micro-batch; every sum runs in a fixed order).
+// defines: the load-balance and z-loss values and their router gradients: argument checks for both
+// backends, host math on the CPU tensors of one micro-batch (every sum in a fixed order), and the
+// dispatch of CUDA tensors to ops/cuda/router_aux (same formulas, values left on the device).
 #include "model/router_loss.h"
 
 #include <cmath>
+
+#if MOETRAIN_HAS_CUDA
+#include "ops/cuda/router_aux.h"
+#endif
 
 namespace moetrain::model {
 
@@ -18,6 +23,40 @@ std::vector<Segment> balance_sets(LoadBalanceVariant variant, const Tensor& cu_s
   const int32_t* cu = cu_seqlens.data<int32_t>();
   for (int64_t d = 0; d + 1 < cu_seqlens.numel(); ++d) sets.push_back({cu[d], cu[d + 1]});
   return sets;
+}
+
+// Shapes, dtypes, devices and settings, for both backends (values only on the CPU, see the caller).
+void validate(const RouterLossSettings& s, int64_t moe_layer, const Tensor& logits, const Tensor& probs,
+              const Tensor& topk_index, const Tensor& cu_seqlens) {
+  expect_defined(logits, "router loss: logits");
+  expect_dtype(logits, DType::F32, "router loss: logits");
+  MT_CHECK(logits.dim() == 2, "router loss: logits must be [T, E] but are {}", logits.describe());
+  const int64_t T = logits.size(0), E = logits.size(1);
+  MT_CHECK(E > 0, "router loss: logits {} have no expert", logits.describe());
+  expect_contiguous(logits, "router loss: logits");
+  expect_shape(probs, {T, E}, "router loss: probs");
+  expect_dtype(probs, DType::F32, "router loss: probs");
+  expect_contiguous(probs, "router loss: probs");
+  expect_same_device(probs, logits, "router loss: probs");
+  expect_dtype(topk_index, DType::I32, "router loss: topk_index");
+  MT_CHECK(topk_index.dim() == 2 && topk_index.size(0) == T && topk_index.size(1) > 0,
+           "router loss: topk_index must be [T = {}, K > 0] but is {}", T, topk_index.describe());
+  expect_contiguous(topk_index, "router loss: topk_index");
+  expect_same_device(topk_index, logits, "router loss: topk_index");
+  MT_CHECK(s.num_moe_layers > 0, "router loss: num_moe_layers must be > 0 but is {}", s.num_moe_layers);
+  if (s.load_balance_coef > 0.0 && s.variant == LoadBalanceVariant::Sequence) {
+    expect_dtype(cu_seqlens, DType::I32, "router loss: cu_seqlens");
+    MT_CHECK(cu_seqlens.dim() == 1 && cu_seqlens.numel() >= 1, "router loss: cu_seqlens must be [D + 1] but is {}",
+             cu_seqlens.describe());
+    expect_contiguous(cu_seqlens, "router loss: cu_seqlens");
+    expect_same_device(cu_seqlens, logits, "router loss: cu_seqlens (pass the copy on the router's device)");
+  }
+  if (s.load_balance_coef > 0.0 && s.variant == LoadBalanceVariant::GlobalBatch) {
+    MT_CHECK(
+        s.running_counts != nullptr && moe_layer >= 0 && moe_layer < static_cast<int64_t>(s.running_counts->size()),
+        "router loss: global_batch needs the step's running expert counts for MoE layer {} ({} given)", moe_layer,
+        s.running_counts ? s.running_counts->size() : 0);
+  }
 }
 
 }  // namespace
@@ -40,13 +79,49 @@ void RouterLossValues::resolve() {
 RouterLossValues router_aux_losses(const RouterLossSettings& s, int64_t moe_layer, const Tensor& logits,
                                    const Tensor& probs, const Tensor& topk_index, const Tensor& cu_seqlens,
                                    Tensor& d_probs, Tensor& d_logits) {
-  MT_CHECK(logits.device().is_cpu(), "router loss: the auxiliary losses run on the CPU so far, found {}",
-           logits.describe());
-  expect_dtype(logits, DType::F32, "router loss logits");
+  validate(s, moe_layer, logits, probs, topk_index, cu_seqlens);
+  const Device device = logits.device();
   const int64_t T = logits.size(0), E = logits.size(1), K = topk_index.size(1);
+  Tensor* running_counts = nullptr;
+  if (s.load_balance_coef > 0.0 && s.variant == LoadBalanceVariant::GlobalBatch) {
+    Tensor& running = (*s.running_counts)[static_cast<size_t>(moe_layer)];
+    if (!running.defined()) running = Tensor::zeros({E}, DType::I32, device);
+    expect_shape(running, {E}, "router loss: running expert counts");
+    expect_dtype(running, DType::I32, "router loss: running expert counts");
+    expect_contiguous(running, "router loss: running expert counts");
+    expect_same_device(running, logits, "router loss: running expert counts");
+    running_counts = &running;
+  }
+#if MOETRAIN_HAS_CUDA
+  if (device.is_cuda()) {
+    // No host synchronisation: zeros / empty are stream-ordered, the values stay on the device.
+    RouterLossValues values;
+    values.tokens = T;
+    values.on_device = Tensor::empty({2}, DType::F32, device);
+    d_probs = s.load_balance_coef > 0.0 ? Tensor::empty({T, E}, DType::F32, device)
+                                        : Tensor::zeros({T, E}, DType::F32, device);
+    d_logits =
+        s.z_loss_coef > 0.0 ? Tensor::empty({T, E}, DType::F32, device) : Tensor::zeros({T, E}, DType::F32, device);
+    ops::cuda::RouterAuxParams params;
+    params.per_document = s.variant == LoadBalanceVariant::Sequence;
+    params.use_running = running_counts != nullptr;
+    params.load_balance_coef = s.load_balance_coef;
+    params.z_loss_coef = s.z_loss_coef;
+    params.layer_scale = s.loss_scale / static_cast<double>(s.num_moe_layers);
+    ops::cuda::router_aux_losses(default_stream(device), values.on_device, d_probs, d_logits, logits, probs, topk_index,
+                                 cu_seqlens, running_counts ? *running_counts : Tensor(), params);
+    return values;
+  }
+#endif
+  MT_CHECK(device.is_cpu(), "router loss: no backend for the router's tensors on {} (a build without CUDA)",
+           device.str());
   const float* p = probs.data<float>();
   const float* z = logits.data<float>();
   const int32_t* idx = topk_index.data<int32_t>();
+  for (int64_t i = 0; i < T * K; ++i) {
+    MT_CHECK(idx[i] >= 0 && idx[i] < E, "router loss: topk_index[{}][{}] = {} is outside [0, E = {})", i / K, i % K,
+             idx[i], E);
+  }
   const double layer_scale = s.loss_scale / static_cast<double>(s.num_moe_layers);
   RouterLossValues values;
   values.tokens = T;
@@ -56,15 +131,12 @@ RouterLossValues router_aux_losses(const RouterLossSettings& s, int64_t moe_laye
   if (s.load_balance_coef > 0.0) {
     float* dp = d_probs.data<float>();
     std::vector<double> global_fraction;
-    if (s.variant == LoadBalanceVariant::GlobalBatch) {
-      MT_CHECK(s.running_counts != nullptr && moe_layer < static_cast<int64_t>(s.running_counts->size()),
-               "router loss: global_batch needs the step's running expert counts for MoE layer {}", moe_layer);
-      std::vector<double>& running = (*s.running_counts)[moe_layer];
-      running.resize(static_cast<size_t>(E), 0.0);
-      for (int64_t i = 0; i < T * K; ++i) running[idx[i]] += 1.0;
+    if (running_counts != nullptr) {
+      int32_t* running = running_counts->data<int32_t>();
+      for (int64_t i = 0; i < T * K; ++i) running[idx[i]] += 1;
       double total = 0.0;
-      for (double c : running) total += c;
-      for (double c : running) global_fraction.push_back(c / total);
+      for (int64_t e = 0; e < E; ++e) total += static_cast<double>(running[e]);
+      for (int64_t e = 0; e < E; ++e) global_fraction.push_back(static_cast<double>(running[e]) / total);
     }
     for (const Segment& set : balance_sets(s.variant, cu_seqlens, T)) {
       const int64_t n = set.end - set.begin;

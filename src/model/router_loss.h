@@ -31,9 +31,11 @@ struct RouterLossSettings {
   double z_loss_coef = 0.0;
   double loss_scale = 0.0;     // 1 / the step's global count of counted targets
   int64_t num_moe_layers = 1;  // values and gradients are averaged over these
-  // global_batch: selections per expert accumulated over the step, one vector per MoE layer
-  // (indexed by the layer's position among MoE layers); the trainer clears it at each step.
-  std::vector<std::vector<double>>* running_counts = nullptr;
+  // global_batch: selections per expert accumulated over the step, one i32 [E] tensor per MoE layer
+  // (indexed by the layer's position among MoE layers), on the device of the router's tensors: an
+  // undefined entry is created (zeros) by the layer's first micro-batch; the trainer clears the
+  // entries at each step (assign(num_moe_layers, {})). On CUDA the counts never leave the device.
+  std::vector<Tensor>* running_counts = nullptr;
 
   bool active() const { return load_balance_coef > 0.0 || z_loss_coef > 0.0; }
 };
@@ -53,6 +55,10 @@ struct RouterLossValues {
 // Computes the values and the gradients to inject: d_probs [T, E] on the router probabilities
 // (load balance) and d_logits [T, E] on the router logits (z-loss), both already multiplied by
 // coef * loss_scale / num_moe_layers. `moe_layer` is the layer's index among the MoE layers.
+// logits, probs f32 [T, E], topk_index i32 [T, K] and cu_seqlens i32 [D + 1] live on one device.
+// CPU: host math, the values in the doubles. CUDA (ops/cuda/router_aux.h): device kernels, no host
+// synchronisation; the values are left in `on_device` (call resolve() before reading them), and
+// cu_seqlens must be the device copy (its values are not checked there: MicroBatch::validate did).
 RouterLossValues router_aux_losses(const RouterLossSettings& settings, int64_t moe_layer, const Tensor& logits,
                                    const Tensor& probs, const Tensor& topk_index, const Tensor& cu_seqlens,
                                    Tensor& d_probs, Tensor& d_logits);

@@ -96,6 +96,31 @@ void rmsnorm_forward(Stream& stream, Tensor y, Tensor rstd, const Tensor& x, con
   cpu::rmsnorm_forward(y, rstd, x, w, params);
 }
 
+void add_rmsnorm_forward(Stream& stream, Tensor sum, Tensor y, Tensor rstd, const Tensor& a, const Tensor& b,
+                         const Tensor& w, const RmsNormParams& params) {
+  OpScope profile(stream, "norm");
+  constexpr const char* op = "add_rmsnorm_forward";
+  check_stream_backend(stream, op);
+  NormDTypes dtypes{};
+  const RowsView view = check_x(a, stream, &dtypes, op, "a");
+  check_argument(b, a.shape(), dtypes.activation, stream, op, "b");
+  check_argument(w, {view.dim}, dtypes.weight, stream, op, "w");
+  check_argument(sum, a.shape(), dtypes.activation, stream, op, "sum");
+  check_argument(y, a.shape(), dtypes.activation, stream, op, "y");
+  check_rstd(rstd, view, dtypes.rstd, stream, op);
+  check_params(params, op);
+  MT_CHECK(sum.numel() == 0 || sum.raw_data() != y.raw_data(),
+           "{}: expected y and sum in separate memory (the norm would overwrite the residual) but both are at {}", op,
+           sum.raw_data());
+#if MOETRAIN_HAS_CUDA
+  if (a.device().is_cuda()) {
+    cuda::add_rmsnorm_forward(stream, sum, y, rstd, a, b, w, params);
+    return;
+  }
+#endif
+  cpu::add_rmsnorm_forward(sum, y, rstd, a, b, w, params);
+}
+
 void rmsnorm_backward_input(Stream& stream, Tensor dx, const Tensor& dy, const Tensor& x, const Tensor& w,
                             const Tensor& rstd, const RmsNormParams& params) {
   OpScope profile(stream, "norm");

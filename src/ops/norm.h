@@ -16,6 +16,13 @@ struct RmsNormParams {
 // y = x * rstd * scale, rstd[n] = 1 / sqrt(mean(x[n]^2) + eps). rstd [N] has x's float dtype.
 void rmsnorm_forward(Stream& stream, Tensor y, Tensor rstd, const Tensor& x, const Tensor& w,
                      const RmsNormParams& params);
+// The residual add fused with the norm that follows it: sum = a + b (rounded to its dtype, as add_forward writes
+// it), then y and rstd as rmsnorm_forward(y, rstd, sum, w) computes them from that rounded sum, in one pass over the
+// rows. Same dtypes and shapes as rmsnorm_forward with x = a (b and sum shaped and typed as a). sum may alias a or b
+// (the residual updated in place); y may alias a or b but not sum. On the CPU the results are those of add_forward
+// then rmsnorm_forward bit for bit; on CUDA those of the two CUDA ops.
+void add_rmsnorm_forward(Stream& stream, Tensor sum, Tensor y, Tensor rstd, const Tensor& a, const Tensor& b,
+                         const Tensor& w, const RmsNormParams& params);
 // dx = rstd * (scale*dy - xhat * mean(scale*dy*xhat)), xhat = x * rstd. dx may alias dy.
 void rmsnorm_backward_input(Stream& stream, Tensor dx, const Tensor& dy, const Tensor& x, const Tensor& w,
                             const Tensor& rstd, const RmsNormParams& params);

@@ -3,9 +3,11 @@
 // norm and clipping are composed here from it.
 #include "ops/optim.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "ops/cpu/elementwise.h"
 #include "ops/cpu/optim.h"
@@ -78,6 +80,75 @@ void adamw_step(Stream& stream, Tensor param, Tensor exp_avg, Tensor exp_avg_sq,
   }
 #endif
   cpu::adamw_step(param, exp_avg, exp_avg_sq, grad, params);
+}
+
+void adamw_step_multi(Stream& stream, const std::vector<Tensor>& params, const std::vector<Tensor>& exp_avg,
+                      const std::vector<Tensor>& exp_avg_sq, const std::vector<Tensor>& grads,
+                      const std::vector<Tensor>& compute_copies, const std::vector<double>& weight_decay,
+                      const AdamWParams& hyper) {
+  OpScope profile(stream, "optimizer");
+  constexpr const char* op = "adamw_step_multi";
+  check_stream_backend(stream, op);
+  const size_t n = params.size();
+  MT_CHECK(exp_avg.size() == n && exp_avg_sq.size() == n && grads.size() == n && weight_decay.size() == n,
+           "{}: expected one exp_avg, exp_avg_sq, grad and weight_decay per param ({} params) but found {}, {}, {} "
+           "and {}",
+           op, n, exp_avg.size(), exp_avg_sq.size(), grads.size(), weight_decay.size());
+  MT_CHECK(compute_copies.empty() || compute_copies.size() == n,
+           "{}: expected compute_copies empty or with one entry per param ({}) but found {}", op, n,
+           compute_copies.size());
+  AdamWParams shared = hyper;
+  shared.weight_decay = 0.0;  // replaced by weight_decay[i]; checked below
+  check_adamw_params(shared, op);
+  // The copies the kernels write: undefined where there is none (no list, an undefined entry, or params[i] itself).
+  std::vector<Tensor> copies(n);
+  std::vector<const void*> storages;
+  for (size_t i = 0; i < n; ++i) {
+    check_float(params[i], stream, op, fmt::format("params[{}]", i));
+    check_like(exp_avg[i], params[i], stream, op, fmt::format("exp_avg[{}]", i));
+    check_like(exp_avg_sq[i], params[i], stream, op, fmt::format("exp_avg_sq[{}]", i));
+    check_like(grads[i], params[i], stream, op, fmt::format("grads[{}]", i));
+    MT_CHECK(std::isfinite(weight_decay[i]) && weight_decay[i] >= 0.0,
+             "{}: expected weight_decay[{}] >= 0 but found {}", op, i, weight_decay[i]);
+    if (params[i].numel() > 0) storages.push_back(params[i].raw_data());
+    if (compute_copies.empty() || !compute_copies[i].defined()) continue;
+    const Tensor& c = compute_copies[i];
+    if (c.raw_data() == params[i].raw_data() && c.dtype() == params[i].dtype() && c.shape() == params[i].shape()) {
+      continue;  // the param is its own compute weight
+    }
+    const std::string what = fmt::format("{}: compute_copies[{}]", op, i);
+    expect_shape(c, params[i].shape(), what);
+    expect_contiguous(c, what);
+    check_on_stream_device(stream, c, op, fmt::format("compute_copies[{}]", i));
+    if (stream.device().is_cuda()) {
+      MT_CHECK(c.dtype() == DType::BF16 || c.dtype() == DType::F32,
+               "{}: expected compute_copies[{}] in bf16 or f32 (CUDA) but found {}", op, i, c.describe());
+    } else {
+      MT_CHECK(c.dtype() == DType::BF16 || c.dtype() == DType::F32 || c.dtype() == DType::F64,
+               "{}: expected compute_copies[{}] in bf16, f32 or f64 but found {}", op, i, c.describe());
+    }
+    MT_CHECK(c.numel() == 0 || c.raw_data() != params[i].raw_data(),
+             "{}: compute_copies[{}] ({}) shares params[{}]'s memory ({}) but is not that tensor", op, i, c.describe(),
+             i, params[i].describe());
+    copies[i] = c;
+  }
+  // A param listed twice would be updated twice (and raced on CUDA).
+  std::sort(storages.begin(), storages.end());
+  MT_CHECK(std::adjacent_find(storages.begin(), storages.end()) == storages.end(),
+           "{}: expected distinct params but one tensor's memory is listed twice", op);
+#if MOETRAIN_HAS_CUDA
+  if (stream.device().is_cuda()) {
+    cuda::adamw_step_multi(stream, params, exp_avg, exp_avg_sq, grads, copies, weight_decay, hyper);
+    return;
+  }
+#endif
+  // The CPU reference: the per-tensor update, then the copy's cast.
+  for (size_t i = 0; i < n; ++i) {
+    AdamWParams p = hyper;
+    p.weight_decay = weight_decay[i];
+    cpu::adamw_step(params[i], exp_avg[i], exp_avg_sq[i], grads[i], p);
+    if (copies[i].defined()) cpu::cast(copies[i], params[i]);
+  }
 }
 
 double sum_of_squares(Stream& stream, const Tensor& x) {

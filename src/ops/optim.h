@@ -24,6 +24,21 @@ struct AdamWParams {
 void adamw_step(Stream& stream, Tensor param, Tensor exp_avg, Tensor exp_avg_sq, const Tensor& grad,
                 const AdamWParams& params);
 
+// AdamW over a list of tensors in one call: for every i, adamw_step(params[i], exp_avg[i], exp_avg_sq[i], grads[i])
+// with `hyper` but weight decay weight_decay[i] (hyper.weight_decay is ignored), bit for bit the per-tensor op.
+// exp_avg, exp_avg_sq, grads and weight_decay have params.size() entries; each tensor is shaped and typed as
+// params[i] (as adamw_step requires). compute_copies is empty (no copies) or has params.size() entries; an entry
+// that is undefined, or the very tensor params[i] (same storage), means "no copy"; any other entry is a contiguous
+// tensor of params[i]'s shape on its device, in bf16 or f32 (CPU: also f64), that receives the updated param
+// converted with cast's rule (round to nearest even for bf16), which replaces a separate cast pass after the step.
+// On CUDA the whole list is ONE kernel launch: a device table of the tensors (built on first use and cached while
+// the same tensors come back) is cut into fixed chunks of elements, one block per chunk. On the CPU it is the loop
+// over adamw_step followed by cast into each copy.
+void adamw_step_multi(Stream& stream, const std::vector<Tensor>& params, const std::vector<Tensor>& exp_avg,
+                      const std::vector<Tensor>& exp_avg_sq, const std::vector<Tensor>& grads,
+                      const std::vector<Tensor>& compute_copies, const std::vector<double>& weight_decay,
+                      const AdamWParams& hyper);
+
 // sum of x^2, accumulated in f64 in ascending element order.
 double sum_of_squares(Stream& stream, const Tensor& x);
 // sqrt(sum over tensors, in list order, of sum_of_squares)

@@ -89,7 +89,10 @@ std::vector<ChunkStep> StageChunk::plan_forward(int microbatch, const model::Mic
     const std::string l = fmt::format("{} L{}", tag, layer.index());
     steps.push_back({l + " s1", false, [&st, &ls, &layer] {
                        ls.stage1_out = layer.stage1_forward(ls.stage1, st.hidden, st.batch);
-                       if (layer.has_experts()) st.result.router_losses.emplace_back(layer.index(), ls.stage1.aux);
+                       if (layer.has_experts()) {
+                         st.result.router_losses.emplace_back(layer.index(), ls.stage1.aux);
+                         st.result.router_losses.back().second.resolve();  // CUDA: read back once here
+                       }
                      }});
     steps.push_back({l + " s2", true, [this, &ls] { ls.dispatched = expert_dispatch(ls.stage1_out); }});
     steps.push_back({l + " s3", false, [&ls, &layer] {

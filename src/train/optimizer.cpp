@@ -1,31 +1,61 @@
-// defines: the AdamW optimizer state and step.
+// defines: the AdamW optimizer state and step: the per-parameter lists (moments, weight decays,
+// compute copies) built once, and one ops::adamw_step_multi call per step.
 #include "train/optimizer.h"
 
+#include <utility>
+
+#include "core/error.h"
 #include "ops/optim.h"
 
 namespace moetrain::train {
 
 AdamW::AdamW(model::ParameterStore& store, const AdamWConfig& config) : store_(store), config_(config) {
-  for (const Tensor& p : store_.all_params()) {
+  const std::vector<Tensor> params = store_.all_params();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Tensor& p = params[i];
     exp_avg_.push_back(Tensor::zeros(p.shape(), DType::F32, p.device()));
     exp_avg_sq_.push_back(Tensor::zeros(p.shape(), DType::F32, p.device()));
+    weight_decay_.push_back(store_.specs()[i].is_matrix() ? config_.weight_decay : 0.0);
+    const Tensor weight = store_.weight(store_.specs()[i].name);
+    compute_copies_.push_back(weight.dtype() != p.dtype() ? weight : Tensor());
   }
 }
 
-void AdamW::step(double lr) {
+void AdamW::set_compute_copies(std::vector<Tensor> copies) {
+  MT_CHECK(copies.empty() || copies.size() == weight_decay_.size(),
+           "AdamW: expected compute copies empty or one per parameter ({}) but found {}", weight_decay_.size(),
+           copies.size());
+  compute_copies_ = std::move(copies);
+}
+
+void AdamW::step(double lr) { step(lr, std::vector<bool>(weight_decay_.size(), true)); }
+
+void AdamW::step(double lr, const std::vector<bool>& owned) {
+  MT_CHECK(owned.size() == weight_decay_.size(), "AdamW: expected one owned flag per parameter ({}) but found {}",
+           weight_decay_.size(), owned.size());
   ++steps_;
-  const std::vector<Tensor> params = store_.all_params();
-  const std::vector<Tensor> grads = store_.all_grads();
-  for (size_t i = 0; i < params.size(); ++i) {
-    ops::AdamWParams p;
-    p.lr = lr;
-    p.beta1 = config_.beta1;
-    p.beta2 = config_.beta2;
-    p.eps = config_.eps;
-    p.weight_decay = store_.specs()[i].is_matrix() ? config_.weight_decay : 0.0;
-    p.step = steps_;
-    ops::adamw_step(default_stream(params[i].device()), params[i], exp_avg_[i], exp_avg_sq_[i], grads[i], p);
+  const std::vector<Tensor> all_params = store_.all_params();
+  const std::vector<Tensor> all_grads = store_.all_grads();
+  std::vector<Tensor> params, m, v, grads, copies;
+  std::vector<double> decay;
+  for (size_t i = 0; i < all_params.size(); ++i) {
+    if (!owned[i]) continue;
+    params.push_back(all_params[i]);
+    m.push_back(exp_avg_[i]);
+    v.push_back(exp_avg_sq_[i]);
+    grads.push_back(all_grads[i]);
+    decay.push_back(weight_decay_[i]);
+    if (!compute_copies_.empty()) copies.push_back(compute_copies_[i]);
   }
+  if (params.empty()) return;
+  ops::AdamWParams p;
+  p.lr = lr;
+  p.beta1 = config_.beta1;
+  p.beta2 = config_.beta2;
+  p.eps = config_.eps;
+  p.weight_decay = 0.0;  // per parameter: `decay`
+  p.step = steps_;
+  ops::adamw_step_multi(default_stream(params[0].device()), params, m, v, grads, copies, decay, p);
 }
 
 }  // namespace moetrain::train

@@ -1,5 +1,6 @@
 // defines: AdamW over a ParameterStore's fp32 masters, with PyTorch's parameter groups: weight
-// decay on matrices (dim >= 2), none on norms, biases and other 1-D tensors.
+// decay on matrices (dim >= 2), none on norms, biases and other 1-D tensors. One step is one
+// ops::adamw_step_multi call (one kernel launch on CUDA) that also writes the bf16 compute copies.
 #pragma once
 
 #include <cstdint>
@@ -20,10 +21,23 @@ struct AdamWConfig {
 
 class AdamW {
  public:
+  // Takes the store's compute copies (ParameterStore::weight where its dtype differs from the
+  // master's, i.e. the bf16 matrices under bf16 compute): every step rewrites them from the updated
+  // masters, so no refresh_compute_weights is needed after a step.
   AdamW(model::ParameterStore& store, const AdamWConfig& config);
 
-  // One update of every parameter from its gradient at learning rate `lr`.
+  // One update of every parameter from its gradient at learning rate `lr`; the compute copies
+  // follow (bit for bit what refresh_compute_weights would write).
   void step(double lr);
+  // The same update on the parameters i with owned[i] only (pipeline parallelism: a rank updates
+  // what it owns; the others keep their values, moments and copies). owned has one entry per
+  // parameter; steps_taken() advances by one as in step().
+  void step(double lr, const std::vector<bool>& owned);
+
+  // Replaces the copies the step writes: one entry per parameter (undefined or the master itself:
+  // none), or an empty list to write none (then refresh_compute_weights is the caller's again).
+  void set_compute_copies(std::vector<Tensor> copies);
+  const std::vector<Tensor>& compute_copies() const { return compute_copies_; }
 
   int64_t steps_taken() const { return steps_; }
   // The moments, in the store's parameter order (for checkpoints).
@@ -38,6 +52,8 @@ class AdamW {
   AdamWConfig config_;
   int64_t steps_ = 0;
   std::vector<Tensor> exp_avg_, exp_avg_sq_;
+  std::vector<Tensor> compute_copies_;  // empty, or per parameter (undefined: none)
+  std::vector<double> weight_decay_;    // per parameter: config.weight_decay on matrices, else 0
 };
 
 }  // namespace moetrain::train

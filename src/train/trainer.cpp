@@ -10,7 +10,10 @@
 #include "dist/mesh.h"
 #include "io/safetensors.h"
 #include "ops/cuda/runtime.h"
+#include "ops/elementwise.h"
 #include "ops/optim.h"
+#include "pipeline/dualpipev_executor.h"
+#include "pipeline/plain_executor.h"
 #include "train/checkpoint.h"
 #include "train/data_parallel.h"
 
@@ -40,6 +43,19 @@ data::LoaderOptions loader_options(const io::JobConfig& c, int64_t vocab_size) {
   o.seed = c.train.seed;
   o.vocab_size = vocab_size;
   return o;
+}
+
+// The pipeline rank whose stages use parameter `name`: the rank of the stage holding its decoder layer
+// ("layers.<l>.…"), else rank 0, which holds the first stage (embedding) and the last (final norm, head).
+int pipeline_owner(const std::string& name, const pipeline::Partition& partition) {
+  const std::string prefix = "layers.";
+  if (name.rfind(prefix, 0) != 0) return 0;
+  const size_t end = name.find('.', prefix.size());
+  const int64_t layer = std::stoll(name.substr(prefix.size(), end - prefix.size()));
+  for (const pipeline::StageLayers& stage : partition.stages) {
+    if (layer >= stage.first_layer && layer < stage.end_layer) return stage.rank;
+  }
+  MT_FAIL("trainer: parameter '{}' belongs to decoder layer {}, which no pipeline stage holds", name, layer);
 }
 
 std::string weights_folder(const std::string& model_config_path) {
@@ -75,10 +91,10 @@ Trainer::Trainer(const io::JobConfig& config, dist::Mesh* mesh)
                mesh == nullptr || mesh->rank() == 0 ? config.metrics.console_every : 0) {
   if (mesh_ != nullptr) {
     const dist::MeshShape& shape = mesh_->shape();
-    MT_CHECK(shape.pp == 1 && shape.ep == 1,
-             "trainer: the mesh {} asks for pipeline or expert parallelism, which the training loop does not run "
-             "yet (data parallelism only: parallel.pp = 1 and parallel.ep = 1)",
-             shape.str());
+    MT_CHECK(shape.ep == 1 || shape.pp == 1,
+             "trainer: the mesh {} asks for expert parallelism (ep = {}) together with pipeline parallelism (pp = {}), "
+             "which the training loop does not run yet (set parallel.ep = 1 or parallel.pp = 1)",
+             shape.str(), shape.ep, shape.pp);
     MT_CHECK(shape.world() == 1 || config.loss.load_balance != "global_batch" || config.loss.load_balance_coef == 0.0,
              "trainer: loss.load_balance = global_batch counts experts over the whole step, which data-parallel ranks "
              "do not share yet; use micro_batch or sequence with {} ranks",
@@ -108,6 +124,14 @@ Trainer::Trainer(const io::JobConfig& config, dist::Mesh* mesh)
              micro_batches_per_step_, ranks, ranks);
     micro_batches_per_step_ /= ranks;
   }
+  if (mesh_ != nullptr && mesh_->pp().size() > 1) setup_pipeline(model_config);
+  if (mesh_ != nullptr && mesh_->ep().size() > 1) {
+    // Stages 2 and 4 as all-to-all-v over ep: each ep rank computes its own experts; the expert
+    // gradients then meet in the gradient all-reduce over dp x ep (the others' are zero here).
+    expert_parallel_ = std::make_unique<pipeline::PlainExecutor>(*model_, &mesh_->ep());
+    log_info("experts: {} ranks of expert parallelism, {} experts each", mesh_->ep().size(),
+             model_config.num_experts / mesh_->ep().size());
+  }
   router_loss_.variant = model::parse_load_balance_variant(config.loss.load_balance);
   router_loss_.load_balance_coef = config.loss.load_balance_coef;
   router_loss_.z_loss_coef = config.loss.z_loss_coef;
@@ -122,6 +146,108 @@ Trainer::Trainer(const io::JobConfig& config, dist::Mesh* mesh)
   resume_if_possible();
 }
 
+Trainer::~Trainer() = default;
+
+// DualPipeV over the mesh's pp ranks: the partition, the executor and which parameters this rank owns.
+void Trainer::setup_pipeline(const io::ModelConfig& model_config) {
+  const int pp = mesh_->pp().size();
+  partition_ = config_.parallel.pp_cuts.empty()
+                   ? pipeline::partition_balanced(model_config, pp)
+                   : pipeline::partition_from_cuts(model_config, pp, config_.parallel.pp_cuts);
+  MT_CHECK(micro_batches_per_step_ >= 2 * int64_t(pp),
+           "trainer: DualPipeV over pp = {} ranks needs >= 2 * pp = {} micro-batches per step per pipeline, but each "
+           "of the {} data-parallel pipelines gets {} (train.global_batch / train.micro_batch = {} micro-batches "
+           "shared by {} data ranks); raise train.global_batch or lower parallel.pp",
+           pp, 2 * pp, mesh_->dp_ep().size(), micro_batches_per_step_, micro_batches_per_step_ * mesh_->dp_ep().size(),
+           mesh_->dp_ep().size());
+  const int rank = mesh_->pp().rank();
+  const auto& specs = model_->params().specs();
+  owned_.assign(specs.size(), false);
+  for (size_t i = 0; i < specs.size(); ++i) owned_[i] = pipeline_owner(specs[i].name, partition_) == rank;
+  executor_ = std::make_unique<pipeline::DualPipeVExecutor>(*model_, partition_, mesh_->pp());
+  const pipeline::StageLayers& down = partition_.down_stage(rank);
+  const pipeline::StageLayers& up = partition_.up_stage(rank);
+  log_info(
+      "pipeline: DualPipeV over {} ranks; pp rank {} holds stage {} (layers [{}, {})) and stage {} (layers [{}, "
+      "{})){}",
+      pp, rank, down.stage, down.first_layer, down.end_layer, up.stage, up.first_layer, up.end_layer,
+      rank == 0 ? " with the embedding, final norm and head" : "");
+}
+
+std::vector<Tensor> Trainer::owned_grads() const {
+  const std::vector<Tensor> all = model_->params().all_grads();
+  if (owned_.empty()) return all;
+  std::vector<Tensor> owned;
+  for (size_t i = 0; i < all.size(); ++i) {
+    if (owned_[i]) owned.push_back(all[i]);
+  }
+  return owned;
+}
+
+// Clips by the norm over every parameter of the model; returns that norm. Under pipeline parallelism each rank
+// computes the sums of squares of the gradients it owns, the per-parameter sums are exchanged over pp (each one
+// comes from exactly one rank, the others add zeros), and every rank adds them up in the store's order: the same
+// bits as one rank holding the whole model.
+double Trainer::clip_gradients() {
+  Stream& stream = default_stream(model_->device());
+  const double max_norm = config_.optim.clip_grad_norm;
+  if (!executor_) return ops::clip_by_global_norm(stream, model_->params().all_grads(), max_norm);
+  const std::vector<Tensor> grads = model_->params().all_grads();
+  std::vector<double> sums(grads.size(), 0.0);
+  for (size_t i = 0; i < grads.size(); ++i) {
+    if (owned_[i]) sums[i] = ops::sum_of_squares(stream, grads[i]);
+  }
+  sums = all_reduce_sum(mesh_->pp(), model_->device(), sums);
+  double total = 0.0;
+  for (double sum : sums) total += sum;
+  const double norm = std::sqrt(total);
+  MT_CHECK(!std::isnan(max_norm), "trainer: optim.clip_grad_norm is NaN (<= 0 disables clipping)");
+  if (max_norm <= 0.0) return norm;
+  // As ops::clip_by_global_norm (torch.nn.utils.clip_grad_norm_), on the owned gradients.
+  const double coefficient = max_norm / (norm + 1e-6);
+  if (!std::isfinite(norm) || !(coefficient < 1.0)) return norm;
+  for (size_t i = 0; i < grads.size(); ++i) {
+    if (owned_[i]) ops::scale_inplace(stream, grads[i], coefficient);
+  }
+  return norm;
+}
+
+// AdamW; under pipeline parallelism on the owned parameters only (the others keep their values and moments).
+void Trainer::optimizer_step(double lr) {
+  if (executor_) {
+    optimizer_->step(lr, owned_);
+  } else {
+    optimizer_->step(lr);
+  }
+}
+
+// Before a checkpoint under pipeline parallelism: every parameter and its moments are broadcast over pp from the
+// rank that owns them, so that every rank (the saving one included) holds the whole model and optimizer state.
+void Trainer::gather_pipeline_state() {
+  if (!executor_) return;
+  Stream& stream = default_stream(model_->device());
+  const auto& specs = model_->params().specs();
+  const std::vector<Tensor> params = model_->params().all_params();
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const int owner = pipeline_owner(specs[i].name, partition_);
+    mesh_->pp().broadcast(stream, params[i], owner);
+    mesh_->pp().broadcast(stream, optimizer_->exp_avg()[i], owner);
+    mesh_->pp().broadcast(stream, optimizer_->exp_avg_sq()[i], owner);
+  }
+  model_->params().refresh_compute_weights();
+  check_health();
+}
+
+// Once per step: a collective that a watchdog aborted on any axis fails here with its error.
+void Trainer::check_health() const {
+  if (mesh_ == nullptr) return;
+  mesh_->world().check_health();
+  mesh_->pp().check_health();
+  mesh_->dp().check_health();
+  mesh_->ep().check_health();
+  mesh_->dp_ep().check_health();
+}
+
 bool Trainer::first_rank() const { return mesh_ == nullptr || mesh_->rank() == 0; }
 
 int64_t Trainer::global_count(int64_t local) const {
@@ -134,7 +260,7 @@ int64_t Trainer::global_count(int64_t local) const {
 void Trainer::reduce_across_ranks(model::StepLoss& loss) const {
   if (mesh_ == nullptr || mesh_->dp_ep().size() == 1) return;
   dist::Communicator& comm = mesh_->dp_ep();
-  all_reduce_gradients(comm, model_->params().all_grads());
+  all_reduce_gradients(comm, owned_grads());
   const double tokens = static_cast<double>(loss.num_tokens);
   const std::vector<double> sums = all_reduce_sum(
       comm, model_->device(), {loss.loss, loss.ce_sum, tokens, loss.load_balance * tokens, loss.z_loss * tokens});
@@ -224,22 +350,25 @@ double Trainer::train_step(int64_t step) {
   for (auto& batch : batches) batch.router_loss = &router_loss_;
 
   model_->params().zero_grads();
-  model::StepLoss loss = model::forward_backward(*model_, batches, targets);
+  // Under pipeline parallelism every pp rank passes the step's micro-batches; only pp rank 0 reads their tokens.
+  model::StepLoss loss = executor_          ? executor_->run_step(batches, targets)
+                         : expert_parallel_ ? expert_parallel_->run_step(batches, targets)
+                                            : model::forward_backward(*model_, batches, targets);
   reduce_across_ranks(loss);
+  check_health();
   const double total =
       loss.loss + router_loss_.load_balance_coef * loss.load_balance + router_loss_.z_loss_coef * loss.z_loss;
   MT_CHECK(std::isfinite(total),
            "step {}: the loss is {} (cross-entropy {}, load balance {}, z-loss {}); stopping "
            "before the optimizer step, so no checkpoint holds this state",
            step + 1, total, loss.loss, loss.load_balance, loss.z_loss);
-  const std::vector<Tensor> grads = model_->params().all_grads();
-  const double norm = ops::clip_by_global_norm(default_stream(model_->device()), grads, config_.optim.clip_grad_norm);
+  const double norm = clip_gradients();
   MT_CHECK(std::isfinite(norm),
            "step {}: the gradient norm is {}; stopping before the optimizer step, so no "
            "checkpoint holds this state",
            step + 1, norm);
   const double lr = schedule_.at(step);
-  optimizer_->step(lr);
+  optimizer_step(lr);
   model_->params().refresh_compute_weights();
   // The step's time is its device work too: wait for the optimizer's kernels (once per step).
   if (model_->device().is_cuda()) ops::cuda::synchronize(model_->device());
@@ -280,7 +409,10 @@ TrainSummary Trainer::run(int64_t max_steps_this_run) {
     last_.eta_s = last_.elapsed_s / static_cast<double>(taken) * static_cast<double>(total - step_);
     metrics_.record(last_);
     const bool periodic = config_.checkpoint.every > 0 && step_ % config_.checkpoint.every == 0;
-    if (!config_.checkpoint.dir.empty() && (periodic || step_ == total) && first_rank()) save(step_);
+    if (!config_.checkpoint.dir.empty() && (periodic || step_ == total)) {
+      gather_pipeline_state();  // collective over pp: every rank takes part
+      if (first_rank()) save(step_);
+    }
   }
   summary.last_step = step_;
   return summary;

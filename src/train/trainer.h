@@ -1,7 +1,7 @@
-// defines: Trainer, the training loop of a job: model and optimizer set-up (from a seed or HF
-// weights), automatic resume from the newest complete checkpoint, micro-batch accumulation with
-// the token-weighted loss, clipping, AdamW on fp32 masters, the LR schedule, NaN/Inf detection
-// (stop before the optimizer step; never checkpoint poisoned state), metrics and checkpoints.
+// defines: Trainer, the training loop of a job (one rank, data parallelism, DualPipeV pipeline
+// parallelism): model and optimizer set-up (from a seed or HF weights), automatic resume from the newest complete
+// checkpoint, micro-batch accumulation with the token-weighted loss, clipping, AdamW on fp32 masters, the LR schedule,
+// NaN/Inf detection (stop before the optimizer step; never checkpoint poisoned state), metrics and checkpoints.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +11,7 @@
 
 #include "io/job_config.h"
 #include "model/causal_lm.h"
+#include "pipeline/partition.h"
 #include "train/data/loader.h"
 #include "train/lr_schedule.h"
 #include "train/metrics.h"
@@ -19,6 +20,10 @@
 namespace moetrain::dist {
 class Mesh;
 }
+namespace moetrain::pipeline {
+class DualPipeVExecutor;
+class PlainExecutor;
+}  // namespace moetrain::pipeline
 
 namespace moetrain::train {
 
@@ -36,9 +41,14 @@ using BatchSource = std::function<std::vector<model::MicroBatch>(int64_t step)>;
 
 class Trainer {
  public:
-  // `mesh`: this rank's device mesh when the job has several ranks (data parallelism over its
-  // dp x ep ranks; pipeline and expert parallelism are refused until they are wired), else null.
+  // `mesh`: this rank's device mesh when the job has several ranks, else null. Data parallelism
+  // runs over its dp x ep ranks; with mesh.pp() > 1 each step runs DualPipeV over the pp ranks
+  // (the layers cut by parallel.pp_cuts, or balanced by cost), and this rank computes gradients
+  // for, clips with and updates only the parameters of its two stages (owns_parameter). Refused:
+  // expert parallelism (ep > 1), and with pp > 1 fewer than 2 * pp micro-batches per step per
+  // pipeline or fewer than 2 * pp decoder layers.
   explicit Trainer(const io::JobConfig& config, dist::Mesh* mesh = nullptr);
+  ~Trainer();
 
   // Runs until train.steps, or until `max_steps_this_run` steps were taken (> 0; for tests that
   // stop a run midway). Checkpoints every checkpoint.every steps and at train.steps.
@@ -51,6 +61,13 @@ class Trainer {
   double flops_per_token() const { return flops_per_token_; }
   int64_t steps_done() const { return step_; }
   int64_t micro_batches_per_step() const { return micro_batches_per_step_; }
+  // Whether this rank owns parameter `index` (store order): computes its gradient and updates it.
+  // Every parameter without pipeline parallelism; with it, those of this rank's two stages (rank 0
+  // also holds the embedding, the final norm and the head). The others keep their initial values,
+  // except after a checkpoint, which gathers the whole model on every pp rank.
+  bool owns_parameter(size_t index) const { return owned_.empty() || owned_.at(index); }
+  // The layer partition of the pipeline (pp > 1 only; pp = 1 otherwise with no stages).
+  const pipeline::Partition& partition() const { return partition_; }
 
  private:
   bool first_rank() const;
@@ -60,6 +77,12 @@ class Trainer {
   void resume_if_possible();
   void save(int64_t step);
   double train_step(int64_t step);
+  void setup_pipeline(const io::ModelConfig& model_config);
+  std::vector<Tensor> owned_grads() const;
+  double clip_gradients();
+  void optimizer_step(double lr);
+  void gather_pipeline_state();
+  void check_health() const;
 
   io::JobConfig config_;
   dist::Mesh* mesh_ = nullptr;
@@ -69,13 +92,18 @@ class Trainer {
   LrSchedule schedule_;
   MetricsLog metrics_;
   model::RouterLossSettings router_loss_;
-  std::vector<std::vector<double>> running_counts_;
+  std::vector<Tensor> running_counts_;  // global_batch: i32 [E] per MoE layer (model/router_loss.h)
   int64_t micro_batches_per_step_ = 0;
   int64_t step_ = 0;
   double flops_per_token_ = 0.0;
   double device_peak_flops_ = 0.0;
   StepMetrics last_;
   BatchSource batch_source_;
+  // Pipeline parallelism (mesh.pp() > 1).
+  pipeline::Partition partition_;
+  std::unique_ptr<pipeline::DualPipeVExecutor> executor_;
+  std::unique_ptr<pipeline::PlainExecutor> expert_parallel_;  // ep > 1 with pp = 1
+  std::vector<bool> owned_;                                   // per parameter; empty: this rank owns every parameter
 };
 
 // Model FLOPs per trained token (forward + backward) for sequence length `seq_len`: the formula of

@@ -3,6 +3,8 @@
 #include "model/router_loss.h"
 
 #include <cmath>
+#include <functional>
+#include <string>
 
 #include <gtest/gtest.h>
 
@@ -124,21 +126,70 @@ TEST(RouterLoss, ZLossGradientMatchesFiniteDifferences) {
 
 TEST(RouterLoss, GlobalBatchUsesCountsOfTheStepSoFar) {
   const Routing a = make_routing(8, 4, 1, 1), b = make_routing(8, 4, 1, 2);
-  std::vector<std::vector<double>> running(1);
+  std::vector<Tensor> running(1);
   RouterLossSettings s = settings(LoadBalanceVariant::GlobalBatch, 1.0, 0.0);
   s.running_counts = &running;
   Tensor dp, dz;
   router_aux_losses(s, 0, a.logits, a.probs, a.topk, a.cu, dp, dz);
   router_aux_losses(s, 0, b.logits, b.probs, b.topk, b.cu, dp, dz);
-  std::vector<double> expected(4, 0.0);
+  std::vector<int32_t> expected(4, 0);
   for (const Routing* r : {&a, &b}) {
-    for (int64_t t = 0; t < 8; ++t) expected[r->topk.data<int32_t>()[t]] += 1.0;
+    for (int64_t t = 0; t < 8; ++t) expected[r->topk.data<int32_t>()[t]] += 1;
   }
-  EXPECT_EQ(running[0], expected);
+  ASSERT_TRUE(running[0].defined());
+  EXPECT_EQ(running[0].to_vector<int32_t>(), expected);
   // On the last micro-batch the injected gradient is E * f_e(global) * coef * scale / layers.
   for (int64_t e = 0; e < 4; ++e) {
     EXPECT_NEAR(dp.data<float>()[e], 4.0 * expected[e] / 16.0 * s.loss_scale / 2.0, 1e-9);
   }
+}
+
+// Sequence variant: each document is its own balance set, so a document's value and gradient are those of the
+// micro_batch variant run on that document alone (length-1 documents included).
+TEST(RouterLoss, SequenceVariantIsMicroBatchPerDocument) {
+  const int64_t T = 9, E = 5, K = 2;
+  const Routing r = make_routing(T, E, K, 17);
+  const std::vector<int32_t> cu = {0, 1, 5, 6, 9};
+  const RouterLossSettings seq = settings(LoadBalanceVariant::Sequence, 0.7, 0.0);
+  const RouterLossSettings micro = settings(LoadBalanceVariant::MicroBatch, 0.7, 0.0);
+  Tensor dp, dz;
+  const auto v = router_aux_losses(seq, 0, r.logits, r.probs, r.topk, Tensor::from_vector(cu, {5}), dp, dz);
+  double expected = 0.0;
+  for (size_t d = 0; d + 1 < cu.size(); ++d) {
+    const int64_t b = cu[d], n = cu[d + 1] - cu[d];
+    Tensor dp_doc, dz_doc;
+    const auto doc = router_aux_losses(micro, 0, r.logits.slice(b, b + n).clone(), r.probs.slice(b, b + n).clone(),
+                                       r.topk.slice(b, b + n).clone(),
+                                       Tensor::from_vector<int32_t>({0, int32_t(n)}, {2}), dp_doc, dz_doc);
+    expected += doc.load_balance * double(n) / double(T);
+    for (int64_t i = 0; i < n * E; ++i)
+      EXPECT_EQ(dp.data<float>()[b * E + i], dp_doc.data<float>()[i]) << d << " " << i;
+  }
+  EXPECT_NEAR(v.load_balance, expected, 1e-12);
+}
+
+TEST(RouterLoss, RejectsBadArguments) {
+  const Routing r = make_routing(6, 4, 2, 5);
+  const RouterLossSettings s = settings(LoadBalanceVariant::MicroBatch, 1.0, 1.0);
+  Tensor dp, dz;
+  auto expect_error = [&](const std::function<void()>& call, const std::string& needle) {
+    try {
+      call();
+      ADD_FAILURE() << "expected an error mentioning '" << needle << "'";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  expect_error([&] { router_aux_losses(s, 0, r.logits, r.probs.slice(0, 5).clone(), r.topk, r.cu, dp, dz); }, "probs");
+  expect_error([&] { router_aux_losses(s, 0, r.logits, r.probs, r.topk.to(DType::F32), r.cu, dp, dz); }, "topk_index");
+  Tensor bad = r.topk.clone();
+  bad.data<int32_t>()[3] = 4;
+  expect_error([&] { router_aux_losses(s, 0, r.logits, r.probs, bad, r.cu, dp, dz); }, "outside [0, E = 4)");
+  RouterLossSettings global = settings(LoadBalanceVariant::GlobalBatch, 1.0, 0.0);
+  expect_error([&] { router_aux_losses(global, 0, r.logits, r.probs, r.topk, r.cu, dp, dz); }, "running expert counts");
+  std::vector<Tensor> running = {Tensor::zeros({5}, DType::I32)};
+  global.running_counts = &running;
+  expect_error([&] { router_aux_losses(global, 0, r.logits, r.probs, r.topk, r.cu, dp, dz); }, "running expert counts");
 }
 
 TEST(RouterLoss, RejectsUnknownVariant) { EXPECT_THROW(parse_load_balance_variant("batch"), Error); }

@@ -1,6 +1,7 @@
 // Tests for the CUDA RMSNorm kernels (ops/cuda/norm.*) through the public ops: forward, input and weight gradients
 // against the CPU reference (plain and zero-centred; f32 and bf16 activations), dx aliasing dy, batch invariance,
-// determinism and argument checks. Run on a GPU; skipped elsewhere.
+// determinism and argument checks; the fused residual add + RMSNorm against the two CUDA ops (bitwise) and the CPU,
+// in place, batch invariance, determinism and argument checks. Run on a GPU; skipped elsewhere.
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -12,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include "core/rng.h"
+#include "ops/elementwise.h"
 #include "ops/norm.h"
 #include "testing/cuda_compare.h"
 #include "testing/gpu.h"
@@ -199,6 +201,158 @@ TEST(CudaRmsNorm, RejectsDtypesWithoutACudaKernelAndMixedDevices) {
   Tensor dw = Tensor::zeros({8}, DType::F32);
   expect_error_containing([&] { ops::rmsnorm_backward_weight(gpu(), dw, x, x, rstd); },
                           {"rmsnorm_backward_weight", "dw", "stream's device cuda:0", "on cpu"});
+}
+
+// The fused op's outputs, on the device of its inputs.
+struct AddNormOutputs {
+  Tensor sum, y, rstd;
+};
+
+AddNormOutputs fused_add_rmsnorm(Stream& stream, const Tensor& a, const Tensor& b, const Tensor& w,
+                                 const ops::RmsNormParams& params) {
+  const int64_t rows = a.numel() / a.size(-1);
+  const Device device = a.device();
+  AddNormOutputs o{Tensor::empty(a.shape(), a.dtype(), device), Tensor::empty(a.shape(), a.dtype(), device),
+                   Tensor::empty({rows}, DType::F32, device)};
+  ops::add_rmsnorm_forward(stream, o.sum, o.y, o.rstd, a, b, w, params);
+  return o;
+}
+
+// add_forward then rmsnorm_forward, the two ops the fused one replaces.
+AddNormOutputs add_then_rmsnorm(Stream& stream, const Tensor& a, const Tensor& b, const Tensor& w,
+                                const ops::RmsNormParams& params) {
+  const int64_t rows = a.numel() / a.size(-1);
+  const Device device = a.device();
+  AddNormOutputs o{Tensor::empty(a.shape(), a.dtype(), device), Tensor::empty(a.shape(), a.dtype(), device),
+                   Tensor::empty({rows}, DType::F32, device)};
+  ops::add_forward(stream, o.sum, a, b);
+  ops::rmsnorm_forward(stream, o.y, o.rstd, o.sum, w, params);
+  return o;
+}
+
+TEST(CudaAddRmsNorm, MatchesCudaAddThenRmsNormBitwise) {
+  MT_REQUIRE_GPU();
+  // The fused kernel runs add_forward's element code (f32 add, rounded to the dtype) and forward_kernel's row code
+  // on that rounded value, in the same lane layout: the same bits, f32 and bf16.
+  for (DType dtype : {DType::F32, DType::BF16}) {
+    for (bool zero_centered : {false, true}) {
+      for (const Shape& shape : kShapes) {
+        SCOPED_TRACE(::testing::Message()
+                     << dtype_name(dtype) << " " << shape_str(shape) << (zero_centered ? " zero-centred" : " plain"));
+        Rng rng(46);
+        const Tensor a = on_gpu(random_tensor(shape, DType::F32, rng, 2.0).to(dtype));
+        const Tensor b = on_gpu(random_tensor(shape, DType::F32, rng, 0.5).to(dtype));
+        const Tensor w = on_gpu(random_tensor({shape.back()}, DType::F32, rng, 0.5));
+        const ops::RmsNormParams params{1e-6f, zero_centered};
+        const AddNormOutputs got = fused_add_rmsnorm(gpu(), a, b, w, params);
+        const AddNormOutputs want = add_then_rmsnorm(gpu(), a, b, w, params);
+        EXPECT_TRUE(same_bytes(got.sum, want.sum)) << "sum differs from add_forward's";
+        EXPECT_TRUE(same_bytes(got.y, want.y)) << "y differs from rmsnorm_forward(add_forward(a, b))";
+        EXPECT_TRUE(same_bytes(got.rstd, want.rstd)) << "rstd differs from rmsnorm_forward's";
+      }
+    }
+  }
+}
+
+TEST(CudaAddRmsNorm, MatchesCpuReference) {
+  MT_REQUIRE_GPU();
+  for (DType dtype : {DType::F32, DType::BF16}) {
+    for (const Shape& shape : kShapes) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << " " << shape_str(shape));
+      Rng rng(47);
+      const int64_t dim = shape.back();
+      const Tensor a = random_tensor(shape, DType::F32, rng, 2.0).to(dtype);
+      const Tensor b = random_tensor(shape, DType::F32, rng, 0.5).to(dtype);
+      const Tensor w = random_tensor({dim}, DType::F32, rng, 0.5);
+      const ops::RmsNormParams params{1e-6f, false};
+      const AddNormOutputs got = fused_add_rmsnorm(gpu(), on_gpu(a), on_gpu(b), on_gpu(w), params);
+      // The CPU adds in f32 from the exactly widened inputs; for bf16 that sum is then rounded to bf16 (as the GPU
+      // stores it) before the CPU norm reads it.
+      Tensor sum_cpu = Tensor::empty(shape, DType::F32);
+      ops::add_forward(Stream::cpu(), sum_cpu, a.to(DType::F32), b.to(DType::F32));
+      if (dtype == DType::BF16) sum_cpu = testing::rounded_to_bf16(sum_cpu);
+      Tensor y_cpu = Tensor::empty(shape, DType::F32), rstd_cpu = Tensor::empty({shape_numel(shape) / dim}, DType::F32);
+      ops::rmsnorm_forward(Stream::cpu(), y_cpu, rstd_cpu, sum_cpu, w, params);
+      // One correctly rounded f32 addition (then one rounding to bf16) on both sides: the same bits.
+      EXPECT_TRUE(same_bytes(host_f32(got.sum), sum_cpu)) << "sum differs from the CPU's a + b";
+      // y: f32 differs only by the sum-of-squares order (f32_tolerance); bf16 by its storage rounding.
+      EXPECT_LT(relative_error(host_f32(got.y), y_cpu), dtype == DType::F32 ? f32_tolerance(dim) : kBf16Tolerance)
+          << "y";
+      EXPECT_LT(relative_error(host_f32(got.rstd), rstd_cpu), f32_tolerance(dim)) << "rstd";
+    }
+  }
+}
+
+TEST(CudaAddRmsNorm, SumMayOverwriteEitherResidualInput) {
+  MT_REQUIRE_GPU();
+  for (DType dtype : {DType::F32, DType::BF16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    Rng rng(48);
+    const Shape shape = {64, 4096};
+    const Tensor a = on_gpu(random_tensor(shape, DType::F32, rng).to(dtype));
+    const Tensor b = on_gpu(random_tensor(shape, DType::F32, rng).to(dtype));
+    const Tensor w = on_gpu(random_tensor({4096}, DType::F32, rng));
+    const AddNormOutputs want = fused_add_rmsnorm(gpu(), a, b, w, {});
+    for (int which : {0, 1}) {
+      SCOPED_TRACE(which == 0 ? "sum aliases a" : "sum aliases b");
+      Tensor a_inout = a.clone(), b_inout = b.clone();
+      Tensor sum = which == 0 ? a_inout : b_inout;
+      Tensor y = Tensor::empty(shape, dtype, Device::cuda(0));
+      Tensor rstd = Tensor::empty({64}, DType::F32, Device::cuda(0));
+      ops::add_rmsnorm_forward(gpu(), sum, y, rstd, a_inout, b_inout, w, {});
+      EXPECT_TRUE(same_bytes(sum, want.sum)) << "sum";
+      EXPECT_TRUE(same_bytes(y, want.y)) << "y";
+      EXPECT_TRUE(same_bytes(rstd, want.rstd)) << "rstd";
+    }
+  }
+}
+
+TEST(CudaAddRmsNorm, RowResultsDoNotDependOnOtherRowsAndRepeatExactly) {
+  MT_REQUIRE_GPU();
+  for (DType dtype : {DType::F32, DType::BF16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    Rng rng(49);
+    const int64_t dim = 896;
+    const Tensor a = random_tensor({1000, dim}, DType::F32, rng).to(dtype);
+    const Tensor b = random_tensor({1000, dim}, DType::F32, rng).to(dtype);
+    const Tensor w = on_gpu(random_tensor({dim}, DType::F32, rng));
+    const AddNormOutputs all = fused_add_rmsnorm(gpu(), on_gpu(a), on_gpu(b), w, {});
+    const AddNormOutputs again = fused_add_rmsnorm(gpu(), on_gpu(a), on_gpu(b), w, {});
+    EXPECT_TRUE(same_bytes(all.sum, again.sum)) << "sum, second run";
+    EXPECT_TRUE(same_bytes(all.y, again.y)) << "y, second run";
+    EXPECT_TRUE(same_bytes(all.rstd, again.rstd)) << "rstd, second run";
+    const AddNormOutputs one =
+        fused_add_rmsnorm(gpu(), on_gpu(a.slice(0, 1).clone()), on_gpu(b.slice(0, 1).clone()), w, {});
+    EXPECT_TRUE(same_bytes(one.y, all.y.to(Device::cpu()).slice(0, 1).clone())) << "y of row 0 alone";
+    EXPECT_TRUE(same_bytes(one.rstd, all.rstd.to(Device::cpu()).slice(0, 1).clone())) << "rstd of row 0 alone";
+  }
+}
+
+TEST(CudaAddRmsNorm, RejectsDtypesWithoutACudaKernelAndMixedDevices) {
+  MT_REQUIRE_GPU();
+  const Device cuda = Device::cuda(0);
+  const Tensor a = Tensor::zeros({2, 8}, DType::BF16, cuda);
+  Tensor sum = Tensor::zeros({2, 8}, DType::BF16, cuda), y = Tensor::zeros({2, 8}, DType::BF16, cuda);
+  Tensor rstd = Tensor::zeros({2}, DType::F32, cuda);
+  const Tensor w = Tensor::zeros({8}, DType::F32, cuda);
+  expect_error_containing(
+      [&] {
+        ops::add_rmsnorm_forward(gpu(), sum, y, rstd, a, Tensor::zeros({2, 8}, DType::F32, cuda), w, {});
+      },
+      {"add_rmsnorm_forward: b", "expected dtype bf16", "f32"});
+  expect_error_containing(
+      [&] {
+        ops::add_rmsnorm_forward(gpu(), sum, y, rstd, Tensor::zeros({2, 8}, DType::F64, cuda), a, w, {});
+      },
+      {"add_rmsnorm_forward", "a", "f32 or bf16", "f64"});
+  expect_error_containing(
+      [&] { ops::add_rmsnorm_forward(gpu(), sum, y, rstd, a, a, Tensor::zeros({8}, DType::BF16, cuda), {}); },
+      {"add_rmsnorm_forward: w", "expected dtype f32", "bf16"});
+  expect_error_containing(
+      [&] {
+        ops::add_rmsnorm_forward(gpu(), sum, Tensor::zeros({2, 8}, DType::BF16), rstd, a, a, w, {});
+      },
+      {"add_rmsnorm_forward", "y", "stream's device cuda:0", "on cpu"});
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 // Tests for the CUDA optimizer kernels (ops/cuda/optim.*) through the public ops: AdamW bit for bit against the CPU
 // over several steps (both lerp branches, with and without weight decay), sums of squares, the global norm and
-// clipping against the CPU, determinism and argument checks. Run on a GPU; skipped elsewhere.
+// clipping against the CPU, determinism and argument checks; the multi-tensor AdamW (one launch) bit for bit against
+// the per-tensor CUDA op and the CPU, its bf16/f32 compute copies against a cast, its cached device table, and its
+// argument checks. Run on a GPU; skipped elsewhere.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -12,6 +14,9 @@
 
 #include "core/rng.h"
 #include "ops/optim.h"
+#if MOETRAIN_HAS_CUDA
+#include "ops/cuda/optim.h"
+#endif
 #include "testing/cuda_compare.h"
 #include "testing/gpu.h"
 #include "testing/test_data.h"
@@ -25,6 +30,7 @@ using testing::on_cpu;
 using testing::on_gpu;
 using testing::random_tensor;
 using testing::relative_error;
+using testing::same_bytes;
 
 // Fails with the first differing element when two host f32 tensors differ in any bit.
 void expect_same_bits(const Tensor& got, const Tensor& want, const std::string& what) {
@@ -127,6 +133,161 @@ TEST(CudaOptim, RejectsDtypesWithoutACudaKernelAndMixedDevices) {
       {"global_norm", "tensors[1]", "stream's device cuda:0", "on cpu"});
   expect_error_containing([&] { ops::sum_of_squares(gpu(), Tensor::zeros({4}, DType::F64, cuda)); },
                           {"sum_of_squares", "x", "f32", "f64"});
+}
+
+// The state of a list of f32 tensors on the CPU, with non-zero moments (as after earlier steps) and mixed decays.
+struct MultiLists {
+  std::vector<Tensor> p, m, v;
+  std::vector<double> decay;
+};
+
+MultiLists make_lists(const std::vector<Shape>& shapes, Rng& rng) {
+  MultiLists l;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    l.p.push_back(random_tensor(shapes[i], DType::F32, rng));
+    l.m.push_back(random_tensor(shapes[i], DType::F32, rng, 0.01));
+    Tensor v = random_tensor(shapes[i], DType::F32, rng, 0.1);
+    for (int64_t k = 0; k < v.numel(); ++k) v.data<float>()[k] = v.data<float>()[k] * v.data<float>()[k];  // >= 0
+    l.v.push_back(v);
+    l.decay.push_back(i % 3 == 0 ? 0.1 : (i % 3 == 1 ? 0.0 : 0.013));
+  }
+  return l;
+}
+
+std::vector<Tensor> gpu_copies(const std::vector<Tensor>& ts) {
+  std::vector<Tensor> out;
+  for (const Tensor& t : ts) out.push_back(on_gpu(t));
+  return out;
+}
+
+// Runs `steps` AdamW steps on three copies of one state: adamw_step_multi on the GPU (with `copy_dtypes[i]`
+// compute copies: BF16, F32, or F64 meaning "the param itself", I32 meaning none), adamw_step per tensor on the GPU,
+// and adamw_step per tensor on the CPU; then compares all three bitwise, and each copy with a cast of the param.
+void check_multi_against_single(const std::vector<Shape>& shapes, const std::vector<DType>& copy_dtypes, int steps,
+                                double beta1) {
+  Rng rng(91);
+  MultiLists cpu = make_lists(shapes, rng);  // the CPU run works on these tensors, the GPU runs on copies made now
+  MultiLists multi{gpu_copies(cpu.p), gpu_copies(cpu.m), gpu_copies(cpu.v), cpu.decay};
+  MultiLists single{gpu_copies(cpu.p), gpu_copies(cpu.m), gpu_copies(cpu.v), cpu.decay};
+  std::vector<Tensor> copies(shapes.size());
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    if (copy_dtypes[i] == DType::BF16 || copy_dtypes[i] == DType::F32) {
+      copies[i] = Tensor::zeros(shapes[i], copy_dtypes[i], Device::cuda(0));
+    } else if (copy_dtypes[i] == DType::F64) {
+      copies[i] = multi.p[i];  // the param is its own compute weight: no copy
+    }
+  }
+  ops::AdamWParams hyper{3e-4, beta1, 0.95, 1e-8, /*ignored by the multi op:*/ 0.7, 1};
+  for (int64_t step = 1; step <= steps; ++step) {
+    hyper.step = step;
+    std::vector<Tensor> grads;
+    for (const Shape& shape : shapes) grads.push_back(random_tensor(shape, DType::F32, rng, 1e-2));
+    const std::vector<Tensor> grads_gpu = gpu_copies(grads);
+    ops::adamw_step_multi(gpu(), multi.p, multi.m, multi.v, grads_gpu, copies, multi.decay, hyper);
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      ops::AdamWParams p = hyper;
+      p.weight_decay = cpu.decay[i];
+      ops::adamw_step(gpu(), single.p[i], single.m[i], single.v[i], grads_gpu[i], p);
+      ops::adamw_step(Stream::cpu(), cpu.p[i], cpu.m[i], cpu.v[i], grads[i], p);
+    }
+  }
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    SCOPED_TRACE(::testing::Message() << "tensor " << i << " of " << shapes.size() << " (" << shapes[i].size() << "-d, "
+                                      << cpu.p[i].numel() << " elements, weight decay " << cpu.decay[i] << ")");
+    const Tensor p = on_cpu(multi.p[i]), m = on_cpu(multi.m[i]), v = on_cpu(multi.v[i]);
+    expect_same_bits(p, on_cpu(single.p[i]), "param: multi vs per-tensor CUDA");
+    expect_same_bits(m, on_cpu(single.m[i]), "exp_avg: multi vs per-tensor CUDA");
+    expect_same_bits(v, on_cpu(single.v[i]), "exp_avg_sq: multi vs per-tensor CUDA");
+    expect_same_bits(p, cpu.p[i], "param: multi vs CPU");
+    expect_same_bits(m, cpu.m[i], "exp_avg: multi vs CPU");
+    expect_same_bits(v, cpu.v[i], "exp_avg_sq: multi vs CPU");
+    if (copy_dtypes[i] == DType::BF16 || copy_dtypes[i] == DType::F32) {
+      // The copy holds the updated param as ops::cast (core/dtype.h's rounding) writes it.
+      EXPECT_TRUE(same_bytes(copies[i], p.to(copy_dtypes[i])))
+          << "compute copy (" << dtype_name(copy_dtypes[i]) << ") differs from the cast of the updated param";
+    }
+  }
+}
+
+TEST(CudaAdamWMulti, MatchesPerTensorCudaAndCpuBitwiseWithCopies) {
+  MT_REQUIRE_GPU();
+  // Chunk edges (kAdamWMultiChunk = 8192 elements per block): a tensor of exactly one chunk, one element past it, a
+  // many-chunk tensor, an empty one and tiny ones between them; copies of every kind.
+  const std::vector<Shape> shapes{{8192}, {8193}, {1}, {0}, {100003}, {64, 33}, {7}, {3, 4, 5}};
+  const std::vector<DType> copies{DType::BF16, DType::BF16, DType::I32, DType::BF16,
+                                  DType::BF16, DType::F32,  DType::F64, DType::I32};
+  for (double beta1 : {0.9, 0.3}) {  // both branches of lerp
+    SCOPED_TRACE(::testing::Message() << "beta1 " << beta1);
+    check_multi_against_single(shapes, copies, 4, beta1);
+  }
+}
+
+TEST(CudaAdamWMulti, ManySmallTensorsMatchPerTensorBitwise) {
+  MT_REQUIRE_GPU();
+  // 300 tensors of assorted sizes: the block -> tensor binary search over a long table, with many tensors sharing
+  // no chunk and some spanning several.
+  std::vector<Shape> shapes;
+  std::vector<DType> copies;
+  for (int i = 0; i < 300; ++i) {
+    shapes.push_back({static_cast<int64_t>((i * 7919) % 20000)});
+    copies.push_back(i % 2 == 0 ? DType::BF16 : DType::I32);
+  }
+  check_multi_against_single(shapes, copies, 2, 0.9);
+}
+
+TEST(CudaAdamWMulti, RepeatedRunsGiveIdenticalBitsAndReuseTheTable) {
+  MT_REQUIRE_GPU();
+  Rng rng(92);
+  const std::vector<Shape> shapes{{5000}, {70000}, {16}};
+  const MultiLists start = make_lists(shapes, rng);
+  std::vector<Tensor> grads;
+  for (const Shape& shape : shapes) grads.push_back(on_gpu(random_tensor(shape, DType::F32, rng, 1e-2)));
+  std::vector<Tensor> results[2];
+  std::vector<Tensor> copy_results[2];
+#if MOETRAIN_HAS_CUDA
+  const int64_t built_before = ops::cuda::adamw_multi_tables_built();
+#endif
+  for (int run = 0; run < 2; ++run) {
+    MultiLists s{gpu_copies(start.p), gpu_copies(start.m), gpu_copies(start.v), start.decay};
+    std::vector<Tensor> copies{Tensor::zeros(shapes[0], DType::BF16, Device::cuda(0)), Tensor(),
+                               Tensor::zeros(shapes[2], DType::BF16, Device::cuda(0))};
+    for (int64_t step = 1; step <= 3; ++step) {
+      ops::adamw_step_multi(gpu(), s.p, s.m, s.v, grads, copies, s.decay, {1e-3, 0.9, 0.95, 1e-8, 0.0, step});
+    }
+#if MOETRAIN_HAS_CUDA
+    // Within a run the list stays the same: one table for its three steps (the second run's params are new
+    // tensors, as the first run's are still held, so it builds its own).
+    EXPECT_EQ(ops::cuda::adamw_multi_tables_built(), built_before + run + 1) << "run " << run;
+#endif
+    results[run] = s.p;
+    copy_results[run] = copies;
+  }
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    EXPECT_TRUE(same_bytes(results[0][i], results[1][i])) << "param " << i << " differs between two runs";
+    if (copy_results[0][i].defined()) {
+      EXPECT_TRUE(same_bytes(copy_results[0][i], copy_results[1][i])) << "copy " << i << " differs between runs";
+    }
+  }
+}
+
+TEST(CudaAdamWMulti, RejectsDtypesWithoutACudaKernelAndMixedDevices) {
+  MT_REQUIRE_GPU();
+  const Device cuda = Device::cuda(0);
+  Tensor p = Tensor::zeros({4}, DType::F32, cuda), m = Tensor::zeros({4}, DType::F32, cuda);
+  Tensor v = Tensor::zeros({4}, DType::F32, cuda), g = Tensor::zeros({4}, DType::F32, cuda);
+  const ops::AdamWParams hyper;
+  Tensor p16 = Tensor::zeros({4}, DType::BF16, cuda);
+  expect_error_containing([&] { ops::adamw_step_multi(gpu(), {p16}, {p16}, {p16}, {p16}, {}, {0.0}, hyper); },
+                          {"adamw_step_multi", "params[0]", "f32", "bf16"});
+  expect_error_containing(
+      [&] { ops::adamw_step_multi(gpu(), {p}, {m}, {v}, {g}, {Tensor::zeros({4}, DType::F64, cuda)}, {0.0}, hyper); },
+      {"adamw_step_multi", "compute_copies[0]", "bf16 or f32 (CUDA)", "f64"});
+  expect_error_containing(
+      [&] { ops::adamw_step_multi(gpu(), {p}, {m}, {v}, {g}, {Tensor::zeros({4}, DType::BF16)}, {0.0}, hyper); },
+      {"adamw_step_multi", "compute_copies[0]", "stream's device cuda:0", "on cpu"});
+  expect_error_containing(
+      [&] { ops::adamw_step_multi(gpu(), {p}, {m}, {v}, {Tensor::zeros({4}, DType::F32)}, {}, {0.0}, hyper); },
+      {"adamw_step_multi", "grads[0]", "stream's device cuda:0", "on cpu"});
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // Tests for ops/norm: RMSNorm forward against a direct computation, input and weight gradients against finite
-// differences (plain and zero-centred), accumulation into dw, batch invariance and argument checks.
+// differences (plain and zero-centred), accumulation into dw, batch invariance and argument checks; the fused
+// residual add + RMSNorm against add_forward then rmsnorm_forward (bitwise), in place, and its argument checks.
 #include "ops/norm.h"
 
 #include <cmath>
@@ -12,6 +13,7 @@
 #include <omp.h>
 
 #include "core/rng.h"
+#include "ops/elementwise.h"
 #include "testing/test_data.h"
 
 namespace moetrain::ops {
@@ -29,7 +31,7 @@ void expect_error_mentioning(const std::function<void()>& call, const std::strin
 }
 
 bool bitwise_equal(const Tensor& a, const Tensor& b) {
-  return a.nbytes() == b.nbytes() && std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0;
+  return a.nbytes() == b.nbytes() && (a.nbytes() == 0 || std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0);
 }
 
 // y and rstd of rows of length D computed in double, straight from the definition.
@@ -220,6 +222,134 @@ TEST(RmsNorm, RejectsBadArguments) {
         rmsnorm_backward_weight(s, Tensor::zeros({8}, DType::F64), Tensor::zeros({4, 8}, DType::F32), x, rstd);
       },
       "rmsnorm_backward_weight: dw: expected dtype f32 but found f64");
+}
+
+// The fused op's outputs next to those of add_forward then rmsnorm_forward.
+struct AddNormOutputs {
+  Tensor sum, y, rstd;
+};
+
+AddNormOutputs run_add_rmsnorm(const Tensor& a, const Tensor& b, const Tensor& w, const RmsNormParams& params) {
+  const int64_t rows = a.numel() / a.size(-1);
+  AddNormOutputs o{Tensor::empty(a.shape(), a.dtype()), Tensor::empty(a.shape(), a.dtype()),
+                   Tensor::empty({rows}, a.dtype())};
+  add_rmsnorm_forward(Stream::cpu(), o.sum, o.y, o.rstd, a, b, w, params);
+  return o;
+}
+
+AddNormOutputs run_add_then_rmsnorm(const Tensor& a, const Tensor& b, const Tensor& w, const RmsNormParams& params) {
+  const int64_t rows = a.numel() / a.size(-1);
+  AddNormOutputs o{Tensor::empty(a.shape(), a.dtype()), Tensor::empty(a.shape(), a.dtype()),
+                   Tensor::empty({rows}, a.dtype())};
+  add_forward(Stream::cpu(), o.sum, a, b);
+  rmsnorm_forward(Stream::cpu(), o.y, o.rstd, o.sum, w, params);
+  return o;
+}
+
+TEST(AddRmsNorm, MatchesAddThenRmsNormBitwise) {
+  for (DType dtype : {DType::F32, DType::F64}) {
+    for (bool zero_centered : {false, true}) {
+      for (const Shape& shape : {Shape{3, 4, 32}, Shape{5, 1}, Shape{7, 200}, Shape{0, 8}}) {
+        SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << (zero_centered ? " zero-centred" : " plain")
+                                          << " shape [" << shape[0] << ", " << shape[1] << "]");
+        Rng rng(11);
+        const Tensor a = random_tensor(shape, dtype, rng);
+        const Tensor b = random_tensor(shape, dtype, rng, 0.3);
+        const Tensor w = random_tensor({shape.back()}, dtype, rng, 0.5);
+        const RmsNormParams params{1e-6f, zero_centered};
+        const AddNormOutputs got = run_add_rmsnorm(a, b, w, params);
+        const AddNormOutputs want = run_add_then_rmsnorm(a, b, w, params);
+        EXPECT_TRUE(bitwise_equal(got.sum, want.sum)) << "sum";
+        EXPECT_TRUE(bitwise_equal(got.y, want.y)) << "y";
+        EXPECT_TRUE(bitwise_equal(got.rstd, want.rstd)) << "rstd";
+      }
+    }
+  }
+}
+
+TEST(AddRmsNorm, ForwardMatchesDirectComputation) {
+  // Independent of the library: sum = a + b in float, then the double reference of RMSNorm on those sums.
+  Rng rng(12);
+  const Tensor a = random_tensor({6, 48}, DType::F32, rng);
+  const Tensor b = random_tensor({6, 48}, DType::F32, rng);
+  const Tensor w = random_tensor({48}, DType::F32, rng, 0.5);
+  const AddNormOutputs got = run_add_rmsnorm(a, b, w, {});
+  const std::vector<float> av = a.to_vector<float>(), bv = b.to_vector<float>();
+  std::vector<float> sum(av.size());
+  for (size_t i = 0; i < av.size(); ++i) sum[i] = av[i] + bv[i];
+  EXPECT_EQ(got.sum.to_vector<float>(), sum);
+  std::vector<double> want_y, want_rstd;
+  reference_rmsnorm(sum, w.to_vector<float>(), 48, RmsNormParams{}.eps, false, &want_y, &want_rstd);
+  // f32 rounding of a 48-term sum and three products: ~1e-7 relative; 1e-6 leaves room and catches any real error.
+  EXPECT_LT(relative_error(got.y.to_vector<float>(), want_y), 1e-6);
+  EXPECT_LT(relative_error(got.rstd.to_vector<float>(), want_rstd), 1e-6);
+}
+
+TEST(AddRmsNorm, SumMayOverwriteEitherResidualInput) {
+  Rng rng(13);
+  const Tensor a = random_tensor({9, 64}, DType::F32, rng);
+  const Tensor b = random_tensor({9, 64}, DType::F32, rng);
+  const Tensor w = random_tensor({64}, DType::F32, rng);
+  const AddNormOutputs want = run_add_then_rmsnorm(a, b, w, {});
+  for (int which : {0, 1}) {
+    SCOPED_TRACE(which == 0 ? "sum aliases a" : "sum aliases b");
+    Tensor a_inout = a.clone(), b_inout = b.clone();
+    Tensor& sum = which == 0 ? a_inout : b_inout;
+    Tensor y = Tensor::empty({9, 64}, DType::F32), rstd = Tensor::empty({9}, DType::F32);
+    add_rmsnorm_forward(Stream::cpu(), sum, y, rstd, a_inout, b_inout, w, {});
+    EXPECT_TRUE(bitwise_equal(sum, want.sum));
+    EXPECT_TRUE(bitwise_equal(y, want.y));
+    EXPECT_TRUE(bitwise_equal(rstd, want.rstd));
+  }
+}
+
+TEST(AddRmsNorm, RowsAreBatchInvariant) {
+  Rng rng(14);
+  const Tensor a = random_tensor({17, 200}, DType::F32, rng);
+  const Tensor b = random_tensor({17, 200}, DType::F32, rng);
+  const Tensor w = random_tensor({200}, DType::F32, rng);
+  const AddNormOutputs big = run_add_rmsnorm(a, b, w, {});
+  const AddNormOutputs small = run_add_rmsnorm(a.slice(0, 3).clone(), b.slice(0, 3).clone(), w, {});
+  EXPECT_TRUE(bitwise_equal(small.sum, big.sum.slice(0, 3).clone()));
+  EXPECT_TRUE(bitwise_equal(small.y, big.y.slice(0, 3).clone()));
+  EXPECT_TRUE(bitwise_equal(small.rstd, big.rstd.slice(0, 3).clone()));
+}
+
+TEST(AddRmsNorm, RejectsBadArguments) {
+  const Tensor a = Tensor::zeros({4, 8}, DType::F32);
+  const Tensor b = Tensor::zeros({4, 8}, DType::F32);
+  const Tensor w = Tensor::zeros({8}, DType::F32);
+  Tensor sum = Tensor::zeros({4, 8}, DType::F32);
+  Tensor y = Tensor::zeros({4, 8}, DType::F32);
+  Tensor rstd = Tensor::zeros({4}, DType::F32);
+  Stream& s = Stream::cpu();
+  expect_error_mentioning(
+      [&] {
+        add_rmsnorm_forward(s, sum, y, rstd, a, Tensor::zeros({4, 9}, DType::F32), w, {});
+      },
+      "add_rmsnorm_forward: b: expected shape [4, 8] but found [4, 9]");
+  expect_error_mentioning(
+      [&] {
+        add_rmsnorm_forward(s, Tensor::zeros({4, 8}, DType::F64), y, rstd, a, b, w, {});
+      },
+      "add_rmsnorm_forward: sum: expected dtype f32 but found f64");
+  expect_error_mentioning(
+      [&] {
+        add_rmsnorm_forward(s, sum, Tensor::zeros({8, 4}, DType::F32), rstd, a, b, w, {});
+      },
+      "add_rmsnorm_forward: y: expected shape [4, 8] but found [8, 4]");
+  expect_error_mentioning([&] { add_rmsnorm_forward(s, sum, y, rstd, a, b, Tensor::zeros({7}, DType::F32), {}); },
+                          "add_rmsnorm_forward: w: expected shape [8] but found [7]");
+  expect_error_mentioning([&] { add_rmsnorm_forward(s, sum, y, Tensor::zeros({3}, DType::F32), a, b, w, {}); },
+                          "expected rstd with N = 4 elements");
+  expect_error_mentioning([&] { add_rmsnorm_forward(s, sum, sum, rstd, a, b, w, {}); },
+                          "add_rmsnorm_forward: expected y and sum in separate memory");
+  expect_error_mentioning(
+      [&] {
+        add_rmsnorm_forward(s, sum, y, rstd, Tensor::zeros({4, 8}, DType::I32), b, w, {});
+      },
+      "add_rmsnorm_forward: expected a in f32 or f64");
+  expect_error_mentioning([&] { add_rmsnorm_forward(s, sum, y, rstd, a, b, w, {-1.0f, false}); }, "expected eps >= 0");
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // Tests for ops/optim: AdamW against a transcription of PyTorch's formulas (hand-checked first step, several steps,
-// with and without weight decay, f32 element math), the global norm, clipping, and argument checks.
+// with and without weight decay, f32 element math), the multi-tensor AdamW against the per-tensor one (bitwise, with
+// its compute copies against a cast), the global norm, clipping, and argument checks.
 #include "ops/optim.h"
 
 #include <cmath>
@@ -182,6 +183,152 @@ TEST(ClipByGlobalNorm, RejectsBadTensorWithoutTouchingAny) {
       {"grads[1]", "f32 or f64", "i32"});
   EXPECT_EQ(a.to_vector<float>(), (std::vector<float>{30.0f, 40.0f}));
   expect_error_containing([&] { ops::global_norm(Stream::cpu(), {a, Tensor()}); }, {"tensors[1]", "undefined"});
+}
+
+bool same_bytes(const Tensor& a, const Tensor& b) {
+  return a.dtype() == b.dtype() && a.nbytes() == b.nbytes() &&
+         (a.nbytes() == 0 || std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0);
+}
+
+// Lists of tensors for adamw_step_multi: params, moments (non-zero, as after earlier steps), per-tensor decays.
+struct MultiState {
+  std::vector<Tensor> params, m, v;
+  std::vector<double> decay;
+  MultiState clone() const {
+    MultiState c;
+    for (size_t i = 0; i < params.size(); ++i) {
+      c.params.push_back(params[i].clone());
+      c.m.push_back(m[i].clone());
+      c.v.push_back(v[i].clone());
+    }
+    c.decay = decay;
+    return c;
+  }
+};
+
+MultiState make_state(const std::vector<Shape>& shapes, DType dtype, Rng& rng) {
+  MultiState s;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    s.params.push_back(random_tensor(shapes[i], dtype, rng));
+    s.m.push_back(random_tensor(shapes[i], dtype, rng, 0.01));
+    // exp_avg_sq >= 0: the squares of random values.
+    const Tensor r = random_tensor(shapes[i], dtype, rng, 0.1);
+    Tensor v = Tensor::empty(shapes[i], dtype);
+    for (int64_t k = 0; k < v.numel(); ++k) {
+      if (dtype == DType::F32) {
+        v.data<float>()[k] = r.data<float>()[k] * r.data<float>()[k];
+      } else {
+        v.data<double>()[k] = r.data<double>()[k] * r.data<double>()[k];
+      }
+    }
+    s.v.push_back(v);
+    s.decay.push_back(i % 3 == 0 ? 0.1 : (i % 3 == 1 ? 0.0 : 0.01));
+  }
+  return s;
+}
+
+TEST(AdamWMulti, MatchesPerTensorStepsBitwiseAndWritesTheCopiesAsCast) {
+  const std::vector<Shape> shapes{{16, 8}, {8}, {0}, {3, 5, 7}, {1}, {1000}};
+  for (DType dtype : {DType::F32, DType::F64}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    Rng rng(31);
+    MultiState multi = make_state(shapes, dtype, rng);
+    MultiState single = multi.clone();
+    // Copies: bf16, none (undefined), the param itself, f32 (or f64 of an f32 param), bf16, none.
+    std::vector<Tensor> copies(shapes.size());
+    copies[0] = Tensor::zeros(shapes[0], DType::BF16);
+    copies[2] = multi.params[2];
+    copies[3] = Tensor::zeros(shapes[3], dtype == DType::F32 ? DType::F64 : DType::F32);
+    copies[4] = multi.params[4];
+    copies[5] = Tensor::zeros(shapes[5], DType::BF16);
+    ops::AdamWParams hyper{3e-3, 0.9, 0.95, 1e-8, /*weight_decay, ignored:*/ 0.5, 1};
+    for (int64_t step = 1; step <= 3; ++step) {
+      hyper.step = step;
+      std::vector<Tensor> grads;
+      for (const Shape& shape : shapes) grads.push_back(random_tensor(shape, dtype, rng, 0.1));
+      ops::adamw_step_multi(Stream::cpu(), multi.params, multi.m, multi.v, grads, copies, multi.decay, hyper);
+      for (size_t i = 0; i < shapes.size(); ++i) {
+        ops::AdamWParams p = hyper;
+        p.weight_decay = single.decay[i];
+        ops::adamw_step(Stream::cpu(), single.params[i], single.m[i], single.v[i], grads[i], p);
+      }
+    }
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      SCOPED_TRACE(::testing::Message() << "tensor " << i);
+      EXPECT_TRUE(same_bytes(multi.params[i], single.params[i])) << "param";
+      EXPECT_TRUE(same_bytes(multi.m[i], single.m[i])) << "exp_avg";
+      EXPECT_TRUE(same_bytes(multi.v[i], single.v[i])) << "exp_avg_sq";
+    }
+    for (size_t i : {size_t(0), size_t(3), size_t(5)}) {
+      EXPECT_TRUE(same_bytes(copies[i], single.params[i].to(copies[i].dtype()))) << "copy of tensor " << i;
+    }
+  }
+}
+
+TEST(AdamWMulti, EmptyCopyListAndEmptyParamListAreAccepted) {
+  Rng rng(32);
+  MultiState multi = make_state({{4, 4}, {4}}, DType::F32, rng);
+  MultiState single = multi.clone();
+  const std::vector<Tensor> grads{random_tensor({4, 4}, DType::F32, rng), random_tensor({4}, DType::F32, rng)};
+  const ops::AdamWParams hyper{1e-2, 0.9, 0.999, 1e-8, 0.0, 4};
+  ops::adamw_step_multi(Stream::cpu(), multi.params, multi.m, multi.v, grads, {}, multi.decay, hyper);
+  for (size_t i = 0; i < 2; ++i) {
+    ops::AdamWParams p = hyper;
+    p.weight_decay = single.decay[i];
+    ops::adamw_step(Stream::cpu(), single.params[i], single.m[i], single.v[i], grads[i], p);
+    EXPECT_TRUE(same_bytes(multi.params[i], single.params[i])) << i;
+  }
+  ops::adamw_step_multi(Stream::cpu(), {}, {}, {}, {}, {}, {}, hyper);
+}
+
+TEST(AdamWMulti, RejectsBadArguments) {
+  Rng rng(33);
+  MultiState s = make_state({{2, 3}, {3}}, DType::F32, rng);
+  const std::vector<Tensor> grads{Tensor::zeros({2, 3}, DType::F32), Tensor::zeros({3}, DType::F32)};
+  const ops::AdamWParams hyper;
+  Stream& cpu = Stream::cpu();
+  expect_error_containing([&] { ops::adamw_step_multi(cpu, s.params, s.m, s.v, {grads[0]}, {}, s.decay, hyper); },
+                          {"adamw_step_multi", "2 params", "found 2, 2, 1 and 2"});
+  expect_error_containing([&] { ops::adamw_step_multi(cpu, s.params, s.m, s.v, grads, {Tensor()}, s.decay, hyper); },
+                          {"adamw_step_multi", "compute_copies", "(2)", "found 1"});
+  expect_error_containing(
+      [&] {
+        ops::adamw_step_multi(cpu, s.params, s.m, s.v, {grads[0], Tensor::zeros({4}, DType::F32)}, {}, s.decay, hyper);
+      },
+      {"grads[1]", "expected shape [3]", "found [4]"});
+  expect_error_containing(
+      [&] {
+        ops::adamw_step_multi(cpu, s.params, s.m, s.v, grads, {}, {0.1, -0.1}, hyper);
+      },
+      {"weight_decay[1] >= 0", "found -0.1"});
+  expect_error_containing(
+      [&] {
+        ops::adamw_step_multi(cpu, s.params, s.m, s.v, grads, {Tensor(), Tensor::zeros({4}, DType::BF16)}, s.decay,
+                              hyper);
+      },
+      {"compute_copies[1]", "expected shape [3]", "found [4]"});
+  expect_error_containing(
+      [&] {
+        ops::adamw_step_multi(cpu, s.params, s.m, s.v, grads, {Tensor(), Tensor::zeros({3}, DType::I32)}, s.decay,
+                              hyper);
+      },
+      {"compute_copies[1]", "bf16, f32 or f64", "i32"});
+  expect_error_containing(
+      [&] {
+        ops::adamw_step_multi(cpu, {s.params[0], s.params[0]}, {s.m[0], s.m[1]}, {s.v[0], s.v[0]}, {grads[0], grads[0]},
+                              {}, s.decay, hyper);
+      },
+      {"exp_avg[1]", "expected shape [2, 3]", "found [3]"});
+  expect_error_containing(
+      [&] {
+        ops::adamw_step_multi(cpu, {s.params[0], s.params[0]}, {s.m[0], s.m[0]}, {s.v[0], s.v[0]}, {grads[0], grads[0]},
+                              {}, s.decay, hyper);
+      },
+      {"adamw_step_multi", "distinct params"});
+  ops::AdamWParams bad = hyper;
+  bad.step = 0;
+  expect_error_containing([&] { ops::adamw_step_multi(cpu, s.params, s.m, s.v, grads, {}, s.decay, bad); },
+                          {"adamw_step_multi", "step >= 1", "found 0"});
 }
 
 }  // namespace

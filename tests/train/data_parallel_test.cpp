@@ -134,13 +134,31 @@ TEST(DataParallel, TheGlobalTargetCountIsSummedOverRanks) {
   EXPECT_EQ(counts, (std::vector<int64_t>{60, 60, 60}));
 }
 
-TEST(DataParallel, RefusesPipelineAndExpertParallelMeshesAtStart) {
+// ep 2 (and dp 2 x ep 2 on 4 ranks): each ep rank computes its own experts, the expert gradients
+// meet in the all-reduce; the same global batch as one rank (fp32 sums in another order: 1e-5).
+TEST(DataParallel, ExpertParallelRanksTrainLikeOne) {
+  const io::JobConfig config = job();
+  const RunResult single = run_single(config);
+  for (const auto& [world, ep] : {std::pair{2, 2}, std::pair{4, 2}}) {
+    SCOPED_TRACE("world " + std::to_string(world) + ", ep " + std::to_string(ep));
+    std::vector<RunResult> results(static_cast<size_t>(world));
+    dist::run_local_ranks(world, [&](dist::Communicator& comm) {
+      dist::Mesh mesh(comm.split(0, comm.rank(), "world"), dist::resolve_mesh(world, 1, 1, ep, 8));
+      Trainer trainer(config, &mesh);
+      const TrainSummary summary = trainer.run();
+      results[size_t(comm.rank())] = result_of(trainer, summary);
+    });
+    expect_same_training(results[0], single);
+  }
+}
+
+TEST(DataParallel, RefusesExpertAndPipelineParallelTogetherAtStart) {
   const io::JobConfig config = job();
   EXPECT_THROW(
       {
         try {
-          dist::run_local_ranks(2, [&](dist::Communicator& comm) {
-            dist::Mesh mesh(comm.split(0, comm.rank(), "world"), dist::resolve_mesh(2, 1, 1, 2, 8));
+          dist::run_local_ranks(4, [&](dist::Communicator& comm) {
+            dist::Mesh mesh(comm.split(0, comm.rank(), "world"), dist::resolve_mesh(4, 2, 1, 2, 8));
             Trainer trainer(config, &mesh);
           });
         } catch (const Error& e) {

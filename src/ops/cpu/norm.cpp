@@ -21,18 +21,35 @@ T scale_of(T w, bool zero_centered) {
   return zero_centered ? T(1) + w : w;
 }
 
+// One row of the forward: rstd from the ascending sum of squares, then y = (x * rstd) * scale. Every element of y is
+// written after the sum, at its own index: y may alias x.
+template <typename T>
+void forward_row(T* yr, T* rstd_n, const T* xr, const T* w, int64_t dim, T eps, bool zero_centered) {
+  T sum_sq = 0;
+  for (int64_t d = 0; d < dim; ++d) sum_sq += xr[d] * xr[d];
+  const T variance = sum_sq / static_cast<T>(dim);
+  const T r = T(1) / std::sqrt(variance + eps);
+  *rstd_n = r;
+  for (int64_t d = 0; d < dim; ++d) yr[d] = (xr[d] * r) * scale_of(w[d], zero_centered);
+}
+
 template <typename T>
 void forward_rows(T* y, T* rstd, const T* x, const T* w, int64_t rows, int64_t dim, T eps, bool zero_centered) {
 #pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < rows; ++n) forward_row(y + n * dim, rstd + n, x + n * dim, w, dim, eps, zero_centered);
+}
+
+// Per row: the residual sum a + b (add_forward's element code) into sum, then forward_row on it.
+template <typename T>
+void add_forward_rows(T* sum, T* y, T* rstd, const T* a, const T* b, const T* w, int64_t rows, int64_t dim, T eps,
+                      bool zero_centered) {
+#pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < rows; ++n) {
-    const T* xr = x + n * dim;
-    T* yr = y + n * dim;
-    T sum_sq = 0;
-    for (int64_t d = 0; d < dim; ++d) sum_sq += xr[d] * xr[d];
-    const T variance = sum_sq / static_cast<T>(dim);
-    const T r = T(1) / std::sqrt(variance + eps);
-    rstd[n] = r;
-    for (int64_t d = 0; d < dim; ++d) yr[d] = (xr[d] * r) * scale_of(w[d], zero_centered);
+    T* sr = sum + n * dim;
+    const T* ar = a + n * dim;
+    const T* br = b + n * dim;
+    for (int64_t d = 0; d < dim; ++d) sr[d] = ar[d] + br[d];
+    forward_row(y + n * dim, rstd + n, sr, w, dim, eps, zero_centered);
   }
 }
 
@@ -89,6 +106,16 @@ void rmsnorm_forward(const Tensor& y, const Tensor& rstd, const Tensor& x, const
   dispatch_float(x.dtype(), "rmsnorm_forward", [&]<typename T>() {
     forward_rows<T>(y.data<T>(), rstd.data<T>(), x.data<T>(), w.data<T>(), rows, dim, static_cast<T>(params.eps),
                     params.zero_centered);
+  });
+}
+
+void add_rmsnorm_forward(const Tensor& sum, const Tensor& y, const Tensor& rstd, const Tensor& a, const Tensor& b,
+                         const Tensor& w, const RmsNormParams& params) {
+  const int64_t dim = w.numel();
+  const int64_t rows = a.numel() / dim;
+  dispatch_float(a.dtype(), "add_rmsnorm_forward", [&]<typename T>() {
+    add_forward_rows<T>(sum.data<T>(), y.data<T>(), rstd.data<T>(), a.data<T>(), b.data<T>(), w.data<T>(), rows, dim,
+                        static_cast<T>(params.eps), params.zero_centered);
   });
 }
 

@@ -12,6 +12,10 @@ namespace moetrain::ops::cpu {
 // (dy) without changing the result.
 void rmsnorm_forward(const Tensor& y, const Tensor& rstd, const Tensor& x, const Tensor& w,
                      const RmsNormParams& params);
+// sum = a + b in T, then y, rstd = rmsnorm_forward(sum): one row at a time, with the element code of add_forward and
+// rmsnorm_forward, so the bits are theirs. sum may alias a or b, y may alias a or b (not sum).
+void add_rmsnorm_forward(const Tensor& sum, const Tensor& y, const Tensor& rstd, const Tensor& a, const Tensor& b,
+                         const Tensor& w, const RmsNormParams& params);
 void rmsnorm_backward_input(const Tensor& dx, const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
                             const RmsNormParams& params);
 // dw [D] += sum over rows n (ascending) of dy[n] * x[n] * rstd[n].

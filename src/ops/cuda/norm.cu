@@ -3,6 +3,7 @@
 // gradient sums fixed chunks of rows into a [chunks, D] buffer, then the chunks in order. Every product and sum is
 // written with the round-to-nearest intrinsics (__fmul_rn, __fadd_rn, ...), which nvcc never fuses into a
 // multiply-add: each element rounds as the CPU's -ffp-contract=off code does, and only the summation orders differ.
+// The fused residual add + norm is the forward kernel with elementwise.cu's add in front of it.
 #include "ops/cuda/norm.h"
 
 #include <cstdint>
@@ -52,6 +53,40 @@ __global__ void forward_kernel(T* y, float* rstd, const T* x, const float* w, in
     if (lane == 0) rstd[n] = r;
     for (int64_t d = lane; d < dim; d += 32) {
       store_float(yr + d, __fmul_rn(__fmul_rn(load_float(xr + d), r), scale_of(w[d], zero_centered)));
+    }
+  }
+}
+
+// The value a T element holds after store_float: f32 as is, bf16 rounded to nearest even.
+__device__ __forceinline__ float stored_value(float v, const float*) { return v; }
+__device__ __forceinline__ float stored_value(float v, const __nv_bfloat16*) {
+  return __bfloat162float(__float2bfloat16_rn(v));
+}
+
+// forward_kernel with the residual add in front: lane k of a row's warp adds (and stores) elements k, k + 32, ...
+// of the row, squares the rounded sums as forward_kernel squares x, then rereads its own stored elements of sum
+// for y. Each lane reads a and b at an index before it writes sum there: sum may alias a or b.
+template <typename T>
+__global__ void add_forward_kernel(T* sum, T* y, float* rstd, const T* a, const T* b, const float* w, int64_t rows,
+                                   int64_t dim, float eps, bool zero_centered) {
+  const int lane = threadIdx.x % 32;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  for (int64_t n = first; n < rows; n += static_cast<int64_t>(gridDim.x) * kWarpsPerBlock) {
+    const T* ar = a + n * dim;
+    const T* br = b + n * dim;
+    T* sr = sum + n * dim;
+    T* yr = y + n * dim;
+    float sum_sq = 0.0f;
+    for (int64_t d = lane; d < dim; d += 32) {
+      const float v = stored_value(__fadd_rn(load_float(ar + d), load_float(br + d)), sr);
+      store_float(sr + d, v);
+      sum_sq = __fadd_rn(sum_sq, __fmul_rn(v, v));
+    }
+    const float variance = __fdiv_rn(warp_sum(sum_sq), static_cast<float>(dim));
+    const float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(variance, eps)));
+    if (lane == 0) rstd[n] = r;
+    for (int64_t d = lane; d < dim; d += 32) {
+      store_float(yr + d, __fmul_rn(__fmul_rn(load_float(sr + d), r), scale_of(w[d], zero_centered)));
     }
   }
 }
@@ -136,6 +171,20 @@ void rmsnorm_forward(const Stream& stream, const Tensor& y, const Tensor& rstd, 
   dispatch_activation(x, "rmsnorm_forward", [&]<typename T>(T*) {
     forward_kernel<<<row_blocks(rows), kRowThreads, 0, native(stream)>>>(
         static_cast<T*>(y.raw_data()), static_cast<float*>(rstd.raw_data()), static_cast<const T*>(x.raw_data()),
+        static_cast<const float*>(w.raw_data()), rows, dim, params.eps, params.zero_centered);
+  });
+  MT_CUDA_CHECK(cudaGetLastError());
+}
+
+void add_rmsnorm_forward(const Stream& stream, const Tensor& sum, const Tensor& y, const Tensor& rstd, const Tensor& a,
+                         const Tensor& b, const Tensor& w, const RmsNormParams& params) {
+  const int64_t dim = w.numel();
+  const int64_t rows = a.numel() / dim;
+  if (rows == 0) return;
+  dispatch_activation(a, "add_rmsnorm_forward", [&]<typename T>(T*) {
+    add_forward_kernel<<<row_blocks(rows), kRowThreads, 0, native(stream)>>>(
+        static_cast<T*>(sum.raw_data()), static_cast<T*>(y.raw_data()), static_cast<float*>(rstd.raw_data()),
+        static_cast<const T*>(a.raw_data()), static_cast<const T*>(b.raw_data()),
         static_cast<const float*>(w.raw_data()), rows, dim, params.eps, params.zero_centered);
   });
   MT_CUDA_CHECK(cudaGetLastError());

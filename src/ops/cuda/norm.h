@@ -14,6 +14,11 @@ namespace moetrain::ops::cuda {
 // the other rows.
 void rmsnorm_forward(const Stream& stream, const Tensor& y, const Tensor& rstd, const Tensor& x, const Tensor& w,
                      const RmsNormParams& params);
+// sum = a + b rounded to the activation dtype (ops::cuda::add_forward's element code), then rmsnorm_forward's row code
+// on that rounded sum, one warp per row in one pass: the bits of add_forward then rmsnorm_forward on CUDA. a, b, sum,
+// y in one dtype (f32 or bf16); sum may alias a or b; y may alias a or b but not sum.
+void add_rmsnorm_forward(const Stream& stream, const Tensor& sum, const Tensor& y, const Tensor& rstd, const Tensor& a,
+                         const Tensor& b, const Tensor& w, const RmsNormParams& params);
 // dx may alias dy.
 void rmsnorm_backward_input(const Stream& stream, const Tensor& dx, const Tensor& dy, const Tensor& x, const Tensor& w,
                             const Tensor& rstd, const RmsNormParams& params);

@@ -1,10 +1,13 @@
 // defines: the CUDA optimizer kernels: AdamW with the explicit round-to-nearest intrinsics (__fmul_rn, ...), which
 // nvcc never fuses into a multiply-add, so each step rounds exactly as the CPU's -ffp-contract=off code does; sums
-// of squares as two fixed trees in f64 (within chunks, then over the chunks).
+// of squares as two fixed trees in f64 (within chunks, then over the chunks); the multi-tensor AdamW runs the same
+// element code over a cached device table of tensors, chunk by chunk, and can write each param's bf16 copy.
 #include "ops/cuda/optim.h"
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <mutex>
 #include <vector>
 
 #include <cuda_runtime.h>
@@ -32,26 +35,92 @@ struct AdamWScalars {
   bool apply_decay;
 };
 
+// One element of the AdamW update, ops/cpu/optim.cpp's steps each rounded to nearest in f32.
+__device__ __forceinline__ void adamw_element(float* p, float* m, float* v, const float* g, const AdamWScalars& s) {
+  const bool small_weight = fabsf(s.one_minus_beta1) < 0.5f;
+  float param = *p;
+  float avg = *m;
+  float avg_sq = *v;
+  const float grad = *g;
+  if (s.apply_decay) param = __fmul_rn(param, s.decay);  // param.mul_(1 - lr * wd)
+  // exp_avg.lerp_(grad, 1 - b1), at::lerp's two branches.
+  const float diff = __fsub_rn(grad, avg);
+  avg = small_weight ? __fadd_rn(avg, __fmul_rn(s.one_minus_beta1, diff))
+                     : __fsub_rn(grad, __fmul_rn(diff, __fsub_rn(1.0f, s.one_minus_beta1)));
+  avg_sq = __fmul_rn(avg_sq, s.beta2);                                              // exp_avg_sq.mul_(b2)
+  avg_sq = __fadd_rn(avg_sq, __fmul_rn(s.one_minus_beta2, __fmul_rn(grad, grad)));  // .addcmul_(g, g, 1 - b2)
+  const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(avg_sq), s.bias_correction2_sqrt), s.eps);
+  param = __fadd_rn(param, __fmul_rn(s.neg_step_size, __fdiv_rn(avg, denom)));  // param.addcdiv_(m, denom, -ss)
+  *p = param;
+  *m = avg;
+  *v = avg_sq;
+}
+
 __global__ void adamw_kernel(float* p, float* m, float* v, const float* g, int64_t n, AdamWScalars s) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  const bool small_weight = fabsf(s.one_minus_beta1) < 0.5f;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    float param = p[i];
-    float avg = m[i];
-    float avg_sq = v[i];
-    const float grad = g[i];
-    if (s.apply_decay) param = __fmul_rn(param, s.decay);  // param.mul_(1 - lr * wd)
-    // exp_avg.lerp_(grad, 1 - b1), at::lerp's two branches.
-    const float diff = __fsub_rn(grad, avg);
-    avg = small_weight ? __fadd_rn(avg, __fmul_rn(s.one_minus_beta1, diff))
-                       : __fsub_rn(grad, __fmul_rn(diff, __fsub_rn(1.0f, s.one_minus_beta1)));
-    avg_sq = __fmul_rn(avg_sq, s.beta2);                                              // exp_avg_sq.mul_(b2)
-    avg_sq = __fadd_rn(avg_sq, __fmul_rn(s.one_minus_beta2, __fmul_rn(grad, grad)));  // .addcmul_(g, g, 1 - b2)
-    const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(avg_sq), s.bias_correction2_sqrt), s.eps);
-    param = __fadd_rn(param, __fmul_rn(s.neg_step_size, __fdiv_rn(avg, denom)));  // param.addcdiv_(m, denom, -ss)
-    p[i] = param;
-    m[i] = avg;
-    v[i] = avg_sq;
+    adamw_element(p + i, m + i, v + i, g + i, s);
+  }
+}
+
+// core/dtype.cpp's f32_to_bf16_bits (the rule ops::cast applies): nearest even; NaN keeps its sign and upper payload
+// and is forced quiet. (A copy of ops/cuda/elementwise.cu's private helper.)
+__device__ __forceinline__ uint16_t f32_to_bf16_bits(float value) {
+  const uint32_t bits = __float_as_uint(value);
+  if (value != value) return static_cast<uint16_t>((bits >> 16) | 0x0040u);
+  const uint32_t rounding_bias = 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>((bits + rounding_bias) >> 16);
+}
+
+enum CopyKind : int32_t { kNoCopy = 0, kCopyBf16 = 1, kCopyF32 = 2 };
+
+// One row of the multi-tensor table: a non-empty tensor, its first chunk in the launch's chunk numbering and its
+// weight decay. No implicit padding (the rows are compared bytewise to find a cached table).
+struct MultiTensorEntry {
+  float* p;
+  float* m;
+  float* v;
+  const float* g;
+  void* copy;  // nullptr when copy_kind == kNoCopy
+  int64_t numel;
+  int64_t first_chunk;
+  double weight_decay;
+  int32_t copy_kind;
+  int32_t unused;
+};
+static_assert(sizeof(MultiTensorEntry) == 5 * sizeof(void*) + 3 * 8 + 2 * 4, "MultiTensorEntry must not be padded");
+
+// Block b takes chunks b, b + gridDim.x, ...; a chunk is kAdamWMultiChunk consecutive elements of one tensor (the
+// last chunk of a tensor may be shorter). `s` holds the scalars shared by all tensors; the decay is per tensor.
+__global__ void adamw_multi_kernel(const MultiTensorEntry* table, int32_t entries, int64_t total_chunks, double lr,
+                                   AdamWScalars s) {
+  for (int64_t chunk = blockIdx.x; chunk < total_chunks; chunk += gridDim.x) {
+    // The last row whose first_chunk <= chunk (rows are in ascending first_chunk, each with >= 1 chunk).
+    int32_t lo = 0, hi = entries - 1;
+    while (lo < hi) {
+      const int32_t mid = lo + (hi - lo + 1) / 2;
+      if (table[mid].first_chunk <= chunk) {
+        lo = mid;
+      } else {
+        hi = mid - 1;
+      }
+    }
+    const MultiTensorEntry e = table[lo];
+    AdamWScalars t = s;
+    // static_cast<float>(1.0 - lr * wd) of the host code: a product and a difference, each rounded in double, then
+    // rounded to f32.
+    t.decay = __double2float_rn(__dsub_rn(1.0, __dmul_rn(lr, e.weight_decay)));
+    t.apply_decay = e.weight_decay != 0.0;
+    const int64_t begin = (chunk - e.first_chunk) * kAdamWMultiChunk;
+    const int64_t end = begin + kAdamWMultiChunk < e.numel ? begin + kAdamWMultiChunk : e.numel;
+    for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+      adamw_element(e.p + i, e.m + i, e.v + i, e.g + i, t);
+      if (e.copy_kind == kCopyBf16) {
+        static_cast<uint16_t*>(e.copy)[i] = f32_to_bf16_bits(e.p[i]);
+      } else if (e.copy_kind == kCopyF32) {
+        static_cast<float*>(e.copy)[i] = e.p[i];
+      }
+    }
   }
 }
 
@@ -93,12 +162,9 @@ __global__ void sum_chunks_kernel(double* out, const double* partial, int64_t ch
 
 int64_t chunks_of(const Tensor& t) { return (t.numel() + kSumOfSquaresChunk - 1) / kSumOfSquaresChunk; }
 
-}  // namespace
-
-void adamw_step(const Stream& stream, const Tensor& param, const Tensor& exp_avg, const Tensor& exp_avg_sq,
-                const Tensor& grad, const AdamWParams& params) {
-  MT_CHECK(param.dtype() == DType::F32, "adamw_step (CUDA): expected param in f32 but found {}", param.describe());
-  // Python-side scalars of torch.optim.adamw in double, then rounded to f32: ops/cpu/optim.cpp's code, line by line.
+// The f32 scalars of ops/cpu/optim.cpp for `params`: the Python-side scalars of torch.optim.adamw in double, then
+// rounded to f32, line by line as there.
+AdamWScalars scalars_of(const AdamWParams& params) {
   const double step = static_cast<double>(params.step);
   const double decay = 1.0 - params.lr * params.weight_decay;
   const double bias_correction1 = 1.0 - std::pow(params.beta1, step);
@@ -114,7 +180,67 @@ void adamw_step(const Stream& stream, const Tensor& param, const Tensor& exp_avg
   s.bias_correction2_sqrt = static_cast<float>(bias_correction2_sqrt);
   s.eps = static_cast<float>(params.eps);
   s.apply_decay = params.weight_decay != 0.0;
+  return s;
+}
 
+constexpr int64_t kMaxMultiBlocks = int64_t(1) << 20;  // blocks loop over further chunks beyond this
+constexpr size_t kCachedTables = 4;
+
+// A multi-tensor table: its rows on the host (the cache key, with the stream) and on the device.
+struct MultiTable {
+  cudaStream_t stream = nullptr;
+  std::vector<MultiTensorEntry> entries;
+  Tensor device_rows;
+  uint64_t last_use = 0;
+
+  bool same_list(const MultiTable& other) const {
+    return stream == other.stream && entries.size() == other.entries.size() &&
+           std::memcmp(entries.data(), other.entries.data(), entries.size() * sizeof(MultiTensorEntry)) == 0;
+  }
+};
+
+std::mutex table_mutex;
+std::vector<MultiTable> table_cache;  // at most kCachedTables, the least recently used is replaced
+uint64_t table_clock = 0;
+int64_t tables_built = 0;
+
+// The device copy of `key`'s rows: the cached one when the same list (same rows, same stream) was seen before, else
+// a new upload (stream-ordered on key.stream, so kernels queued earlier still read their own tables; a replaced
+// table's memory goes back to the stream-ordered pool).
+const MultiTensorEntry* cached_table(MultiTable key, Device device) {
+  std::lock_guard<std::mutex> lock(table_mutex);
+  ++table_clock;
+  for (MultiTable& t : table_cache) {
+    if (t.same_list(key)) {
+      t.last_use = table_clock;
+      return static_cast<const MultiTensorEntry*>(t.device_rows.raw_data());
+    }
+  }
+  const size_t bytes = key.entries.size() * sizeof(MultiTensorEntry);
+  key.device_rows = Tensor::empty({static_cast<int64_t>(bytes)}, DType::U8, device);
+  // The host rows stay alive in the cache entry, so the asynchronous copy may read them later.
+  MT_CUDA_CHECK(
+      cudaMemcpyAsync(key.device_rows.raw_data(), key.entries.data(), bytes, cudaMemcpyHostToDevice, key.stream));
+  key.last_use = table_clock;
+  ++tables_built;
+  if (table_cache.size() < kCachedTables) {
+    table_cache.push_back(std::move(key));
+    return static_cast<const MultiTensorEntry*>(table_cache.back().device_rows.raw_data());
+  }
+  MultiTable* oldest = &table_cache[0];
+  for (MultiTable& t : table_cache) {
+    if (t.last_use < oldest->last_use) oldest = &t;
+  }
+  *oldest = std::move(key);
+  return static_cast<const MultiTensorEntry*>(oldest->device_rows.raw_data());
+}
+
+}  // namespace
+
+void adamw_step(const Stream& stream, const Tensor& param, const Tensor& exp_avg, const Tensor& exp_avg_sq,
+                const Tensor& grad, const AdamWParams& params) {
+  MT_CHECK(param.dtype() == DType::F32, "adamw_step (CUDA): expected param in f32 but found {}", param.describe());
+  const AdamWScalars s = scalars_of(params);
   const int64_t n = param.numel();
   if (n == 0) return;
   const int64_t blocks64 = (n + kThreads - 1) / kThreads;
@@ -123,6 +249,60 @@ void adamw_step(const Stream& stream, const Tensor& param, const Tensor& exp_avg
       static_cast<float*>(param.raw_data()), static_cast<float*>(exp_avg.raw_data()),
       static_cast<float*>(exp_avg_sq.raw_data()), static_cast<const float*>(grad.raw_data()), n, s);
   MT_CUDA_CHECK(cudaGetLastError());
+}
+
+void adamw_step_multi(const Stream& stream, const std::vector<Tensor>& params, const std::vector<Tensor>& exp_avg,
+                      const std::vector<Tensor>& exp_avg_sq, const std::vector<Tensor>& grads,
+                      const std::vector<Tensor>& compute_copies, const std::vector<double>& weight_decay,
+                      const AdamWParams& hyper) {
+  constexpr const char* op = "adamw_step_multi (CUDA)";
+  MT_CHECK(exp_avg.size() == params.size() && exp_avg_sq.size() == params.size() && grads.size() == params.size() &&
+               weight_decay.size() == params.size() &&
+               (compute_copies.empty() || compute_copies.size() == params.size()),
+           "{}: expected lists of {} entries", op, params.size());
+  const auto cu_stream = static_cast<cudaStream_t>(stream_handle(stream));
+  MultiTable key;
+  key.stream = cu_stream;
+  int64_t chunks = 0;
+  for (size_t i = 0; i < params.size(); ++i) {
+    MT_CHECK(params[i].dtype() == DType::F32, "{}: expected params[{}] in f32 but found {}", op, i,
+             params[i].describe());
+    const int64_t n = params[i].numel();
+    if (n == 0) continue;
+    MultiTensorEntry e{};
+    e.p = static_cast<float*>(params[i].raw_data());
+    e.m = static_cast<float*>(exp_avg[i].raw_data());
+    e.v = static_cast<float*>(exp_avg_sq[i].raw_data());
+    e.g = static_cast<const float*>(grads[i].raw_data());
+    e.copy = nullptr;
+    e.copy_kind = kNoCopy;
+    if (!compute_copies.empty() && compute_copies[i].defined()) {
+      const Tensor& c = compute_copies[i];
+      MT_CHECK(c.dtype() == DType::BF16 || c.dtype() == DType::F32,
+               "{}: expected compute_copies[{}] in bf16 or f32 but found {}", op, i, c.describe());
+      e.copy = c.raw_data();
+      e.copy_kind = c.dtype() == DType::BF16 ? kCopyBf16 : kCopyF32;
+    }
+    e.numel = n;
+    e.first_chunk = chunks;
+    e.weight_decay = weight_decay[i];
+    e.unused = 0;
+    chunks += (n + kAdamWMultiChunk - 1) / kAdamWMultiChunk;
+    key.entries.push_back(e);
+  }
+  if (key.entries.empty()) return;
+  MT_CHECK(key.entries.size() < (size_t(1) << 31), "{}: {} tensors is more than one table holds", op,
+           key.entries.size());
+  const auto entries = static_cast<int32_t>(key.entries.size());
+  const MultiTensorEntry* table = cached_table(std::move(key), stream.device());
+  const unsigned blocks = static_cast<unsigned>(chunks < kMaxMultiBlocks ? chunks : kMaxMultiBlocks);
+  adamw_multi_kernel<<<blocks, kThreads, 0, cu_stream>>>(table, entries, chunks, hyper.lr, scalars_of(hyper));
+  MT_CUDA_CHECK(cudaGetLastError());
+}
+
+int64_t adamw_multi_tables_built() {
+  std::lock_guard<std::mutex> lock(table_mutex);
+  return tables_built;
 }
 
 std::vector<double> sums_of_squares(const Stream& stream, const std::vector<Tensor>& tensors) {

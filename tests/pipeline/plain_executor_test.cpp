@@ -1,0 +1,290 @@
+// Tests for pipeline/plain_executor on thread ranks (in-process communicator) with the tiny MoE example
+// (examples/tiny_moe: E = 8, top-2, 8 MoE layers) in f32, random init, auxiliary router losses on: without ep (and
+// with an ep group of one) it is model::forward_backward bit for bit; with ep = 2 and 4 each rank holds different
+// micro-batches of very different token counts, and the gradients summed over the ep ranks equal one rank running
+// every micro-batch with forward_backward; gradients of experts a rank does not own stay 0 on it; and the refusals
+// (unequal micro-batch counts, one rank's bad input stopping every rank).
+#include "pipeline/plain_executor.h"
+
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "core/rng.h"
+#include "dist/inprocess_communicator.h"
+#include "io/model_config.h"
+#include "model/causal_lm.h"
+#include "model/router_loss.h"
+#include "testing/test_data.h"
+
+namespace moetrain::pipeline {
+namespace {
+
+constexpr uint64_t kSeed = 4321;
+constexpr double kInitStd = 0.05;
+
+io::ModelConfig tiny_moe() {
+  return io::load_model_config(std::string(MOETRAIN_TEST_DATA_DIR) + "/../../examples/tiny_moe/config.json");
+}
+
+std::unique_ptr<model::CausalLm> make_model(const io::ModelConfig& config) {
+  auto model = std::make_unique<model::CausalLm>(config);
+  model->params().init_random(kSeed, kInitStd);
+  return model;
+}
+
+// n packed micro-batches of 1 to 3 documents of min_len to max_len tokens; targets are the next token inside each
+// document, -100 at each document's end and at a few random positions.
+std::vector<model::MicroBatch> make_batches(int n, uint64_t seed, int64_t vocab, int min_len, int max_len) {
+  Rng rng(seed);
+  std::vector<model::MicroBatch> batches;
+  for (int mb = 0; mb < n; ++mb) {
+    const int docs = 1 + static_cast<int>(rng.below(3));
+    std::vector<int32_t> ids, targets, cu{0};
+    for (int d = 0; d < docs; ++d) {
+      const int len = min_len + static_cast<int>(rng.below(static_cast<uint64_t>(max_len - min_len + 1)));
+      for (int t = 0; t < len; ++t) ids.push_back(static_cast<int32_t>(rng.below(static_cast<uint64_t>(vocab))));
+      for (int t = 0; t < len; ++t) {
+        const size_t at = static_cast<size_t>(cu.back() + t);
+        const bool counted = t + 1 < len && rng.below(8) != 0;
+        targets.push_back(counted ? ids[at + 1] : -100);
+      }
+      cu.push_back(cu.back() + len);
+    }
+    const int64_t T = static_cast<int64_t>(ids.size());
+    batches.push_back(model::MicroBatch::packed(Tensor::from_vector(ids, {T}), Tensor::from_vector(targets, {T}),
+                                                Tensor::from_vector(cu, {static_cast<int64_t>(cu.size())})));
+  }
+  return batches;
+}
+
+int64_t count_targets(const std::vector<model::MicroBatch>& batches) {
+  int64_t n = 0;
+  for (const model::MicroBatch& b : batches) n += b.num_targets();
+  return n;
+}
+
+// Active auxiliary router losses (per micro-batch load balance and z-loss), so their gradients are covered too.
+model::RouterLossSettings router_settings(const io::ModelConfig& config, int64_t global_targets) {
+  model::RouterLossSettings s;
+  s.variant = model::LoadBalanceVariant::MicroBatch;
+  s.load_balance_coef = 0.01;
+  s.z_loss_coef = 0.001;
+  s.loss_scale = 1.0 / static_cast<double>(global_targets);
+  s.num_moe_layers = 0;
+  for (int64_t l = 0; l < config.num_hidden_layers; ++l) s.num_moe_layers += config.layer_is_moe(l) ? 1 : 0;
+  return s;
+}
+
+void use_router_loss(std::vector<model::MicroBatch>& batches, const model::RouterLossSettings* settings) {
+  for (model::MicroBatch& b : batches) b.router_loss = settings;
+}
+
+bool bitwise_equal(const Tensor& a, const Tensor& b) {
+  return a.shape() == b.shape() && a.dtype() == b.dtype() && std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0;
+}
+
+void expect_same_loss(const model::StepLoss& got, const model::StepLoss& want) {
+  EXPECT_EQ(got.loss, want.loss);
+  EXPECT_EQ(got.ce_sum, want.ce_sum);
+  EXPECT_EQ(got.num_targets, want.num_targets);
+  EXPECT_EQ(got.num_tokens, want.num_tokens);
+  EXPECT_EQ(got.load_balance, want.load_balance);
+  EXPECT_EQ(got.z_loss, want.z_loss);
+}
+
+void expect_same_grads(const model::CausalLm& got, const model::CausalLm& want) {
+  for (const model::ParamSpec& spec : want.params().specs()) {
+    const Tensor g = got.params().grad(spec.name), w = want.params().grad(spec.name);
+    EXPECT_TRUE(bitwise_equal(g, w)) << spec.name << ": max |diff| " << testing::max_abs_diff(g, w)
+                                     << ", relative error " << testing::relative_error(g, w);
+  }
+}
+
+TEST(PlainExecutor, WithoutEpEqualsForwardBackwardBitwise) {
+  const io::ModelConfig config = tiny_moe();
+  std::vector<model::MicroBatch> batches = make_batches(3, 11, config.vocab_size, 3, 20);
+  const int64_t targets = count_targets(batches);
+  const model::RouterLossSettings settings = router_settings(config, targets);
+  use_router_loss(batches, &settings);
+  for (int64_t global : {int64_t{0}, 3 * targets}) {  // the local count, and a larger data-parallel count
+    SCOPED_TRACE("global_num_targets=" + std::to_string(global));
+    auto reference = make_model(config);
+    const model::StepLoss want = model::forward_backward(*reference, batches, global);
+    EXPECT_GT(want.load_balance, 0.0);
+    auto model = make_model(config);
+    PlainExecutor executor(*model, nullptr);
+    expect_same_loss(executor.run_step(batches, global), want);
+    expect_same_grads(*model, *reference);
+  }
+}
+
+// An ep group of one still plans and runs the exchanges (all-to-all-v with itself); nothing may change.
+TEST(PlainExecutor, EpOfOneEqualsForwardBackwardBitwise) {
+  const io::ModelConfig config = tiny_moe();
+  std::vector<model::MicroBatch> batches = make_batches(2, 12, config.vocab_size, 3, 20);
+  const model::RouterLossSettings settings = router_settings(config, count_targets(batches));
+  use_router_loss(batches, &settings);
+  auto reference = make_model(config);
+  const model::StepLoss want = model::forward_backward(*reference, batches);
+  auto model = make_model(config);
+  dist::run_local_ranks(1, [&](dist::Communicator& comm) {
+    PlainExecutor executor(*model, &comm);
+    expect_same_loss(executor.run_step(batches), want);
+  });
+  expect_same_grads(*model, *reference);
+}
+
+// ep ranks as data ranks: rank r runs micro-batches of its own, of very different sizes (rank 0 long documents of 40
+// to 64 tokens, the last rank documents of 2 to 3 tokens), with the global target count. After the test sums every
+// gradient over the ep ranks (all_reduce), it must equal forward_backward over all the micro-batches on one rank.
+//
+// Tolerances. Gradients: relative error (||a - b|| / ||b||, per parameter tensor) <= 1e-5. They are not bitwise:
+// an expert's weight gradient adds rows of several ranks' micro-batches in one grouped GEMM (in another order than
+// one rank, micro-batch by micro-batch), and the non-expert gradients are summed per rank and then over ranks, so
+// f32 additions are associated differently (differences of a few f32 ulps, ~1e-7 relative). Losses: the forward
+// of each micro-batch is the same bits (the CPU kernels are batch-invariant and the exchange is a byte copy), so the
+// summed ce_sum, load-balance and z-loss differ only by the order of f64 additions: relative 1e-12. Counts: exact.
+TEST(PlainExecutor, ExpertParallelGradientsSumToSingleRank) {
+  const io::ModelConfig config = tiny_moe();
+  for (int ep : {2, 4}) {
+    SCOPED_TRACE("ep=" + std::to_string(ep));
+    std::vector<std::vector<model::MicroBatch>> per_rank;
+    std::vector<model::MicroBatch> all;
+    for (int r = 0; r < ep; ++r) {
+      const int min_len = r == 0 ? 40 : (r == ep - 1 ? 2 : 5);
+      const int max_len = r == 0 ? 64 : (r == ep - 1 ? 3 : 12);
+      per_rank.push_back(
+          make_batches(2, 300 + static_cast<uint64_t>(10 * ep + r), config.vocab_size, min_len, max_len));
+      all.insert(all.end(), per_rank.back().begin(), per_rank.back().end());
+    }
+    const int64_t global = count_targets(all);
+    const model::RouterLossSettings settings = router_settings(config, global);
+    use_router_loss(all, &settings);
+    for (auto& b : per_rank) use_router_loss(b, &settings);
+
+    auto reference = make_model(config);
+    const model::StepLoss want = model::forward_backward(*reference, all, global);
+
+    std::vector<model::StepLoss> got(static_cast<size_t>(ep));
+    std::map<std::string, Tensor> summed;
+    std::mutex mu;
+    dist::run_local_ranks(ep, [&](dist::Communicator& comm) {
+      const int r = comm.rank();
+      auto model = make_model(config);
+      PlainExecutor executor(*model, &comm);
+      const model::StepLoss loss = executor.run_step(per_rank[static_cast<size_t>(r)], global);
+      // Before the sum: this rank's gradients of the experts it does not own are exactly 0.
+      const int64_t El = config.num_experts / ep;
+      for (const model::ParamSpec& spec : model->params().specs()) {
+        if (spec.name.find(".experts.") == std::string::npos) continue;
+        const Tensor g = model->params().grad(spec.name);
+        for (int64_t e = 0; e < config.num_experts; ++e) {
+          if (e / El == r) continue;
+          const Tensor slice = g.select(e);
+          EXPECT_EQ(testing::max_abs_diff(slice, Tensor::zeros(slice.shape(), slice.dtype())), 0.0)
+              << spec.name << " expert " << e << " on rank " << r;
+        }
+      }
+      for (const model::ParamSpec& spec : model->params().specs())
+        comm.all_reduce(Stream::cpu(), model->params().grad(spec.name), dist::ReduceOp::Sum);
+      std::lock_guard lock(mu);
+      got[static_cast<size_t>(r)] = loss;
+      if (r == 0) {
+        for (const model::ParamSpec& spec : model->params().specs())
+          summed[spec.name] = model->params().grad(spec.name).clone();
+      }
+    });
+
+    double ce_sum = 0.0, loss = 0.0, load_balance = 0.0, z_loss = 0.0;
+    int64_t targets = 0, tokens = 0;
+    for (const model::StepLoss& l : got) {
+      ce_sum += l.ce_sum;
+      loss += l.loss;
+      targets += l.num_targets;
+      tokens += l.num_tokens;
+      load_balance += l.load_balance * static_cast<double>(l.num_tokens);  // token-weighted per rank
+      z_loss += l.z_loss * static_cast<double>(l.num_tokens);
+    }
+    EXPECT_EQ(targets, want.num_targets);
+    EXPECT_EQ(tokens, want.num_tokens);
+    EXPECT_NEAR(ce_sum, want.ce_sum, 1e-12 * want.ce_sum);
+    EXPECT_NEAR(loss, want.loss, 1e-12 * want.loss);
+    EXPECT_NEAR(load_balance / static_cast<double>(tokens), want.load_balance, 1e-12 * want.load_balance);
+    EXPECT_NEAR(z_loss / static_cast<double>(tokens), want.z_loss, 1e-12 * want.z_loss);
+    EXPECT_GT(got.front().num_tokens, 5 * got.back().num_tokens) << "the ranks' token counts should differ a lot";
+
+    ASSERT_EQ(summed.size(), reference->params().specs().size());
+    for (const auto& [name, grad] : summed) {
+      const Tensor ref = reference->params().grad(name);
+      EXPECT_LE(testing::relative_error(grad, ref), 1e-5) << name;
+      EXPECT_GT(testing::max_abs_diff(ref, Tensor::zeros(ref.shape(), ref.dtype())), 0.0) << name << " is all 0";
+    }
+  }
+}
+
+TEST(PlainExecutor, RefusesUnequalMicroBatchCountsOnEveryRank) {
+  const io::ModelConfig config = tiny_moe();
+  const std::vector<model::MicroBatch> batches = make_batches(2, 13, config.vocab_size, 3, 8);
+  std::vector<std::string> errors(2);
+  dist::run_local_ranks(2, [&](dist::Communicator& comm) {
+    auto model = make_model(config);
+    PlainExecutor executor(*model, &comm);
+    const std::vector<model::MicroBatch> mine(batches.begin(), batches.begin() + (comm.rank() == 0 ? 2 : 1));
+    try {
+      executor.run_step(mine, 100);
+    } catch (const Error& e) {
+      errors[static_cast<size_t>(comm.rank())] = e.what();
+    }
+  });
+  EXPECT_NE(errors[0].find("every rank of 'world' must run the same number of micro-batches (the expert exchange is "
+                           "collective); rank 0 has 2 but rank 1 has 1"),
+            std::string::npos)
+      << errors[0];
+  EXPECT_NE(errors[1].find("rank 1 has 1 but rank 0 has 2"), std::string::npos) << errors[1];
+}
+
+TEST(PlainExecutor, OneRanksBadMicroBatchStopsEveryRank) {
+  const io::ModelConfig config = tiny_moe();
+  const std::vector<model::MicroBatch> good = make_batches(1, 14, config.vocab_size, 3, 8);
+  const int64_t T = 4;
+  const std::vector<model::MicroBatch> bad = {model::MicroBatch::packed(
+      Tensor::from_vector<int32_t>({1, 2, static_cast<int32_t>(config.vocab_size), 3}, {T}),
+      Tensor::from_vector<int32_t>({2, 3, 4, -100}, {T}), Tensor::from_vector<int32_t>({0, 4}, {2}))};
+  std::vector<std::string> errors(2);
+  dist::run_local_ranks(2, [&](dist::Communicator& comm) {
+    auto model = make_model(config);
+    PlainExecutor executor(*model, &comm);
+    try {
+      executor.run_step(comm.rank() == 1 ? bad : good, 100);
+    } catch (const Error& e) {
+      errors[static_cast<size_t>(comm.rank())] = e.what();
+    }
+  });
+  EXPECT_NE(errors[0].find("ep rank 1 of 'world' refused its micro-batches"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[1].find(std::to_string(config.vocab_size)), std::string::npos) << errors[1];
+}
+
+TEST(PlainExecutor, RefusesEpThatDoesNotDivideTheExperts) {
+  const io::ModelConfig config = tiny_moe();
+  auto model = make_model(config);
+  dist::run_local_ranks(3, [&](dist::Communicator& comm) {
+    try {
+      PlainExecutor executor(*model, &comm);
+      ADD_FAILURE() << "expected an error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("num_experts (8) is not divisible by the size of communicator 'world' (3)"),
+                std::string::npos)
+          << e.what();
+    }
+  });
+}
+
+}  // namespace
+}  // namespace moetrain::pipeline

@@ -1,0 +1,310 @@
+// Tests for pipeline-parallel training through the Trainer on thread ranks (DualPipeV on the mesh's pp axis), with
+// the tiny MoE example (8 decoder layers, f32 on the CPU, synthetic data, auxiliary router losses on, clipping
+// active): pp = 2 (balanced and with explicit cuts) and pp = 4 against one rank, pp = 2 x dp = 2 against dp = 2
+// alone and against one rank, the whole model gathered into a checkpoint, and the refusals (fewer layers than
+// stages, expert parallelism, fewer micro-batches than 2P per pipeline).
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "dist/inprocess_communicator.h"
+#include "dist/mesh.h"
+#include "io/model_config.h"
+#include "testing/test_data.h"
+#include "train/checkpoint.h"
+#include "train/launch.h"
+#include "train/trainer.h"
+
+namespace moetrain::train {
+namespace {
+
+constexpr int64_t kSteps = 5;
+
+std::string tiny_moe_path() { return std::string(MOETRAIN_TEST_DATA_DIR) + "/../../examples/tiny_moe/config.json"; }
+
+// 8 micro-batches of 2 rows x 16 tokens per step: the minimum 2P for pp = 4, and 2P per pipeline for pp 2 x dp 2.
+// The clip threshold is low enough that every step clips (checked in the single-rank run), so the pipeline's
+// gradient norm over all parameters is exercised.
+io::JobConfig job() {
+  io::JobConfig c;
+  c.model.config = tiny_moe_path();
+  c.model.init = "random";
+  c.data.mode = "synthetic";
+  c.train.steps = kSteps;
+  c.train.seq_len = 16;
+  c.train.micro_batch = 2;
+  c.train.global_batch = 16;
+  c.optim.lr = 1e-3;
+  c.optim.clip_grad_norm = 0.5;
+  c.loss.load_balance_coef = 0.01;
+  c.loss.z_loss_coef = 0.001;
+  c.metrics.console_every = 0;
+  return c;
+}
+
+struct RankResult {
+  std::vector<double> losses;
+  std::vector<double> grad_norms;
+  std::map<std::string, std::vector<float>> owned;  // parameter name -> final values, the parameters the rank owns
+};
+
+struct MeshRun {
+  std::vector<RankResult> ranks;  // by world rank
+  std::vector<dist::MeshCoord> coords;
+};
+
+RankResult result_of(const Trainer& trainer, const TrainSummary& summary) {
+  RankResult r{summary.losses, summary.grad_norms, {}};
+  const auto& specs = trainer.model().params().specs();
+  const std::vector<Tensor> params = trainer.model().params().all_params();
+  for (size_t i = 0; i < specs.size(); ++i) {
+    if (trainer.owns_parameter(i)) r.owned[specs[i].name] = params[i].to_vector<float>();
+  }
+  return r;
+}
+
+// Trains `config` on pp x dp thread ranks (ep = 1), at most `max_steps` steps when > 0.
+MeshRun run_mesh(const io::JobConfig& config, int pp, int dp, int64_t max_steps = 0) {
+  const int world = pp * dp;
+  const int64_t experts = io::load_model_config(config.model.config).num_experts;
+  MeshRun run;
+  run.ranks.resize(static_cast<size_t>(world));
+  run.coords.resize(static_cast<size_t>(world));
+  std::mutex mu;
+  dist::run_local_ranks(world, [&](dist::Communicator& comm) {
+    dist::Mesh mesh(comm.split(0, comm.rank(), "world"), dist::resolve_mesh(world, pp, 1, 1, experts));
+    Trainer trainer(config, &mesh);
+    const TrainSummary summary = trainer.run(max_steps);
+    RankResult result = result_of(trainer, summary);
+    std::lock_guard lock(mu);
+    run.ranks[size_t(comm.rank())] = std::move(result);
+    run.coords[size_t(comm.rank())] = mesh.coord();
+  });
+  return run;
+}
+
+RankResult run_single(const io::JobConfig& config) {
+  Trainer trainer(config);
+  const TrainSummary summary = trainer.run();
+  return result_of(trainer, summary);
+}
+
+// The model of one data-parallel replica (dp index `dp_i`), assembled from the parameters its pp ranks own; checks
+// that every parameter has exactly one owner among them and that all ranks report the same losses and norms.
+RankResult assemble(const MeshRun& run, int dp_i) {
+  RankResult whole;
+  bool first = true;
+  for (size_t r = 0; r < run.ranks.size(); ++r) {
+    if (run.coords[r].dp != dp_i) continue;
+    const RankResult& rank = run.ranks[r];
+    if (first) {
+      whole.losses = rank.losses;
+      whole.grad_norms = rank.grad_norms;
+      first = false;
+    } else {
+      EXPECT_EQ(rank.losses, whole.losses) << "world rank " << r << ": every rank reports the step's loss";
+      EXPECT_EQ(rank.grad_norms, whole.grad_norms) << "world rank " << r;
+    }
+    for (const auto& [name, values] : rank.owned) {
+      EXPECT_TRUE(whole.owned.emplace(name, values).second) << name << " is owned by two pp ranks";
+    }
+  }
+  return whole;
+}
+
+// Tolerance: none. The executor's loss and gradients are the bits of model::forward_backward (the CPU kernels are
+// deterministic and batch-invariant, the wire is a byte copy); the clipping norm adds per-parameter sums of squares
+// in the store's order whatever the cut; AdamW is elementwise.
+void expect_bitwise(const RankResult& got, const RankResult& want, const std::string& where) {
+  EXPECT_EQ(got.losses, want.losses) << where;
+  EXPECT_EQ(got.grad_norms, want.grad_norms) << where;
+  ASSERT_EQ(got.owned.size(), want.owned.size()) << where << ": every parameter has an owner";
+  for (const auto& [name, values] : want.owned) {
+    const auto it = got.owned.find(name);
+    ASSERT_NE(it, got.owned.end()) << where << ": " << name;
+    size_t differ = 0;
+    for (size_t i = 0; i < values.size(); ++i) differ += it->second[i] == values[i] ? 0 : 1;
+    EXPECT_EQ(differ, 0u) << where << ": " << name << " differs in " << differ << " of " << values.size()
+                          << " elements";
+  }
+}
+
+// Tolerance for a different fp32 summation order (the data-parallel all-reduce adds each replica's gradients after
+// its own micro-batches): relative 1e-5, as tests/train/data_parallel_test.cpp.
+void expect_close(const RankResult& got, const RankResult& want, const std::string& where) {
+  ASSERT_EQ(got.losses.size(), want.losses.size()) << where;
+  for (size_t i = 0; i < want.losses.size(); ++i) {
+    EXPECT_NEAR(got.losses[i], want.losses[i], 1e-5 * std::abs(want.losses[i])) << where << " step " << i + 1;
+    EXPECT_NEAR(got.grad_norms[i], want.grad_norms[i], 1e-5 * std::abs(want.grad_norms[i]))
+        << where << " step " << i + 1;
+  }
+  ASSERT_EQ(got.owned.size(), want.owned.size()) << where;
+  for (const auto& [name, values] : want.owned) {
+    const auto it = got.owned.find(name);
+    ASSERT_NE(it, got.owned.end()) << where << ": " << name;
+    const Tensor a = Tensor::from_vector(it->second, {int64_t(it->second.size())});
+    const Tensor b = Tensor::from_vector(values, {int64_t(values.size())});
+    EXPECT_LT(testing::relative_error(a, b), 1e-5) << where << ": " << name;
+  }
+}
+
+const RankResult& reference() {
+  static const RankResult single = [] {
+    RankResult r = run_single(job());
+    return r;
+  }();
+  return single;
+}
+
+// Synthetic data is fresh random tokens every step (nothing to learn beyond ln(vocab)), so the reference is checked
+// for what the comparisons rely on: finite losses and a clipping norm above the threshold at every step.
+TEST(PipelineTraining, SingleRankReferenceClipsEveryStep) {
+  const RankResult& single = reference();
+  ASSERT_EQ(single.losses.size(), size_t(kSteps));
+  for (double loss : single.losses) EXPECT_TRUE(std::isfinite(loss));
+  for (size_t s = 0; s < single.grad_norms.size(); ++s)
+    EXPECT_GT(single.grad_norms[s], job().optim.clip_grad_norm) << "step " << s + 1 << " should clip";
+}
+
+TEST(PipelineTraining, TwoStagePairsTrainLikeOneRankBitwise) {
+  expect_bitwise(assemble(run_mesh(job(), 2, 1), 0), reference(), "pp=2 balanced");
+  io::JobConfig cuts = job();
+  cuts.parallel.pp_cuts = {1, 2, 3};  // stages [0,1) [1,2) [2,3) [3,8): rank 0 holds layers 0 and 3..7
+  expect_bitwise(assemble(run_mesh(cuts, 2, 1), 0), reference(), "pp=2 cuts 1,2,3");
+}
+
+TEST(PipelineTraining, FourStagePairsTrainLikeOneRankBitwise) {
+  expect_bitwise(assemble(run_mesh(job(), 4, 1), 0), reference(), "pp=4");
+}
+
+// pp 2 x dp 2 on 4 ranks (pp outer, dp inner in the mesh's rank order): each replica's pipeline runs 4 of the 8
+// micro-batches. Against dp = 2 alone the only difference is the pipeline, so the bits are the same; against one
+// rank the gradients are summed in another order.
+TEST(PipelineTraining, PipelineTimesDataParallelTrainsLikeDataParallelAlone) {
+  const MeshRun mixed = run_mesh(job(), 2, 2);
+  const RankResult replica0 = assemble(mixed, 0);
+  const RankResult replica1 = assemble(mixed, 1);
+  expect_bitwise(replica1, replica0, "pp=2 x dp=2: replica 1 against replica 0");
+  expect_bitwise(replica0, assemble(run_mesh(job(), 1, 2), 0), "pp=2 x dp=2 against dp=2");
+  expect_close(replica0, reference(), "pp=2 x dp=2 against one rank");
+}
+
+// The job path: dist.local_ranks = 4 with parallel.pp = 4 resolves the mesh and trains DualPipeV on thread ranks.
+TEST(PipelineTraining, LaunchTrainsThreadRanksWithParallelPp) {
+  io::JobConfig config = job();
+  config.dist.local_ranks = 4;
+  config.parallel.pp = 4;
+  const TrainSummary summary = run_training_job(config);
+  EXPECT_EQ(summary.losses, reference().losses);
+  EXPECT_EQ(summary.grad_norms, reference().grad_norms);
+}
+
+// checkpoint.dir with pp = 2: the owned parameters and moments are gathered, and the first rank saves the whole
+// model, which is the single-rank run's model bit for bit.
+TEST(PipelineTraining, CheckpointHoldsTheWholeModel) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "moetrain_pipeline_training_ckpt";
+  std::filesystem::remove_all(dir);
+  io::JobConfig config = job();
+  config.checkpoint.dir = dir.string();
+  config.checkpoint.resume = false;
+  run_mesh(config, 2, 1);
+
+  io::JobConfig plain = job();
+  Trainer single(plain);
+  single.run();
+  const auto latest = find_latest_checkpoint(dir.string());
+  ASSERT_TRUE(latest.has_value());
+  const CheckpointData data = load_checkpoint(*latest);
+  EXPECT_EQ(data.step, kSteps);
+  const auto want = single.model().params().export_hf();
+  ASSERT_EQ(data.model.size(), want.size());
+  std::map<std::string, Tensor> saved(data.model.begin(), data.model.end());
+  for (const auto& [name, tensor] : want) {
+    ASSERT_TRUE(saved.count(name)) << name;
+    EXPECT_EQ(saved.at(name).to_vector<float>(), tensor.to_vector<float>()) << name;
+  }
+  std::map<std::string, Tensor> moments(data.optimizer.begin(), data.optimizer.end());
+  const auto& specs = single.model().params().specs();
+  for (size_t i = 0; i < specs.size(); ++i) {
+    EXPECT_EQ(moments.at("exp_avg/" + specs[i].name).to_vector<float>(),
+              single.optimizer().exp_avg()[i].to_vector<float>())
+        << specs[i].name;
+    EXPECT_EQ(moments.at("exp_avg_sq/" + specs[i].name).to_vector<float>(),
+              single.optimizer().exp_avg_sq()[i].to_vector<float>())
+        << specs[i].name;
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// A pp = 2 run stopped after 3 steps (checkpoint at step 3) and resumed for the last 2 ends with the uninterrupted
+// single-rank run's model, bit for bit: the checkpoint held the whole model and optimizer state.
+TEST(PipelineTraining, ResumesFromAPipelineCheckpointLikeAnUninterruptedRun) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "moetrain_pipeline_training_resume";
+  std::filesystem::remove_all(dir);
+  io::JobConfig config = job();
+  config.checkpoint.dir = dir.string();
+  config.checkpoint.every = 3;
+  const MeshRun first = run_mesh(config, 2, 1, 3);
+  ASSERT_EQ(list_checkpoints(dir.string()), (std::vector<int64_t>{3}));
+  const MeshRun second = run_mesh(config, 2, 1);
+  RankResult resumed = assemble(second, 0);
+  const RankResult before = assemble(first, 0);
+  resumed.losses.insert(resumed.losses.begin(), before.losses.begin(), before.losses.end());
+  resumed.grad_norms.insert(resumed.grad_norms.begin(), before.grad_norms.begin(), before.grad_norms.end());
+  expect_bitwise(resumed, reference(), "pp=2 resumed at step 3");
+  std::filesystem::remove_all(dir);
+}
+
+// Runs Trainer construction on a pp x ep x dp mesh of thread ranks and returns the error text (every rank fails
+// the same check before any collective).
+std::string refusal(const io::JobConfig& config, int world, int pp, int ep) {
+  const int64_t experts = io::load_model_config(config.model.config).num_experts;
+  try {
+    dist::run_local_ranks(world, [&](dist::Communicator& comm) {
+      dist::Mesh mesh(comm.split(0, comm.rank(), "world"), dist::resolve_mesh(world, pp, 1, ep, experts));
+      Trainer trainer(config, &mesh);
+    });
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "the trainer should refuse world " << world << ", pp " << pp << ", ep " << ep;
+  return "";
+}
+
+TEST(PipelineTraining, RefusesFewerLayersThanStages) {
+  io::JobConfig config = job();
+  config.train.global_batch = 20;  // 10 micro-batches: enough for 2P = 10, so the layers are what fails
+  const std::string e = refusal(config, 5, 5, 1);
+  EXPECT_NE(e.find("pp = 5 needs 10 stages"), std::string::npos) << e;
+  EXPECT_NE(e.find("the model has 8 layers"), std::string::npos) << e;
+}
+
+TEST(PipelineTraining, RefusesExpertParallelismWithPipelines) {
+  const std::string e = refusal(job(), 4, 2, 2);
+  EXPECT_NE(e.find("expert parallelism (ep = 2)"), std::string::npos) << e;
+  EXPECT_NE(e.find("pipeline parallelism (pp = 2)"), std::string::npos) << e;
+}
+
+TEST(PipelineTraining, RefusesFewerMicroBatchesThanTwoStagesPerRank) {
+  io::JobConfig config = job();
+  config.train.global_batch = 6;  // 3 micro-batches, one pipeline of pp = 2 needs 4
+  std::string e = refusal(config, 2, 2, 1);
+  EXPECT_NE(e.find(">= 2 * pp = 4 micro-batches per step per pipeline"), std::string::npos) << e;
+  EXPECT_NE(e.find("gets 3"), std::string::npos) << e;
+
+  config.train.global_batch = 12;  // 6 micro-batches over dp = 2: 3 per pipeline
+  e = refusal(config, 4, 2, 1);
+  EXPECT_NE(e.find("each of the 2 data-parallel pipelines gets 3"), std::string::npos) << e;
+  EXPECT_NE(e.find("6 micro-batches shared by 2 data ranks"), std::string::npos) << e;
+}
+
+}  // namespace
+}  // namespace moetrain::train
