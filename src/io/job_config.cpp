@@ -62,6 +62,7 @@ std::vector<FieldRef> field_refs(JobConfig& c) {
       {"model.init_std", &c.model.init_std},
       {"model.device", &c.model.device},
       {"model.compute_dtype", &c.model.compute_dtype},
+      {"model.head_chunk", &c.model.head_chunk},
       {"data.path", DataPathField{&c.data.sources}},
       {"data.mode", &c.data.mode},
       {"data.shuffle", &c.data.shuffle},
@@ -502,6 +503,8 @@ void validate(JobConfig& c, const std::string& source) {
   MT_CHECK(std::isfinite(c.model.init_std) && c.model.init_std >= 0,
            "{}: model.init_std must be finite and >= 0 but is {}", s, c.model.init_std);
   MT_CHECK(is_device(c.model.device), "{}: model.device must be cpu, cuda or cuda:N but is '{}'", s, c.model.device);
+  MT_CHECK(c.model.head_chunk >= 0, "{}: model.head_chunk must be >= 0 (0: no chunking) but is {}", s,
+           c.model.head_chunk);
   MT_CHECK(one_of(c.model.compute_dtype, {"f32", "bf16"}), "{}: model.compute_dtype must be f32 or bf16 but is '{}'", s,
            c.model.compute_dtype);
   MT_CHECK(c.model.compute_dtype == "f32" || c.model.device != "cpu",

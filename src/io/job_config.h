@@ -19,6 +19,9 @@ struct ModelSection {
   // f32: everything in fp32. bf16 (CUDA): bf16 weights copies and activations, fp32 accumulation,
   // fp32 masters, gradients and optimizer state.
   std::string compute_dtype = "f32";
+  // The LM head and the cross-entropy fused over vocabulary chunks of this many columns (the [T, V]
+  // logits never exist); 0: the logits are materialised (in the compute dtype) and the loss read from them.
+  int64_t head_chunk = 8192;
 };
 
 struct DataSource {

@@ -105,6 +105,7 @@ Trainer::Trainer(const io::JobConfig& config, dist::Mesh* mesh)
   const io::ModelConfig model_config = io::load_model_config(config.model.config);
   const DType compute_dtype = config.model.compute_dtype == "bf16" ? DType::BF16 : DType::F32;
   model_ = std::make_unique<model::CausalLm>(model_config, device, compute_dtype);
+  model_->set_head_chunk(config.model.head_chunk);
   optimizer_ =
       std::make_unique<AdamW>(model_->params(), AdamWConfig{config.optim.lr, config.optim.beta1, config.optim.beta2,
                                                             config.optim.eps, config.optim.weight_decay});

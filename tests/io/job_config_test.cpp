@@ -759,3 +759,15 @@ TEST(JobConfig, ValidatesDistSection) {
 
 }  // namespace
 }  // namespace moetrain::io
+
+namespace moetrain::io {
+namespace {
+
+TEST(JobConfig, RejectsBadComputeDtypeAndHeadChunk) {
+  expect_override_error("model.compute_dtype=f16", {"model.compute_dtype", "f32 or bf16", "f16"});
+  expect_override_error("model.compute_dtype=bf16", {"model.compute_dtype = bf16", "CUDA", "cpu"});
+  expect_override_error("model.head_chunk=-1", {"model.head_chunk", ">= 0", "-1"});
+}
+
+}  // namespace
+}  // namespace moetrain::io

@@ -44,7 +44,14 @@ void* pool_allocate(size_t bytes, Device device) {
 
 void pool_release(void* data, size_t, Device) {
   // Stream-ordered: the memory returns to the pool after the work queued so far.
-  MT_CUDA_CHECK(cudaFreeAsync(data, state().stream));
+  const cudaError_t status = cudaFreeAsync(data, state().stream);
+  // Tensors held by process-lifetime caches are released after the CUDA runtime has shut down at
+  // exit; the driver reclaims that memory itself, and throwing from a destructor would abort.
+  if (status == cudaErrorCudartUnloading) {
+    cudaGetLastError();
+    return;
+  }
+  MT_CUDA_CHECK(status);
 }
 
 void pool_memset_zero(void* data, size_t bytes, Device) {
