@@ -34,15 +34,6 @@ int64_t check_gate_up(const Tensor& gate_up, const Stream& stream, const char* o
   return gate_up.size(1) / 2;
 }
 
-void check_argument(const Tensor& t, const Shape& shape, DType dtype, const Stream& stream, const char* op,
-                    const char* name) {
-  const std::string what = fmt::format("{}: {}", op, name);
-  expect_shape(t, shape, what);
-  expect_dtype(t, dtype, what);
-  expect_contiguous(t, what);
-  check_on_stream_device(stream, t, op, name);
-}
-
 }  // namespace
 
 void swiglu_forward(Stream& stream, Tensor y, const Tensor& gate_up) {

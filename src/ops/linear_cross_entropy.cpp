@@ -24,15 +24,6 @@ namespace {
 constexpr const char* kForward = "linear_cross_entropy_forward";
 constexpr const char* kForwardBackward = "linear_cross_entropy_forward_backward";
 
-void check_argument(const Tensor& t, const Shape& shape, DType dtype, const Stream& stream, const char* op,
-                    const char* name) {
-  const std::string what = fmt::format("{}: {}", op, name);
-  expect_shape(t, shape, what);
-  expect_dtype(t, dtype, what);
-  expect_contiguous(t, what);
-  check_on_stream_device(stream, t, op, name);
-}
-
 // The dtype of the per-row statistics, losses and lse: x's on the CPU, f32 on CUDA.
 DType row_dtype(const Tensor& x) { return x.device().is_cuda() ? DType::F32 : x.dtype(); }
 

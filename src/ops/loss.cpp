@@ -18,15 +18,6 @@ namespace moetrain::ops {
 
 namespace {
 
-void check_argument(const Tensor& t, const Shape& shape, DType dtype, const Stream& stream, const char* op,
-                    const char* name) {
-  const std::string what = fmt::format("{}: {}", op, name);
-  expect_shape(t, shape, what);
-  expect_dtype(t, dtype, what);
-  expect_contiguous(t, what);
-  check_on_stream_device(stream, t, op, name);
-}
-
 // The dtype of the per-token losses and lse: the logits' on the CPU, f32 on CUDA.
 DType row_dtype(const Tensor& logits) { return logits.device().is_cuda() ? DType::F32 : logits.dtype(); }
 

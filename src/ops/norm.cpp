@@ -49,15 +49,6 @@ RowsView check_x(const Tensor& x, const Stream& stream, NormDTypes* dtypes, cons
   return {x.numel() / x.size(-1), x.size(-1)};
 }
 
-void check_argument(const Tensor& t, const Shape& shape, DType dtype, const Stream& stream, const char* op,
-                    const char* name) {
-  const std::string what = fmt::format("{}: {}", op, name);
-  expect_shape(t, shape, what);
-  expect_dtype(t, dtype, what);
-  expect_contiguous(t, what);
-  check_on_stream_device(stream, t, op, name);
-}
-
 // rstd holds one value per row; any shape with N elements (e.g. [N] or x's leading dimensions) is accepted.
 void check_rstd(const Tensor& rstd, const RowsView& view, DType dtype, const Stream& stream, const char* op) {
   const std::string what = fmt::format("{}: rstd", op);

@@ -30,6 +30,10 @@ Device check_tensor_backend(const Stream& stream, const Tensor& t, std::string_v
 // `t` is on `device` (that of the argument which picked the backend); a CPU device also needs a CPU kernel for t.
 void check_on_device(const Tensor& t, Device device, std::string_view op, std::string_view name);
 
+// `t` has `shape` and `dtype`, is contiguous and lives on the stream's device.
+void check_argument(const Tensor& t, const Shape& shape, DType dtype, const Stream& stream, std::string_view op,
+                    std::string_view name);
+
 // `t` has the shape and dtype of `like`, is contiguous and lives on the stream's device.
 void check_like(const Tensor& t, const Tensor& like, const Stream& stream, std::string_view op, std::string_view name);
 
