@@ -369,8 +369,7 @@ double Trainer::train_step(int64_t step) {
            "checkpoint holds this state",
            step + 1, norm);
   const double lr = schedule_.at(step);
-  optimizer_step(lr);
-  model_->params().refresh_compute_weights();
+  optimizer_step(lr);  // also writes the bf16 compute copies of the parameters it updated
   // The step's time is its device work too: wait for the optimizer's kernels (once per step).
   if (model_->device().is_cuda()) ops::cuda::synchronize(model_->device());
 
