@@ -26,68 +26,16 @@
 #include "model/router_loss.h"
 #include "pipeline/partition.h"
 #include "pipeline/stage_chunk.h"
+#include "testing/executor_fixtures.h"
 #include "testing/test_data.h"
 #include "train/optimizer.h"
 
 namespace moetrain::pipeline {
 namespace {
 
+using namespace fixtures;
+
 constexpr uint64_t kSeed = 1234;
-constexpr double kInitStd = 0.05;
-
-io::ModelConfig tiny_moe() {
-  return io::load_model_config(std::string(MOETRAIN_TEST_DATA_DIR) + "/../../examples/tiny_moe/config.json");
-}
-
-std::unique_ptr<model::CausalLm> make_model(const io::ModelConfig& config) {
-  auto model = std::make_unique<model::CausalLm>(config);
-  model->params().init_random(kSeed, kInitStd);
-  return model;
-}
-
-// n packed micro-batches of 1 to 3 documents of 3 to 16 tokens (unequal token counts); targets are the next token
-// inside each document, -100 at each document's end and at a few random positions.
-std::vector<model::MicroBatch> make_batches(int n, uint64_t seed, int64_t vocab) {
-  Rng rng(seed);
-  std::vector<model::MicroBatch> batches;
-  for (int mb = 0; mb < n; ++mb) {
-    const int docs = 1 + static_cast<int>(rng.below(3));
-    std::vector<int32_t> ids, targets, cu{0};
-    for (int d = 0; d < docs; ++d) {
-      const int len = 3 + static_cast<int>(rng.below(14));
-      for (int t = 0; t < len; ++t) ids.push_back(static_cast<int32_t>(rng.below(static_cast<uint64_t>(vocab))));
-      for (int t = 0; t < len; ++t) {
-        const size_t at = static_cast<size_t>(cu.back() + t);
-        const bool counted = t + 1 < len && rng.below(8) != 0;
-        targets.push_back(counted ? ids[at + 1] : -100);
-      }
-      cu.push_back(cu.back() + len);
-    }
-    const int64_t T = static_cast<int64_t>(ids.size());
-    batches.push_back(model::MicroBatch::packed(Tensor::from_vector(ids, {T}), Tensor::from_vector(targets, {T}),
-                                                Tensor::from_vector(cu, {static_cast<int64_t>(cu.size())})));
-  }
-  return batches;
-}
-
-int64_t count_targets(const std::vector<model::MicroBatch>& batches) {
-  int64_t n = 0;
-  for (const model::MicroBatch& b : batches) n += b.num_targets();
-  return n;
-}
-
-// Active auxiliary router losses (load balance and z-loss), so that their values and gradients are covered.
-model::RouterLossSettings router_settings(const io::ModelConfig& config, int64_t global_targets) {
-  model::RouterLossSettings s;
-  s.variant = model::LoadBalanceVariant::MicroBatch;
-  s.load_balance_coef = 0.01;
-  s.z_loss_coef = 0.001;
-  s.loss_scale = 1.0 / static_cast<double>(global_targets);
-  s.num_moe_layers = 0;
-  for (int64_t l = 0; l < config.num_hidden_layers; ++l) s.num_moe_layers += config.layer_is_moe(l) ? 1 : 0;
-  return s;
-}
-
 std::vector<model::MicroBatch> with_router_loss(std::vector<model::MicroBatch> batches,
                                                 const model::RouterLossSettings* settings) {
   for (model::MicroBatch& b : batches) b.router_loss = settings;
@@ -111,10 +59,6 @@ int owner_of(const std::string& name, const Partition& partition) {
   }
   ADD_FAILURE() << "no stage holds layer " << layer;
   return -1;
-}
-
-bool bitwise_equal(const Tensor& a, const Tensor& b) {
-  return a.shape() == b.shape() && a.dtype() == b.dtype() && std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0;
 }
 
 void expect_same_loss(const model::StepLoss& got, const model::StepLoss& want, const std::string& where) {
@@ -145,7 +89,7 @@ PipelineRun run_pipeline(const io::ModelConfig& config, int pp,
   std::mutex mu;
   dist::run_local_ranks(pp, [&](dist::Communicator& comm) {
     const int rank = comm.rank();
-    auto model = make_model(config);
+    auto model = make_model(config, kSeed);
     std::optional<train::AdamW> adamw;
     if (train) adamw.emplace(model->params(), train::AdamWConfig{});
     DualPipeVExecutor executor(*model, partition, comm);
@@ -180,7 +124,7 @@ TEST(PipelineExecutor, MatchesSingleRankForwardBackwardBitwise) {
       const model::RouterLossSettings settings = router_settings(config, count_targets(raw));
       const std::vector<model::MicroBatch> batches = with_router_loss(raw, &settings);
 
-      auto reference = make_model(config);
+      auto reference = make_model(config, kSeed);
       const model::StepLoss want = model::forward_backward(*reference, batches);
       EXPECT_GT(want.load_balance, 0.0);
 
@@ -207,7 +151,7 @@ TEST(PipelineExecutor, FiveAdamWStepsMatchTheSingleRankLoopBitwise) {
   const model::RouterLossSettings settings = router_settings(config, count_targets(raw));
   const std::vector<std::vector<model::MicroBatch>> steps(kSteps, with_router_loss(raw, &settings));
 
-  auto reference = make_model(config);
+  auto reference = make_model(config, kSeed);
   train::AdamW adamw(reference->params(), train::AdamWConfig{});
   std::vector<model::StepLoss> want;
   for (const auto& batches : steps) {
@@ -246,7 +190,7 @@ TEST(PipelineExecutor, FreesEveryRecordByTheEndOfTheStep) {
 // A chunk holds a micro-batch's records from its forward until its weight gradients ran, and no longer.
 TEST(PipelineExecutor, ChunkHoldsRecordsFromForwardToBackwardWeight) {
   const io::ModelConfig config = tiny_moe();
-  auto model = make_model(config);
+  auto model = make_model(config, kSeed);
   const Partition partition = partition_balanced(config, 1);
   const std::vector<model::MicroBatch> batches = make_batches(2, 3, config.vocab_size);
   StageChunk first(*model, partition.stages[0]);
@@ -278,7 +222,7 @@ TEST(PipelineExecutor, RefusesFewerMicroBatchesThanStages) {
   const std::vector<model::MicroBatch> batches = make_batches(3, 11, config.vocab_size);
   try {
     dist::run_local_ranks(2, [&](dist::Communicator& comm) {
-      auto model = make_model(config);
+      auto model = make_model(config, kSeed);
       DualPipeVExecutor executor(*model, partition, comm);
       executor.run_step(batches, 0);
     });
@@ -304,7 +248,7 @@ TEST(PipelineExecutor, FailingRankGivesTheOthersAnErrorNotAHang) {
   EXPECT_THROW(dist::run_local_ranks(
                    4,
                    [&](dist::Communicator& comm) {
-                     auto model = make_model(config);
+                     auto model = make_model(config, kSeed);
                      DualPipeVExecutor executor(*model, partition, comm);
                      try {
                        executor.run_step(comm.rank() == 0 ? batches : without_data(batches), 0);
@@ -331,7 +275,7 @@ TEST(PipelineExecutor, OverlappedPairInterleavesTheStagesOfItsTwoMicroBatches) {
   const std::vector<model::MicroBatch> batches = make_batches(6, 17, config.vocab_size);
   std::vector<std::string> trace;
   dist::run_local_ranks(2, [&](dist::Communicator& comm) {
-    auto model = make_model(config);
+    auto model = make_model(config, kSeed);
     DualPipeVExecutor executor(*model, partition, comm);
     if (comm.rank() == 1) executor.set_trace(&trace);
     executor.run_step(comm.rank() == 0 ? batches : without_data(batches), 0);

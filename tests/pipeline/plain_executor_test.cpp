@@ -21,73 +21,17 @@
 #include "io/model_config.h"
 #include "model/causal_lm.h"
 #include "model/router_loss.h"
+#include "testing/executor_fixtures.h"
 #include "testing/test_data.h"
 
 namespace moetrain::pipeline {
 namespace {
 
+using namespace fixtures;
+
 constexpr uint64_t kSeed = 4321;
-constexpr double kInitStd = 0.05;
-
-io::ModelConfig tiny_moe() {
-  return io::load_model_config(std::string(MOETRAIN_TEST_DATA_DIR) + "/../../examples/tiny_moe/config.json");
-}
-
-std::unique_ptr<model::CausalLm> make_model(const io::ModelConfig& config) {
-  auto model = std::make_unique<model::CausalLm>(config);
-  model->params().init_random(kSeed, kInitStd);
-  return model;
-}
-
-// n packed micro-batches of 1 to 3 documents of min_len to max_len tokens; targets are the next token inside each
-// document, -100 at each document's end and at a few random positions.
-std::vector<model::MicroBatch> make_batches(int n, uint64_t seed, int64_t vocab, int min_len, int max_len) {
-  Rng rng(seed);
-  std::vector<model::MicroBatch> batches;
-  for (int mb = 0; mb < n; ++mb) {
-    const int docs = 1 + static_cast<int>(rng.below(3));
-    std::vector<int32_t> ids, targets, cu{0};
-    for (int d = 0; d < docs; ++d) {
-      const int len = min_len + static_cast<int>(rng.below(static_cast<uint64_t>(max_len - min_len + 1)));
-      for (int t = 0; t < len; ++t) ids.push_back(static_cast<int32_t>(rng.below(static_cast<uint64_t>(vocab))));
-      for (int t = 0; t < len; ++t) {
-        const size_t at = static_cast<size_t>(cu.back() + t);
-        const bool counted = t + 1 < len && rng.below(8) != 0;
-        targets.push_back(counted ? ids[at + 1] : -100);
-      }
-      cu.push_back(cu.back() + len);
-    }
-    const int64_t T = static_cast<int64_t>(ids.size());
-    batches.push_back(model::MicroBatch::packed(Tensor::from_vector(ids, {T}), Tensor::from_vector(targets, {T}),
-                                                Tensor::from_vector(cu, {static_cast<int64_t>(cu.size())})));
-  }
-  return batches;
-}
-
-int64_t count_targets(const std::vector<model::MicroBatch>& batches) {
-  int64_t n = 0;
-  for (const model::MicroBatch& b : batches) n += b.num_targets();
-  return n;
-}
-
-// Active auxiliary router losses (per micro-batch load balance and z-loss), so their gradients are covered too.
-model::RouterLossSettings router_settings(const io::ModelConfig& config, int64_t global_targets) {
-  model::RouterLossSettings s;
-  s.variant = model::LoadBalanceVariant::MicroBatch;
-  s.load_balance_coef = 0.01;
-  s.z_loss_coef = 0.001;
-  s.loss_scale = 1.0 / static_cast<double>(global_targets);
-  s.num_moe_layers = 0;
-  for (int64_t l = 0; l < config.num_hidden_layers; ++l) s.num_moe_layers += config.layer_is_moe(l) ? 1 : 0;
-  return s;
-}
-
 void use_router_loss(std::vector<model::MicroBatch>& batches, const model::RouterLossSettings* settings) {
   for (model::MicroBatch& b : batches) b.router_loss = settings;
-}
-
-bool bitwise_equal(const Tensor& a, const Tensor& b) {
-  return a.shape() == b.shape() && a.dtype() == b.dtype() && std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0;
 }
 
 void expect_same_loss(const model::StepLoss& got, const model::StepLoss& want) {
@@ -115,10 +59,10 @@ TEST(PlainExecutor, WithoutEpEqualsForwardBackwardBitwise) {
   use_router_loss(batches, &settings);
   for (int64_t global : {int64_t{0}, 3 * targets}) {  // the local count, and a larger data-parallel count
     SCOPED_TRACE("global_num_targets=" + std::to_string(global));
-    auto reference = make_model(config);
+    auto reference = make_model(config, kSeed);
     const model::StepLoss want = model::forward_backward(*reference, batches, global);
     EXPECT_GT(want.load_balance, 0.0);
-    auto model = make_model(config);
+    auto model = make_model(config, kSeed);
     PlainExecutor executor(*model, nullptr);
     expect_same_loss(executor.run_step(batches, global), want);
     expect_same_grads(*model, *reference);
@@ -131,9 +75,9 @@ TEST(PlainExecutor, EpOfOneEqualsForwardBackwardBitwise) {
   std::vector<model::MicroBatch> batches = make_batches(2, 12, config.vocab_size, 3, 20);
   const model::RouterLossSettings settings = router_settings(config, count_targets(batches));
   use_router_loss(batches, &settings);
-  auto reference = make_model(config);
+  auto reference = make_model(config, kSeed);
   const model::StepLoss want = model::forward_backward(*reference, batches);
-  auto model = make_model(config);
+  auto model = make_model(config, kSeed);
   dist::run_local_ranks(1, [&](dist::Communicator& comm) {
     PlainExecutor executor(*model, &comm);
     expect_same_loss(executor.run_step(batches), want);
@@ -169,7 +113,7 @@ TEST(PlainExecutor, ExpertParallelGradientsSumToSingleRank) {
     use_router_loss(all, &settings);
     for (auto& b : per_rank) use_router_loss(b, &settings);
 
-    auto reference = make_model(config);
+    auto reference = make_model(config, kSeed);
     const model::StepLoss want = model::forward_backward(*reference, all, global);
 
     std::vector<model::StepLoss> got(static_cast<size_t>(ep));
@@ -177,7 +121,7 @@ TEST(PlainExecutor, ExpertParallelGradientsSumToSingleRank) {
     std::mutex mu;
     dist::run_local_ranks(ep, [&](dist::Communicator& comm) {
       const int r = comm.rank();
-      auto model = make_model(config);
+      auto model = make_model(config, kSeed);
       PlainExecutor executor(*model, &comm);
       const model::StepLoss loss = executor.run_step(per_rank[static_cast<size_t>(r)], global);
       // Before the sum: this rank's gradients of the experts it does not own are exactly 0.
@@ -234,7 +178,7 @@ TEST(PlainExecutor, RefusesUnequalMicroBatchCountsOnEveryRank) {
   const std::vector<model::MicroBatch> batches = make_batches(2, 13, config.vocab_size, 3, 8);
   std::vector<std::string> errors(2);
   dist::run_local_ranks(2, [&](dist::Communicator& comm) {
-    auto model = make_model(config);
+    auto model = make_model(config, kSeed);
     PlainExecutor executor(*model, &comm);
     const std::vector<model::MicroBatch> mine(batches.begin(), batches.begin() + (comm.rank() == 0 ? 2 : 1));
     try {
@@ -259,7 +203,7 @@ TEST(PlainExecutor, OneRanksBadMicroBatchStopsEveryRank) {
       Tensor::from_vector<int32_t>({2, 3, 4, -100}, {T}), Tensor::from_vector<int32_t>({0, 4}, {2}))};
   std::vector<std::string> errors(2);
   dist::run_local_ranks(2, [&](dist::Communicator& comm) {
-    auto model = make_model(config);
+    auto model = make_model(config, kSeed);
     PlainExecutor executor(*model, &comm);
     try {
       executor.run_step(comm.rank() == 1 ? bad : good, 100);
@@ -273,7 +217,7 @@ TEST(PlainExecutor, OneRanksBadMicroBatchStopsEveryRank) {
 
 TEST(PlainExecutor, RefusesEpThatDoesNotDivideTheExperts) {
   const io::ModelConfig config = tiny_moe();
-  auto model = make_model(config);
+  auto model = make_model(config, kSeed);
   dist::run_local_ranks(3, [&](dist::Communicator& comm) {
     try {
       PlainExecutor executor(*model, &comm);
