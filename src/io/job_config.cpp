@@ -469,7 +469,9 @@ void apply_override(JobConfig& config, const std::string& given) {
                  [&](std::string* p) { *p = value; },
                  [&](PathField f) { *f.value = resolve_path(value, cwd); },
                  [&](DataPathField f) {
-                   *f.sources = {DataSource{resolve_path(value, cwd), 1.0}};
+                   // Empty: no source at all (e.g. a job file's data turned synthetic from the command line).
+                   *f.sources = value.empty() ? std::vector<DataSource>{}
+                                              : std::vector<DataSource>{DataSource{resolve_path(value, cwd), 1.0}};
                  },
                  [&](std::vector<int64_t>* p) {
                    const auto v = parse_int_list(value);

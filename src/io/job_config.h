@@ -31,7 +31,8 @@ struct DataSource {
 
 struct DataSection {
   std::vector<DataSource> sources;  // TOML: [[data.sources]] path = ..., weight = ...
-  // Shorthand for one source: data.path = "prefix" (a single source of weight 1).
+  // Shorthand for one source: data.path = "prefix" (a single source of weight 1); an empty override
+  // (--data.path=) removes every source.
   std::string mode = "packed";  // "packed": whole or split documents, attention within each;
                                 // "fixed": rows of seq_len tokens cut from the token stream;
                                 // "synthetic": uniformly random token rows, no files (benchmarks)

@@ -39,8 +39,8 @@ struct ParamSpec {
 // The parameters are fp32 masters with fp32 gradients. With a bf16 compute dtype every matrix also
 // has a bf16 copy that the forward and backward read (`weight`); norms and other 1-D tensors are
 // read in fp32 (the kernels take their weights in f32). The copies follow the masters through
-// refresh_compute_weights, which every write to the masters here calls and the trainer calls after
-// each optimizer step.
+// refresh_compute_weights, which every write to the masters here calls (and whoever writes them
+// elsewhere, e.g. a pipeline broadcast); train::AdamW writes the copies itself in its step.
 class ParameterStore {
  public:
   // Allocates zero parameters and zero gradients for `specs` (fp32 masters on `device`). The

@@ -40,6 +40,19 @@ TEST(CheckGolden, FailsWhenTheModelDoesNotMatchTheReference) {
   EXPECT_EQ(run_check_golden(o), 1);
 }
 
+TEST(CheckGolden, RejectsAnUnknownDtypeAndBf16OnTheCpu) {
+  CheckGoldenOptions o = options_for("qwen3", "batch");
+  o.dtype = "f16";
+  EXPECT_THROW(run_check_golden(o), Error);
+  o.dtype = "bf16";  // the CPU reference computes in f32 only
+  try {
+    run_check_golden(o);
+    ADD_FAILURE() << "bf16 on the CPU was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--dtype bf16 needs --device cuda"), std::string::npos) << e.what();
+  }
+}
+
 TEST(CheckGolden, RejectsUnknownCase) { EXPECT_THROW(run_check_golden(options_for("qwen3", "everything")), Error); }
 
 TEST(CheckGolden, CommandLineExitsNonZeroOnMissingModel) {

@@ -576,7 +576,9 @@ TEST(JobConfig, ValidatesModelSection) {
 TEST(JobConfig, ValidatesDataSection) {
   expect_error([] { parse_job_config("[model]\nconfig = \"/m\"\n[train]\nsteps = 1\nseq_len = 1\n", "job.toml", {}); },
                {"job.toml: no training data", "data.path"});
-  expect_override_error("data.path=", {"data.sources[0].path is empty"});
+  expect_override_error("data.path=", {"no training data", "data.path"});  // an empty override removes the source
+  expect_text_error("[model]\nconfig = \"/m\"\n[train]\nsteps = 1\nseq_len = 1\n[[data.sources]]\npath = \"\"\n",
+                    {"data.sources[0].path is empty"});
   expect_override_error("data.mode=stream", {"data.mode", "'stream'"});
   for (const char* weight : {"0", "-1.5", "nan"}) {
     expect_text_error(std::string("[model]\nconfig = \"/m\"\n[train]\nsteps = 1\nseq_len = 1\n[[data.sources]]\n") +
@@ -767,6 +769,15 @@ TEST(JobConfig, RejectsBadComputeDtypeAndHeadChunk) {
   expect_override_error("model.compute_dtype=f16", {"model.compute_dtype", "f32 or bf16", "f16"});
   expect_override_error("model.compute_dtype=bf16", {"model.compute_dtype = bf16", "CUDA", "cpu"});
   expect_override_error("model.head_chunk=-1", {"model.head_chunk", ">= 0", "-1"});
+}
+
+TEST(JobConfig, SyntheticDataReadsNoFiles) {
+  // kMinimal has a data.path: synthetic data with a source is refused, without one it is accepted.
+  expect_override_error("data.mode=synthetic", {"data.mode = synthetic", "data sources are set"});
+  expect_override_error("data.mode=random", {"data.mode", "packed, fixed or synthetic", "random"});
+  const JobConfig c = parse_job_config(kMinimal, "job.toml", {"data.path=", "data.mode=synthetic"});
+  EXPECT_EQ(c.data.mode, "synthetic");
+  EXPECT_TRUE(c.data.sources.empty());
 }
 
 }  // namespace

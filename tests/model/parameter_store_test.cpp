@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include "core/rng.h"
 #include "io/model_config.h"
 #include "io/safetensors.h"
 #include "model/causal_lm.h"
@@ -116,6 +117,32 @@ TEST(ParameterStore, SeededInitIsIndependentOfOrder) {
   b.init_random(7, 0.02);
   for (const auto& spec : a.specs()) {
     EXPECT_EQ(a.param(spec.name).to_vector<float>(), b.param(spec.name).to_vector<float>()) << spec.name;
+  }
+}
+
+// init_random fills large tensors in parallel chunks; every value is still the one the tensor's own
+// stream gives in one sequential pass (normal() takes exactly two draws per value).
+TEST(ParameterStore, ParallelInitEqualsOneSequentialStream) {
+  const Shape shape{300, 1000};  // several 65,536-value chunks
+  ParameterStore store({{"w", shape, {{"w", shape, 0}}}});
+  store.init_random(11, 0.5);
+  Rng rng = Rng::for_key(11, "w");
+  const std::vector<float> values = store.param("w").to_vector<float>();
+  for (size_t i = 0; i < values.size(); ++i) {
+    const auto expected = static_cast<float>(rng.normal() * 0.5);
+    ASSERT_EQ(values[i], expected) << "value " << i;
+  }
+}
+
+TEST(ParameterStore, F32ComputeReadsTheMastersAndBf16ComputeNeedsCuda) {
+  const Shape shape{4, 3};
+  ParameterStore store({{"w", shape, {{"w", shape, 0}}}});
+  EXPECT_EQ(store.weight("w").raw_data(), store.param("w").raw_data());
+  try {
+    ParameterStore bf16({{"w", shape, {{"w", shape, 0}}}}, Device::cpu(), DType::BF16);
+    ADD_FAILURE() << "bf16 compute on the CPU was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("compute dtype bf16 on cpu is not supported"), std::string::npos) << e.what();
   }
 }
 

@@ -378,5 +378,37 @@ TEST(DataLoader, RejectsBadOptions) {
   expect_rejected([](LoaderOptions& o) { o.rank = 4, o.world = 4; }, {"rank 4 of world 4"});
 }
 
+// Synthetic rows (benchmarks): each target is the next id of its row, the global sequence does not
+// depend on the data-parallel world, and sources are refused.
+TEST(DataLoader, SyntheticRowsAreShiftedIdsAndTheSameForEveryWorld) {
+  LoaderOptions one = options_for({}, "synthetic", 8, 2);
+  one.vocab_size = 50;
+  DataLoader single(one);
+  std::vector<Plain> sequence;
+  for (int i = 0; i < 4; ++i) sequence.push_back(plain(single.next()));
+  for (const Plain& p : sequence) {
+    ASSERT_EQ(p.inputs.size(), 16u);
+    EXPECT_EQ(p.cu, (std::vector<int32_t>{0, 8, 16}));
+    for (size_t t = 0; t + 1 < p.inputs.size(); ++t) {
+      if ((t + 1) % 8 != 0) {
+        EXPECT_EQ(p.targets[t], p.inputs[t + 1]) << "position " << t;
+      }
+    }
+    for (int32_t id : p.inputs) EXPECT_TRUE(id >= 0 && id < 50) << id;
+  }
+  EXPECT_NE(sequence[0], sequence[1]);
+  for (int rank = 0; rank < 2; ++rank) {
+    LoaderOptions o = one;
+    o.rank = rank;
+    o.world = 2;
+    DataLoader loader(o);
+    EXPECT_EQ(plain(loader.next()), sequence[size_t(rank)]) << "rank " << rank;
+    EXPECT_EQ(plain(loader.next()), sequence[size_t(2 + rank)]) << "rank " << rank;
+  }
+  LoaderOptions with_source = one;
+  with_source.sources = {{"some/prefix", 1.0}};
+  EXPECT_THROW(DataLoader{with_source}, Error);
+}
+
 }  // namespace
 }  // namespace moetrain::train::data
