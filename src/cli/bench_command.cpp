@@ -13,9 +13,10 @@
 #include "cli/train_command.h"
 #include "core/allocator.h"
 #include "core/error.h"
+#include "dist/mesh.h"
 #include "io/job_config.h"
 #include "ops/op_profile.h"
-#include "dist/mesh.h"
+#include "train/fully_sharded.h"
 #include "train/launch.h"
 #include "train/trainer.h"
 
@@ -27,7 +28,9 @@ constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 int64_t bytes_of(const std::vector<Tensor>& tensors) {
   int64_t n = 0;
-  for (const Tensor& t : tensors) n += t.numel() * static_cast<int64_t>(dtype_size(t.dtype()));
+  for (const Tensor& t : tensors) {
+    if (t.defined()) n += t.numel() * static_cast<int64_t>(dtype_size(t.dtype()));
+  }
   return n;
 }
 
@@ -35,13 +38,22 @@ int64_t bytes_of(const std::vector<Tensor>& tensors) {
 // workspaces.
 nlohmann::json memory_breakdown(const train::Trainer& trainer, int64_t peak) {
   const model::ParameterStore& params = trainer.model().params();
-  int64_t copies = 0;
-  for (const auto& spec : params.specs()) {
-    const Tensor w = params.weight(spec.name);
-    if (w.dtype() != params.param(spec.name).dtype()) copies += w.numel() * static_cast<int64_t>(dtype_size(w.dtype()));
+  int64_t copies = 0, masters = 0, grads = 0;
+  if (const train::FullyShardedModel* sharded = trainer.sharded_model()) {
+    // ZeRO-3: the long-lived tensors are this rank's shards; the full weights and gradients gathered around each
+    // layer count as workspace.
+    copies = bytes_of(sharded->compute_shards());
+    masters = bytes_of(sharded->master_shards());
+    grads = bytes_of(sharded->grad_shards());
+  } else {
+    for (const auto& spec : params.specs()) {
+      const Tensor w = params.weight(spec.name);
+      if (w.dtype() != params.param(spec.name).dtype())
+        copies += w.numel() * static_cast<int64_t>(dtype_size(w.dtype()));
+    }
+    masters = bytes_of(params.all_params());
+    grads = bytes_of(params.all_grads());
   }
-  const int64_t masters = bytes_of(params.all_params());
-  const int64_t grads = bytes_of(params.all_grads());
   const int64_t optimizer = bytes_of(trainer.optimizer().exp_avg()) + bytes_of(trainer.optimizer().exp_avg_sq());
   const int64_t activations = peak - copies - masters - grads - optimizer;
   return {{"compute_weights_GiB", copies / kGiB},
@@ -65,6 +77,9 @@ int run_bench(const BenchOptions& options) {
   const int world = mesh == nullptr ? 1 : mesh->shape().world();
   train::Trainer trainer(config, mesh);
   const DeviceKind kind = trainer.model().device().kind;
+  // Start-up (ZeRO-3 builds the whole model once before it shards it) and training steps peak apart.
+  const int64_t startup_peak = memory_stats(kind).peak_bytes;
+  reset_peak_memory(kind);
   if (options.warmup > 0) trainer.run(options.warmup);
   ops::set_op_profiling(true);
   ops::collect_op_times();  // drop anything recorded before the timed steps
@@ -95,23 +110,25 @@ int run_bench(const BenchOptions& options) {
                            {"model_tflops", tflops},
                            {"mfu_vs_989", mfu},
                            {"flops_per_token", trainer.flops_per_token()},
-                           {"memory", memory_breakdown(trainer, peak)}};
+                           {"memory", memory_breakdown(trainer, peak)},
+                           {"startup_peak_GiB", startup_peak / kGiB}};
   if (mesh != nullptr && mesh->rank() != 0) return 0;  // the reductions gave every rank the same figures
   std::printf("bench: %d rank(s)%s\n", world, mesh == nullptr ? "" : (", mesh " + mesh->shape().str()).c_str());
   std::printf("bench: %s, %lld layers, %lld parameters, %s compute on %s\n", result["model"].get<std::string>().c_str(),
               static_cast<long long>(result["layers"].get<int64_t>()),
               static_cast<long long>(result["parameters"].get<int64_t>()), config.model.compute_dtype.c_str(),
               config.model.device.c_str());
-  std::printf("bench: %.0f tokens/step, %.3f s/step over %lld steps: %.1f tokens/s (%.1f per GPU), %.1f model TFLOP/s "
-              "per GPU, MFU %.1f%%\n",
-              tokens / static_cast<double>(options.steps), seconds / static_cast<double>(options.steps),
-              static_cast<long long>(options.steps), tokens_per_s, tokens_per_s_per_gpu, tflops, 100.0 * mfu);
+  std::printf(
+      "bench: %.0f tokens/step, %.3f s/step over %lld steps: %.1f tokens/s (%.1f per GPU), %.1f model TFLOP/s "
+      "per GPU, MFU %.1f%%\n",
+      tokens / static_cast<double>(options.steps), seconds / static_cast<double>(options.steps),
+      static_cast<long long>(options.steps), tokens_per_s, tokens_per_s_per_gpu, tflops, 100.0 * mfu);
   std::printf(
       "bench: memory peak %.2f GiB = compute weights %.2f + masters %.2f + optimizer state %.2f + gradients "
-      "%.2f + activations and workspace %.2f\n",
+      "%.2f + activations and workspace %.2f (start-up peak %.2f GiB)\n",
       peak / kGiB, result["memory"]["compute_weights_GiB"].get<double>(), result["memory"]["masters_GiB"].get<double>(),
       result["memory"]["optimizer_state_GiB"].get<double>(), result["memory"]["gradients_GiB"].get<double>(),
-      result["memory"]["activations_and_workspace_GiB"].get<double>());
+      result["memory"]["activations_and_workspace_GiB"].get<double>(), startup_peak / kGiB);
   std::vector<std::pair<double, std::string>> families;
   double device_seconds = 0.0;
   for (const auto& [family, s] : by_family) {

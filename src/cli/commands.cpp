@@ -15,6 +15,7 @@
 #include "cli/score_command.h"
 #include "cli/train_command.h"
 #include "core/error.h"
+#include "dist/mesh.h"
 
 namespace moetrain::cli {
 
@@ -44,7 +45,9 @@ int run_main(int argc, char** argv) {
     return app.exit(e);
   }
   try {
-    return command();
+    const int code = command();
+    dist::teardown_mesh();  // a clean exit destroys the NCCL communicators while CUDA is still up
+    return code;
   } catch (const Error& e) {
     std::fprintf(stderr, "moetrain: error: %s\n", e.what());
   } catch (const std::exception& e) {

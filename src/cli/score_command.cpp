@@ -12,13 +12,17 @@
 #include "cli/train_command.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "dist/mesh.h"
 #include "exact/wire_checks.h"
 #include "io/model_config.h"
 #include "io/safetensors.h"
 #include "ops/cuda/runtime.h"
 #include "ops/loss.h"
+#include "pipeline/forward_pipeline.h"
 #include "pipeline/partition.h"
+#include "pipeline/plain_executor.h"
 #include "train/checkpoint.h"
+#include "train/launch.h"
 
 namespace moetrain::cli {
 
@@ -150,11 +154,9 @@ Tensor score_logprobs(const model::CausalLm& model, const ScoreInput& input, int
     const int64_t r1 = std::min(rows, r0 + rows_per_micro_batch);
     const model::MicroBatch batch = score_micro_batch(input, r0, r1);
     if (check_exact_metadata) exact::check_varlen_metadata(batch, T, micro_batch);
-    model::ForwardObservation observe;
-    model::forward_only(model, {batch}, &observe);
-    MT_CHECK(observe.token_logprobs.size() == 1, "score: expected the log-probs of one micro-batch, found {}",
-             observe.token_logprobs.size());
-    const float* lp = observe.token_logprobs[0].data<float>();
+    const std::vector<Tensor> logprobs = pipeline::PlainExecutor(model, nullptr).run_forward({batch});
+    MT_CHECK(logprobs.size() == 1, "score: expected the log-probs of one micro-batch, found {}", logprobs.size());
+    const float* lp = logprobs[0].data<float>();
     for (int64_t r = r0; r < r1; ++r) {
       std::memcpy(o + r * (T - 1), lp + (r - r0) * T, static_cast<size_t>(T - 1) * sizeof(float));
     }
@@ -206,47 +208,283 @@ exact::AdmissionReport admit_exact_for_job(const io::JobConfig& config, const mo
   declaration.z_loss_coef = config.loss.z_loss_coef;
   for (const model::ParamSpec& spec : model.params().specs())
     declaration.parameter_dtypes.push_back({spec.name, model.params().param(spec.name).dtype()});
-  const int pp = static_cast<int>(config.parallel.pp);
-  const pipeline::Partition partition =
-      config.parallel.pp_cuts.empty() ? pipeline::partition_balanced(model.config(), pp)
-                                      : pipeline::partition_from_cuts(model.config(), pp, config.parallel.pp_cuts);
-  return exact::admit_exact(declaration, model.config(), partition);
+  return exact::admit_exact(declaration, model.config(), job_partition(config, model.config()));
 }
 
-int run_score(const ScoreOptions& options) {
-  // 1. Everything is validated before any weight is read or any byte written.
-  const io::JobConfig config = io::load_job_config(options.config_path, options.overrides);
-  const io::ParallelSection& p = config.parallel;
-  MT_CHECK(
-      p.pp == 1 && p.ep == 1 && p.cp == 1,
-      "score: parallel.pp = {}, parallel.ep = {}, parallel.cp = {}: scoring through the pipeline / expert-parallel "
-      "executor is not wired yet; run score with parallel.pp = 1, parallel.ep = 1 and parallel.cp = 1 (in exact "
-      "mode the bytes do not depend on the cut)",
-      p.pp, p.ep, p.cp);
+pipeline::Partition job_partition(const io::JobConfig& config, const io::ModelConfig& model_config) {
+  const int pp = static_cast<int>(config.parallel.pp);
+  return config.parallel.pp_cuts.empty() ? pipeline::partition_balanced(model_config, pp)
+                                         : pipeline::partition_from_cuts(model_config, pp, config.parallel.pp_cuts);
+}
+
+ScoreShare score_share(int64_t num_micro_batches, int data_ranks, int data_rank, bool equal_counts) {
+  MT_CHECK(num_micro_batches >= 1 && data_ranks >= 1 && 0 <= data_rank && data_rank < data_ranks,
+           "score: expected >= 1 micro-batches and a data rank in [0, {}) of >= 1 data ranks; found {} micro-batches "
+           "and data rank {}",
+           data_ranks, num_micro_batches, data_rank);
+  ScoreShare share;
+  for (int64_t m = data_rank; m < num_micro_batches; m += data_ranks) share.micro_batches.push_back(m);
+  share.real = static_cast<int64_t>(share.micro_batches.size());
+  if (equal_counts) {
+    const int64_t most = (num_micro_batches + data_ranks - 1) / data_ranks;
+    while (static_cast<int64_t>(share.micro_batches.size()) < most)
+      share.micro_batches.push_back(data_rank % num_micro_batches);
+  }
+  return share;
+}
+
+namespace {
+
+// Where micro-batch `m` of a job sits in the log-prob buffers the ranks gather: on data rank m mod D, in slot
+// m / D (a slot holds `rows_per_micro_batch` rows of T - 1 floats).
+struct SlotLayout {
+  int64_t rows = 0, row_tokens = 0, rows_per_micro_batch = 0, micro_batches = 0, slots = 0;
+  int data_ranks = 1;
+  int64_t slot_floats() const { return rows_per_micro_batch * (row_tokens - 1); }
+  int64_t rank_floats() const { return slots * slot_floats(); }
+};
+
+// The index of the micro-batch a wire check is called with, for its messages. Ranks other than pp rank 0 get a copy
+// built from the wire's metadata, so it is found by content (token count and cu_seqlens), in order from `cursor`:
+// the pipeline runs the micro-batches one after another. -1 when none matches (the checks still run).
+// A micro-batch's token count from its metadata: a batch received over the wire carries cu_seqlens and position_ids
+// but no tokens.
+int64_t metadata_tokens(const model::MicroBatch& batch) {
+  return batch.position_ids.defined() ? batch.position_ids.numel() : batch.num_tokens();
+}
+
+int wire_micro_batch(const std::vector<model::MicroBatch>& batches, const std::vector<int64_t>& indices,
+                     const model::MicroBatch& batch, size_t& cursor) {
+  const auto same = [&](const model::MicroBatch& b) {
+    if (&b == &batch) return true;
+    if (b.num_tokens() != metadata_tokens(batch) || !batch.cu_seqlens_host.defined() ||
+        b.cu_seqlens_host.numel() != batch.cu_seqlens_host.numel())
+      return false;
+    return b.cu_seqlens_host.to_vector<int32_t>() == batch.cu_seqlens_host.to_vector<int32_t>();
+  };
+  for (size_t j = cursor; j < batches.size(); ++j) {
+    if (same(batches[j])) {
+      cursor = j;
+      return static_cast<int>(indices[j]);
+    }
+  }
+  return -1;
+}
+
+}  // namespace
+
+Tensor score_logprobs_on_mesh(const io::JobConfig& config, const model::CausalLm& model, const ScoreInput& input,
+                              dist::Mesh* mesh) {
+  const bool exact = config.exact.enabled;
+  const dist::MeshShape shape = mesh != nullptr ? mesh->shape() : dist::MeshShape{};
+  const dist::MeshCoord coord = mesh != nullptr ? mesh->coord() : dist::MeshCoord{};
+  MT_CHECK(shape.cp == 1, "score: parallel.cp = {}: context parallelism is not supported by score", shape.cp);
+  SlotLayout layout;
+  layout.rows = input.rows();
+  layout.row_tokens = input.row_tokens();
+  layout.rows_per_micro_batch = config.train.micro_batch;
+  MT_CHECK(layout.rows_per_micro_batch >= 1, "score: train.micro_batch (rows per micro-batch) must be >= 1 but is {}",
+           layout.rows_per_micro_batch);
+  layout.micro_batches = (layout.rows + layout.rows_per_micro_batch - 1) / layout.rows_per_micro_batch;
+  layout.data_ranks = shape.dp * shape.ep;
+  layout.slots = (layout.micro_batches + layout.data_ranks - 1) / layout.data_ranks;
+  const int data_rank = coord.dp * shape.ep + coord.ep;
+  // With ep > 1 the expert exchange is collective: every data rank runs the same count (padding repeats).
+  const ScoreShare share = score_share(layout.micro_batches, layout.data_ranks, data_rank, shape.ep > 1);
+  const int64_t T = layout.row_tokens, per = layout.rows_per_micro_batch;
+
+  std::vector<model::MicroBatch> batches;
+  for (const int64_t m : share.micro_batches) {
+    batches.push_back(score_micro_batch(input, m * per, std::min(layout.rows, (m + 1) * per)));
+    if (exact) exact::check_varlen_metadata(batches.back(), T, static_cast<int>(m));
+  }
+
+  std::vector<Tensor> logprobs;
+  dist::Communicator* ep = shape.ep > 1 ? &mesh->ep() : nullptr;
+  if (shape.pp == 1) {
+    logprobs = pipeline::PlainExecutor(model, ep).run_forward(batches);
+  } else {
+    const pipeline::Partition partition = job_partition(config, model.config());
+    pipeline::ForwardPipeline forward(model, partition, mesh->pp(), ep);
+    size_t cursor = 0;  // the wire check's place in `batches`
+    if (exact) {
+      forward.set_wire_dtype(DType::BF16);
+      const int stage = coord.pp;
+      const int64_t hidden = model.config().hidden_size;
+      forward.set_wire_check([&, stage, hidden](const Tensor& activation, const model::MicroBatch& batch) {
+        const int m = wire_micro_batch(batches, share.micro_batches, batch, cursor);
+        const int64_t tokens = metadata_tokens(batch);
+        exact::check_wire_tensor(activation, stage, m, tokens, hidden);
+        // The host copy is what a received batch holds (it serves q and k alike).
+        exact::check_varlen_metadata(batch.cu_seqlens_host, batch.cu_seqlens_host, tokens, T, m);
+      });
+    }
+    // A data rank without micro-batches (more data ranks than micro-batches, ep = 1): its whole pp group skips.
+    if (!batches.empty()) logprobs = forward.run(batches);
+  }
+
+  // This rank's log-probs into its slots (pp rank 0 holds them; the padding repeats are dropped here).
+  Tensor mine = Tensor::zeros({layout.rank_floats()}, DType::F32);
+  if (coord.pp == 0) {
+    MT_CHECK(logprobs.size() == batches.size(),
+             "score: expected the log-probs of {} micro-batches on pp rank 0, found {}", batches.size(),
+             logprobs.size());
+    float* out = mine.data<float>();
+    for (int64_t j = 0; j < share.real; ++j) {
+      const int64_t m = share.micro_batches[static_cast<size_t>(j)];
+      const int64_t rows = std::min(layout.rows, (m + 1) * per) - m * per;
+      const Tensor& lp = logprobs[static_cast<size_t>(j)];
+      MT_CHECK(lp.dtype() == DType::F32 && lp.device().is_cpu() && lp.numel() == rows * T,
+               "score: micro-batch {}: expected f32 [{}] log-probs on the CPU, found {}", m, rows * T, lp.describe());
+      for (int64_t r = 0; r < rows; ++r) {
+        std::memcpy(out + j * layout.slot_floats() + r * (T - 1), lp.data<float>() + r * T,
+                    static_cast<size_t>(T - 1) * sizeof(float));
+      }
+    }
+  }
+
+  // Every rank's slots to every rank (all_gather works on both backends), then world rank 0 reads its rows.
+  Tensor all = mine;
+  const int world = mesh != nullptr ? mesh->world().size() : 1;
+  if (world > 1) {
+    const Device device = model.device();
+    Stream& stream = default_stream(device);
+    const Tensor sent = device.is_cpu() ? mine : mine.to(device);
+    Tensor gathered = Tensor::empty({world * layout.rank_floats()}, DType::F32, device);
+    mesh->world().all_gather(stream, gathered, sent);
+    all = device.is_cpu() ? gathered : gathered.to(Device::cpu());
+  }
+  if (mesh != nullptr && mesh->rank() != 0) return Tensor();
+  Tensor result = Tensor::empty({layout.rows, T - 1}, DType::F32);
+  float* o = result.data<float>();
+  const float* a = all.data<float>();
+  for (int64_t m = 0; m < layout.micro_batches; ++m) {
+    const int d = static_cast<int>(m % layout.data_ranks);
+    const int64_t slot = m / layout.data_ranks;
+    const int source = dist::mesh_rank(shape, dist::MeshCoord{0, d / shape.ep, 0, d % shape.ep});
+    const int64_t rows = std::min(layout.rows, (m + 1) * per) - m * per;
+    std::memcpy(o + m * per * (T - 1), a + source * layout.rank_floats() + slot * layout.slot_floats(),
+                static_cast<size_t>(rows * (T - 1)) * sizeof(float));
+  }
+  return result;
+}
+
+namespace {
+
+// What every rank validates before any weight is read or byte written.
+struct ScorePlan {
+  ScoreInput input;
+  fs::path out_path;
+  std::unique_ptr<model::CausalLm> model;  // parameters zero until load_job_weights
+};
+
+// Paths, the input against the model's vocabulary, the exact admission and every micro-batch's varlen metadata.
+ScorePlan prepare_score(const io::JobConfig& config, const ScoreOptions& options) {
   MT_CHECK(!options.input.empty() && !options.out.empty(), "score: --input and --out are both required");
   std::error_code ec;
-  const fs::path out_path = fs::absolute(options.out, ec);
+  ScorePlan plan;
+  plan.out_path = fs::absolute(options.out, ec);
   MT_CHECK(!ec, "score: --out {}: not a usable path ({})", options.out, ec.message());
-  const fs::path out_dir = out_path.parent_path();
+  const fs::path out_dir = plan.out_path.parent_path();
   MT_CHECK(fs::is_directory(out_dir, ec), "score: --out {}: its folder {} does not exist", options.out,
            out_dir.string());
-  MT_CHECK(!fs::is_directory(out_path, ec), "score: --out {} is a folder; expected a file path", options.out);
-  MT_CHECK(!fs::exists(options.input, ec) || !fs::equivalent(options.input, out_path, ec),
+  MT_CHECK(!fs::is_directory(plan.out_path, ec), "score: --out {} is a folder; expected a file path", options.out);
+  MT_CHECK(!fs::exists(options.input, ec) || !fs::equivalent(options.input, plan.out_path, ec),
            "score: --out {} is the input file; write the log-probs elsewhere", options.out);
+  MT_CHECK(config.train.micro_batch >= 1, "score: train.micro_batch (rows per micro-batch) must be >= 1 but is {}",
+           config.train.micro_batch);
 
-  std::unique_ptr<model::CausalLm> model = make_model_for_job(config);
-  const ScoreInput input = read_score_input(options.input, model->config().vocab_size);
-  if (config.exact.enabled) admit_exact_for_job(config, *model);  // throws listing every violation
+  plan.model = make_model_for_job(config);
+  plan.input = read_score_input(options.input, plan.model->config().vocab_size);
+  if (config.parallel.pp > 1) job_partition(config, plan.model->config());  // refuses a cut the model cannot take
+  if (config.exact.enabled) {
+    admit_exact_for_job(config, *plan.model);  // throws listing every violation
+    const int64_t per = config.train.micro_batch, rows = plan.input.rows();
+    for (int64_t m = 0; m * per < rows; ++m) {
+      exact::check_varlen_metadata(score_micro_batch(plan.input, m * per, std::min(rows, (m + 1) * per)),
+                                   plan.input.row_tokens(), static_cast<int>(m));
+    }
+  }
+  return plan;
+}
 
-  // 2. Weights, then the forward.
-  load_job_weights(config, *model);
-  model->set_exact(config.exact.enabled);
-  log_info("score: {} rows of {} tokens, {} documents, micro-batches of {} rows{}", input.rows(), input.row_tokens(),
-           input.cu_seqlens.numel() - 1, config.train.micro_batch, config.exact.enabled ? ", exact" : "");
-  const Tensor logprobs = score_logprobs(*model, input, config.train.micro_batch, config.exact.enabled);
+// Every rank learns whether every rank validated: a refusal on one rank stops all of them (none waits on it).
+void agree_to_score(dist::Communicator& world, Device device, const std::string& local_error) {
+  const int n = world.size();
+  Tensor mine = Tensor::from_vector<int32_t>({local_error.empty() ? 0 : 1}, {1});
+  if (!device.is_cpu()) mine = mine.to(device);
+  Tensor all = Tensor::empty({static_cast<int64_t>(n)}, DType::I32, device);
+  world.all_gather(default_stream(device), all, mine);
+  const std::vector<int32_t> failed = all.to_vector<int32_t>();
+  if (!local_error.empty()) MT_FAIL("{}", local_error);
+  for (int p = 0; p < n; ++p) {
+    MT_CHECK(failed[static_cast<size_t>(p)] == 0,
+             "score: rank {} of the world refused the job (its own error says why); rank {} stops too", p,
+             world.rank());
+  }
+}
+
+// Weights, the forward on this rank's share, the gather; world rank 0 writes the file.
+void score_rank(const io::JobConfig& config, const ScoreInput& input, const fs::path& out_path, model::CausalLm& model,
+                dist::Mesh* mesh) {
+  load_job_weights(config, model);
+  model.set_exact(config.exact.enabled);
+  const Tensor logprobs = score_logprobs_on_mesh(config, model, input, mesh);
+  if (mesh != nullptr && mesh->rank() != 0) return;
   io::write_safetensors(out_path.string(), {{kLogprobs, logprobs}},
                         {{"format", "moetrain-score"}, {"exact", config.exact.enabled ? "true" : "false"}});
   log_info("score: wrote {} (logprobs f32 [{}, {}])", out_path.string(), input.rows(), input.row_tokens() - 1);
+}
+
+void log_score_start(const io::JobConfig& config, const ScoreInput& input, const dist::MeshShape& shape) {
+  log_info("score: {} rows of {} tokens, {} documents, micro-batches of {} rows, mesh {}{}", input.rows(),
+           input.row_tokens(), input.cu_seqlens.numel() - 1, config.train.micro_batch, shape.str(),
+           config.exact.enabled ? ", exact" : "");
+}
+
+}  // namespace
+
+int run_score(const ScoreOptions& options) {
+  // 1. Everything is validated before any weight is read or any byte written.
+  io::JobConfig config = io::load_job_config(options.config_path, options.overrides);
+  const io::ParallelSection& p = config.parallel;
+  MT_CHECK(p.cp == 1, "score: parallel.cp = {}: context parallelism is not supported by score; set parallel.cp = 1",
+           p.cp);
+
+  if (config.dist.local_ranks > 1) {
+    // Thread ranks share this process: validated once here, before any rank starts.
+    const int world = static_cast<int>(config.dist.local_ranks);
+    MT_CHECK(config.model.device == "cpu",
+             "score: dist.local_ranks = {} runs thread ranks on the CPU, but model.device is {} (launch one process "
+             "per GPU with torchrun, srun or mpirun instead)",
+             world, config.model.device);
+    const dist::MeshShape shape = train::job_mesh_shape(config, world);  // refuses a world the mesh does not divide
+    ScorePlan plan = prepare_score(config, options);
+    plan.model.reset();  // every rank builds its own
+    log_score_start(config, plan.input, shape);
+    train::run_on_thread_ranks(config, [&](dist::Mesh& mesh) {
+      std::unique_ptr<model::CausalLm> model = make_model_for_job(config);
+      score_rank(config, plan.input, plan.out_path, *model, &mesh);
+    });
+    return 0;
+  }
+
+  // A process alone, or this process's rank of a launcher's world (NCCL): every process validates, then all agree.
+  dist::Mesh* mesh = train::setup_process_mesh(config);  // refuses a world the mesh does not divide
+  ScorePlan plan;
+  std::string error;
+  try {
+    plan = prepare_score(config, options);
+  } catch (const Error& e) {
+    if (mesh == nullptr) throw;
+    error = e.what();
+  }
+  if (mesh != nullptr) agree_to_score(mesh->world(), parse_device(config.model.device), error);
+  if (mesh == nullptr || mesh->rank() == 0)
+    log_score_start(config, plan.input, mesh != nullptr ? mesh->shape() : dist::MeshShape{});
+
+  // 2. Weights, the forward, the gather, the write.
+  score_rank(config, plan.input, plan.out_path, *plan.model, mesh);
   return 0;
 }
 

@@ -16,6 +16,11 @@
 #include "io/job_config.h"
 #include "model/batch.h"
 #include "model/causal_lm.h"
+#include "pipeline/partition.h"
+
+namespace moetrain::dist {
+class Mesh;
+}
 
 namespace moetrain::cli {
 
@@ -66,6 +71,30 @@ std::unique_ptr<model::CausalLm> load_model_for_job(const io::JobConfig& config)
 // cost, or parallel.pp_cuts). Throws listing every violation; logs one line per stage on success.
 exact::AdmissionReport admit_exact_for_job(const io::JobConfig& config, const model::CausalLm& model);
 
+// The partition of parallel.pp the job runs (and exact mode admits): parallel.pp_cuts when given, else balanced.
+pipeline::Partition job_partition(const io::JobConfig& config, const io::ModelConfig& model_config);
+
+// How score spreads its M micro-batches (micro-batch m = rows [m * train.micro_batch, (m + 1) * train.micro_batch))
+// over the D = dp x ep data ranks (data rank dp_i * ep + ep_i, the dp_ep order of dist/mesh.h): round robin, data
+// rank d runs micro-batches d, d + D, d + 2D, ... in that order (every pp rank of its pipeline runs the same list).
+// With `equal_counts` (ep > 1: the expert exchange is collective) every data rank runs ceil(M / D) micro-batches: a
+// rank with fewer appends repeats of the real micro-batch d mod M, whose output is dropped.
+struct ScoreShare {
+  std::vector<int64_t> micro_batches;  // micro-batch indices, in the order the rank runs them
+  int64_t real = 0;                    // the first `real` are this rank's; the rest are padding repeats
+};
+ScoreShare score_share(int64_t num_micro_batches, int data_ranks, int data_rank, bool equal_counts);
+
+// The log-probs of `input` (as score_logprobs) computed by the ranks of `mesh` (null: this process alone), each with
+// its copy of the job's model with weights loaded and exact mode set: micro-batches spread by score_share, pp = 1
+// through pipeline::PlainExecutor::run_forward (with the ep exchange), pp > 1 through pipeline::ForwardPipeline (in
+// exact mode a bf16 wire, and exact::check_wire_tensor / check_varlen_metadata on every activation a stage sends
+// or receives); in exact mode every micro-batch's varlen metadata is checked before it runs. Collective over the
+// mesh's world: the rows are gathered (all_gather) and world rank 0 gets f32 [B, T - 1] on the CPU; every other
+// rank an undefined tensor.
+Tensor score_logprobs_on_mesh(const io::JobConfig& config, const model::CausalLm& model, const ScoreInput& input,
+                              dist::Mesh* mesh);
+
 struct ScoreOptions {
   std::string config_path;             // job TOML
   std::string input;                   // safetensors with input_ids [and cu_seqlens]
@@ -73,8 +102,12 @@ struct ScoreOptions {
   std::vector<std::string> overrides;  // "section.key=value"
 };
 
-// Validates everything (job, parallel layout, input, output folder, exact admission) before it
-// scores; writes `out` atomically, so a failure leaves no output file. Returns the exit code (0).
+// Runs on the job's ranks: dist.local_ranks > 1 thread ranks on the CPU (each with its Mesh), or this process's rank
+// of a launcher's world (train::setup_process_mesh, NCCL), or this process alone; the mesh is parallel.pp x dp x
+// ep with dp = world / (pp x ep); parallel.cp > 1 is refused. Validates everything (job, mesh, input, output
+// folder, exact admission, every micro-batch's varlen metadata) on every rank before any weight is read or byte
+// written (launcher ranks then agree, so one rank's refusal stops all). World rank 0 writes `out` atomically, so a
+// failure leaves no output file; the other ranks write nothing. Returns the exit code (0).
 int run_score(const ScoreOptions& options);
 
 void add_score_command(CLI::App& app, std::function<int()>& command);

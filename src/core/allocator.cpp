@@ -87,6 +87,27 @@ std::shared_ptr<Storage> allocate_storage(size_t bytes, Device device) {
   return storage;
 }
 
+void release_storage_bytes(Storage& storage) {
+  MT_CHECK(storage.owner == nullptr && (storage.release != nullptr || storage.data == nullptr),
+           "allocation: release_storage_bytes on {} bytes of foreign memory on {} (only allocator-made storage can "
+           "be released and re-allocated)",
+           storage.bytes, storage.device.str());
+  if (storage.data == nullptr) return;
+  storage.release(storage.data, storage.bytes, storage.device);
+  counters(storage.device.kind).live.fetch_sub(static_cast<int64_t>(storage.bytes));
+  storage.data = nullptr;
+}
+
+void allocate_storage_bytes(Storage& storage) {
+  MT_CHECK(storage.data == nullptr && storage.owner == nullptr,
+           "allocation: allocate_storage_bytes on a storage of {} bytes on {} that still holds memory",
+           storage.bytes, storage.device.str());
+  const DeviceAllocator& allocator = allocator_for(storage.device);
+  storage.data = allocator.allocate(storage.bytes, storage.device);
+  storage.release = allocator.release;
+  count_allocation(storage.device.kind, static_cast<int64_t>(storage.bytes));
+}
+
 void zero_storage(void* data, size_t bytes, Device device) {
   if (bytes == 0) return;
   allocator_for(device).memset_zero(data, bytes, device);

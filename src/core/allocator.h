@@ -37,6 +37,12 @@ void register_device_allocator(DeviceKind kind, const DeviceAllocator& allocator
 bool has_device_allocator(DeviceKind kind);
 
 std::shared_ptr<Storage> allocate_storage(size_t bytes, Device device);
+// Storage whose bytes come and go while the tensors on it stay (ZeRO-3's full parameters and gradients exist only
+// around the layer that uses them: dist/sharded_parameters.h). release_storage_bytes frees the bytes of a storage
+// this allocator made and leaves it empty (a tensor on it then fails on data access); allocate_storage_bytes gives
+// an empty storage fresh, uninitialised bytes of its size again. Both refuse foreign memory (from_blob).
+void release_storage_bytes(Storage& storage);
+void allocate_storage_bytes(Storage& storage);
 void zero_storage(void* data, size_t bytes, Device device);
 
 struct MemoryStats {

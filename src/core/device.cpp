@@ -24,7 +24,33 @@ Device parse_device(const std::string& text) {
 namespace {
 constexpr int kMaxDevices = 16;
 Stream* g_device_streams[kMaxDevices] = {};
+Stream* g_communication_streams[kMaxDevices] = {};
+StreamWaitFn g_stream_wait = nullptr;
 }  // namespace
+
+Stream& communication_stream(Device device) {
+  if (device.is_cpu()) return Stream::cpu();
+  if (device.index >= 0 && device.index < kMaxDevices && g_communication_streams[device.index] != nullptr)
+    return *g_communication_streams[device.index];
+  return default_stream(device);
+}
+
+void register_communication_stream(Device device, Stream* stream) {
+  MT_CHECK(device.is_cuda() && device.index >= 0 && device.index < kMaxDevices,
+           "device: cannot register a communication stream for {}", device.str());
+  g_communication_streams[device.index] = stream;
+}
+
+void stream_wait(const Stream& waiter, const Stream& signaller) {
+  if (waiter.native() == signaller.native()) return;  // one queue (the CPU token included): already in order
+  MT_CHECK(waiter.device() == signaller.device(), "device: a stream of {} cannot wait for a stream of {}",
+           waiter.device().str(), signaller.device().str());
+  MT_CHECK(g_stream_wait != nullptr, "device: no stream_wait registered for {}; the CUDA backend was not set up",
+           waiter.device().str());
+  g_stream_wait(waiter, signaller);
+}
+
+void register_stream_wait(StreamWaitFn fn) { g_stream_wait = fn; }
 
 Stream& default_stream(Device device) {
   if (device.is_cpu()) return Stream::cpu();

@@ -43,4 +43,16 @@ class Stream {
 Stream& default_stream(Device device);
 void register_default_stream(Device device, Stream* stream);
 
+// The communication stream of `device`: a second queue for collectives that should overlap compute (ZeRO-3's
+// gathers and gradient reductions). The CPU token on the CPU, and the default stream when the backend registered
+// none. Work on it is ordered against the default stream only through stream_wait.
+Stream& communication_stream(Device device);
+void register_communication_stream(Device device, Stream* stream);
+// Orders `waiter` after all the work queued on `signaller` so far (CUDA: an event recorded on one and waited on by
+// the other, without blocking the host). Nothing to do on the CPU, whose ops run in call order, or when both are
+// the same stream.
+void stream_wait(const Stream& waiter, const Stream& signaller);
+using StreamWaitFn = void (*)(const Stream& waiter, const Stream& signaller);
+void register_stream_wait(StreamWaitFn fn);
+
 }  // namespace moetrain

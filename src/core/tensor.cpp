@@ -127,6 +127,10 @@ std::string Tensor::describe() const {
 
 void* Tensor::raw_data() const {
   MT_CHECK(defined(), "tensor: data access on an undefined tensor");
+  MT_CHECK(storage_->data != nullptr || storage_->bytes == 0,
+           "tensor: data access on {} whose storage bytes are released (a sharded parameter or gradient used "
+           "outside its gather; see dist/sharded_parameters.h)",
+           describe());
   return static_cast<char*>(storage_->data) + offset_bytes_;
 }
 

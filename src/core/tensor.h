@@ -44,6 +44,10 @@ class Tensor {
   size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype_); }
   bool is_contiguous() const;
   std::string describe() const;  // "f32[2, 48] on cpu"
+  // The allocation this tensor views, shared with every view of it (ZeRO-3 frees and re-allocates its bytes while
+  // the views stay valid: core/allocator.h), and where the view starts in it.
+  const std::shared_ptr<Storage>& storage() const { return storage_; }
+  size_t storage_offset_bytes() const { return offset_bytes_; }
 
   void* raw_data() const;
   template <typename T>

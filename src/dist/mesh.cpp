@@ -87,4 +87,13 @@ Mesh& mesh() {
   return *g_mesh;
 }
 
+void teardown_mesh() {
+  std::unique_ptr<Mesh> mesh;
+  {
+    std::lock_guard lock(g_mesh_mu);
+    mesh = std::move(g_mesh);
+  }
+  mesh.reset();  // outside the lock: destroying communicators may wait for their streams
+}
+
 }  // namespace moetrain::dist

@@ -77,5 +77,8 @@ class Mesh {
 Mesh& setup_mesh(std::unique_ptr<Communicator> world, const MeshShape& shape);
 bool has_mesh();
 Mesh& mesh();  // the process-wide mesh; an error before setup_mesh
+// Destroys the process-wide mesh and its communicators (NCCL's need the CUDA runtime, which is gone by the time
+// static objects die): the CLI calls it before it returns. Nothing to do without a mesh.
+void teardown_mesh();
 
 }  // namespace moetrain::dist

@@ -95,6 +95,8 @@ std::vector<FieldRef> field_refs(JobConfig& c) {
       {"parallel.ep", &c.parallel.ep},
       {"parallel.cp", &c.parallel.cp},
       {"parallel.pp_cuts", &c.parallel.pp_cuts},
+      {"parallel.sharding", &c.parallel.sharding},
+      {"parallel.reduce_gradients", &c.parallel.reduce_gradients},
       {"dist.local_ranks", &c.dist.local_ranks},
       {"dist.timeout_s", &c.dist.timeout_s},
       {"exact.enabled", &c.exact.enabled},
@@ -583,6 +585,13 @@ void validate(JobConfig& c, const std::string& source) {
   MT_CHECK(p.pp >= 1, "{}: parallel.pp must be >= 1 but is {}", s, p.pp);
   MT_CHECK(p.ep >= 1, "{}: parallel.ep must be >= 1 but is {}", s, p.ep);
   MT_CHECK(p.cp >= 1, "{}: parallel.cp must be >= 1 but is {}", s, p.cp);
+  MT_CHECK(one_of(p.sharding, {"auto", "full", "none"}), "{}: parallel.sharding must be auto, full or none but is '{}'",
+           s, p.sharding);
+  MT_CHECK(one_of(p.reduce_gradients, {"micro_batch", "step"}),
+           "{}: parallel.reduce_gradients must be micro_batch or step but is '{}'", s, p.reduce_gradients);
+  MT_CHECK(p.sharding != "full" || p.pp == 1,
+           "{}: parallel.sharding = full (ZeRO-3) runs with parallel.pp = 1, but parallel.pp = {} (use auto or none)",
+           s, p.pp);
   // The layer count is not known here: partition_from_cuts checks the cuts against the model.
   if (!p.pp_cuts.empty()) {
     const size_t expected = static_cast<size_t>(2 * p.pp - 1);

@@ -80,6 +80,12 @@ struct ParallelSection {
   int64_t ep = 1;                // expert-parallel ranks
   int64_t cp = 1;                // context-parallel ranks
   std::vector<int64_t> pp_cuts;  // explicit stage cuts (2P - 1 increasing layer indices); empty: balanced by cost
+  // Data-parallel sharding: "full" (ZeRO-3: parameters, gradients and optimizer state sharded over dp x ep), "none"
+  // (replicated, gradients all-reduced), or "auto" (full when pp = 1 and there are several data ranks).
+  std::string sharding = "auto";
+  // ZeRO-3's gradient reduce-scatter: after every micro-batch's backward ("micro_batch", the least memory), or once
+  // per step after the last one ("step": the full gradients accumulate over the step, a fraction of the traffic).
+  std::string reduce_gradients = "micro_batch";
 };
 
 struct DistSection {

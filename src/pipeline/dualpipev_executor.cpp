@@ -2,12 +2,14 @@
 #include "pipeline/dualpipev_executor.h"
 
 #include <algorithm>
+#include <cstring>
 #include <utility>
 
 #include <fmt/format.h>
 
 #include "core/error.h"
 #include "ops/attention.h"
+#include "ops/elementwise.h"
 
 namespace moetrain::pipeline {
 
@@ -31,9 +33,82 @@ std::vector<std::vector<const ChunkStep*>> slices_of(const std::vector<ChunkStep
 
 }  // namespace
 
+void check_wire_dtype(const model::CausalLm& model, DType wire, const char* who) {
+  const DType compute = model.compute_dtype();
+  MT_CHECK(wire == compute || (wire == DType::BF16 && compute == DType::F32),
+           "{}: the wire dtype must be the model's compute dtype ({}) or bf16 with an f32 model, found {}", who,
+           dtype_name(compute), dtype_name(wire));
+}
+
+Tensor activation_to_wire(const Tensor& activation, DType wire, const std::string& what) {
+  if (activation.dtype() == wire) return activation;
+  MT_CHECK(activation.dtype() == DType::F32 && wire == DType::BF16,
+           "pipeline: {} is {} but the wire carries {}; only f32 activations are cast (to bf16)", what,
+           activation.describe(), dtype_name(wire));
+  Stream& stream = default_stream(activation.device());
+  Tensor out = Tensor::empty(activation.shape(), DType::BF16, activation.device());
+  ops::cast(stream, out, activation);
+  // Fail closed: the cast must be exact (every value already on the bf16 grid, as exact mode makes it).
+  Tensor back = Tensor::empty(activation.shape(), DType::F32, activation.device());
+  ops::cast(stream, back, out);
+  const std::vector<float> want = activation.to_vector<float>(), got = back.to_vector<float>();
+  for (size_t i = 0; i < want.size(); ++i) {
+    MT_CHECK(std::memcmp(&want[i], &got[i], sizeof(float)) == 0,
+             "pipeline: {} is not on the bf16 grid (element {} is {} but bf16 carries {}); a bf16 wire with an f32 "
+             "model needs exact mode (CausalLm::set_exact), which rounds every stage boundary to bf16",
+             what, i, want[i], got[i]);
+  }
+  return out;
+}
+
+Tensor activation_from_wire(const Tensor& wire, DType compute) {
+  if (wire.dtype() == compute) return wire;
+  Tensor out = Tensor::empty(wire.shape(), compute, wire.device());
+  ops::cast(default_stream(wire.device()), out, wire);
+  return out;
+}
+
+Tensor encode_metadata(const model::MicroBatch& batch, Device device) {
+  std::vector<int32_t> meta = batch.cu_seqlens.to_vector<int32_t>();
+  const std::vector<int32_t> positions = batch.position_ids.to_vector<int32_t>();
+  meta.insert(meta.end(), positions.begin(), positions.end());
+  return on_device(Tensor::from_vector(meta, {static_cast<int64_t>(meta.size())}), device);
+}
+
+model::MicroBatch decode_metadata(const Tensor& meta, int64_t num_tokens, int64_t num_documents, Device device,
+                                  const std::string& what) {
+  const int64_t T = num_tokens, docs = num_documents;
+  MT_CHECK(meta.dtype() == DType::I32 && meta.dim() == 1 && meta.numel() == docs + 1 + T,
+           "pipeline: the metadata received with {} should be i32 [{}] (D + 1 + T) but is {}", what, docs + 1 + T,
+           meta.describe());
+  const Tensor host_meta = meta.device().is_cpu() ? meta : meta.to(Device::cpu());
+  model::MicroBatch batch;
+  batch.cu_seqlens_host = host_meta.slice(0, docs + 1).clone();
+  const std::string cu_what = fmt::format("pipeline: cu_seqlens received with {}", what);
+  ops::validate_cu_seqlens(batch.cu_seqlens_host, T, cu_what.c_str());
+  const Tensor positions = host_meta.slice(docs + 1, docs + 1 + T).clone();
+  const int32_t* cu = batch.cu_seqlens_host.data<int32_t>();
+  const int32_t* pos = positions.data<int32_t>();
+  for (int64_t d = 0; d < docs; ++d) {
+    for (int32_t k = cu[d]; k < cu[d + 1]; ++k) {
+      MT_CHECK(pos[k] == k - cu[d],
+               "pipeline: received position_ids[{}] = {} with {}, but document {} starts at token {}", k, pos[k], what,
+               d, cu[d]);
+    }
+  }
+  batch.cu_seqlens = on_device(batch.cu_seqlens_host, device);
+  batch.position_ids = on_device(positions, device);
+  return batch;
+}
+
 DualPipeVExecutor::DualPipeVExecutor(const model::CausalLm& model, const Partition& partition,
-                                     dist::Communicator& pp_comm)
-    : model_(model), partition_(partition), comm_(pp_comm), rank_(pp_comm.rank()), num_ranks_(pp_comm.size()) {
+                                     dist::Communicator& pp_comm, dist::Communicator* ep)
+    : model_(model),
+      partition_(partition),
+      comm_(pp_comm),
+      rank_(pp_comm.rank()),
+      num_ranks_(pp_comm.size()),
+      wire_dtype_(model.compute_dtype()) {
   MT_CHECK(partition.pp == num_ranks_,
            "pipeline: the partition is for pp = {} ranks but the pipeline communicator '{}' has {} ranks", partition.pp,
            comm_.name(), num_ranks_);
@@ -49,7 +124,7 @@ DualPipeVExecutor::DualPipeVExecutor(const model::CausalLm& model, const Partiti
     MT_CHECK(stage.stage == dualpipev_stage(num_ranks_, rank_, c) && stage.rank == rank_,
              "pipeline: rank {} chunk {} should run stage {} but the partition gives stage {} of rank {}", rank_, c,
              dualpipev_stage(num_ranks_, rank_, c), stage.stage, stage.rank);
-    chunks_.push_back(std::make_unique<StageChunk>(model, stage));
+    chunks_.push_back(std::make_unique<StageChunk>(model, stage, ep));
   }
   MT_CHECK(chunks_[1]->is_loss_stage() == dualpipev_is_loss_chunk(rank_, 1) && !chunks_[0]->is_loss_stage(),
            "pipeline: the head and the loss must be on the last stage (rank 0's chunk 1); rank {} finds it on "
@@ -57,6 +132,11 @@ DualPipeVExecutor::DualPipeVExecutor(const model::CausalLm& model, const Partiti
            rank_, chunks_[0]->is_loss_stage() ? 0 : 1);
   MT_CHECK(chunks_[0]->has_embedding() == (rank_ == 0) && !chunks_[1]->has_embedding(),
            "pipeline: the embedding must be on the first stage (rank 0's chunk 0)");
+}
+
+void DualPipeVExecutor::set_wire_dtype(DType dtype) {
+  check_wire_dtype(model_, dtype, "pipeline");
+  wire_dtype_ = dtype;
 }
 
 int64_t DualPipeVExecutor::live_records() const { return chunks_[0]->live_records() + chunks_[1]->live_records(); }
@@ -78,9 +158,9 @@ void DualPipeVExecutor::commit(const std::vector<Transfer>& sends, const std::ve
   const Device device = model_.device();
   const int64_t H = model_.config().hidden_size;
 
-  // Round 1: headers.
+  // Round 1: headers. Activations go out in the wire dtype (checked by the wire check).
   std::vector<const Message*> outgoing;
-  std::vector<Tensor> send_headers, recv_headers;
+  std::vector<Tensor> send_headers, recv_headers, send_payload;
   for (const Transfer& t : sends) {
     const auto it = outbox_.find({t.kind, t.chunk, t.microbatch});
     MT_CHECK(it != outbox_.end(), "pipeline: rank {} is scheduled to send {} but has not computed it", rank_,
@@ -88,6 +168,13 @@ void DualPipeVExecutor::commit(const std::vector<Transfer>& sends, const std::ve
     const Message& m = it->second;
     const int64_t docs = t.kind == TransferKind::Activation ? m.batch.cu_seqlens.numel() - 1 : 0;
     outgoing.push_back(&m);
+    if (t.kind == TransferKind::Activation) {
+      send_payload.push_back(
+          activation_to_wire(m.payload, wire_dtype_, fmt::format("rank {}: {}", rank_, describe(t))));
+      if (wire_check_) wire_check_(send_payload.back(), m.batch);
+    } else {
+      send_payload.push_back(m.payload);
+    }
     send_headers.push_back(
         on_device(Tensor::from_vector(std::vector<int32_t>{kWireMagic, static_cast<int32_t>(t.kind), t.chunk,
                                                            t.microbatch, static_cast<int32_t>(m.payload.size(0)),
@@ -104,12 +191,7 @@ void DualPipeVExecutor::commit(const std::vector<Transfer>& sends, const std::ve
   // Round 2: payloads (and the metadata of activations), sized by the headers.
   std::vector<Tensor> send_meta(sends.size());
   for (size_t i = 0; i < sends.size(); ++i) {
-    if (sends[i].kind != TransferKind::Activation) continue;
-    const model::MicroBatch& b = outgoing[i]->batch;
-    std::vector<int32_t> meta = b.cu_seqlens.to_vector<int32_t>();
-    const std::vector<int32_t> positions = b.position_ids.to_vector<int32_t>();
-    meta.insert(meta.end(), positions.begin(), positions.end());
-    send_meta[i] = on_device(Tensor::from_vector(meta, {static_cast<int64_t>(meta.size())}), device);
+    if (sends[i].kind == TransferKind::Activation) send_meta[i] = encode_metadata(outgoing[i]->batch, device);
   }
   std::vector<Tensor> recv_payload(recvs.size()), recv_meta(recvs.size());
   std::vector<std::vector<int32_t>> headers(recvs.size());
@@ -125,13 +207,14 @@ void DualPipeVExecutor::commit(const std::vector<Transfer>& sends, const std::ve
              "pipeline: rank {}: {} announces [T = {}, H = {}] with {} documents; expected T > 0, H = {} and at least "
              "one document",
              rank_, describe(t), h[4], h[5], h[6], H);
-    recv_payload[i] = Tensor::empty({h[4], H}, model_.compute_dtype(), device);
+    const DType dtype = t.kind == TransferKind::Activation ? wire_dtype_ : model_.compute_dtype();
+    recv_payload[i] = Tensor::empty({h[4], H}, dtype, device);
     if (t.kind == TransferKind::Activation)
       recv_meta[i] = Tensor::empty({int64_t{h[6]} + 1 + h[4]}, DType::I32, device);
   }
   comm_.group_start();
   for (size_t i = 0; i < sends.size(); ++i) {
-    comm_.send(stream, outgoing[i]->payload, sends[i].peer);
+    comm_.send(stream, send_payload[i], sends[i].peer);
     if (send_meta[i].defined()) comm_.send(stream, send_meta[i], sends[i].peer);
   }
   for (size_t i = 0; i < recvs.size(); ++i) {
@@ -146,24 +229,11 @@ void DualPipeVExecutor::commit(const std::vector<Transfer>& sends, const std::ve
     Message m;
     m.payload = recv_payload[i];
     if (t.kind == TransferKind::Activation) {
-      const int64_t T = headers[i][4], docs = headers[i][6];
-      const Tensor host_meta = recv_meta[i].device().is_cpu() ? recv_meta[i] : recv_meta[i].to(Device::cpu());
-      m.batch.cu_seqlens_host = host_meta.slice(0, docs + 1).clone();
-      const std::string what = fmt::format("pipeline: cu_seqlens received with {}", describe(t));
-      ops::validate_cu_seqlens(m.batch.cu_seqlens_host, T, what.c_str());
-      const Tensor positions = host_meta.slice(docs + 1, docs + 1 + T).clone();
-      const int32_t* cu = m.batch.cu_seqlens_host.data<int32_t>();
-      const int32_t* pos = positions.data<int32_t>();
-      for (int64_t d = 0; d < docs; ++d) {
-        for (int32_t k = cu[d]; k < cu[d + 1]; ++k) {
-          MT_CHECK(pos[k] == k - cu[d],
-                   "pipeline: rank {} received position_ids[{}] = {} with {}, but document {} starts at token {}",
-                   rank_, k, pos[k], describe(t), d, cu[d]);
-        }
-      }
-      m.batch.cu_seqlens = on_device(m.batch.cu_seqlens_host, device);
-      m.batch.position_ids = on_device(positions, device);
+      m.batch = decode_metadata(recv_meta[i], headers[i][4], headers[i][6], device,
+                                fmt::format("rank {}: {}", rank_, describe(t)));
       m.batch.router_loss = (*batches_)[static_cast<size_t>(t.microbatch)].router_loss;
+      if (wire_check_) wire_check_(m.payload, m.batch);
+      m.payload = activation_from_wire(m.payload, model_.compute_dtype());
     }
     const MessageKey key{t.kind, t.chunk, t.microbatch};
     MT_CHECK(inbox_.count(key) == 0, "pipeline: rank {} received {} twice", rank_, describe(t));

@@ -1,10 +1,13 @@
 // defines: DualPipeVExecutor, which runs one pipeline rank's DualPipeV op list (dualpipev_schedule) for a training
 // step: point-to-point transfers at the schedule's commit points, its two stage chunks, the zero-bubble weight
-// queue, and the overlapped forward & backward pairs interleaved stage by stage.
+// queue, and the overlapped forward & backward pairs interleaved stage by stage. With an ep communicator the chunks
+// run expert parallelism's dispatch and combine (StageChunk). Also the wire protocol and its helpers, which
+// ForwardPipeline shares.
 #pragma once
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -26,15 +29,51 @@ namespace moetrain::pipeline {
 //            can size the payload and check that it got the message the schedule names;
 //   round 2: the payload, compute dtype [T, H] (the activation or the gradient), and for activations the
 //            micro-batch's metadata, i32 [D + 1 + T] = cu_seqlens then position_ids.
+// Activations travel in the wire dtype (set_wire_dtype; default the compute dtype), gradients in the compute dtype.
 inline constexpr int kHeaderInts = 7;
 inline constexpr int32_t kWireMagic = 0x4450'5631;  // "DPV1"
+
+// Called on every activation a stage receives or sends in a forward (set by exact mode to its wire checks): on the
+// sending rank before the send and on the receiving rank on receipt, with the tensor as it travels (in the wire
+// dtype) and the micro-batch's metadata (cu_seqlens and position_ids; tokens and targets only where the rank holds
+// them). Not called for the local hand-over at the bottom of the V, which crosses no wire.
+using WireCheck = std::function<void(const Tensor& activation, const model::MicroBatch& batch)>;
+
+// The wire helpers of the protocol (DualPipeVExecutor and ForwardPipeline).
+// Refuses a wire dtype other than the model's compute dtype or bf16 with an f32 model; `who` names the caller.
+void check_wire_dtype(const model::CausalLm& model, DType wire, const char* who);
+// The activation as it travels: itself when it is in the wire dtype already, else cast to bf16, refused with a
+// clear error when a value is not on the bf16 grid (a bf16 wire with an f32 model needs exact mode). `what` names
+// the activation in the error.
+Tensor activation_to_wire(const Tensor& activation, DType wire, const std::string& what);
+// Back to the compute dtype on receipt (exact: every bf16 value is an f32 value).
+Tensor activation_from_wire(const Tensor& wire, DType compute);
+// The metadata that travels with an activation: i32 [D + 1 + T] = cu_seqlens then position_ids, on `device`.
+Tensor encode_metadata(const model::MicroBatch& batch, Device device);
+// A micro-batch holding the received metadata (cu_seqlens, its host copy, position_ids; no tokens or targets) on
+// `device`, after checking the cu_seqlens rules and that positions restart at every document. `what` names the
+// message in errors.
+model::MicroBatch decode_metadata(const Tensor& meta, int64_t num_tokens, int64_t num_documents, Device device,
+                                  const std::string& what);
 
 class DualPipeVExecutor {
  public:
   // `model` holds (at least) the parameters of this rank's two stages and must outlive the executor; gradients
   // accumulate into the model's gradients of those stages only. `pp_comm` is the pipeline axis: its size is
-  // partition.pp and its rank is this rank's position in the V.
-  DualPipeVExecutor(const model::CausalLm& model, const Partition& partition, dist::Communicator& pp_comm);
+  // partition.pp and its rank is this rank's position in the V. `ep` (may be null): this rank's expert-parallel
+  // group, handed to both chunks. Its ranks are also data ranks: each ep peer's pp rank 0 reads its own
+  // micro-batches, every ep peer must run the same number of micro-batches (the same op list), and the caller sums
+  // gradients over dp x ep (a rank's gradients of experts it does not own stay 0, and its non-expert gradients
+  // cover its own micro-batches only).
+  DualPipeVExecutor(const model::CausalLm& model, const Partition& partition, dist::Communicator& pp_comm,
+                    dist::Communicator* ep = nullptr);
+
+  // Dtype of the activations sent between ranks (default: the model's compute dtype). BF16 with an f32 model: cast
+  // on send (refused with a clear error if a value is not on the bf16 grid, i.e. not exact mode), cast back on
+  // receipt. Gradients always travel in the compute dtype.
+  void set_wire_dtype(DType dtype);
+  DType wire_dtype() const { return wire_dtype_; }
+  void set_wire_check(WireCheck check) { wire_check_ = std::move(check); }
 
   // One step over `batches` (n >= 2P micro-batches; every rank passes n entries). Only rank 0, which holds the
   // first and the last stage, reads the micro-batches' tokens and targets; the other ranks receive each
@@ -77,6 +116,8 @@ class DualPipeVExecutor {
   int num_ranks_ = 1;
   std::vector<std::unique_ptr<StageChunk>> chunks_;  // chunk 0 (down), chunk 1 (up)
   std::vector<std::string>* trace_ = nullptr;
+  DType wire_dtype_;
+  WireCheck wire_check_;
 
   // Per step.
   const std::vector<model::MicroBatch>* batches_ = nullptr;

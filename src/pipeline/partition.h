@@ -11,9 +11,9 @@
 namespace moetrain::pipeline {
 
 struct StageLayers {
-  int stage = 0;             // 0 .. 2P - 1 along the model
-  int rank = 0;              // the pipeline rank that runs it: r for r < P, 2P - 1 - r after
-  int64_t first_layer = 0;   // global decoder-layer indices [first_layer, end_layer)
+  int stage = 0;            // 0 .. 2P - 1 along the model
+  int rank = 0;             // the pipeline rank that runs it: r for r < P, 2P - 1 - r after
+  int64_t first_layer = 0;  // global decoder-layer indices [first_layer, end_layer)
   int64_t end_layer = 0;
   bool has_embedding = false;   // the token embedding (stage 0)
   bool has_final_norm = false;  // the final RMSNorm (last stage)

@@ -1,10 +1,11 @@
-// defines: the pp = 1 training step through the five stages, with the expert-parallel dispatch and combine.
+// defines: the pp = 1 training step (and its forward alone) through the five stages, with the expert-parallel
+// dispatch and combine.
 #include "pipeline/plain_executor.h"
 
 #include <algorithm>
 
 #include "core/error.h"
-#include "dist/expert_parallel.h"
+#include "pipeline/expert_exchange.h"
 
 namespace moetrain::pipeline {
 
@@ -14,7 +15,7 @@ struct PlainExecutor::LayerState {
   model::Stage3Record stage3;
   model::Stage5Record stage5;
   model::Stage1Out stage1_out;
-  dist::ExpertParallelPlan plan;  // defined when the layer's rows crossed the ep ranks
+  ExpertExchange plan;  // defined when the layer's rows crossed the ep ranks
 };
 
 PlainExecutor::PlainExecutor(const model::CausalLm& model, dist::Communicator* ep) : model_(model), ep_(ep) {
@@ -51,23 +52,29 @@ void PlainExecutor::check_micro_batch_count(int64_t count, const std::string& lo
 void PlainExecutor::forward(const model::MicroBatch& batch, std::vector<LayerState>& layers,
                             model::EpilogRecord& epilog, model::StepLoss& step) {
   Stream& stream = default_stream(model_.device());
+  if (hooks_) hooks_->before_forward(ModelPart::embedding());
   Tensor hidden = model_.embed_forward(batch);
+  if (hooks_) hooks_->after_forward(ModelPart::embedding());
   model_.round_boundary(hidden);
   for (size_t i = 0; i < model_.layers().size(); ++i) {
     const model::DecoderLayer& layer = *model_.layers()[i];
     LayerState& ls = layers[i];
+    if (hooks_) hooks_->before_forward(ModelPart::decoder_layer(layer.index()));
     ls.stage1_out = layer.stage1_forward(ls.stage1, hidden, batch);
     Tensor rows = ls.stage1_out.dispatched;
     Tensor offsets = ls.stage1_out.group_offsets;
     const bool exchange = ep_ != nullptr && layer.has_experts();
     if (exchange) {  // stage 2
-      ls.plan = dist::ExpertParallelPlan::create(*ep_, stream, offsets, model_.config().num_experts);
+      const ops::RoutingPlan& routing = ls.stage1_out.routing.plan;
+      ls.plan =
+          ExpertExchange::create(*ep_, stream, offsets, routing.row_choice, routing.top_k, model_.config().num_experts);
       rows = ls.plan.dispatch(*ep_, stream, rows);
       offsets = ls.plan.local_group_offsets();
     }
     Tensor expert_out = layer.stage3_forward(ls.stage3, rows, offsets);
     if (exchange) expert_out = ls.plan.combine(*ep_, stream, expert_out);  // stage 4
     hidden = layer.stage5_forward(ls.stage5, expert_out, ls.stage1_out);
+    if (hooks_) hooks_->after_forward(ModelPart::decoder_layer(layer.index()));
     model_.round_boundary(hidden);
     // As model::forward_backward: the auxiliary router losses weighted by the micro-batch's tokens.
     ls.stage1.aux.resolve();  // CUDA: the values come back to the host here
@@ -75,6 +82,7 @@ void PlainExecutor::forward(const model::MicroBatch& batch, std::vector<LayerSta
     step.z_loss += ls.stage1.aux.z_loss * static_cast<double>(ls.stage1.aux.tokens);
   }
   step.num_tokens += batch.num_tokens();
+  if (hooks_) hooks_->before_forward(ModelPart::head());  // the caller ends the head's use (backward or not)
   const model::LossSum sum = model_.head_forward(epilog, hidden, batch);
   step.ce_sum += sum.ce_sum;
   step.num_targets += sum.num_targets;
@@ -88,6 +96,7 @@ Tensor PlainExecutor::backward(const Tensor& d_out, std::vector<LayerState>& lay
   for (size_t i = model_.layers().size(); i-- > 0;) {
     const model::DecoderLayer& layer = *model_.layers()[i];
     LayerState& ls = layers[i];
+    if (hooks_) hooks_->before_backward(ModelPart::decoder_layer(layer.index()));
     const model::Stage5Grads grads = layer.stage5_backward_input(ls.stage5, d_hidden);
     Tensor d_combined = grads.d_combined;
     if (ls.plan.defined()) d_combined = ls.plan.combine_backward(*ep_, stream, d_combined);
@@ -96,9 +105,34 @@ Tensor PlainExecutor::backward(const Tensor& d_out, std::vector<LayerState>& lay
     if (ls.plan.defined()) d_dispatched = ls.plan.dispatch_backward(*ep_, stream, d_dispatched);
     d_hidden = layer.stage1_backward_input(ls.stage1, grads, d_dispatched);
     layer.stage1_backward_weight(ls.stage1);
+    if (hooks_) hooks_->after_backward(ModelPart::decoder_layer(layer.index()));
     ls = LayerState{};
   }
   return d_hidden;
+}
+
+std::vector<Tensor> PlainExecutor::run_forward(const std::vector<model::MicroBatch>& batches) {
+  std::string error;
+  try {
+    for (const model::MicroBatch& b : batches) b.validate(model_.config().vocab_size);
+  } catch (const Error& e) {
+    if (ep_ == nullptr) throw;
+    error = e.what();
+  }
+  if (ep_ != nullptr) check_micro_batch_count(static_cast<int64_t>(batches.size()), error);
+
+  std::vector<Tensor> logprobs;
+  logprobs.reserve(batches.size());
+  for (const model::MicroBatch& host_batch : batches) {
+    const model::MicroBatch batch = host_batch.to(model_.device());
+    std::vector<LayerState> layers(model_.layers().size());
+    model::EpilogRecord epilog;
+    model::StepLoss step;  // router losses and loss sums of the forward, unused here
+    forward(batch, layers, epilog, step);
+    if (hooks_) hooks_->after_forward(ModelPart::head());
+    logprobs.push_back(model::token_logprobs_from_losses(epilog.losses, batch.targets));
+  }
+  return logprobs;
 }
 
 model::StepLoss PlainExecutor::run_step(const std::vector<model::MicroBatch>& batches, int64_t global_num_targets) {
@@ -126,10 +160,14 @@ model::StepLoss PlainExecutor::run_step(const std::vector<model::MicroBatch>& ba
     std::vector<LayerState> layers(model_.layers().size());
     model::EpilogRecord epilog;
     forward(batch, layers, epilog, step);
+    if (hooks_) hooks_->before_backward(ModelPart::head());
     Tensor d_hidden = model_.head_backward_input(epilog, loss_scale);
     model_.head_backward_weight(epilog);
+    if (hooks_) hooks_->after_backward(ModelPart::head());
     d_hidden = backward(d_hidden, layers);
+    if (hooks_) hooks_->before_backward(ModelPart::embedding());
     model_.embed_backward(batch, d_hidden);
+    if (hooks_) hooks_->after_backward(ModelPart::embedding());
   }
   step.loss = step.ce_sum / static_cast<double>(denominator);
   // As model::forward_backward: token-weighted over the micro-batches, averaged over the MoE layers.

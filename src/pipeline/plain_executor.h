@@ -1,7 +1,8 @@
 // defines: PlainExecutor, the training step without pipeline parallelism (pp = 1): model::forward_backward's work,
 // in the same order and with the same loss bookkeeping, run stage by stage through the decoder layers' five-stage
 // contract, with expert parallelism's dispatch (stage 2) and combine (stage 4) between the stages when an ep
-// communicator is given (dist/expert_parallel.h).
+// communicator is given (pipeline/expert_exchange.h: each token sent once per destination rank); and its forward alone
+// (run_forward), the path `moetrain score` runs.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +12,7 @@
 #include "dist/communicator.h"
 #include "model/batch.h"
 #include "model/causal_lm.h"
+#include "pipeline/parameter_hooks.h"
 
 namespace moetrain::pipeline {
 
@@ -29,6 +31,18 @@ class PlainExecutor {
   // denominator). With ep, every ep rank must pass the same number of micro-batches (checked, collectively).
   model::StepLoss run_step(const std::vector<model::MicroBatch>& batches, int64_t global_num_targets = 0);
 
+  // Forward only of every micro-batch in order (the scoring path): the same forward as run_step, with the ep
+  // exchange when ep is given, no backward, each micro-batch's records dropped once it ran. Returns per micro-batch
+  // its token log-probs, f32 [T] on the CPU (model::token_logprobs_from_losses of the head's per-token losses; +0.0
+  // where the target is -100); without ep they equal model::forward_only's ForwardObservation::token_logprobs bit for
+  // bit. With ep, every ep rank must pass the same number of micro-batches (checked, collectively; a rank's bad
+  // micro-batch stops every rank).
+  std::vector<Tensor> run_forward(const std::vector<model::MicroBatch>& batches);
+
+  // Called around each part of the model (ZeRO-3 gathers and frees its parameters there: train/fully_sharded.h);
+  // null: none. Must outlive the executor's steps.
+  void set_parameter_hooks(ParameterHooks* hooks) { hooks_ = hooks; }
+
  private:
   struct LayerState;
 
@@ -39,6 +53,7 @@ class PlainExecutor {
 
   const model::CausalLm& model_;
   dist::Communicator* ep_;
+  ParameterHooks* hooks_ = nullptr;
 };
 
 }  // namespace moetrain::pipeline

@@ -1,9 +1,11 @@
-// defines: a pipeline stage's forward, backward_input and backward_weight, cut into stage-sized steps.
+// defines: a pipeline stage's forward, backward_input and backward_weight, cut into stage-sized steps, with the
+// expert-parallel exchanges as stages 2 and 4.
 #include "pipeline/stage_chunk.h"
 
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "pipeline/expert_exchange.h"
 
 namespace moetrain::pipeline {
 
@@ -14,6 +16,8 @@ struct StageChunk::LayerState {
   model::Stage5Record stage5;
   model::Stage1Out stage1_out;
   Tensor dispatched, expert_out, combined;  // forward: rows after stage 2, after stage 3, after stage 4
+  Tensor group_offsets;                     // stage 3's rows per expert (the plan's local offsets with ep)
+  ExpertExchange plan;                      // defined when the layer's rows cross the ep ranks (forward to backward)
   model::Stage5Grads stage5_grads;          // backward: stage 5's gradients until stage 1 consumed them
   Tensor d_expert_out, d_dispatched_local, d_dispatched;
 };
@@ -32,7 +36,8 @@ struct StageChunk::MicroBatchState {
   ChunkForward result;
 };
 
-StageChunk::StageChunk(const model::CausalLm& model, const StageLayers& stage) : model_(model), stage_(stage) {
+StageChunk::StageChunk(const model::CausalLm& model, const StageLayers& stage, dist::Communicator* ep)
+    : model_(model), stage_(stage), ep_(ep) {
   const int64_t num_layers = static_cast<int64_t>(model.layers().size());
   MT_CHECK(stage.first_layer >= 0 && stage.first_layer < stage.end_layer && stage.end_layer <= num_layers,
            "pipeline: stage {} holds layers [{}, {}) but the model has {} decoder layers; expected a non-empty range "
@@ -41,6 +46,43 @@ StageChunk::StageChunk(const model::CausalLm& model, const StageLayers& stage) :
   MT_CHECK(stage.has_final_norm == stage.has_head,
            "pipeline: stage {} has the final norm {} the head; the two must be on the same (last) stage", stage.stage,
            stage.has_final_norm ? "but not" : "without");
+  if (ep_ != nullptr && model.config().num_experts > 0) {
+    MT_CHECK(model.config().num_experts % ep_->size() == 0,
+             "pipeline: stage {}: num_experts ({}) is not divisible by the size of communicator '{}' ({})", stage.stage,
+             model.config().num_experts, ep_->name(), ep_->size());
+  }
+}
+
+void StageChunk::expert_dispatch(LayerState& ls, const model::DecoderLayer& layer) const {
+  ls.dispatched = ls.stage1_out.dispatched;
+  ls.group_offsets = ls.stage1_out.group_offsets;
+  if (ep_ == nullptr || !layer.has_experts()) return;
+  Stream& stream = default_stream(model_.device());
+  const ops::RoutingPlan& routing = ls.stage1_out.routing.plan;
+  ls.plan = ExpertExchange::create(*ep_, stream, ls.group_offsets, routing.row_choice, routing.top_k,
+                                   model_.config().num_experts);
+  ls.dispatched = ls.plan.dispatch(*ep_, stream, ls.dispatched);
+  ls.group_offsets = ls.plan.local_group_offsets();
+}
+
+void StageChunk::expert_combine(LayerState& ls) const {
+  ls.combined =
+      ls.plan.defined() ? ls.plan.combine(*ep_, default_stream(model_.device()), ls.expert_out) : ls.expert_out;
+  ls.expert_out = Tensor();
+}
+
+void StageChunk::expert_combine_backward(LayerState& ls) const {
+  const Tensor& d_combined = ls.stage5_grads.d_combined;
+  ls.d_expert_out =
+      ls.plan.defined() ? ls.plan.combine_backward(*ep_, default_stream(model_.device()), d_combined) : d_combined;
+}
+
+void StageChunk::expert_dispatch_backward(LayerState& ls) const {
+  ls.d_dispatched = ls.plan.defined()
+                        ? ls.plan.dispatch_backward(*ep_, default_stream(model_.device()), ls.d_dispatched_local)
+                        : ls.d_dispatched_local;
+  ls.d_dispatched_local = Tensor();
+  ls.plan = ExpertExchange{};
 }
 
 StageChunk::~StageChunk() = default;
@@ -82,7 +124,10 @@ std::vector<ChunkStep> StageChunk::plan_forward(int microbatch, const model::Mic
   std::vector<ChunkStep> steps;
   const std::string tag = fmt::format("F mb{}", microbatch);
   if (stage_.has_embedding)
-    steps.push_back({tag + " embed", false, [this, &st] { st.hidden = model_.embed_forward(st.batch); }});
+    steps.push_back({tag + " embed", false, [this, &st] {
+                       st.hidden = model_.embed_forward(st.batch);
+                       model_.round_boundary(st.hidden);  // exact mode: every stage boundary is on the bf16 grid
+                     }});
   for (int64_t i = 0; i < stage_.num_layers(); ++i) {
     const model::DecoderLayer& layer = *model_.layers()[static_cast<size_t>(stage_.first_layer + i)];
     LayerState& ls = st.layers[static_cast<size_t>(i)];
@@ -94,17 +139,16 @@ std::vector<ChunkStep> StageChunk::plan_forward(int microbatch, const model::Mic
                          st.result.router_losses.back().second.resolve();  // CUDA: read back once here
                        }
                      }});
-    steps.push_back({l + " s2", true, [this, &ls] { ls.dispatched = expert_dispatch(ls.stage1_out); }});
+    steps.push_back({l + " s2", true, [this, &ls, &layer] { expert_dispatch(ls, layer); }});
     steps.push_back({l + " s3", false, [&ls, &layer] {
-                       ls.expert_out = layer.stage3_forward(ls.stage3, ls.dispatched, ls.stage1_out.group_offsets);
+                       ls.expert_out = layer.stage3_forward(ls.stage3, ls.dispatched, ls.group_offsets);
                        ls.dispatched = Tensor();
+                       ls.group_offsets = Tensor();
                      }});
-    steps.push_back({l + " s4", true, [this, &ls] {
-                       ls.combined = expert_combine(ls.expert_out);
-                       ls.expert_out = Tensor();
-                     }});
-    steps.push_back({l + " s5", false, [&st, &ls, &layer] {
+    steps.push_back({l + " s4", true, [this, &ls] { expert_combine(ls); }});
+    steps.push_back({l + " s5", false, [this, &st, &ls, &layer] {
                        st.hidden = layer.stage5_forward(ls.stage5, ls.combined, ls.stage1_out);
+                       model_.round_boundary(st.hidden);
                        ls.combined = Tensor();
                        ls.stage1_out = model::Stage1Out{};  // stage 5's record keeps what its backward needs
                      }});
@@ -112,6 +156,7 @@ std::vector<ChunkStep> StageChunk::plan_forward(int microbatch, const model::Mic
   if (stage_.has_head) {
     steps.push_back({tag + " head", false, [this, &st] {
                        st.result.loss = model_.head_forward(st.epilog, st.hidden, st.batch);
+                       st.result.token_logprobs = model::token_logprobs_from_losses(st.epilog.losses, st.batch.targets);
                        st.hidden = Tensor();
                      }});
   }
@@ -169,8 +214,7 @@ std::vector<ChunkStep> StageChunk::plan_backward(int microbatch, const Tensor& d
                        ls.stage5_grads = layer.stage5_backward_input(ls.stage5, st.grad);
                        ls.stage5 = model::Stage5Record{};
                      }});
-    steps.push_back(
-        {l + " s4", true, [this, &ls] { ls.d_expert_out = expert_combine_backward(ls.stage5_grads.d_combined); }});
+    steps.push_back({l + " s4", true, [this, &ls] { expert_combine_backward(ls); }});
     steps.push_back({l + " s3", false, [&ls, &layer, with_weight] {
                        ls.d_dispatched_local = layer.stage3_backward_input(ls.stage3, ls.d_expert_out);
                        ls.d_expert_out = Tensor();
@@ -179,10 +223,7 @@ std::vector<ChunkStep> StageChunk::plan_backward(int microbatch, const Tensor& d
                          ls.stage3 = model::Stage3Record{};
                        }
                      }});
-    steps.push_back({l + " s2", true, [this, &ls] {
-                       ls.d_dispatched = expert_dispatch_backward(ls.d_dispatched_local);
-                       ls.d_dispatched_local = Tensor();
-                     }});
+    steps.push_back({l + " s2", true, [this, &ls] { expert_dispatch_backward(ls); }});
     steps.push_back({l + " s1", false, [&st, &ls, &layer, with_weight] {
                        st.grad = layer.stage1_backward_input(ls.stage1, ls.stage5_grads, ls.d_dispatched);
                        ls.stage5_grads = model::Stage5Grads{};
@@ -240,6 +281,14 @@ Tensor StageChunk::backward_input(int microbatch, const Tensor& d_output, double
 Tensor StageChunk::backward_full(int microbatch, const Tensor& d_output, double loss_scale) {
   for (const ChunkStep& step : plan_backward(microbatch, d_output, loss_scale, true)) step.run();
   return finish_backward(microbatch);
+}
+
+void StageChunk::drop(int microbatch) {
+  MicroBatchState& st = state(microbatch, "drop");
+  MT_CHECK(st.phase == MicroBatchState::Phase::ForwardDone,
+           "pipeline: drop of micro-batch {} on stage {} needs its forward finished and no backward started",
+           microbatch, stage_.stage);
+  states_.erase(microbatch);
 }
 
 void StageChunk::backward_weight(int microbatch) {

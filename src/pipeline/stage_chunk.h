@@ -2,6 +2,9 @@
 // the first stage and the final norm, head and loss on the last) for the micro-batches in flight, with a record per
 // micro-batch that lives from its forward to its backward_weight. Work is cut into stage-sized steps so that the
 // executor can interleave the forward of one micro-batch with the backward of another (DualPipe's overlapped pair).
+// With an ep communicator, stages 2 and 4 of the MoE layers are expert parallelism's dispatch and combine
+// (pipeline/expert_exchange.h), as in PlainExecutor. In exact mode (CausalLm::set_exact) the hidden state is rounded to
+// bf16 after the embedding and after every layer, as PlainExecutor and model::forward_backward do.
 #pragma once
 
 #include <cstdint>
@@ -13,6 +16,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "dist/communicator.h"
 #include "model/batch.h"
 #include "model/causal_lm.h"
 #include "model/decoder_layer.h"
@@ -23,7 +27,8 @@ namespace moetrain::pipeline {
 
 // One step of a chunk's forward or backward for one micro-batch: one stage of one layer, the embedding or the
 // head. `communication` marks stages 2 and 4 (the expert-parallel dispatch and combine and their backwards): they
-// pass through today, and they are what a GPU executor puts on its communication stream.
+// pass the rows through without an ep communicator, and they are what a GPU executor puts on its communication
+// stream.
 struct ChunkStep {
   std::string label;  // "F mb3 L5 s1", "B mb2 head", ... (traces and test messages)
   bool communication = false;
@@ -36,13 +41,23 @@ struct ChunkForward {
   model::LossSum loss;  // the loss stage only: cross-entropy sum and counted targets
   // The auxiliary router losses of the chunk's MoE layers for this micro-batch: (global layer index, values).
   std::vector<std::pair<int64_t, model::RouterLossValues>> router_losses;
+  // The loss stage only: f32 [T] on the CPU, log p(target[t]) from the head's per-token losses (as
+  // model::ForwardObservation::token_logprobs: +0.0f where the target is ignored).
+  Tensor token_logprobs;
 };
 
 class StageChunk {
  public:
   // `model` must outlive the chunk; the chunk computes with (and accumulates into the gradients of) the layers of
-  // `stage` only.
-  StageChunk(const model::CausalLm& model, const StageLayers& stage);
+  // `stage` only. `ep` (may be null; must outlive the chunk): the expert-parallel group of this pipeline rank. Then
+  // every MoE layer's stage 2 plans the exchange (pipeline/expert_exchange.h: each token sent once per destination
+  // rank; kept from the forward to the backward) and dispatches the rows to their experts' ranks, stage 3 computes this
+  // rank's E / ep experts, stage 4 combines; the backward runs combine_backward and dispatch_backward. These are
+  // collectives over `ep`: the ep peers of a pipeline rank must run the same steps (same chunks, layers and micro-batch
+  // ids) in the same order. The executors guarantee it: the peers walk the same op list (the schedule depends only on
+  // pp, the rank and the micro-batch count, which must be the same on every ep rank) with the same interleaving of
+  // steps.
+  StageChunk(const model::CausalLm& model, const StageLayers& stage, dist::Communicator* ep = nullptr);
   ~StageChunk();
   StageChunk(const StageChunk&) = delete;
   StageChunk& operator=(const StageChunk&) = delete;
@@ -72,6 +87,9 @@ class StageChunk {
   std::vector<ChunkStep> plan_backward(int microbatch, const Tensor& d_output, double loss_scale, bool with_weight);
   Tensor finish_backward(int microbatch);
 
+  // Frees the records of a micro-batch whose forward finished, without a backward (a forward-only pass).
+  void drop(int microbatch);
+
   // Micro-batches whose records are held (forward ran, backward_weight not yet).
   int64_t live_records() const { return static_cast<int64_t>(states_.size()); }
   // Drops every record (after a failed step).
@@ -84,15 +102,16 @@ class StageChunk {
   MicroBatchState& state(int microbatch, const char* what);
   void run_weight_work(MicroBatchState& st);
 
-  // Stages 2 and 4 of a layer: the expert-parallel dispatch and combine (and their backwards) go here. Without
-  // expert parallelism they pass the rows through unchanged.
-  Tensor expert_dispatch(const model::Stage1Out& stage1) const { return stage1.dispatched; }
-  Tensor expert_combine(const Tensor& expert_out) const { return expert_out; }
-  Tensor expert_combine_backward(const Tensor& d_combined) const { return d_combined; }
-  Tensor expert_dispatch_backward(const Tensor& d_dispatched) const { return d_dispatched; }
+  // Stages 2 and 4 of a layer: the expert-parallel dispatch and combine (and their backwards). Without an ep
+  // communicator, or for a dense layer, they pass the rows through unchanged.
+  void expert_dispatch(LayerState& ls, const model::DecoderLayer& layer) const;
+  void expert_combine(LayerState& ls) const;
+  void expert_combine_backward(LayerState& ls) const;
+  void expert_dispatch_backward(LayerState& ls) const;
 
   const model::CausalLm& model_;
   StageLayers stage_;
+  dist::Communicator* ep_ = nullptr;
   std::map<int, std::unique_ptr<MicroBatchState>> states_;  // stable addresses: records point into the batch
 };
 

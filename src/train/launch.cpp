@@ -71,6 +71,26 @@ dist::Mesh* setup_process_mesh(io::JobConfig& config) {
   return nullptr;
 }
 
+dist::MeshShape job_mesh_shape(const io::JobConfig& config, int world) { return mesh_for(config, world); }
+
+void run_on_thread_ranks(const io::JobConfig& config, const std::function<void(dist::Mesh&)>& fn) {
+  const int world = static_cast<int>(config.dist.local_ranks);
+  MT_CHECK(config.model.device == "cpu",
+           "launch: dist.local_ranks = {} runs thread ranks on the CPU, but model.device is {} (launch one process "
+           "per GPU with torchrun, srun or mpirun instead)",
+           world, config.model.device);
+  const dist::MeshShape shape = mesh_for(config, world);
+  dist::LocalWorldOptions options;
+  options.timeout = std::chrono::seconds(config.dist.timeout_s);
+  dist::run_local_ranks(
+      world,
+      [&](dist::Communicator& comm) {
+        dist::Mesh mesh(comm.split(0, comm.rank(), "world"), shape);
+        fn(mesh);
+      },
+      options);
+}
+
 TrainSummary run_training_job(const io::JobConfig& config) {
   if (config.dist.local_ranks > 1) return run_thread_ranks(config);
   io::JobConfig local = config;

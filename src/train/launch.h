@@ -4,12 +4,15 @@
 // address). The mesh is resolved from parallel.* before anything else runs.
 #pragma once
 
+#include <functional>
+
 #include "io/job_config.h"
 #include "train/trainer.h"
 
 namespace moetrain::dist {
 class Mesh;
-}
+struct MeshShape;
+}  // namespace moetrain::dist
 
 namespace moetrain::train {
 
@@ -17,6 +20,14 @@ namespace moetrain::train {
 // process-wide mesh, points `config` at this process's GPU (cuda:LOCAL_RANK) and returns the mesh.
 // Null for a process alone.
 dist::Mesh* setup_process_mesh(io::JobConfig& config);
+
+// The mesh of `config` on `world` ranks: parallel.pp, cp and ep from the job, dp = world / (pp x cp x ep). Refuses
+// a world the mesh does not divide (dist::resolve_mesh).
+dist::MeshShape job_mesh_shape(const io::JobConfig& config, int world);
+
+// Runs `fn` on dist.local_ranks thread ranks (model.device must be cpu), each with its Mesh of job_mesh_shape built
+// as run_training_job builds it (timeouts from dist.timeout_s); rethrows the first failure after every rank joined.
+void run_on_thread_ranks(const io::JobConfig& config, const std::function<void(dist::Mesh&)>& fn);
 
 // Trains `config` on the ranks the launch gives; returns the first rank's summary (thread ranks) or
 // this process's.

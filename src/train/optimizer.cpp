@@ -9,15 +9,35 @@
 
 namespace moetrain::train {
 
-AdamW::AdamW(model::ParameterStore& store, const AdamWConfig& config) : store_(store), config_(config) {
-  const std::vector<Tensor> params = store_.all_params();
-  for (size_t i = 0; i < params.size(); ++i) {
-    const Tensor& p = params[i];
+AdamW::AdamW(model::ParameterStore& store, const AdamWConfig& config)
+    : params_(store.all_params()), grads_(store.all_grads()), config_(config) {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Tensor& p = params_[i];
     exp_avg_.push_back(Tensor::zeros(p.shape(), DType::F32, p.device()));
     exp_avg_sq_.push_back(Tensor::zeros(p.shape(), DType::F32, p.device()));
-    weight_decay_.push_back(store_.specs()[i].is_matrix() ? config_.weight_decay : 0.0);
-    const Tensor weight = store_.weight(store_.specs()[i].name);
+    weight_decay_.push_back(store.specs()[i].is_matrix() ? config_.weight_decay : 0.0);
+    const Tensor weight = store.weight(store.specs()[i].name);
     compute_copies_.push_back(weight.dtype() != p.dtype() ? weight : Tensor());
+  }
+}
+
+AdamW::AdamW(std::vector<Tensor> params, std::vector<Tensor> grads, std::vector<Tensor> compute_copies,
+             std::vector<double> weight_decay, const AdamWConfig& config)
+    : params_(std::move(params)),
+      grads_(std::move(grads)),
+      config_(config),
+      compute_copies_(std::move(compute_copies)),
+      weight_decay_(std::move(weight_decay)) {
+  MT_CHECK(grads_.size() == params_.size() && compute_copies_.size() == params_.size() &&
+               weight_decay_.size() == params_.size(),
+           "AdamW: expected one gradient, compute copy and weight decay per parameter ({}) but found {}, {} and {}",
+           params_.size(), grads_.size(), compute_copies_.size(), weight_decay_.size());
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Tensor& p = params_[i];
+    MT_CHECK(grads_[i].shape() == p.shape(), "AdamW: parameter {} is {} but its gradient is {}", i, p.describe(),
+             grads_[i].describe());
+    exp_avg_.push_back(Tensor::zeros(p.shape(), DType::F32, p.device()));
+    exp_avg_sq_.push_back(Tensor::zeros(p.shape(), DType::F32, p.device()));
   }
 }
 
@@ -34,8 +54,8 @@ void AdamW::step(double lr, const std::vector<bool>& owned) {
   MT_CHECK(owned.size() == weight_decay_.size(), "AdamW: expected one owned flag per parameter ({}) but found {}",
            weight_decay_.size(), owned.size());
   ++steps_;
-  const std::vector<Tensor> all_params = store_.all_params();
-  const std::vector<Tensor> all_grads = store_.all_grads();
+  const std::vector<Tensor>& all_params = params_;
+  const std::vector<Tensor>& all_grads = grads_;
   std::vector<Tensor> params, m, v, grads, copies;
   std::vector<double> decay;
   for (size_t i = 0; i < all_params.size(); ++i) {

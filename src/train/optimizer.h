@@ -25,6 +25,10 @@ class AdamW {
   // master's, i.e. the bf16 matrices under bf16 compute): every step rewrites them from the updated
   // masters, so no refresh_compute_weights is needed after a step.
   AdamW(model::ParameterStore& store, const AdamWConfig& config);
+  // Over explicit lists (ZeRO-3: this rank's shards, train/fully_sharded.h): one entry per parameter in each;
+  // `compute_copies` entries undefined where there is no copy to write. Moments start at zero.
+  AdamW(std::vector<Tensor> params, std::vector<Tensor> grads, std::vector<Tensor> compute_copies,
+        std::vector<double> weight_decay, const AdamWConfig& config);
 
   // One update of every parameter from its gradient at learning rate `lr`; the compute copies
   // follow (bit for bit what refresh_compute_weights would write).
@@ -48,7 +52,7 @@ class AdamW {
   void set_steps_taken(int64_t steps) { steps_ = steps; }
 
  private:
-  model::ParameterStore& store_;
+  std::vector<Tensor> params_, grads_;
   AdamWConfig config_;
   int64_t steps_ = 0;
   std::vector<Tensor> exp_avg_, exp_avg_sq_;

@@ -16,6 +16,7 @@
 #include "pipeline/plain_executor.h"
 #include "train/checkpoint.h"
 #include "train/data_parallel.h"
+#include "train/fully_sharded.h"
 
 namespace moetrain::train {
 
@@ -91,10 +92,6 @@ Trainer::Trainer(const io::JobConfig& config, dist::Mesh* mesh)
                mesh == nullptr || mesh->rank() == 0 ? config.metrics.console_every : 0) {
   if (mesh_ != nullptr) {
     const dist::MeshShape& shape = mesh_->shape();
-    MT_CHECK(shape.ep == 1 || shape.pp == 1,
-             "trainer: the mesh {} asks for expert parallelism (ep = {}) together with pipeline parallelism (pp = {}), "
-             "which the training loop does not run yet (set parallel.ep = 1 or parallel.pp = 1)",
-             shape.str(), shape.ep, shape.pp);
     MT_CHECK(shape.world() == 1 || config.loss.load_balance != "global_batch" || config.loss.load_balance_coef == 0.0,
              "trainer: loss.load_balance = global_batch counts experts over the whole step, which data-parallel ranks "
              "do not share yet; use micro_batch or sequence with {} ranks",
@@ -106,9 +103,12 @@ Trainer::Trainer(const io::JobConfig& config, dist::Mesh* mesh)
   const DType compute_dtype = config.model.compute_dtype == "bf16" ? DType::BF16 : DType::F32;
   model_ = std::make_unique<model::CausalLm>(model_config, device, compute_dtype);
   model_->set_head_chunk(config.model.head_chunk);
-  optimizer_ =
-      std::make_unique<AdamW>(model_->params(), AdamWConfig{config.optim.lr, config.optim.beta1, config.optim.beta2,
-                                                            config.optim.eps, config.optim.weight_decay});
+  // ZeRO-3 builds its optimizer over the shards (setup_sharding): no full moments are ever allocated then.
+  if (!wants_sharding()) {
+    optimizer_ =
+        std::make_unique<AdamW>(model_->params(), AdamWConfig{config.optim.lr, config.optim.beta1, config.optim.beta2,
+                                                              config.optim.eps, config.optim.weight_decay});
+  }
   data::LoaderOptions loader = loader_options(config, model_config.vocab_size);
   if (mesh_ != nullptr) {
     loader.rank = mesh_->dp_ep().rank();
@@ -127,9 +127,10 @@ Trainer::Trainer(const io::JobConfig& config, dist::Mesh* mesh)
   }
   if (mesh_ != nullptr && mesh_->pp().size() > 1) setup_pipeline(model_config);
   if (mesh_ != nullptr && mesh_->ep().size() > 1) {
-    // Stages 2 and 4 as all-to-all-v over ep: each ep rank computes its own experts; the expert
-    // gradients then meet in the gradient all-reduce over dp x ep (the others' are zero here).
-    expert_parallel_ = std::make_unique<pipeline::PlainExecutor>(*model_, &mesh_->ep());
+    // Stages 2 and 4 as all-to-all-v over ep (each token sent once per destination rank): each ep rank computes
+    // its own experts; the expert gradients then meet in the reduction over dp x ep (the others' are zero here).
+    // With pp > 1 the DualPipeV executor's stage chunks do the same.
+    if (!executor_) expert_parallel_ = std::make_unique<pipeline::PlainExecutor>(*model_, &mesh_->ep());
     log_info("experts: {} ranks of expert parallelism, {} experts each", mesh_->ep().size(),
              model_config.num_experts / mesh_->ep().size());
   }
@@ -145,6 +146,7 @@ Trainer::Trainer(const io::JobConfig& config, dist::Mesh* mesh)
   log_info("step: {} micro-batch(es) of {} tokens", micro_batches_per_step_, loader_->tokens_per_micro_batch());
   init_weights();
   resume_if_possible();
+  setup_sharding();
 }
 
 Trainer::~Trainer() = default;
@@ -165,7 +167,10 @@ void Trainer::setup_pipeline(const io::ModelConfig& model_config) {
   const auto& specs = model_->params().specs();
   owned_.assign(specs.size(), false);
   for (size_t i = 0; i < specs.size(); ++i) owned_[i] = pipeline_owner(specs[i].name, partition_) == rank;
-  executor_ = std::make_unique<pipeline::DualPipeVExecutor>(*model_, partition_, mesh_->pp());
+  // With ep > 1 the stages' MoE layers dispatch and combine over the ep group (its ranks are data ranks too: their
+  // gradients meet in the all-reduce over dp x ep, which spans the ranks of this pipeline stage only).
+  executor_ = std::make_unique<pipeline::DualPipeVExecutor>(*model_, partition_, mesh_->pp(),
+                                                            mesh_->ep().size() > 1 ? &mesh_->ep() : nullptr);
   const pipeline::StageLayers& down = partition_.down_stage(rank);
   const pipeline::StageLayers& up = partition_.up_stage(rank);
   log_info(
@@ -173,6 +178,44 @@ void Trainer::setup_pipeline(const io::ModelConfig& model_config) {
       "{})){}",
       pp, rank, down.stage, down.first_layer, down.end_layer, up.stage, up.first_layer, up.end_layer,
       rank == 0 ? " with the embedding, final norm and head" : "");
+}
+
+// ZeRO-3 (parallel.sharding): every rank holds the same full values now (seeded init, HF weights or a checkpoint);
+// they become shards, the optimizer is rebuilt over the shards with the moments it had, and the plain executor
+// gathers each part of the model around its use.
+bool Trainer::wants_sharding() const {
+  const std::string& mode = config_.parallel.sharding;
+  if (mesh_ == nullptr) return false;
+  const bool several_data_ranks = mesh_->dp_ep().size() > 1;
+  return mode == "full" || (mode == "auto" && several_data_ranks && mesh_->pp().size() == 1);
+}
+
+void Trainer::setup_sharding() {
+  if (!wants_sharding()) return;
+  MT_CHECK(mesh_->pp().size() == 1, "trainer: parallel.sharding = full runs with pp = 1; the mesh is {}",
+           mesh_->shape().str());
+  sharded_ = std::make_unique<FullyShardedModel>(*model_, *mesh_);
+  optimizer_ = std::make_unique<AdamW>(sharded_->master_shards(), sharded_->grad_shards(), sharded_->compute_shards(),
+                                       sharded_->weight_decays(config_.optim.weight_decay),
+                                       AdamWConfig{config_.optim.lr, config_.optim.beta1, config_.optim.beta2,
+                                                   config_.optim.eps, config_.optim.weight_decay});
+  if (!resumed_exp_avg_.empty()) {  // a checkpoint's full moments (CPU), kept by resume_if_possible until now
+    const std::vector<Tensor> m = sharded_->take_shards(resumed_exp_avg_);
+    const std::vector<Tensor> v = sharded_->take_shards(resumed_exp_avg_sq_);
+    for (size_t i = 0; i < m.size(); ++i) {
+      optimizer_->exp_avg()[i].copy_from(m[i]);
+      optimizer_->exp_avg_sq()[i].copy_from(v[i]);
+    }
+    optimizer_->set_steps_taken(resumed_optimizer_steps_);
+    resumed_exp_avg_.clear();
+    resumed_exp_avg_sq_.clear();
+  }
+  if (!expert_parallel_) expert_parallel_ = std::make_unique<pipeline::PlainExecutor>(*model_, nullptr);
+  expert_parallel_->set_parameter_hooks(sharded_.get());
+  log_info(
+      "sharding: ZeRO-3 over {} data ranks (dp x ep); this rank holds {:.2f} GiB of parameter and gradient "
+      "shards",
+      mesh_->dp_ep().size(), static_cast<double>(sharded_->shard_bytes()) / (1 << 30));
 }
 
 std::vector<Tensor> Trainer::owned_grads() const {
@@ -192,6 +235,7 @@ std::vector<Tensor> Trainer::owned_grads() const {
 double Trainer::clip_gradients() {
   Stream& stream = default_stream(model_->device());
   const double max_norm = config_.optim.clip_grad_norm;
+  if (sharded_) return sharded_->clip_gradients(max_norm);
   if (!executor_) return ops::clip_by_global_norm(stream, model_->params().all_grads(), max_norm);
   const std::vector<Tensor> grads = model_->params().all_grads();
   std::vector<double> sums(grads.size(), 0.0);
@@ -251,6 +295,19 @@ void Trainer::check_health() const {
 
 bool Trainer::first_rank() const { return mesh_ == nullptr || mesh_->rank() == 0; }
 
+// ZeRO-3 gathers each layer's parameters collectively per micro-batch: every data rank must run as many. One
+// all_reduce (max of the count and of its negation) tells every rank, so they all stop together.
+void Trainer::check_equal_micro_batch_counts(int64_t count, int64_t step) const {
+  Tensor bounds = Tensor::from_vector<int64_t>({count, -count}, {2});
+  if (!model_->device().is_cpu()) bounds = bounds.to(model_->device());
+  mesh_->dp_ep().all_reduce(default_stream(model_->device()), bounds, dist::ReduceOp::Max);
+  const std::vector<int64_t> host = bounds.to_vector<int64_t>();
+  MT_CHECK(host[0] == -host[1],
+           "step {}: ZeRO-3 sharding (parallel.sharding) needs the same number of micro-batches on every data rank "
+           "(its per-layer gathers are collective), but the ranks of '{}' hold between {} and {} (this rank {})",
+           step + 1, mesh_->dp_ep().name(), -host[1], host[0], count);
+}
+
 int64_t Trainer::global_count(int64_t local) const {
   if (mesh_ == nullptr || mesh_->dp_ep().size() == 1) return local;
   return all_reduce_sum(mesh_->dp_ep(), model_->device(), local);
@@ -261,7 +318,7 @@ int64_t Trainer::global_count(int64_t local) const {
 void Trainer::reduce_across_ranks(model::StepLoss& loss) const {
   if (mesh_ == nullptr || mesh_->dp_ep().size() == 1) return;
   dist::Communicator& comm = mesh_->dp_ep();
-  all_reduce_gradients(comm, owned_grads());
+  if (!sharded_) all_reduce_gradients(comm, owned_grads());  // ZeRO-3 reduce-scattered them already
   const double tokens = static_cast<double>(loss.num_tokens);
   const std::vector<double> sums = all_reduce_sum(
       comm, model_->device(), {loss.loss, loss.ce_sum, tokens, loss.load_balance * tokens, loss.z_loss * tokens});
@@ -306,24 +363,60 @@ void Trainer::resume_if_possible() {
     }
   }
   model_->params().load_hf_tensors(data.model);
-  for (size_t i = 0; i < specs.size(); ++i) {
-    optimizer_->exp_avg()[i].copy_from(moments.at("exp_avg/" + specs[i].name));
-    optimizer_->exp_avg_sq()[i].copy_from(moments.at("exp_avg_sq/" + specs[i].name));
+  const int64_t optimizer_steps = state.at("optimizer_steps").get<int64_t>();
+  if (optimizer_) {
+    for (size_t i = 0; i < specs.size(); ++i) {
+      optimizer_->exp_avg()[i].copy_from(moments.at("exp_avg/" + specs[i].name));
+      optimizer_->exp_avg_sq()[i].copy_from(moments.at("exp_avg_sq/" + specs[i].name));
+    }
+    optimizer_->set_steps_taken(optimizer_steps);
+  } else {  // ZeRO-3: setup_sharding takes this rank's shards of them
+    for (const auto& spec : specs) {
+      resumed_exp_avg_.push_back(moments.at("exp_avg/" + spec.name));
+      resumed_exp_avg_sq_.push_back(moments.at("exp_avg_sq/" + spec.name));
+    }
+    resumed_optimizer_steps_ = optimizer_steps;
   }
-  optimizer_->set_steps_taken(state.at("optimizer_steps").get<int64_t>());
   if (!state.at("data").is_null()) loader_->restore(state.at("data"));  // null: imported weights, data from the start
   step_ = state.at("step").get<int64_t>();
   log_info("resumed from {} at step {}", *latest, step_);
 }
 
-void Trainer::save(int64_t step) {
+std::vector<Tensor> Trainer::full_parameters() {
+  std::vector<Tensor> out;
+  const auto copy_all = [&] {
+    for (const Tensor& p : model_->params().all_params()) out.push_back(p.to(Device::cpu()));
+  };
+  if (sharded_) {
+    sharded_->with_full_state(nullptr, nullptr, copy_all);
+  } else {
+    copy_all();
+  }
+  return out;
+}
+
+void Trainer::save_sharded(int64_t step) {
+  std::vector<Tensor> exp_avg, exp_avg_sq;
+  for (const model::ParamSpec& spec : model_->params().specs()) {
+    exp_avg.push_back(Tensor::empty(spec.shape, DType::F32, model_->device()));
+    exp_avg_sq.push_back(Tensor::empty(spec.shape, DType::F32, model_->device()));
+  }
+  sharded_->set_moment_shards(optimizer_->exp_avg(), optimizer_->exp_avg_sq());
+  sharded_->with_full_state(&exp_avg, &exp_avg_sq, [&] {
+    if (first_rank()) save(step, &exp_avg, &exp_avg_sq);
+  });
+}
+
+void Trainer::save(int64_t step, const std::vector<Tensor>* exp_avg, const std::vector<Tensor>* exp_avg_sq) {
+  if (exp_avg == nullptr) exp_avg = &optimizer_->exp_avg();
+  if (exp_avg_sq == nullptr) exp_avg_sq = &optimizer_->exp_avg_sq();
   CheckpointData data;
   data.step = step;
   data.model = model_->params().export_hf();
   const auto& specs = model_->params().specs();
   for (size_t i = 0; i < specs.size(); ++i) {
-    data.optimizer.emplace_back("exp_avg/" + specs[i].name, optimizer_->exp_avg()[i]);
-    data.optimizer.emplace_back("exp_avg_sq/" + specs[i].name, optimizer_->exp_avg_sq()[i]);
+    data.optimizer.emplace_back("exp_avg/" + specs[i].name, (*exp_avg)[i]);
+    data.optimizer.emplace_back("exp_avg_sq/" + specs[i].name, (*exp_avg_sq)[i]);
   }
   data.state = {{"step", step},
                 {"optimizer_steps", optimizer_->steps_taken()},
@@ -344,17 +437,23 @@ double Trainer::train_step(int64_t step) {
   }
   int64_t local_targets = 0;
   for (const auto& batch : batches) local_targets += batch.num_targets();
+  if (sharded_) check_equal_micro_batch_counts(static_cast<int64_t>(batches.size()), step);
   const int64_t targets = global_count(local_targets);
   MT_CHECK(targets > 0, "step {}: the global batch has no counted targets", step + 1);
   running_counts_.assign(static_cast<size_t>(router_loss_.num_moe_layers), {});
   router_loss_.loss_scale = 1.0 / static_cast<double>(targets);
   for (auto& batch : batches) batch.router_loss = &router_loss_;
 
-  model_->params().zero_grads();
+  if (sharded_) {
+    sharded_->begin_step(static_cast<int64_t>(batches.size()), config_.parallel.reduce_gradients == "micro_batch");
+  } else {
+    model_->params().zero_grads();
+  }
   // Under pipeline parallelism every pp rank passes the step's micro-batches; only pp rank 0 reads their tokens.
   model::StepLoss loss = executor_          ? executor_->run_step(batches, targets)
                          : expert_parallel_ ? expert_parallel_->run_step(batches, targets)
                                             : model::forward_backward(*model_, batches, targets);
+  if (sharded_) sharded_->finish_step();  // the last gradient reductions are done before anything reads them
   reduce_across_ranks(loss);
   check_health();
   const double total =
@@ -411,7 +510,11 @@ TrainSummary Trainer::run(int64_t max_steps_this_run) {
     const bool periodic = config_.checkpoint.every > 0 && step_ % config_.checkpoint.every == 0;
     if (!config_.checkpoint.dir.empty() && (periodic || step_ == total)) {
       gather_pipeline_state();  // collective over pp: every rank takes part
-      if (first_rank()) save(step_);
+      if (sharded_) {
+        save_sharded(step_);  // collective: the full state is assembled on every rank while the first one saves
+      } else if (first_rank()) {
+        save(step_);
+      }
     }
   }
   summary.last_step = step_;

@@ -27,6 +27,8 @@ class PlainExecutor;
 
 namespace moetrain::train {
 
+class FullyShardedModel;
+
 struct TrainSummary {
   int64_t first_step = 0;            // steps already done when this run started (resume point)
   int64_t last_step = 0;             // steps done when it stopped
@@ -44,9 +46,9 @@ class Trainer {
   // `mesh`: this rank's device mesh when the job has several ranks, else null. Data parallelism
   // runs over its dp x ep ranks; with mesh.pp() > 1 each step runs DualPipeV over the pp ranks
   // (the layers cut by parallel.pp_cuts, or balanced by cost), and this rank computes gradients
-  // for, clips with and updates only the parameters of its two stages (owns_parameter). Refused:
-  // expert parallelism (ep > 1), and with pp > 1 fewer than 2 * pp micro-batches per step per
-  // pipeline or fewer than 2 * pp decoder layers.
+  // for, clips with and updates only the parameters of its two stages (owns_parameter); with ep > 1
+  // too, the stages' MoE layers dispatch and combine over the ep ranks. Refused: with pp > 1 fewer
+  // than 2 * pp micro-batches per step per pipeline or fewer than 2 * pp decoder layers.
   explicit Trainer(const io::JobConfig& config, dist::Mesh* mesh = nullptr);
   ~Trainer();
 
@@ -65,6 +67,12 @@ class Trainer {
   // Every parameter without pipeline parallelism; with it, those of this rank's two stages (rank 0
   // also holds the embedding, the final norm and the head). The others keep their initial values,
   // except after a checkpoint, which gathers the whole model on every pp rank.
+  // The full fp32 masters on the CPU, in the store's order. Collective under ZeRO-3 (every rank of the mesh calls
+  // it); under pipeline parallelism the parameters this rank does not own hold their initial values.
+  std::vector<Tensor> full_parameters();
+  // ZeRO-3 (parallel.sharding) is on: the store's full parameters exist only inside full_parameters() and saves.
+  bool sharded() const { return sharded_ != nullptr; }
+  const FullyShardedModel* sharded_model() const { return sharded_.get(); }
   bool owns_parameter(size_t index) const { return owned_.empty() || owned_.at(index); }
   // The layer partition of the pipeline (pp > 1 only; pp = 1 otherwise with no stages).
   const pipeline::Partition& partition() const { return partition_; }
@@ -72,10 +80,16 @@ class Trainer {
  private:
   bool first_rank() const;
   int64_t global_count(int64_t local) const;
+  void check_equal_micro_batch_counts(int64_t count, int64_t step) const;
   void reduce_across_ranks(model::StepLoss& loss) const;
   void init_weights();
   void resume_if_possible();
-  void save(int64_t step);
+  // The moments to save default to the optimizer's (replicated); ZeRO-3 passes the assembled full ones.
+  void save(int64_t step, const std::vector<Tensor>* exp_avg = nullptr,
+            const std::vector<Tensor>* exp_avg_sq = nullptr);
+  void save_sharded(int64_t step);
+  bool wants_sharding() const;
+  void setup_sharding();
   double train_step(int64_t step);
   void setup_pipeline(const io::ModelConfig& model_config);
   std::vector<Tensor> owned_grads() const;
@@ -102,8 +116,11 @@ class Trainer {
   // Pipeline parallelism (mesh.pp() > 1).
   pipeline::Partition partition_;
   std::unique_ptr<pipeline::DualPipeVExecutor> executor_;
-  std::unique_ptr<pipeline::PlainExecutor> expert_parallel_;  // ep > 1 with pp = 1
-  std::vector<bool> owned_;                                   // per parameter; empty: this rank owns every parameter
+  std::unique_ptr<pipeline::PlainExecutor> expert_parallel_;  // pp = 1 with ep > 1 or ZeRO-3
+  std::vector<Tensor> resumed_exp_avg_, resumed_exp_avg_sq_;  // ZeRO-3 resume: full moments until sharded
+  int64_t resumed_optimizer_steps_ = 0;
+  std::unique_ptr<FullyShardedModel> sharded_;  // ZeRO-3 (parallel.sharding); the plain executor runs its hooks
+  std::vector<bool> owned_;                     // per parameter; empty: this rank owns every parameter
 };
 
 // Model FLOPs per trained token (forward + backward) for sequence length `seq_len`: the formula of

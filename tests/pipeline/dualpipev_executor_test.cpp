@@ -3,7 +3,9 @@
 // layers a rank owns, bitwise), five AdamW steps against the single-rank trainer loop (losses and weights, bitwise),
 // the stage interleaving of an overlapped pair, records freed, and the refusals (too few micro-batches, a failing
 // rank). Ranks other than 0 get micro-batches without tokens, so every run also shows that the metadata travels
-// with the activations.
+// with the activations. With expert parallelism (a pp x ep mesh of thread ranks, each ep rank with micro-batches of
+// its own) the gradients summed over ep match the single-rank forward_backward over every micro-batch; exact mode
+// with a bf16 wire matches the single-rank exact program bit for bit, and a bf16 wire without exact mode is refused.
 #include "pipeline/dualpipev_executor.h"
 
 #include <algorithm>
@@ -21,6 +23,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "dist/inprocess_communicator.h"
+#include "dist/mesh.h"
 #include "io/model_config.h"
 #include "model/causal_lm.h"
 #include "model/router_loss.h"
@@ -295,6 +298,167 @@ TEST(PipelineExecutor, OverlappedPairInterleavesTheStagesOfItsTwoMicroBatches) {
                                          f + " s4", b + " s3", b + " s2", f + " s5", b + " s1"};
   ASSERT_GE(trace.end() - at, static_cast<std::ptrdiff_t>(want.size() + 1));
   EXPECT_EQ(std::vector<std::string>(at + 1, at + 1 + static_cast<std::ptrdiff_t>(want.size())), want);
+}
+
+// One step of DualPipeV over a pp x ep mesh of thread ranks (dp = 1): ep rank e's pp rank 0 reads per_ep[e], with
+// the global target count. The gradients are then summed over ep (as the trainer's all-reduce over dp x ep does);
+// each (pp rank, ep rank 0) keeps the parameters it owns. Exact mode and the wire dtype as given; the wire check
+// counts its calls (all ranks together).
+struct EpRun {
+  std::vector<model::StepLoss> losses;  // per ep rank (the same on every pp rank of it: checked)
+  std::map<std::string, Tensor> grads;  // summed over ep
+  int64_t wire_calls = 0;
+};
+
+EpRun run_pipeline_ep(const io::ModelConfig& config, int pp, int ep,
+                      const std::vector<std::vector<model::MicroBatch>>& per_ep, int64_t global_targets, bool exact,
+                      DType wire) {
+  const Partition partition = partition_balanced(config, pp);
+  EpRun run;
+  run.losses.resize(static_cast<size_t>(ep));
+  std::map<int, std::vector<model::StepLoss>> by_ep;
+  std::mutex mu;
+  dist::run_local_ranks(pp * ep, [&](dist::Communicator& comm) {
+    dist::Mesh mesh(comm.split(0, comm.rank(), "world"), dist::resolve_mesh(pp * ep, pp, 1, ep, config.num_experts));
+    const dist::MeshCoord c = mesh.coord();
+    auto model = make_model(config, kSeed);
+    model->set_exact(exact);
+    DualPipeVExecutor executor(*model, partition, mesh.pp(), ep > 1 ? &mesh.ep() : nullptr);
+    executor.set_wire_dtype(wire);
+    int64_t calls = 0;
+    executor.set_wire_check([&](const Tensor& activation, const model::MicroBatch& batch) {
+      ++calls;
+      EXPECT_EQ(activation.dtype(), wire);
+      EXPECT_EQ(activation.size(0), batch.position_ids.numel());
+    });
+    const auto& mine = per_ep[static_cast<size_t>(c.ep)];
+    model->params().zero_grads();
+    const model::StepLoss loss = executor.run_step(c.pp == 0 ? mine : without_data(mine), global_targets);
+    EXPECT_EQ(executor.live_records(), 0);
+    for (const model::ParamSpec& spec : model->params().specs())
+      mesh.ep().all_reduce(Stream::cpu(), model->params().grad(spec.name), dist::ReduceOp::Sum);
+    std::lock_guard lock(mu);
+    run.wire_calls += calls;
+    by_ep[c.ep].push_back(loss);
+    if (c.ep != 0) return;
+    for (const model::ParamSpec& spec : model->params().specs()) {
+      if (owner_of(spec.name, partition) == c.pp) run.grads[spec.name] = model->params().grad(spec.name).clone();
+    }
+  });
+  for (const auto& [e, losses] : by_ep) {
+    for (const model::StepLoss& l : losses)
+      expect_same_loss(l, losses.front(), "pp ranks of ep rank " + std::to_string(e));
+    run.losses[static_cast<size_t>(e)] = losses.front();
+  }
+  return run;
+}
+
+// ep ranks as data ranks inside the pipeline: each ep rank's pipeline runs n = 2P micro-batches of its own (ep rank 0
+// long documents, ep rank 1 short ones); after the sum over ep every gradient must equal forward_backward over all
+// the micro-batches on one rank.
+//
+// Tolerances (the same as PlainExecutor's ep test). Gradients: relative error (||a - b|| / ||b|| per parameter
+// tensor) <= 1e-5, measured worst 8.2e-8 (pp = 2) and 1.04e-7 (pp = 4); they are not bitwise because an expert's weight
+// gradient adds the rows of both ep ranks' micro-batches in one grouped GEMM, and the non-expert gradients are summed
+// per ep rank and then over ep (f32 additions associated differently, a few ulps). Inside the executor the expert rows
+// compute identically (batch-invariant kernels, byte-copy exchanges), so each micro-batch's forward is the same bits:
+// ce_sum, load balance and z-loss summed over the ep ranks differ from the reference only by the order of f64
+// additions, relative 1e-12. Counts exact.
+TEST(PipelineExecutor, ExpertParallelGradientsSumToSingleRank) {
+  const io::ModelConfig config = tiny_moe();
+  constexpr int kEp = 2;
+  for (int pp : {2, 4}) {
+    const std::string where = "pp=" + std::to_string(pp) + " ep=2";
+    SCOPED_TRACE(where);
+    std::vector<std::vector<model::MicroBatch>> per_ep;
+    std::vector<model::MicroBatch> all;
+    for (int e = 0; e < kEp; ++e) {
+      per_ep.push_back(make_batches(2 * pp, 700 + static_cast<uint64_t>(10 * pp + e), config.vocab_size,
+                                    e == 0 ? 20 : 2, e == 0 ? 40 : 6));
+      all.insert(all.end(), per_ep.back().begin(), per_ep.back().end());
+    }
+    const int64_t global = count_targets(all);
+    const model::RouterLossSettings settings = router_settings(config, global);
+    for (auto& b : per_ep) b = with_router_loss(b, &settings);
+    all = with_router_loss(all, &settings);
+
+    auto reference = make_model(config, kSeed);
+    const model::StepLoss want = model::forward_backward(*reference, all, global);
+    const EpRun run = run_pipeline_ep(config, pp, kEp, per_ep, global, false, DType::F32);
+
+    double ce_sum = 0.0, loss = 0.0, load_balance = 0.0, z_loss = 0.0;
+    int64_t targets = 0, tokens = 0;
+    for (const model::StepLoss& l : run.losses) {
+      ce_sum += l.ce_sum;
+      loss += l.loss;
+      targets += l.num_targets;
+      tokens += l.num_tokens;
+      load_balance += l.load_balance * static_cast<double>(l.num_tokens);
+      z_loss += l.z_loss * static_cast<double>(l.num_tokens);
+    }
+    EXPECT_EQ(targets, want.num_targets);
+    EXPECT_EQ(tokens, want.num_tokens);
+    EXPECT_NEAR(ce_sum, want.ce_sum, 1e-12 * want.ce_sum);
+    EXPECT_NEAR(loss, want.loss, 1e-12 * want.loss);
+    EXPECT_NEAR(load_balance / static_cast<double>(tokens), want.load_balance, 1e-12 * want.load_balance);
+    EXPECT_NEAR(z_loss / static_cast<double>(tokens), want.z_loss, 1e-12 * want.z_loss);
+    ASSERT_EQ(run.grads.size(), reference->params().specs().size()) << "every parameter has one owner";
+    for (const auto& [name, grad] : run.grads)
+      EXPECT_LE(testing::relative_error(grad, reference->params().grad(name)), 1e-5) << name;
+  }
+}
+
+// Exact mode: the chunks round every stage boundary to bf16, so a bf16 wire carries the activations exactly and
+// pp = 2 gives the single-rank exact program's step: loss and every gradient bit for bit (gradients travel in f32
+// and pass straight through the rounding). The wire check sees each of the 2 transfers per micro-batch twice.
+TEST(PipelineExecutor, ExactModeWithBf16WireMatchesSingleRankExactBitwise) {
+  const io::ModelConfig config = tiny_moe();
+  constexpr int kMicroBatches = 5;
+  const std::vector<model::MicroBatch> raw = make_batches(kMicroBatches, 808, config.vocab_size);
+  const model::RouterLossSettings settings = router_settings(config, count_targets(raw));
+  const std::vector<model::MicroBatch> batches = with_router_loss(raw, &settings);
+
+  auto reference = make_model(config, kSeed);
+  reference->set_exact(true);
+  const model::StepLoss want = model::forward_backward(*reference, batches);
+  auto inexact = make_model(config, kSeed);
+  EXPECT_NE(model::forward_backward(*inexact, batches).ce_sum, want.ce_sum) << "exact mode should change the loss";
+
+  const EpRun run = run_pipeline_ep(config, 2, 1, {batches}, 0, true, DType::BF16);
+  expect_same_loss(run.losses[0], want, "exact pp=2");
+  EXPECT_EQ(run.wire_calls, 2 * 2 * kMicroBatches);
+  ASSERT_EQ(run.grads.size(), reference->params().specs().size());
+  for (const auto& [name, grad] : run.grads) {
+    const Tensor ref = reference->params().grad(name);
+    EXPECT_TRUE(bitwise_equal(grad, ref)) << name << ": max |diff| " << testing::max_abs_diff(grad, ref);
+  }
+}
+
+// Without exact mode the activations are not on the bf16 grid: the first send refuses to cast them.
+TEST(PipelineExecutor, RefusesBf16WireWithoutExactMode) {
+  const io::ModelConfig config = tiny_moe();
+  const std::vector<model::MicroBatch> batches = make_batches(4, 19, config.vocab_size);
+  const Partition partition = partition_balanced(config, 2);
+  std::mutex mu;
+  std::map<int, std::string> errors;
+  EXPECT_THROW(dist::run_local_ranks(2,
+                                     [&](dist::Communicator& comm) {
+                                       auto model = make_model(config, kSeed);
+                                       DualPipeVExecutor executor(*model, partition, comm);
+                                       EXPECT_THROW(executor.set_wire_dtype(DType::F64), Error);
+                                       executor.set_wire_dtype(DType::BF16);
+                                       try {
+                                         executor.run_step(comm.rank() == 0 ? batches : without_data(batches), 0);
+                                       } catch (const Error& e) {
+                                         std::lock_guard lock(mu);
+                                         errors[comm.rank()] = e.what();
+                                         throw;
+                                       }
+                                     }),
+               Error);
+  ASSERT_EQ(errors.count(0), 1u);
+  EXPECT_NE(errors[0].find("is not on the bf16 grid"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[0].find("exact mode"), std::string::npos) << errors[0];
 }
 
 }  // namespace

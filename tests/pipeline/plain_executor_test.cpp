@@ -3,7 +3,8 @@
 // with an ep group of one) it is model::forward_backward bit for bit; with ep = 2 and 4 each rank holds different
 // micro-batches of very different token counts, and the gradients summed over the ep ranks equal one rank running
 // every micro-batch with forward_backward; gradients of experts a rank does not own stay 0 on it; and the refusals
-// (unequal micro-batch counts, one rank's bad input stopping every rank).
+// (unequal micro-batch counts, one rank's bad input stopping every rank). The forward alone (run_forward, the scoring
+// path) gives forward_only's log-probs bit for bit, with and without ep.
 #include "pipeline/plain_executor.h"
 
 #include <cstring>
@@ -213,6 +214,93 @@ TEST(PlainExecutor, OneRanksBadMicroBatchStopsEveryRank) {
   });
   EXPECT_NE(errors[0].find("ep rank 1 of 'world' refused its micro-batches"), std::string::npos) << errors[0];
   EXPECT_NE(errors[1].find(std::to_string(config.vocab_size)), std::string::npos) << errors[1];
+}
+
+void expect_same_logprobs(const std::vector<Tensor>& got, const std::vector<Tensor>& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t m = 0; m < want.size(); ++m) {
+    EXPECT_EQ(got[m].dtype(), DType::F32) << what << ", micro-batch " << m;
+    EXPECT_TRUE(got[m].device().is_cpu()) << what << ", micro-batch " << m;
+    EXPECT_TRUE(bitwise_equal(got[m], want[m]))
+        << what << ", micro-batch " << m << ": max |diff| " << testing::max_abs_diff(got[m], want[m]);
+  }
+}
+
+// The forward alone (the scoring path) is model::forward_only's forward: the same log-probs, bit for bit, and it
+// touches no gradient.
+TEST(PlainExecutor, RunForwardEqualsForwardOnlyLogprobsBitwise) {
+  const io::ModelConfig config = tiny_moe();
+  const std::vector<model::MicroBatch> batches = make_batches(3, 15, config.vocab_size, 3, 20);
+  auto model = make_model(config, kSeed);
+  model::ForwardObservation observe;
+  model::forward_only(*model, batches, &observe);
+  model->params().zero_grads();
+  PlainExecutor executor(*model, nullptr);
+  const std::vector<Tensor> got = executor.run_forward(batches);
+  expect_same_logprobs(got, observe.token_logprobs, "no ep");
+  for (size_t m = 0; m < got.size(); ++m) {
+    EXPECT_EQ(got[m].shape(), (Shape{batches[m].num_tokens()}));
+    const std::vector<float> lp = got[m].to_vector<float>();
+    const std::vector<int32_t> targets = batches[m].targets.to_vector<int32_t>();
+    for (size_t t = 0; t < lp.size(); ++t) {
+      if (targets[t] == -100) {
+        EXPECT_EQ(lp[t], 0.0f) << m << ", " << t;
+      } else {
+        EXPECT_LT(lp[t], 0.0f) << m << ", " << t;
+      }
+    }
+  }
+  for (const model::ParamSpec& spec : model->params().specs()) {
+    const Tensor g = model->params().grad(spec.name);
+    EXPECT_EQ(testing::max_abs_diff(g, Tensor::zeros(g.shape(), g.dtype())), 0.0) << spec.name;
+  }
+  EXPECT_TRUE(executor.run_forward({}).empty());
+}
+
+// With ep = 2 and 4 on thread ranks each rank's micro-batches (of very different sizes) cross the ranks for their
+// experts, yet every expert row is computed by the same per-row CPU kernels: each rank's log-probs equal forward_only
+// of its micro-batches on one rank, bit for bit.
+TEST(PlainExecutor, ExpertParallelRunForwardEqualsForwardOnlyBitwise) {
+  const io::ModelConfig config = tiny_moe();
+  auto reference = make_model(config, kSeed);
+  for (int ep : {2, 4}) {
+    SCOPED_TRACE("ep=" + std::to_string(ep));
+    std::vector<std::vector<model::MicroBatch>> per_rank;
+    std::vector<std::vector<Tensor>> want;
+    for (int r = 0; r < ep; ++r) {
+      per_rank.push_back(make_batches(2, 500 + static_cast<uint64_t>(10 * ep + r), config.vocab_size, r == 0 ? 30 : 2,
+                                      r == 0 ? 48 : 6));
+      model::ForwardObservation observe;
+      model::forward_only(*reference, per_rank.back(), &observe);
+      want.push_back(observe.token_logprobs);
+    }
+    std::vector<std::vector<Tensor>> got(static_cast<size_t>(ep));
+    dist::run_local_ranks(ep, [&](dist::Communicator& comm) {
+      auto model = make_model(config, kSeed);
+      PlainExecutor executor(*model, &comm);
+      got[static_cast<size_t>(comm.rank())] = executor.run_forward(per_rank[static_cast<size_t>(comm.rank())]);
+    });
+    for (int r = 0; r < ep; ++r)
+      expect_same_logprobs(got[static_cast<size_t>(r)], want[static_cast<size_t>(r)], "rank " + std::to_string(r));
+  }
+}
+
+TEST(PlainExecutor, RunForwardRefusesUnequalMicroBatchCountsOnEveryRank) {
+  const io::ModelConfig config = tiny_moe();
+  const std::vector<model::MicroBatch> batches = make_batches(2, 16, config.vocab_size, 3, 8);
+  std::vector<std::string> errors(2);
+  dist::run_local_ranks(2, [&](dist::Communicator& comm) {
+    auto model = make_model(config, kSeed);
+    PlainExecutor executor(*model, &comm);
+    const std::vector<model::MicroBatch> mine(batches.begin(), batches.begin() + (comm.rank() == 0 ? 2 : 1));
+    try {
+      executor.run_forward(mine);
+    } catch (const Error& e) {
+      errors[static_cast<size_t>(comm.rank())] = e.what();
+    }
+  });
+  EXPECT_NE(errors[0].find("rank 0 has 2 but rank 1 has 1"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[1].find("rank 1 has 1 but rank 0 has 2"), std::string::npos) << errors[1];
 }
 
 TEST(PlainExecutor, RefusesEpThatDoesNotDivideTheExperts) {

@@ -1,6 +1,6 @@
-// Tests for data-parallel training on thread ranks: world 2 (dp 2) gives the loss and gradients
-// of one rank on the same global batch, also when the ranks hold very different token counts, and
-// a mesh the training loop cannot run yet is refused at start.
+// Tests for data-parallel training on thread ranks (ZeRO-3 sharding, the default with several data ranks; the
+// replicated mode is compared in fully_sharded_test.cpp): world 2 (dp 2) gives the loss and gradients of one rank on
+// the same global batch, also when the ranks hold very different token counts, and so do ep 2 and dp 2 x ep 2.
 #include "train/data_parallel.h"
 
 #include <memory>
@@ -52,9 +52,10 @@ struct RunResult {
   std::vector<std::vector<float>> weights;
 };
 
-RunResult result_of(const Trainer& trainer, const TrainSummary& summary) {
+// Collective under ZeRO-3 (the default with several data ranks): every rank calls it.
+RunResult result_of(Trainer& trainer, const TrainSummary& summary) {
   RunResult r{summary.losses, {}};
-  for (const Tensor& p : trainer.model().params().all_params()) r.weights.push_back(p.to_vector<float>());
+  for (const Tensor& p : trainer.full_parameters()) r.weights.push_back(p.to_vector<float>());
   return r;
 }
 
@@ -105,25 +106,53 @@ TEST(DataParallel, TwoRanksTrainLikeOneOnTheSameGlobalBatch) {
   expect_same_training(run_ranks(config, 2), run_single(config));
 }
 
+// The step's global batch: 40 + 4 tokens on rank 0, 112 + 8 on rank 1; one rank alone sees all four. ZeRO-3 needs
+// the same number of micro-batches on every rank (its gathers are collective); replicated ranks may differ (44
+// tokens in two micro-batches against 112 in one).
 TEST(DataParallel, RanksWithVeryDifferentTokenCountsGiveTheTokenMean) {
-  // The step's global batch: 40 + 4 tokens on rank 0 and 112 on rank 1; one rank alone sees all three.
   const auto batch = [](int which, int64_t step) {
     const uint64_t seed = 100 * uint64_t(step) + uint64_t(which);
     switch (which) {
       case 0: return packed_batch(5, 8, seed);
       case 1: return packed_batch(1, 4, seed);
-      default: return packed_batch(4, 28, seed);
+      case 2: return packed_batch(4, 28, seed);
+      default: return packed_batch(2, 4, seed);
     }
   };
-  const auto per_rank = [&](int rank, int64_t step) {
-    return rank == 0 ? std::vector<model::MicroBatch>{batch(0, step), batch(1, step)}
-                     : std::vector<model::MicroBatch>{batch(2, step)};
+  for (const bool sharded : {true, false}) {
+    SCOPED_TRACE(sharded ? "sharded" : "replicated, uneven micro-batch counts");
+    const int last = sharded ? 3 : 2;
+    const auto per_rank = [&](int rank, int64_t step) {
+      std::vector<model::MicroBatch> out = rank == 0 ? std::vector<model::MicroBatch>{batch(0, step), batch(1, step)}
+                                                     : std::vector<model::MicroBatch>{batch(2, step)};
+      if (rank == 1 && sharded) out.push_back(batch(3, step));
+      return out;
+    };
+    const auto all = [&](int64_t step) {
+      std::vector<model::MicroBatch> out;
+      for (int which = 0; which <= last; ++which) out.push_back(batch(which, step));
+      return out;
+    };
+    io::JobConfig config = job();
+    config.parallel.sharding = sharded ? "full" : "none";
+    expect_same_training(run_ranks(config, 2, per_rank), run_single(config, all));
+  }
+}
+
+TEST(DataParallel, ShardedRanksRefuseUnequalMicroBatchCountsTogether) {
+  io::JobConfig config = job();
+  config.parallel.sharding = "full";
+  const auto per_rank = [](int rank, int64_t step) {
+    std::vector<model::MicroBatch> out{packed_batch(2, 8, uint64_t(step))};
+    if (rank == 0) out.push_back(packed_batch(2, 8, uint64_t(step) + 50));
+    return out;
   };
-  const auto all = [&](int64_t step) {
-    return std::vector<model::MicroBatch>{batch(0, step), batch(1, step), batch(2, step)};
-  };
-  const io::JobConfig config = job();
-  expect_same_training(run_ranks(config, 2, per_rank), run_single(config, all));
+  try {
+    run_ranks(config, 2, per_rank);
+    ADD_FAILURE() << "unequal micro-batch counts were accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("same number of micro-batches"), std::string::npos) << e.what();
+  }
 }
 
 TEST(DataParallel, TheGlobalTargetCountIsSummedOverRanks) {
@@ -150,23 +179,6 @@ TEST(DataParallel, ExpertParallelRanksTrainLikeOne) {
     });
     expect_same_training(results[0], single);
   }
-}
-
-TEST(DataParallel, RefusesExpertAndPipelineParallelTogetherAtStart) {
-  const io::JobConfig config = job();
-  EXPECT_THROW(
-      {
-        try {
-          dist::run_local_ranks(4, [&](dist::Communicator& comm) {
-            dist::Mesh mesh(comm.split(0, comm.rank(), "world"), dist::resolve_mesh(4, 2, 1, 2, 8));
-            Trainer trainer(config, &mesh);
-          });
-        } catch (const Error& e) {
-          EXPECT_NE(std::string(e.what()).find("expert parallelism"), std::string::npos) << e.what();
-          throw;
-        }
-      },
-      Error);
 }
 
 }  // namespace

@@ -1,8 +1,8 @@
 // Tests for pipeline-parallel training through the Trainer on thread ranks (DualPipeV on the mesh's pp axis), with
 // the tiny MoE example (8 decoder layers, f32 on the CPU, synthetic data, auxiliary router losses on, clipping
 // active): pp = 2 (balanced and with explicit cuts) and pp = 4 against one rank, pp = 2 x dp = 2 against dp = 2
-// alone and against one rank, the whole model gathered into a checkpoint, and the refusals (fewer layers than
-// stages, expert parallelism, fewer micro-batches than 2P per pipeline).
+// alone and against one rank, pp = 2 and 4 x ep = 2 against ep = 2 alone and against one rank, the whole model
+// gathered into a checkpoint, and the refusals (fewer layers than stages, fewer micro-batches than 2P per pipeline).
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -61,26 +61,27 @@ struct MeshRun {
   std::vector<dist::MeshCoord> coords;
 };
 
-RankResult result_of(const Trainer& trainer, const TrainSummary& summary) {
+// Collective under ZeRO-3 (pp = 1 with several data ranks shards by default): every rank calls it.
+RankResult result_of(Trainer& trainer, const TrainSummary& summary) {
   RankResult r{summary.losses, summary.grad_norms, {}};
   const auto& specs = trainer.model().params().specs();
-  const std::vector<Tensor> params = trainer.model().params().all_params();
+  const std::vector<Tensor> params = trainer.full_parameters();
   for (size_t i = 0; i < specs.size(); ++i) {
     if (trainer.owns_parameter(i)) r.owned[specs[i].name] = params[i].to_vector<float>();
   }
   return r;
 }
 
-// Trains `config` on pp x dp thread ranks (ep = 1), at most `max_steps` steps when > 0.
-MeshRun run_mesh(const io::JobConfig& config, int pp, int dp, int64_t max_steps = 0) {
-  const int world = pp * dp;
+// Trains `config` on pp x dp x ep thread ranks, at most `max_steps` steps when > 0.
+MeshRun run_mesh(const io::JobConfig& config, int pp, int dp, int64_t max_steps = 0, int ep = 1) {
+  const int world = pp * dp * ep;
   const int64_t experts = io::load_model_config(config.model.config).num_experts;
   MeshRun run;
   run.ranks.resize(static_cast<size_t>(world));
   run.coords.resize(static_cast<size_t>(world));
   std::mutex mu;
   dist::run_local_ranks(world, [&](dist::Communicator& comm) {
-    dist::Mesh mesh(comm.split(0, comm.rank(), "world"), dist::resolve_mesh(world, pp, 1, 1, experts));
+    dist::Mesh mesh(comm.split(0, comm.rank(), "world"), dist::resolve_mesh(world, pp, 1, ep, experts));
     Trainer trainer(config, &mesh);
     const TrainSummary summary = trainer.run(max_steps);
     RankResult result = result_of(trainer, summary);
@@ -97,13 +98,14 @@ RankResult run_single(const io::JobConfig& config) {
   return result_of(trainer, summary);
 }
 
-// The model of one data-parallel replica (dp index `dp_i`), assembled from the parameters its pp ranks own; checks
-// that every parameter has exactly one owner among them and that all ranks report the same losses and norms.
-RankResult assemble(const MeshRun& run, int dp_i) {
+// The model of one data-parallel replica (dp index `dp_i`, ep index `ep_i`), assembled from the parameters its pp
+// ranks own; checks that every parameter has exactly one owner among them and that all ranks report the same losses
+// and norms.
+RankResult assemble(const MeshRun& run, int dp_i, int ep_i = 0) {
   RankResult whole;
   bool first = true;
   for (size_t r = 0; r < run.ranks.size(); ++r) {
-    if (run.coords[r].dp != dp_i) continue;
+    if (run.coords[r].dp != dp_i || run.coords[r].ep != ep_i) continue;
     const RankResult& rank = run.ranks[r];
     if (first) {
       whole.losses = rank.losses;
@@ -186,14 +188,18 @@ TEST(PipelineTraining, FourStagePairsTrainLikeOneRankBitwise) {
 }
 
 // pp 2 x dp 2 on 4 ranks (pp outer, dp inner in the mesh's rank order): each replica's pipeline runs 4 of the 8
-// micro-batches. Against dp = 2 alone the only difference is the pipeline, so the bits are the same; against one
-// rank the gradients are summed in another order.
+// micro-batches. Against replicated dp = 2 alone the only difference is the pipeline, so the bits are the same
+// (ZeRO-3, the default for dp = 2 without a pipeline, sums in another order); against one rank the gradients are
+// summed in another order.
 TEST(PipelineTraining, PipelineTimesDataParallelTrainsLikeDataParallelAlone) {
   const MeshRun mixed = run_mesh(job(), 2, 2);
   const RankResult replica0 = assemble(mixed, 0);
   const RankResult replica1 = assemble(mixed, 1);
   expect_bitwise(replica1, replica0, "pp=2 x dp=2: replica 1 against replica 0");
-  expect_bitwise(replica0, assemble(run_mesh(job(), 1, 2), 0), "pp=2 x dp=2 against dp=2");
+  io::JobConfig replicated = job();
+  replicated.parallel.sharding = "none";
+  expect_bitwise(replica0, assemble(run_mesh(replicated, 1, 2), 0), "pp=2 x dp=2 against replicated dp=2");
+  expect_close(replica0, assemble(run_mesh(job(), 1, 2), 0), "pp=2 x dp=2 against ZeRO-3 dp=2");
   expect_close(replica0, reference(), "pp=2 x dp=2 against one rank");
 }
 
@@ -287,10 +293,34 @@ TEST(PipelineTraining, RefusesFewerLayersThanStages) {
   EXPECT_NE(e.find("the model has 8 layers"), std::string::npos) << e;
 }
 
-TEST(PipelineTraining, RefusesExpertParallelismWithPipelines) {
-  const std::string e = refusal(job(), 4, 2, 2);
-  EXPECT_NE(e.find("expert parallelism (ep = 2)"), std::string::npos) << e;
-  EXPECT_NE(e.find("pipeline parallelism (pp = 2)"), std::string::npos) << e;
+// Expert parallelism inside the pipeline: pp x ep = 2 against ep = 2 alone (pp = 1, the plain executor; sharding
+// off so that both reduce gradients with the same all-reduce over dp x ep) and against one rank, 5 steps.
+// Tolerances. Against ep = 2 alone: none (bitwise). Each ep rank's pipeline runs the micro-batches its pp = 1
+// counterpart runs, the ep peers exchange rows micro-batch by micro-batch in both (so each expert's grouped GEMM sees
+// the same rows), every parameter's gradient accumulates over the micro-batches in the same order, the all-reduce
+// over dp x ep is the same, and the clipping norm adds per-parameter sums in the store's order in both. Against one
+// rank: relative 1e-5 (expect_close, as pp = 2 x dp = 2), since the gradients of the two ep ranks' micro-batches are
+// summed per rank and then across ranks. The two ep replicas end with the same bits.
+void expect_pipeline_with_ep_trains_like_ep_alone(const io::JobConfig& config, int pp, const RankResult& single) {
+  const std::string where = "pp=" + std::to_string(pp) + " x ep=2";
+  const MeshRun mixed = run_mesh(config, pp, 1, 0, 2);
+  const RankResult replica0 = assemble(mixed, 0, 0);
+  expect_bitwise(assemble(mixed, 0, 1), replica0, where + ": ep replica 1 against ep replica 0");
+  expect_bitwise(replica0, assemble(run_mesh(config, 1, 1, 0, 2), 0, 0), where + " against ep=2 alone");
+  expect_close(replica0, single, where + " against one rank");
+}
+
+TEST(PipelineTraining, TwoStagePairsWithExpertParallelismTrainLikeExpertParallelismAlone) {
+  io::JobConfig config = job();  // 8 micro-batches: 4 = 2P per pipeline
+  config.parallel.sharding = "none";
+  expect_pipeline_with_ep_trains_like_ep_alone(config, 2, reference());
+}
+
+TEST(PipelineTraining, FourStagePairsWithExpertParallelismTrainLikeExpertParallelismAlone) {
+  io::JobConfig config = job();
+  config.parallel.sharding = "none";
+  config.train.global_batch = 32;  // 16 micro-batches: 8 = 2P per pipeline
+  expect_pipeline_with_ep_trains_like_ep_alone(config, 4, run_single(config));
 }
 
 TEST(PipelineTraining, RefusesFewerMicroBatchesThanTwoStagesPerRank) {

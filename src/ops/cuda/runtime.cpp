@@ -25,6 +25,8 @@ struct CudaState {
   int device = -1;
   cudaStream_t stream = nullptr;
   Stream stream_token;
+  cudaStream_t communication = nullptr;  // collectives that overlap compute (core/device.h)
+  Stream communication_token;
   cublasLtHandle_t cublaslt = nullptr;
   void* workspace = nullptr;
 };
@@ -67,6 +69,16 @@ void copy_between(void* dst, Device dst_device, const void* src, Device src_devi
   if (dst_device.is_cpu() || src_device.is_cpu()) MT_CUDA_CHECK(cudaStreamSynchronize(state().stream));
 }
 
+// An event per wait: recorded on the signaller, waited on by the waiter, destroyed at once (CUDA frees it when it
+// completes). A few per layer and micro-batch, far below the cost of the work they order.
+void wait_between_streams(const Stream& waiter, const Stream& signaller) {
+  cudaEvent_t event = nullptr;
+  MT_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  MT_CUDA_CHECK(cudaEventRecord(event, static_cast<cudaStream_t>(signaller.native())));
+  MT_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(waiter.native()), event, 0));
+  MT_CUDA_CHECK(cudaEventDestroy(event));
+}
+
 }  // namespace
 
 int device_count() {
@@ -88,6 +100,7 @@ void setup_cuda(int index) {
            count);
   MT_CUDA_CHECK(cudaSetDevice(index));
   MT_CUDA_CHECK(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
+  MT_CUDA_CHECK(cudaStreamCreateWithFlags(&s.communication, cudaStreamNonBlocking));
   // Keep freed memory in the pool instead of returning it to the driver at every synchronisation.
   cudaMemPool_t pool = nullptr;
   MT_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, index));
@@ -101,6 +114,9 @@ void setup_cuda(int index) {
   register_device_allocator(DeviceKind::CUDA, {pool_allocate, pool_release, pool_memset_zero});
   register_copy_bytes(copy_between);
   register_default_stream(Device::cuda(index), &s.stream_token);
+  s.communication_token = Stream(Device::cuda(index), s.communication);
+  register_communication_stream(Device::cuda(index), &s.communication_token);
+  register_stream_wait(wait_between_streams);
   cudaDeviceProp prop{};
   MT_CUDA_CHECK(cudaGetDeviceProperties(&prop, index));
   log_info("cuda: {} ({}, {} SMs, {:.0f} GiB)", Device::cuda(index).str(), prop.name, prop.multiProcessorCount,

@@ -1,0 +1,16 @@
+// defines: the CPU reference of the row gather and segmented row sums (ops/row_gather.h): plain loops, output rows
+// in parallel, every sum in one thread in ascending segment order.
+#pragma once
+
+#include "core/tensor.h"
+
+namespace moetrain::ops::cpu {
+
+// Arguments validated by ops::gather_rows: out [N, H] and in [M, H] of one dtype (any), index i32 [N] in [0, M),
+// all contiguous on the CPU. A byte copy of each row.
+void gather_rows(const Tensor& out, const Tensor& in, const Tensor& index);
+// Arguments validated by ops::sum_rows: out [U, H] and in [N, H] of one dtype (f32, f64 or bf16; bf16 sums in
+// f32), segment_offsets i32 [U + 1] non-decreasing from 0 to S, segment_rows i32 [S] in [0, N).
+void sum_rows(const Tensor& out, const Tensor& in, const Tensor& segment_offsets, const Tensor& segment_rows);
+
+}  // namespace moetrain::ops::cpu

@@ -1,0 +1,130 @@
+// defines: the CUDA row gather (one block per output row, threads copying the row in words of up to 16 bytes) and
+// segmented row sums (one block per segment, a thread per column summing the segment's rows in order in f32). No
+// atomics: every output element is written by one thread in a fixed order, whatever the grid.
+#include "ops/cuda/row_gather.h"
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "ops/cuda/check.h"
+#include "ops/cuda/float_io.cuh"
+#include "ops/cuda/runtime.h"
+
+namespace moetrain::ops::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int64_t kMaxRowBlocks = int64_t(1) << 20;  // grid-stride over rows beyond this
+
+cudaStream_t native(const Stream& stream) { return static_cast<cudaStream_t>(stream_handle(stream)); }
+unsigned row_blocks(int64_t rows) { return static_cast<unsigned>(rows < kMaxRowBlocks ? rows : kMaxRowBlocks); }
+
+// A word of all-one bits: what the gather writes for an index outside the input.
+template <typename W>
+__device__ __forceinline__ W all_ones() {
+  return static_cast<W>(~W(0));
+}
+template <>
+__device__ __forceinline__ uint4 all_ones<uint4>() {
+  return make_uint4(~0u, ~0u, ~0u, ~0u);
+}
+
+// Row i of out (words_per_row words of type W) = row index[i] of in.
+template <typename W>
+__global__ void gather_rows_kernel(W* out, const W* in, const int32_t* index, int64_t rows, int64_t in_rows,
+                                   int64_t words_per_row) {
+  for (int64_t i = blockIdx.x; i < rows; i += gridDim.x) {
+    const int64_t src = index[i];
+    W* y = out + i * words_per_row;
+    if (src < 0 || src >= in_rows) {
+      for (int64_t w = threadIdx.x; w < words_per_row; w += blockDim.x) y[w] = all_ones<W>();
+      continue;
+    }
+    const W* x = in + src * words_per_row;
+    for (int64_t w = threadIdx.x; w < words_per_row; w += blockDim.x) y[w] = x[w];
+  }
+}
+
+template <typename W>
+void launch_gather(const Stream& stream, const Tensor& out, const Tensor& in, const Tensor& index, size_t row_bytes) {
+  const int64_t rows = out.size(0);
+  gather_rows_kernel<W><<<row_blocks(rows), kThreads, 0, native(stream)>>>(
+      static_cast<W*>(out.raw_data()), static_cast<const W*>(in.raw_data()),
+      static_cast<const int32_t*>(index.raw_data()), rows, in.size(0), static_cast<int64_t>(row_bytes / sizeof(W)));
+  MT_CUDA_CHECK(cudaGetLastError());
+}
+
+// Segment u (grid-stride over blocks): each thread owns columns threadIdx.x + k * blockDim.x and sums the segment's
+// rows in ascending j, starting from the first row, in f32.
+template <typename S>
+__global__ void sum_rows_kernel(S* out, const S* in, const int32_t* offsets, const int32_t* rows, int64_t segments,
+                                int64_t in_rows, int64_t listed, int64_t hidden) {
+  const float nan = __int_as_float(0x7fc00000);
+  for (int64_t u = blockIdx.x; u < segments; u += gridDim.x) {
+    const int64_t begin = offsets[u], end = offsets[u + 1];
+    S* y = out + u * hidden;
+    bool bad = begin < 0 || end < begin || end > listed;  // not validated on the device: poison, never read outside
+    for (int64_t j = begin; !bad && j < end; ++j) bad = rows[j] < 0 || rows[j] >= in_rows;
+    for (int64_t h = threadIdx.x; h < hidden; h += blockDim.x) {
+      float acc = 0.0f;
+      if (bad) {
+        acc = nan;
+      } else if (begin < end) {
+        acc = load_float(in + static_cast<int64_t>(rows[begin]) * hidden + h);
+        for (int64_t j = begin + 1; j < end; ++j) acc += load_float(in + static_cast<int64_t>(rows[j]) * hidden + h);
+      }
+      store_float(y + h, acc);
+    }
+  }
+}
+
+template <typename S>
+void launch_sum(const Stream& stream, const Tensor& out, const Tensor& in, const Tensor& segment_offsets,
+                const Tensor& segment_rows) {
+  const int64_t segments = out.size(0);
+  sum_rows_kernel<S><<<row_blocks(segments), kThreads, 0, native(stream)>>>(
+      static_cast<S*>(out.raw_data()), static_cast<const S*>(in.raw_data()),
+      static_cast<const int32_t*>(segment_offsets.raw_data()), static_cast<const int32_t*>(segment_rows.raw_data()),
+      segments, in.size(0), segment_rows.numel(), out.size(1));
+  MT_CUDA_CHECK(cudaGetLastError());
+}
+
+bool aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+}  // namespace
+
+void gather_rows(const Stream& stream, const Tensor& out, const Tensor& in, const Tensor& index) {
+  const size_t row_bytes = static_cast<size_t>(out.size(1)) * dtype_size(out.dtype());
+  if (out.size(0) == 0 || row_bytes == 0) return;
+  // The widest word that divides the row and to which both base pointers are aligned (rows then are too).
+  auto fits = [&](size_t word) {
+    return row_bytes % word == 0 && aligned(out.raw_data(), word) && aligned(in.raw_data(), word);
+  };
+  if (fits(16)) {
+    launch_gather<uint4>(stream, out, in, index, row_bytes);
+  } else if (fits(8)) {
+    launch_gather<uint64_t>(stream, out, in, index, row_bytes);
+  } else if (fits(4)) {
+    launch_gather<uint32_t>(stream, out, in, index, row_bytes);
+  } else if (fits(2)) {
+    launch_gather<uint16_t>(stream, out, in, index, row_bytes);
+  } else {
+    launch_gather<uint8_t>(stream, out, in, index, row_bytes);
+  }
+}
+
+void sum_rows(const Stream& stream, const Tensor& out, const Tensor& in, const Tensor& segment_offsets,
+              const Tensor& segment_rows) {
+  if (out.numel() == 0) return;
+  switch (out.dtype()) {
+    case DType::F32: launch_sum<float>(stream, out, in, segment_offsets, segment_rows); return;
+    case DType::BF16: launch_sum<__nv_bfloat16>(stream, out, in, segment_offsets, segment_rows); return;
+    default: MT_FAIL("sum_rows (CUDA): expected out in f32 or bf16 but found {}", out.describe());
+  }
+}
+
+}  // namespace moetrain::ops::cuda

@@ -1,0 +1,109 @@
+// defines: the public row gather and segmented row sums: argument validation (shapes, dtypes, contiguity, devices,
+// and every index value of CPU index tensors) and dispatch to the CPU reference or the CUDA kernels.
+#include "ops/row_gather.h"
+
+#include <cstdint>
+#include <string>
+
+#include "ops/cpu/row_gather.h"
+#include "ops/op_checks.h"
+#include "ops/op_profile.h"
+#if MOETRAIN_HAS_CUDA
+#include "ops/cuda/row_gather.h"
+#endif
+
+namespace moetrain::ops {
+
+namespace {
+
+// A [rows, H] matrix: contiguous, on `device`.
+void check_matrix(const Tensor& t, Device device, const char* op, const char* name) {
+  expect_defined(t, fmt::format("{}: {}", op, name));
+  check_on_device(t, device, op, name);
+  expect_contiguous(t, fmt::format("{}: {}", op, name));
+  MT_CHECK(t.dim() == 2, "{}: expected {} as a matrix [rows, H] but found {}", op, name, t.describe());
+}
+
+// An i32 vector, contiguous, on `device`; returns its length.
+int64_t check_index_vector(const Tensor& t, Device device, const char* op, const char* name) {
+  expect_defined(t, fmt::format("{}: {}", op, name));
+  check_on_device(t, device, op, name);
+  expect_dtype(t, DType::I32, fmt::format("{}: {}", op, name));
+  expect_contiguous(t, fmt::format("{}: {}", op, name));
+  MT_CHECK(t.dim() == 1, "{}: expected {} as a vector i32 [n] but found {}", op, name, t.describe());
+  return t.size(0);
+}
+
+// Every value of a CPU index vector in [0, bound). CUDA vectors are not read (ops/row_gather.h says why).
+void check_index_values(const Tensor& t, int64_t bound, const char* op, const char* name, const char* bound_name) {
+  if (!t.device().is_cpu()) return;
+  const int32_t* v = t.data<int32_t>();
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    MT_CHECK(v[i] >= 0 && v[i] < bound, "{}: {}[{}] = {} is outside [0, {} = {})", op, name, i, v[i], bound_name,
+             bound);
+  }
+}
+
+}  // namespace
+
+void gather_rows(Stream& stream, Tensor out, const Tensor& in, const Tensor& index) {
+  OpScope profile(stream, "row_gather");
+  constexpr const char* op = "gather_rows";
+  check_stream_backend(stream, op);
+  const Device device = check_tensor_backend(stream, in, op, "in");
+  check_matrix(in, device, op, "in");
+  const int64_t rows = check_index_vector(index, device, op, "index");
+  check_argument(out, {rows, in.size(1)}, in.dtype(), stream, op, "out");
+  check_index_values(index, in.size(0), op, "index", "rows of in");
+#if MOETRAIN_HAS_CUDA
+  if (device.is_cuda()) {
+    cuda::gather_rows(stream, out, in, index);
+    return;
+  }
+#endif
+  cpu::gather_rows(out, in, index);
+}
+
+void sum_rows(Stream& stream, Tensor out, const Tensor& in, const Tensor& segment_offsets, const Tensor& segment_rows) {
+  OpScope profile(stream, "row_gather");
+  constexpr const char* op = "sum_rows";
+  check_stream_backend(stream, op);
+  const Device device = check_tensor_backend(stream, in, op, "in");
+  check_matrix(in, device, op, "in");
+  if (device.is_cuda()) {
+    MT_CHECK(in.dtype() == DType::F32 || in.dtype() == DType::BF16,
+             "{}: expected in in f32 or bf16 (CUDA) but found {}", op, in.describe());
+  } else {
+    MT_CHECK(in.dtype() == DType::F32 || in.dtype() == DType::F64 || in.dtype() == DType::BF16,
+             "{}: expected in in f32, f64 or bf16 but found {}", op, in.describe());
+  }
+  const int64_t bounds = check_index_vector(segment_offsets, device, op, "segment_offsets");
+  MT_CHECK(bounds >= 1, "{}: expected segment_offsets i32 [U + 1] with at least one entry but found {}", op,
+           segment_offsets.describe());
+  const int64_t segments = bounds - 1;
+  const int64_t listed = check_index_vector(segment_rows, device, op, "segment_rows");
+  check_argument(out, {segments, in.size(1)}, in.dtype(), stream, op, "out");
+  if (device.is_cpu()) {
+    const int32_t* o = segment_offsets.data<int32_t>();
+    MT_CHECK(o[0] == 0, "{}: segment_offsets[0] must be 0; found {}", op, o[0]);
+    for (int64_t u = 0; u < segments; ++u) {
+      MT_CHECK(o[u + 1] >= o[u],
+               "{}: segment_offsets must not decrease; found segment_offsets[{}] = {} > "
+               "segment_offsets[{}] = {}",
+               op, u, o[u], u + 1, o[u + 1]);
+    }
+    MT_CHECK(o[segments] == listed,
+             "{}: segment_offsets must end at the length of segment_rows ({}); found segment_offsets[{}] = {}", op,
+             listed, segments, o[segments]);
+    check_index_values(segment_rows, in.size(0), op, "segment_rows", "rows of in");
+  }
+#if MOETRAIN_HAS_CUDA
+  if (device.is_cuda()) {
+    cuda::sum_rows(stream, out, in, segment_offsets, segment_rows);
+    return;
+  }
+#endif
+  cpu::sum_rows(out, in, segment_offsets, segment_rows);
+}
+
+}  // namespace moetrain::ops

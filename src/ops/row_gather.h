@@ -1,0 +1,28 @@
+// defines: row gather and segmented row sums, the two data movements of the de-duplicated expert exchange
+// (pipeline/expert_exchange.h): expand received unique token rows into expert-ordered copies, and sum the copies'
+// gradients back into one row per unique token. Deterministic on every backend (fixed summation order).
+#pragma once
+
+#include "core/device.h"
+#include "core/tensor.h"
+
+namespace moetrain::ops {
+
+// out [N, H] row i = in [M, H] row index[i]; index i32 [N], every entry in [0, M). A plain copy: out has in's
+// dtype (any dtype) and the result is bitwise the input rows on every backend.
+void gather_rows(Stream& stream, Tensor out, const Tensor& in, const Tensor& index);
+
+// out [U, H] row u = sum over j in [segment_offsets[u], segment_offsets[u + 1]) ascending of in [N, H] row
+// segment_rows[j]; an empty segment writes 0. segment_offsets i32 [U + 1] non-decreasing from 0 to S, segment_rows
+// i32 [S] in [0, N) (rows may repeat or be left out). out and in share one float dtype: f32 or f64 on the CPU,
+// f32 or bf16 on CUDA, plus bf16 on the CPU; bf16 sums in f32 and rounds once (nearest even). The sum starts from
+// the segment's first row (a one-row segment copies its row bit for bit) and adds the others in order, so f32
+// results are bitwise equal on the CPU and CUDA.
+//
+// Index values (index, segment_offsets, segment_rows) are validated when they are on the CPU. CUDA index tensors
+// are not read by the host (an op never copies device memory back): the caller builds them on the host and checks
+// them there (pipeline/expert_exchange.cpp does); as a guard, the CUDA kernels never touch memory outside the
+// tensors for a bad index and write NaN into the rows it would have produced.
+void sum_rows(Stream& stream, Tensor out, const Tensor& in, const Tensor& segment_offsets, const Tensor& segment_rows);
+
+}  // namespace moetrain::ops

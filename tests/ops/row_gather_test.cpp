@@ -1,0 +1,234 @@
+// Tests for ops/row_gather (the CPU reference): gather_rows against a hand loop (f32, f64, bf16, i32; repeated and
+// skipped rows; no rows), sum_rows against a hand loop in the same ascending order (bitwise in f32 and f64, bf16
+// summed in f32 and rounded once, empty segments writing 0, one-row segments copying bit for bit), gather and
+// sum_rows being each other's transposes, batch invariance, and the refused arguments.
+#include "ops/row_gather.h"
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/rng.h"
+#include "testing/cuda_compare.h"
+#include "testing/test_data.h"
+
+namespace moetrain::ops {
+namespace {
+
+using testing::expect_error;
+using testing::random_tensor;
+using testing::same_bytes;
+
+std::vector<int32_t> random_index(int64_t n, int64_t bound, Rng& rng) {
+  std::vector<int32_t> v(static_cast<size_t>(n));
+  for (auto& i : v) i = static_cast<int32_t>(rng.below(static_cast<uint64_t>(bound)));
+  return v;
+}
+
+Tensor vec(const std::vector<int32_t>& v) { return Tensor::from_vector(v, {static_cast<int64_t>(v.size())}); }
+
+// Random segments over `rows` input rows: some empty, some of one row, rows repeating across segments.
+struct Segments {
+  std::vector<int32_t> offsets{0}, rows;
+};
+Segments random_segments(int64_t segments, int64_t rows, Rng& rng) {
+  Segments s;
+  for (int64_t u = 0; u < segments; ++u) {
+    const int64_t len = static_cast<int64_t>(rng.below(5));  // 0 .. 4 rows
+    for (int64_t j = 0; j < len; ++j) s.rows.push_back(static_cast<int32_t>(rng.below(static_cast<uint64_t>(rows))));
+    s.offsets.push_back(static_cast<int32_t>(s.rows.size()));
+  }
+  return s;
+}
+
+// The hand loop: out[u] = in[rows[b]] + in[rows[b + 1]] + ... in ascending order, from the first row, in T.
+template <typename T>
+std::vector<T> hand_sum(const std::vector<T>& in, int64_t hidden, const Segments& s) {
+  const int64_t segments = static_cast<int64_t>(s.offsets.size()) - 1;
+  std::vector<T> out(static_cast<size_t>(segments * hidden), T(0));
+  for (int64_t u = 0; u < segments; ++u) {
+    for (int64_t h = 0; h < hidden; ++h) {
+      T acc = T(0);
+      for (int32_t j = s.offsets[static_cast<size_t>(u)]; j < s.offsets[static_cast<size_t>(u) + 1]; ++j) {
+        const T v = in[static_cast<size_t>(s.rows[static_cast<size_t>(j)] * hidden + h)];
+        acc = j == s.offsets[static_cast<size_t>(u)] ? v : acc + v;
+      }
+      out[static_cast<size_t>(u * hidden + h)] = acc;
+    }
+  }
+  return out;
+}
+
+TEST(RowGather, GatherCopiesIndexedRows) {
+  Rng rng(1);
+  const int64_t M = 9, N = 14, H = 5;
+  const std::vector<int32_t> index = random_index(N, M, rng);  // repeats and skips rows
+  for (DType dtype : {DType::F32, DType::F64, DType::BF16, DType::I32}) {
+    SCOPED_TRACE(std::string(dtype_name(dtype)));
+    Tensor in = random_tensor({M, H}, DType::F64, rng, 100.0).to(dtype);
+    Tensor out = Tensor::empty({N, H}, dtype);
+    gather_rows(Stream::cpu(), out, in, vec(index));
+    const size_t row_bytes = static_cast<size_t>(H) * dtype_size(dtype);
+    for (int64_t i = 0; i < N; ++i) {
+      EXPECT_EQ(
+          std::memcmp(static_cast<const char*>(out.raw_data()) + i * row_bytes,
+                      static_cast<const char*>(in.raw_data()) + index[static_cast<size_t>(i)] * row_bytes, row_bytes),
+          0)
+          << "row " << i << " is not row " << index[static_cast<size_t>(i)] << " of the input";
+    }
+  }
+}
+
+TEST(RowGather, GatherAndSumOfNoRows) {
+  Tensor out = Tensor::empty({0, 4}, DType::F32);
+  gather_rows(Stream::cpu(), out, Tensor::empty({0, 4}, DType::F32), vec({}));
+  EXPECT_EQ(out.shape(), (Shape{0, 4}));
+  // Segments over an empty input: all empty, all 0.
+  Tensor sums = Tensor::from_vector<float>(std::vector<float>(8, 7.0f), {2, 4});
+  sum_rows(Stream::cpu(), sums, Tensor::empty({0, 4}, DType::F32), vec({0, 0, 0}), vec({}));
+  EXPECT_EQ(sums.to_vector<float>(), std::vector<float>(8, 0.0f));
+}
+
+TEST(RowGather, SumRowsMatchesHandLoopBitwise) {
+  Rng rng(2);
+  for (int64_t H : {1, 7, 64}) {
+    SCOPED_TRACE("H=" + std::to_string(H));
+    const int64_t N = 23, U = 17;
+    const Segments s = random_segments(U, N, rng);
+    const Tensor in32 = random_tensor({N, H}, DType::F32, rng);
+    Tensor out32 = Tensor::empty({U, H}, DType::F32);
+    sum_rows(Stream::cpu(), out32, in32, vec(s.offsets), vec(s.rows));
+    EXPECT_EQ(out32.to_vector<float>(), hand_sum(in32.to_vector<float>(), H, s));
+
+    const Tensor in64 = random_tensor({N, H}, DType::F64, rng);
+    Tensor out64 = Tensor::empty({U, H}, DType::F64);
+    sum_rows(Stream::cpu(), out64, in64, vec(s.offsets), vec(s.rows));
+    EXPECT_EQ(out64.to_vector<double>(), hand_sum(in64.to_vector<double>(), H, s));
+  }
+}
+
+// bf16 in and out: the sum runs in f32 over the bf16 values and rounds once to the nearest bf16.
+TEST(RowGather, SumRowsBf16AccumulatesInF32) {
+  Rng rng(3);
+  const int64_t N = 19, U = 11, H = 9;
+  const Segments s = random_segments(U, N, rng);
+  const Tensor in = random_tensor({N, H}, DType::F32, rng).to(DType::BF16);
+  Tensor out = Tensor::empty({U, H}, DType::BF16);
+  sum_rows(Stream::cpu(), out, in, vec(s.offsets), vec(s.rows));
+  std::vector<float> want = hand_sum(in.to(DType::F32).to_vector<float>(), H, s);
+  for (float& v : want) v = round_to_bf16(v);
+  EXPECT_EQ(out.to(DType::F32).to_vector<float>(), want);
+}
+
+// A one-row segment is a copy (signed zeros, NaN payloads and all); an empty one writes +0.
+TEST(RowGather, SumRowsOneRowSegmentCopiesBitwiseAndEmptyWritesZero) {
+  const Tensor in = Tensor::from_vector<float>({-0.0f, 1.5f, std::nanf(""), -3.25f}, {2, 2});
+  Tensor out = Tensor::from_vector<float>({9.0f, 9.0f, 9.0f, 9.0f, 9.0f, 9.0f}, {3, 2});
+  sum_rows(Stream::cpu(), out, in, vec({0, 1, 1, 2}), vec({0, 1}));
+  EXPECT_TRUE(same_bytes(out.slice(0, 1), in.slice(0, 1)));
+  EXPECT_TRUE(same_bytes(out.slice(2, 3), in.slice(1, 2)));
+  const std::vector<float> empty = out.slice(1, 2).to_vector<float>();
+  EXPECT_EQ(empty, (std::vector<float>{0.0f, 0.0f}));
+  EXPECT_FALSE(std::signbit(empty[0]));
+}
+
+// <gather(x), y> = <x, sum_rows(y grouped by index)> in f64: sum_rows over the index's inverse is gather's
+// transpose (the pair the de-duplicated dispatch and its backward are made of).
+TEST(RowGather, SumRowsOverTheInverseIndexIsTheTransposeOfGather) {
+  Rng rng(4);
+  const int64_t M = 12, N = 30, H = 6;
+  const std::vector<int32_t> index = random_index(N, M, rng);
+  Segments inverse;  // segment m: the i with index[i] == m, ascending
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t i = 0; i < N; ++i)
+      if (index[static_cast<size_t>(i)] == m) inverse.rows.push_back(static_cast<int32_t>(i));
+    inverse.offsets.push_back(static_cast<int32_t>(inverse.rows.size()));
+  }
+  const Tensor x = random_tensor({M, H}, DType::F64, rng);
+  const Tensor y = random_tensor({N, H}, DType::F64, rng);
+  Tensor gx = Tensor::empty({N, H}, DType::F64);
+  gather_rows(Stream::cpu(), gx, x, vec(index));
+  Tensor sy = Tensor::empty({M, H}, DType::F64);
+  sum_rows(Stream::cpu(), sy, y, vec(inverse.offsets), vec(inverse.rows));
+  const double a = testing::dot(gx, y), b = testing::dot(x, sy);
+  EXPECT_NEAR(a, b, 1e-12 * std::abs(a));
+}
+
+// A segment's sum does not change when other segments (and input rows) are added around it.
+TEST(RowGather, SumRowsIsBatchInvariant) {
+  Rng rng(5);
+  const int64_t N = 40, H = 33;
+  const Tensor in = random_tensor({N, H}, DType::F32, rng);
+  const Segments big = random_segments(25, N, rng);
+  Tensor all = Tensor::empty({25, H}, DType::F32);
+  sum_rows(Stream::cpu(), all, in, vec(big.offsets), vec(big.rows));
+  for (int64_t u : {0, 12, 24}) {
+    const int32_t b = big.offsets[static_cast<size_t>(u)], e = big.offsets[static_cast<size_t>(u) + 1];
+    const std::vector<int32_t> rows(big.rows.begin() + b, big.rows.begin() + e);
+    Tensor one = Tensor::empty({1, H}, DType::F32);
+    sum_rows(Stream::cpu(), one, in, vec({0, e - b}), vec(rows));
+    EXPECT_TRUE(same_bytes(one, all.slice(u, u + 1))) << "segment " << u;
+  }
+}
+
+TEST(RowGather, RejectsBadArguments) {
+  const Tensor in = Tensor::zeros({4, 3}, DType::F32);
+  Stream& s = Stream::cpu();
+  expect_error(
+      [&] {
+        gather_rows(s, Tensor::empty({2, 3}, DType::F32), in, vec({0, 4}));
+      },
+      "gather_rows: index[1] = 4 is outside [0, rows of in = 4)");
+  expect_error(
+      [&] {
+        gather_rows(s, Tensor::empty({2, 3}, DType::F32), in, vec({-1, 0}));
+      },
+      "gather_rows: index[0] = -1 is outside");
+  expect_error(
+      [&] {
+        gather_rows(s, Tensor::empty({2, 3}, DType::F32), in, Tensor::zeros({2}, DType::I64));
+      },
+      "gather_rows: index");
+  expect_error([&] { gather_rows(s, Tensor::empty({3, 3}, DType::F32), in, vec({0, 1})); }, "gather_rows: out");
+  expect_error([&] { gather_rows(s, Tensor::empty({2, 3}, DType::F64), in, vec({0, 1})); }, "gather_rows: out");
+  expect_error(
+      [&] {
+        gather_rows(s, Tensor::empty({2, 12}, DType::F32), Tensor::zeros({12}, DType::F32), vec({0}));
+      },
+      "gather_rows: expected in as a matrix [rows, H] but found f32[12] on cpu");
+
+  Tensor out = Tensor::empty({2, 3}, DType::F32);
+  expect_error([&] { sum_rows(s, out, in, vec({1, 1, 2}), vec({0, 1})); }, "sum_rows: segment_offsets[0] must be 0");
+  expect_error(
+      [&] {
+        sum_rows(s, out, in, vec({0, 2, 1}), vec({0}));
+      },
+      "sum_rows: segment_offsets must not decrease; found segment_offsets[1] = 2 > segment_offsets[2] = 1");
+  expect_error(
+      [&] {
+        sum_rows(s, out, in, vec({0, 1, 1}), vec({0, 1}));
+      },
+      "sum_rows: segment_offsets must end at the length of segment_rows (2); found segment_offsets[2] = 1");
+  expect_error(
+      [&] {
+        sum_rows(s, out, in, vec({0, 1, 2}), vec({0, 5}));
+      },
+      "sum_rows: segment_rows[1] = 5 is outside [0, rows of in = 4)");
+  expect_error([&] { sum_rows(s, out, in, vec({0, 1}), vec({0})); }, "sum_rows: out");
+  expect_error([&] { sum_rows(s, out, in, vec({}), vec({})); }, "at least one entry");
+  expect_error(
+      [&] {
+        sum_rows(s, Tensor::empty({1, 3}, DType::I32), Tensor::zeros({4, 3}, DType::I32), vec({0, 1}), vec({0}));
+      },
+      "sum_rows: expected in in f32, f64 or bf16 but found i32[4, 3] on cpu");
+  expect_error([&] { sum_rows(s, Tensor::empty({1, 3}, DType::F64), in, vec({0, 1}), vec({0})); }, "sum_rows: out");
+}
+
+}  // namespace
+}  // namespace moetrain::ops
