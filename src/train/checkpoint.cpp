@@ -40,6 +40,12 @@ constexpr const char* kOptimizerFile = "optimizer.safetensors";
 constexpr const char* kStateFile = "state.json";
 constexpr const char* kConfigFile = "config.toml";
 constexpr const char* kRequiredFiles[] = {kModelFile, kOptimizerFile, kStateFile, kConfigFile};
+constexpr const char* kShardLayout = "shards.json";
+constexpr const char* kShardedTmpMarker = ".tmp-sharded";
+
+std::string shard_file_name(int rank, int world) {
+  return fmt::format("shard-{:05d}-of-{:05d}.safetensors", rank, world);
+}
 // A manifest lists a handful of files; anything much bigger is not one of ours.
 constexpr uintmax_t kMaxManifestBytes = 1 << 20;
 constexpr const char* kStepPrefix = "step_";
@@ -291,8 +297,12 @@ std::optional<Manifest> read_manifest(const std::string& folder, std::string* pr
     }
     result.files[name] = {bytes->get<uint64_t>(), *hash_value};
   }
+  // A replicated checkpoint has the model and optimizer files; a sharded one, shards.json and its shard files (which
+  // load_checkpoint checks against shards.json).
+  const bool sharded = result.files.count(kShardLayout) != 0;
   for (const char* name : kRequiredFiles) {
-    if (!result.files.count(name)) {
+    const bool tensors = std::string(name) == kModelFile || std::string(name) == kOptimizerFile;
+    if (!(sharded && tensors) && !result.files.count(name)) {
       *problem = fmt::format("{} does not list {}", kManifest, name);
       return std::nullopt;
     }
@@ -355,6 +365,133 @@ NamedTensors read_tensors(const std::string& path) {
   tensors.reserve(entries.size());
   for (const io::SafetensorsEntry* entry : entries) tensors.emplace_back(entry->name, file.tensor(entry->name).clone());
   return tensors;
+}
+
+std::string read_text_file(const std::string& folder, const char* name) {
+  std::ifstream in(fs::path(folder) / name, std::ios::binary);
+  MT_CHECK(in.good(), "checkpoint {}: cannot open {}", folder, name);
+  std::ostringstream text;
+  text << in.rdbuf();
+  MT_CHECK(!in.bad(), "checkpoint {}: cannot read {}", folder, name);
+  return text.str();
+}
+
+json read_json_file(const std::string& folder, const char* name) {
+  try {
+    return json::parse(read_text_file(folder, name));
+  } catch (const json::exception& e) {
+    MT_FAIL("checkpoint {}: {} is not JSON: {}", folder, name, e.what());
+  }
+}
+
+// The manifest of a folder, fully checked: step against the folder name, sizes, and the hashes of `hashed` files
+// (every listed file when empty).
+Manifest verified_manifest(const std::string& path, const std::vector<std::string>& hashed) {
+  std::error_code error;
+  const fs::file_status status = fs::status(path, error);
+  MT_CHECK(status.type() != fs::file_type::not_found, "checkpoint: {} does not exist, expected a checkpoint folder",
+           path);
+  MT_CHECK(fs::is_directory(status), "checkpoint: {} is not a folder, expected a checkpoint folder", path);
+  std::string problem;
+  const std::optional<Manifest> manifest = read_manifest(path, &problem);
+  MT_CHECK(manifest, "checkpoint {}: {}", path, problem);
+  const fs::path normal = fs::path(path).lexically_normal();
+  const std::string folder_name = (normal.has_filename() ? normal : normal.parent_path()).filename().string();
+  if (const auto named_step = parse_step_folder(folder_name)) {
+    MT_CHECK(*named_step == manifest->step, "checkpoint {}: {} says step {}, the folder name says step {}", path,
+             kManifest, manifest->step, *named_step);
+  }
+  problem = size_problem(path, *manifest);
+  MT_CHECK(problem.empty(), "checkpoint {}: {}", path, problem);
+  for (const auto& [name, entry] : manifest->files) {
+    if (!hashed.empty() && std::find(hashed.begin(), hashed.end(), name) == hashed.end()) continue;
+    const uint64_t hash = hash_file((fs::path(path) / name).string());
+    MT_CHECK(hash == entry.hash, "checkpoint {}: {} has FNV-1a 64 hash {}, the manifest lists {} (the file is corrupt)",
+             path, name, hash_hex(hash), hash_hex(entry.hash));
+  }
+  return *manifest;
+}
+
+// Checks shards.json's shape: world, and per tensor a name, a shape, one [first, count] slice per rank inside the
+// tensor, slices that tile it exactly, and (param/ tensors) HF pieces that tile it.
+void check_shard_layout(const json& layout, const std::string& where) {
+  const auto fail = [&](const std::string& what) { MT_FAIL("checkpoint {}: {}: {}", where, kShardLayout, what); };
+  if (!layout.is_object() || !layout.contains("world") || !layout["world"].is_number_integer() ||
+      layout["world"].get<int64_t>() < 1 || !layout.contains("tensors") || !layout["tensors"].is_array())
+    fail("expected {\"world\": N >= 1, \"tensors\": [...]}");
+  const int64_t world = layout["world"].get<int64_t>();
+  for (const json& t : layout["tensors"]) {
+    if (!t.is_object() || !t.contains("name") || !t["name"].is_string() || !t.contains("shape") ||
+        !t["shape"].is_array() || !t.contains("slices") || !t["slices"].is_array())
+      fail("a tensor entry lacks name, shape or slices: " + t.dump());
+    const std::string name = t["name"].get<std::string>();
+    int64_t numel = 1;
+    for (const json& d : t["shape"]) {
+      if (!d.is_number_integer() || d.get<int64_t>() < 0) fail(name + ": a bad shape " + t["shape"].dump());
+      numel *= d.get<int64_t>();
+    }
+    if (static_cast<int64_t>(t["slices"].size()) != world)
+      fail(fmt::format("{}: {} slices for a world of {}", name, t["slices"].size(), world));
+    std::vector<std::pair<int64_t, int64_t>> slices;
+    for (const json& sl : t["slices"]) {
+      if (!sl.is_array() || sl.size() != 2 || !sl[0].is_number_integer() || !sl[1].is_number_integer())
+        fail(name + ": a slice is not [first, count]: " + sl.dump());
+      const int64_t first = sl[0].get<int64_t>(), count = sl[1].get<int64_t>();
+      if (first < 0 || count < 0 || first + count > numel)
+        fail(fmt::format("{}: slice [{}, {}) outside its {} elements", name, first, first + count, numel));
+      if (count > 0) slices.emplace_back(first, count);
+    }
+    std::sort(slices.begin(), slices.end());
+    int64_t covered = 0;
+    for (const auto& [first, count] : slices) {
+      if (first != covered)
+        fail(fmt::format("{}: the slices do not tile it (a gap or overlap at element {})", name, covered));
+      covered += count;
+    }
+    if (covered != numel) fail(fmt::format("{}: the slices cover {} of its {} elements", name, covered, numel));
+  }
+}
+
+// The full tensors of a sharded checkpoint from every rank's file: model tensors under their HF names (split by
+// the layout's pieces), optimizer tensors under their own names.
+void assemble_shards(const std::string& path, const json& layout, CheckpointData& data) {
+  const int world = layout["world"].get<int>();
+  std::vector<std::map<std::string, Tensor>> shards(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r) {
+    for (auto& [name, tensor] : read_tensors((fs::path(path) / shard_file_name(r, world)).string()))
+      shards[static_cast<size_t>(r)].emplace(name, std::move(tensor));
+  }
+  for (const json& t : layout["tensors"]) {
+    const std::string name = t["name"].get<std::string>();
+    const Shape shape = t["shape"].get<Shape>();
+    Tensor full = Tensor::zeros(shape, DType::F32);
+    Tensor flat = full.view({-1});
+    for (int r = 0; r < world; ++r) {
+      const int64_t first = t["slices"][static_cast<size_t>(r)][0].get<int64_t>();
+      const int64_t count = t["slices"][static_cast<size_t>(r)][1].get<int64_t>();
+      if (count == 0) continue;
+      const auto it = shards[static_cast<size_t>(r)].find(name);
+      MT_CHECK(
+          it != shards[static_cast<size_t>(r)].end() && it->second.numel() == count && it->second.dtype() == DType::F32,
+          "checkpoint {}: {} should hold f32[{}] '{}' but has {}", path, shard_file_name(r, world), count, name,
+          it == shards[static_cast<size_t>(r)].end() ? std::string("none") : it->second.describe());
+      flat.slice(first, first + count).copy_from(it->second.view({-1}));
+    }
+    if (name.rfind("param/", 0) != 0) {
+      data.optimizer.emplace_back(name, full);
+      continue;
+    }
+    MT_CHECK(t.contains("hf") && t["hf"].is_array(), "checkpoint {}: {}: '{}' has no HF pieces", path, kShardLayout,
+             name);
+    for (const json& piece : t["hf"]) {
+      const Shape piece_shape = piece.at(1).get<Shape>();
+      const int64_t offset = piece.at(2).get<int64_t>();
+      const int64_t n = shape_numel(piece_shape);
+      MT_CHECK(offset >= 0 && offset + n <= full.numel(), "checkpoint {}: {}: piece {} of '{}' lies outside it", path,
+               kShardLayout, piece.dump(), name);
+      data.model.emplace_back(piece.at(0).get<std::string>(), flat.slice(offset, offset + n).clone().view(piece_shape));
+    }
+  }
 }
 
 }  // namespace
@@ -453,48 +590,136 @@ std::vector<int64_t> list_checkpoints(const std::string& dir) {
 }
 
 CheckpointData load_checkpoint(const std::string& path) {
-  std::error_code error;
-  const fs::file_status status = fs::status(path, error);
-  MT_CHECK(status.type() != fs::file_type::not_found, "checkpoint: {} does not exist, expected a checkpoint folder",
-           path);
-  MT_CHECK(fs::is_directory(status), "checkpoint: {} is not a folder, expected a checkpoint folder", path);
-
-  std::string problem;
-  const std::optional<Manifest> manifest = read_manifest(path, &problem);
-  MT_CHECK(manifest, "checkpoint {}: {}", path, problem);
-  const fs::path normal = fs::path(path).lexically_normal();
-  const std::string folder_name = (normal.has_filename() ? normal : normal.parent_path()).filename().string();
-  if (const auto named_step = parse_step_folder(folder_name)) {
-    MT_CHECK(*named_step == manifest->step, "checkpoint {}: {} says step {}, the folder name says step {}", path,
-             kManifest, manifest->step, *named_step);
-  }
-  problem = size_problem(path, *manifest);
-  MT_CHECK(problem.empty(), "checkpoint {}: {}", path, problem);
-  for (const auto& [name, entry] : manifest->files) {
-    const uint64_t hash = hash_file((fs::path(path) / name).string());
-    MT_CHECK(hash == entry.hash, "checkpoint {}: {} has FNV-1a 64 hash {}, the manifest lists {} (the file is corrupt)",
-             path, name, hash_hex(hash), hash_hex(entry.hash));
-  }
-
+  const Manifest manifest = verified_manifest(path, {});
   CheckpointData data;
-  data.step = manifest->step;
-  data.model = read_tensors((fs::path(path) / kModelFile).string());
-  data.optimizer = read_tensors((fs::path(path) / kOptimizerFile).string());
-  const auto read_text = [&](const char* name) {
-    std::ifstream in(fs::path(path) / name, std::ios::binary);
-    MT_CHECK(in.good(), "checkpoint {}: cannot open {}", path, name);
-    std::ostringstream text;
-    text << in.rdbuf();
-    MT_CHECK(!in.bad(), "checkpoint {}: cannot read {}", path, name);
-    return text.str();
-  };
-  try {
-    data.state = json::parse(read_text(kStateFile));
-  } catch (const json::exception& e) {
-    MT_FAIL("checkpoint {}: {} is not JSON: {}", path, kStateFile, e.what());
+  data.step = manifest.step;
+  if (manifest.files.count(kShardLayout)) {
+    const json layout = read_json_file(path, kShardLayout);
+    check_shard_layout(layout, path);
+    const int world = layout["world"].get<int>();
+    for (int r = 0; r < world; ++r) {
+      MT_CHECK(manifest.files.count(shard_file_name(r, world)), "checkpoint {}: {} does not list {}", path, kManifest,
+               shard_file_name(r, world));
+    }
+    assemble_shards(path, layout, data);
+  } else {
+    data.model = read_tensors((fs::path(path) / kModelFile).string());
+    data.optimizer = read_tensors((fs::path(path) / kOptimizerFile).string());
   }
-  data.config_toml = read_text(kConfigFile);
+  data.state = read_json_file(path, kStateFile);
+  data.config_toml = read_text_file(path, kConfigFile);
   return data;
+}
+
+bool is_sharded_checkpoint(const std::string& path) {
+  std::error_code error;
+  return fs::is_regular_file(fs::path(path) / kShardLayout, error);
+}
+
+int sharded_checkpoint_world(const std::string& path) {
+  try {
+    const json layout = read_json_file(path, kShardLayout);
+    return layout.is_object() && layout.contains("world") && layout["world"].is_number_integer()
+               ? layout["world"].get<int>()
+               : 0;
+  } catch (const Error&) {
+    return 0;
+  }
+}
+
+CheckpointShard load_checkpoint_shard(const std::string& path, int rank) {
+  const json layout_probe = read_json_file(path, kShardLayout);
+  check_shard_layout(layout_probe, path);
+  const int world = layout_probe["world"].get<int>();
+  MT_CHECK(rank >= 0 && rank < world, "checkpoint {}: rank {} asked for its shard, but the checkpoint has {} ranks",
+           path, rank, world);
+  const std::string file = shard_file_name(rank, world);
+  const Manifest manifest = verified_manifest(path, {kShardLayout, kStateFile, kConfigFile, file});
+  MT_CHECK(manifest.files.count(kShardLayout) && manifest.files.count(file), "checkpoint {}: {} does not list {}", path,
+           kManifest, manifest.files.count(kShardLayout) ? file : std::string(kShardLayout));
+  CheckpointShard shard;
+  shard.step = manifest.step;
+  shard.layout = read_json_file(path, kShardLayout);  // the verified copy
+  check_shard_layout(shard.layout, path);
+  shard.state = read_json_file(path, kStateFile);
+  shard.tensors = read_tensors((fs::path(path) / file).string());
+  return shard;
+}
+
+void prepare_sharded_checkpoint(const std::string& dir, int64_t step) {
+  MT_CHECK(!dir.empty(), "checkpoint: the checkpoint folder is an empty path, expected a folder");
+  MT_CHECK(step >= 0, "checkpoint: step is {}, expected a non-negative step", step);
+  std::error_code error;
+  const bool created = fs::create_directories(dir, error);
+  MT_CHECK(!error, "checkpoint: cannot create checkpoint folder {}: {}", dir, error.message());
+  if (created) fsync_folder(fs::absolute(fs::path(dir)).parent_path().string());
+  const std::string tmp = (fs::path(dir) / (step_folder_name(step) + kShardedTmpMarker)).string();
+  fs::remove_all(tmp, error);  // left by a crashed save of the same step
+  MT_CHECK(!error, "checkpoint: cannot remove the stale folder {}: {}", tmp, error.message());
+  MT_CHECK(fs::create_directory(tmp, error) && !error, "checkpoint: cannot create {}: {}", tmp,
+           error ? error.message() : std::string("it exists"));
+}
+
+void write_checkpoint_shard(const std::string& dir, int64_t step, int rank, int world, const NamedTensors& tensors) {
+  MT_CHECK(world >= 1 && rank >= 0 && rank < world, "checkpoint: shard of rank {} in a world of {}", rank, world);
+  validate_tensors(tensors, "shard");
+  const fs::path tmp = fs::path(dir) / (step_folder_name(step) + kShardedTmpMarker);
+  std::error_code error;
+  MT_CHECK(fs::is_directory(tmp, error), "checkpoint: {} does not exist (rank 0 prepares it before the shards)",
+           tmp.string());
+  io::write_safetensors((tmp / shard_file_name(rank, world)).string(), tensors);
+}
+
+std::string complete_sharded_checkpoint(const std::string& dir, const CheckpointData& data, const json& layout,
+                                        int64_t keep) {
+  MT_CHECK(keep >= 0, "checkpoint: keep is {}, expected >= 0 (0 keeps every checkpoint)", keep);
+  MT_CHECK(data.model.empty() && data.optimizer.empty(),
+           "checkpoint: a sharded checkpoint's tensors are in its shard files, not in the model and optimizer lists");
+  const std::string name = step_folder_name(data.step);
+  const std::string tmp = (fs::path(dir) / (name + kShardedTmpMarker)).string();
+  const std::string final_path = (fs::path(dir) / name).string();
+  std::error_code error;
+  try {
+    check_shard_layout(layout, tmp);
+    const int world = layout["world"].get<int>();
+    std::vector<std::string> files;
+    for (int r = 0; r < world; ++r) {
+      files.push_back(shard_file_name(r, world));
+      MT_CHECK(fs::is_regular_file(fs::path(tmp) / files.back(), error), "checkpoint: {} lacks {} (rank {})", tmp,
+               files.back(), r);
+    }
+    const auto file_in_tmp = [&](const std::string& file) { return (fs::path(tmp) / file).string(); };
+    write_new_file_synced(file_in_tmp(kStateFile), data.state.dump(2) + "\n");
+    write_new_file_synced(file_in_tmp(kConfigFile), data.config_toml);
+    write_new_file_synced(file_in_tmp(kShardLayout), layout.dump(1) + "\n");
+    files.insert(files.end(), {kStateFile, kConfigFile, kShardLayout});
+    nlohmann::ordered_json listed = nlohmann::ordered_json::object();
+    for (const std::string& file : files) {
+      const std::string path = file_in_tmp(file);
+      listed[file] = {{"bytes", fs::file_size(path)}, {"fnv1a64", hash_hex(hash_file(path))}};
+    }
+    nlohmann::ordered_json manifest = nlohmann::ordered_json::object();
+    manifest["format"] = kFormat;
+    manifest["version"] = kVersion;
+    manifest["step"] = data.step;
+    manifest["files"] = std::move(listed);
+    write_new_file_synced(file_in_tmp(kManifest), manifest.dump(2) + "\n");
+    fsync_folder(tmp);
+    publish(tmp, final_path);
+  } catch (const fs::filesystem_error& e) {
+    fs::remove_all(tmp, error);
+    MT_FAIL("checkpoint: cannot write {}: {}", tmp, e.what());
+  } catch (...) {
+    fs::remove_all(tmp, error);
+    throw;
+  }
+  fsync_folder(dir);
+  try {
+    clean_up(dir, data.step, keep);
+  } catch (const Error& e) {
+    log_warn("checkpoint: saved {} but could not clean up {}: {}", final_path, dir, e.what());
+  }
+  return final_path;
 }
 
 }  // namespace moetrain::train

@@ -57,6 +57,37 @@ CheckpointData load_checkpoint(const std::string& path);
 // ascending. Empty when dir does not exist.
 std::vector<int64_t> list_checkpoints(const std::string& dir);
 
+// Sharded checkpoints (ZeRO-3, train/fully_sharded.h): the same folder, manifest, state.json and config.toml, but
+// instead of model.safetensors and optimizer.safetensors, one shard-<rank>-of-<world>.safetensors per rank with its
+// flat slices of every tensor, and shards.json, their layout:
+//   {"world": N, "tensors": [{"name": "param/<internal name>" | "exp_avg/<...>" | "exp_avg_sq/<...>",
+//     "shape": [...], "slices": [[first, count] for each rank],
+//     "hf": [[HF name, [HF shape], element offset], ...] (param/ tensors: how they split into HF tensors)}]}
+// Rank r's file holds, under each name, its `count` elements starting at flat element `first`; over the ranks the
+// slices tile every tensor exactly. Saving is collective: rank 0 prepares the temporary folder, every rank writes
+// its shard, rank 0 completes the folder (the caller puts a barrier between these and after). load_checkpoint
+// assembles a sharded checkpoint into the full model (HF names) and optimizer tensors, so every reader works with
+// either kind and on any mesh; load_checkpoint_shard reads one rank's part (resume on the same mesh).
+void prepare_sharded_checkpoint(const std::string& dir, int64_t step);
+void write_checkpoint_shard(const std::string& dir, int64_t step, int rank, int world,
+                            const std::vector<std::pair<std::string, Tensor>>& tensors);
+// `data` gives step, state and config_toml (its model and optimizer stay empty). Validates `layout` against the
+// shard files before anything is published. Returns the final path.
+std::string complete_sharded_checkpoint(const std::string& dir, const CheckpointData& data,
+                                        const nlohmann::json& layout, int64_t keep);
+bool is_sharded_checkpoint(const std::string& path);
+// The number of shard files shards.json announces (not verified; 0 when it cannot be read).
+int sharded_checkpoint_world(const std::string& path);
+
+struct CheckpointShard {
+  int64_t step = 0;
+  nlohmann::json layout;  // shards.json
+  nlohmann::json state;
+  std::vector<std::pair<std::string, Tensor>> tensors;  // this rank's slices, by name
+};
+// Verifies the manifest, state.json, shards.json and rank `rank`'s file (hashes), and reads them.
+CheckpointShard load_checkpoint_shard(const std::string& path, int rank);
+
 // FNV-1a 64 of `bytes` (offset basis 0xcbf29ce484222325, prime 0x100000001b3), as checkpoints use.
 uint64_t fnv1a64(const void* bytes, size_t size);
 

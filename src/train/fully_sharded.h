@@ -51,6 +51,7 @@ class FullyShardedModel final : public pipeline::ParameterHooks {
   void finish_step();
   // Shards in the store's parameter order.
   const std::vector<dist::ShardedTensor>& tensors() const { return tensors_; }
+  const model::CausalLm& model() const { return model_; }
   std::vector<Tensor> master_shards() const;
   std::vector<Tensor> grad_shards() const;
   // The bf16 compute shards the optimizer rewrites (undefined entries where the weight is the master itself).

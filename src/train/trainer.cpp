@@ -17,6 +17,7 @@
 #include "train/checkpoint.h"
 #include "train/data_parallel.h"
 #include "train/fully_sharded.h"
+#include "train/sharded_checkpoint.h"
 
 namespace moetrain::train {
 
@@ -145,8 +146,8 @@ Trainer::Trainer(const io::JobConfig& config, dist::Mesh* mesh)
            model_config.num_hidden_layers, model_->params().num_parameters(), device.str(), config.model.compute_dtype);
   log_info("step: {} micro-batch(es) of {} tokens", micro_batches_per_step_, loader_->tokens_per_micro_batch());
   init_weights();
+  setup_sharding();  // ZeRO-3 shards the initial values; a resume then overwrites the shards
   resume_if_possible();
-  setup_sharding();
 }
 
 Trainer::~Trainer() = default;
@@ -199,17 +200,6 @@ void Trainer::setup_sharding() {
                                        sharded_->weight_decays(config_.optim.weight_decay),
                                        AdamWConfig{config_.optim.lr, config_.optim.beta1, config_.optim.beta2,
                                                    config_.optim.eps, config_.optim.weight_decay});
-  if (!resumed_exp_avg_.empty()) {  // a checkpoint's full moments (CPU), kept by resume_if_possible until now
-    const std::vector<Tensor> m = sharded_->take_shards(resumed_exp_avg_);
-    const std::vector<Tensor> v = sharded_->take_shards(resumed_exp_avg_sq_);
-    for (size_t i = 0; i < m.size(); ++i) {
-      optimizer_->exp_avg()[i].copy_from(m[i]);
-      optimizer_->exp_avg_sq()[i].copy_from(v[i]);
-    }
-    optimizer_->set_steps_taken(resumed_optimizer_steps_);
-    resumed_exp_avg_.clear();
-    resumed_exp_avg_sq_.clear();
-  }
   if (!expert_parallel_) expert_parallel_ = std::make_unique<pipeline::PlainExecutor>(*model_, nullptr);
   expert_parallel_->set_parameter_hooks(sharded_.get());
   log_info(
@@ -340,18 +330,35 @@ void Trainer::init_weights() {
   }
 }
 
+// The checkpoint state every resume needs, checked before any tensor changes.
+void Trainer::check_state(const nlohmann::json& state, const std::string& path) const {
+  MT_CHECK(state.contains("step") && state.contains("optimizer_steps") && state.contains("data"),
+           "checkpoint {}: state.json lacks step, optimizer_steps or data", path);
+  MT_CHECK(state.at("step").get<int64_t>() <= config_.train.steps,
+           "checkpoint {}: it is at step {} but train.steps is {}", path, state.at("step").get<int64_t>(),
+           config_.train.steps);
+}
+
+void Trainer::restore_state(const nlohmann::json& state, const std::string& path) {
+  optimizer_->set_steps_taken(state.at("optimizer_steps").get<int64_t>());
+  if (!state.at("data").is_null()) loader_->restore(state.at("data"));  // null: imported weights, data from the start
+  step_ = state.at("step").get<int64_t>();
+  log_info("resumed from {} at step {}", path, step_);
+}
+
 void Trainer::resume_if_possible() {
   if (config_.checkpoint.dir.empty() || !config_.checkpoint.resume) return;
   const auto latest = find_latest_checkpoint(config_.checkpoint.dir);
   if (!latest) return;
+  if (sharded_) {
+    const nlohmann::json state = resume_sharded_checkpoint(*sharded_, *optimizer_, *mesh_, *latest,
+                                                           [&](const nlohmann::json& s) { check_state(s, *latest); });
+    restore_state(state, *latest);
+    return;
+  }
   CheckpointData data = load_checkpoint(*latest);
   // Validate everything before changing anything.
-  const auto& state = data.state;
-  MT_CHECK(state.contains("step") && state.contains("optimizer_steps") && state.contains("data"),
-           "checkpoint {}: state.json lacks step, optimizer_steps or data", *latest);
-  MT_CHECK(state.at("step").get<int64_t>() <= config_.train.steps,
-           "checkpoint {}: it is at step {} but train.steps is {}", *latest, state.at("step").get<int64_t>(),
-           config_.train.steps);
+  check_state(data.state, *latest);
   std::map<std::string, Tensor> moments(data.optimizer.begin(), data.optimizer.end());
   const auto& specs = model_->params().specs();
   for (const auto& spec : specs) {
@@ -363,23 +370,11 @@ void Trainer::resume_if_possible() {
     }
   }
   model_->params().load_hf_tensors(data.model);
-  const int64_t optimizer_steps = state.at("optimizer_steps").get<int64_t>();
-  if (optimizer_) {
-    for (size_t i = 0; i < specs.size(); ++i) {
-      optimizer_->exp_avg()[i].copy_from(moments.at("exp_avg/" + specs[i].name));
-      optimizer_->exp_avg_sq()[i].copy_from(moments.at("exp_avg_sq/" + specs[i].name));
-    }
-    optimizer_->set_steps_taken(optimizer_steps);
-  } else {  // ZeRO-3: setup_sharding takes this rank's shards of them
-    for (const auto& spec : specs) {
-      resumed_exp_avg_.push_back(moments.at("exp_avg/" + spec.name));
-      resumed_exp_avg_sq_.push_back(moments.at("exp_avg_sq/" + spec.name));
-    }
-    resumed_optimizer_steps_ = optimizer_steps;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    optimizer_->exp_avg()[i].copy_from(moments.at("exp_avg/" + specs[i].name));
+    optimizer_->exp_avg_sq()[i].copy_from(moments.at("exp_avg_sq/" + specs[i].name));
   }
-  if (!state.at("data").is_null()) loader_->restore(state.at("data"));  // null: imported weights, data from the start
-  step_ = state.at("step").get<int64_t>();
-  log_info("resumed from {} at step {}", *latest, step_);
+  restore_state(data.state, *latest);
 }
 
 std::vector<Tensor> Trainer::full_parameters() {
@@ -396,15 +391,15 @@ std::vector<Tensor> Trainer::full_parameters() {
 }
 
 void Trainer::save_sharded(int64_t step) {
-  std::vector<Tensor> exp_avg, exp_avg_sq;
-  for (const model::ParamSpec& spec : model_->params().specs()) {
-    exp_avg.push_back(Tensor::empty(spec.shape, DType::F32, model_->device()));
-    exp_avg_sq.push_back(Tensor::empty(spec.shape, DType::F32, model_->device()));
-  }
-  sharded_->set_moment_shards(optimizer_->exp_avg(), optimizer_->exp_avg_sq());
-  sharded_->with_full_state(&exp_avg, &exp_avg_sq, [&] {
-    if (first_rank()) save(step, &exp_avg, &exp_avg_sq);
-  });
+  save_sharded_checkpoint(*sharded_, *optimizer_, *mesh_, config_, step, checkpoint_state(step));
+}
+
+nlohmann::json Trainer::checkpoint_state(int64_t step) const {
+  return {{"step", step},
+          {"optimizer_steps", optimizer_->steps_taken()},
+          {"data", loader_->state()},
+          {"seed", config_.train.seed},
+          {"model_config", io::model_config_to_json(model_->config())}};
 }
 
 void Trainer::save(int64_t step, const std::vector<Tensor>* exp_avg, const std::vector<Tensor>* exp_avg_sq) {
@@ -418,11 +413,7 @@ void Trainer::save(int64_t step, const std::vector<Tensor>* exp_avg, const std::
     data.optimizer.emplace_back("exp_avg/" + specs[i].name, (*exp_avg)[i]);
     data.optimizer.emplace_back("exp_avg_sq/" + specs[i].name, (*exp_avg_sq)[i]);
   }
-  data.state = {{"step", step},
-                {"optimizer_steps", optimizer_->steps_taken()},
-                {"data", loader_->state()},
-                {"seed", config_.train.seed},
-                {"model_config", io::model_config_to_json(model_->config())}};
+  data.state = checkpoint_state(step);
   data.config_toml = io::job_config_to_toml(config_);
   const std::string path = save_checkpoint(config_.checkpoint.dir, data, config_.checkpoint.keep);
   log_info("checkpoint: {}", path);
@@ -511,7 +502,7 @@ TrainSummary Trainer::run(int64_t max_steps_this_run) {
     if (!config_.checkpoint.dir.empty() && (periodic || step_ == total)) {
       gather_pipeline_state();  // collective over pp: every rank takes part
       if (sharded_) {
-        save_sharded(step_);  // collective: the full state is assembled on every rank while the first one saves
+        save_sharded(step_);  // collective: every rank writes its own shard file
       } else if (first_rank()) {
         save(step_);
       }

@@ -7,7 +7,10 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "io/job_config.h"
 #include "model/causal_lm.h"
@@ -88,6 +91,9 @@ class Trainer {
   void save(int64_t step, const std::vector<Tensor>* exp_avg = nullptr,
             const std::vector<Tensor>* exp_avg_sq = nullptr);
   void save_sharded(int64_t step);
+  nlohmann::json checkpoint_state(int64_t step) const;
+  void check_state(const nlohmann::json& state, const std::string& path) const;
+  void restore_state(const nlohmann::json& state, const std::string& path);
   bool wants_sharding() const;
   void setup_sharding();
   double train_step(int64_t step);
@@ -117,8 +123,6 @@ class Trainer {
   pipeline::Partition partition_;
   std::unique_ptr<pipeline::DualPipeVExecutor> executor_;
   std::unique_ptr<pipeline::PlainExecutor> expert_parallel_;  // pp = 1 with ep > 1 or ZeRO-3
-  std::vector<Tensor> resumed_exp_avg_, resumed_exp_avg_sq_;  // ZeRO-3 resume: full moments until sharded
-  int64_t resumed_optimizer_steps_ = 0;
   std::unique_ptr<FullyShardedModel> sharded_;  // ZeRO-3 (parallel.sharding); the plain executor runs its hooks
   std::vector<bool> owned_;                     // per parameter; empty: this rank owns every parameter
 };

@@ -518,5 +518,110 @@ TEST(Checkpoint, SaveRejectsBadNamesStepAndKeep) {
   EXPECT_TRUE(entries_of(dir.path).empty());
 }
 
+// ---- sharded checkpoints ----
+
+// A [2, 3] parameter "w" (HF pieces "a" = row 0, "b" = row 1) and its two moments, split over 2 ranks as 4 + 2
+// elements: rank r's file holds its slice of each.
+json two_rank_layout() {
+  json tensors = json::array();
+  for (const char* kind : {"param/", "exp_avg/", "exp_avg_sq/"}) {
+    json t = {{"name", std::string(kind) + "w"}, {"shape", {2, 3}}, {"slices", {{0, 4}, {4, 2}}}};
+    if (std::string(kind) == "param/") t["hf"] = {{"a", {3}, 0}, {"b", {3}, 3}};
+    tensors.push_back(t);
+  }
+  return {{"world", 2}, {"tensors", tensors}};
+}
+
+Named rank_slices(int rank, float scale) {
+  Named out;
+  for (const char* kind : {"param/", "exp_avg/", "exp_avg_sq/"}) {
+    std::vector<float> v;
+    for (int i = rank == 0 ? 0 : 4; i < (rank == 0 ? 4 : 6); ++i) v.push_back(scale * float(i + 1));
+    out.emplace_back(std::string(kind) + "w", Tensor::from_vector(v, {int64_t(v.size())}));
+    scale *= 10;
+  }
+  return out;
+}
+
+std::string save_two_rank(const std::string& dir, int64_t step, const json& layout) {
+  prepare_sharded_checkpoint(dir, step);
+  write_checkpoint_shard(dir, step, 0, 2, rank_slices(0, 1.0f));
+  write_checkpoint_shard(dir, step, 1, 2, rank_slices(1, 1.0f));
+  CheckpointData data;
+  data.step = step;
+  data.state = {{"step", step}};
+  data.config_toml = "[train]\n";
+  return complete_sharded_checkpoint(dir, data, layout, 0);
+}
+
+TEST(ShardedCheckpoint, EachRankWritesItsFileAndLoadAssemblesTheWhole) {
+  ScopedDir dir("sharded_checkpoint");
+  const std::string path = save_two_rank(dir.path, 3, two_rank_layout());
+  EXPECT_EQ(entries_of(path),
+            (std::vector<std::string>{"config.toml", "manifest.json", "shard-00000-of-00002.safetensors",
+                                      "shard-00001-of-00002.safetensors", "shards.json", "state.json"}));
+  EXPECT_EQ(find_latest_checkpoint(dir.path), path);
+  EXPECT_TRUE(is_sharded_checkpoint(path));
+  EXPECT_EQ(sharded_checkpoint_world(path), 2);
+  const CheckpointData data = load_checkpoint(path);
+  ASSERT_EQ(data.model.size(), 2u);  // the HF pieces of "w"
+  EXPECT_EQ(data.model[0].first, "a");
+  EXPECT_EQ(data.model[0].second.to_vector<float>(), (std::vector<float>{1, 2, 3}));
+  EXPECT_EQ(data.model[1].second.to_vector<float>(), (std::vector<float>{4, 5, 6}));
+  ASSERT_EQ(data.optimizer.size(), 2u);
+  EXPECT_EQ(data.optimizer[0].first, "exp_avg/w");
+  EXPECT_EQ(data.optimizer[0].second.to_vector<float>(), (std::vector<float>{10, 20, 30, 40, 50, 60}));
+  EXPECT_EQ(data.optimizer[1].second.shape(), (Shape{2, 3}));
+  const CheckpointShard one = load_checkpoint_shard(path, 1);
+  EXPECT_EQ(one.step, 3);
+  ASSERT_EQ(one.tensors.size(), 3u);
+  EXPECT_EQ(one.tensors[0].second.to_vector<float>(), (std::vector<float>{5, 6}));
+}
+
+TEST(ShardedCheckpoint, RefusesLayoutsWhoseSlicesDoNotTileEveryTensor) {
+  ScopedDir dir("sharded_checkpoint_layout");
+  json gap = two_rank_layout();
+  gap["tensors"][1]["slices"] = {{0, 3}, {4, 2}};
+  expect_error([&] { save_two_rank(dir.path, 1, gap); }, {"shards.json", "exp_avg/w", "gap or overlap"});
+  json outside = two_rank_layout();
+  outside["tensors"][0]["slices"] = {{0, 4}, {4, 3}};
+  expect_error([&] { save_two_rank(dir.path, 1, outside); }, {"param/w", "outside its 6 elements"});
+  json world = two_rank_layout();
+  world["world"] = 3;
+  expect_error([&] { save_two_rank(dir.path, 1, world); }, {"2 slices for a world of 3"});
+  EXPECT_FALSE(find_latest_checkpoint(dir.path)) << "a refused layout publishes nothing";
+}
+
+TEST(ShardedCheckpoint, MissingOrCorruptShardFilesAreCaughtNamingTheFile) {
+  ScopedDir dir("sharded_checkpoint_corrupt");
+  const std::string path = save_two_rank(dir.path, 2, two_rank_layout());
+  const std::string file = (fs::path(path) / "shard-00001-of-00002.safetensors").string();
+  std::string bytes = read_file(file);
+  bytes[bytes.size() - 1] ^= 0x40;  // same size, one value changed
+  write_file(file, bytes);
+  expect_error([&] { load_checkpoint(path); }, {"shard-00001-of-00002.safetensors", "corrupt"});
+  expect_error([&] { load_checkpoint_shard(path, 1); }, {"shard-00001-of-00002.safetensors", "corrupt"});
+  EXPECT_NO_THROW(load_checkpoint_shard(path, 0)) << "rank 0's own file is intact";
+  expect_error([&] { load_checkpoint_shard(path, 2); }, {"rank 2", "2 ranks"});
+  fs::remove(file);
+  std::string log;
+  EXPECT_FALSE(find_latest_logging(dir.path, &log));
+  EXPECT_NE(log.find("shard-00001-of-00002.safetensors is missing"), std::string::npos) << log;
+}
+
+TEST(ShardedCheckpoint, ShardsWithoutAPreparedFolderOrRanksOutsideTheWorldAreRefused) {
+  ScopedDir dir("sharded_checkpoint_protocol");
+  expect_error([&] { write_checkpoint_shard(dir.path, 5, 0, 2, rank_slices(0, 1.0f)); }, {"rank 0 prepares it"});
+  prepare_sharded_checkpoint(dir.path, 5);
+  expect_error([&] { write_checkpoint_shard(dir.path, 5, 2, 2, rank_slices(0, 1.0f)); }, {"rank 2", "world of 2"});
+  write_checkpoint_shard(dir.path, 5, 0, 2, rank_slices(0, 1.0f));
+  CheckpointData data;
+  data.step = 5;
+  data.state = {{"step", 5}};
+  expect_error([&] { complete_sharded_checkpoint(dir.path, data, two_rank_layout(), 0); },
+               {"shard-00001-of-00002.safetensors", "rank 1"});
+  EXPECT_FALSE(find_latest_checkpoint(dir.path));
+}
+
 }  // namespace
 }  // namespace moetrain::train

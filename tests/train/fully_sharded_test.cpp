@@ -186,6 +186,36 @@ TEST(FullySharded, CheckpointHoldsTheReplicatedValuesAndResumesTheShardedRun) {
   std::filesystem::remove_all(root);
 }
 
+// Each rank wrote its own file; another mesh (4 ranks, or one replicated rank) resumes from the assembled whole.
+TEST(FullySharded, ACheckpointOfTwoRanksResumesOnFourRanksAndOnOne) {
+  const std::filesystem::path root = testing::make_temp_dir("fully_sharded_other_mesh");
+  io::JobConfig config = job("full");
+  config.checkpoint.every = 2;
+  config.checkpoint.dir = (root / "straight").string();
+  const RunResult straight = run_mesh(config, 2, 1);
+  const std::string first = (root / "straight" / "step_00000002").string();
+  EXPECT_TRUE(is_sharded_checkpoint(first));
+  EXPECT_TRUE(std::filesystem::exists(std::filesystem::path(first) / "shard-00001-of-00002.safetensors"));
+
+  for (const int world : {4, 1}) {
+    SCOPED_TRACE("resumed on " + std::to_string(world) + " rank(s)");
+    const std::filesystem::path dir = root / ("on_" + std::to_string(world));
+    std::filesystem::create_directories(dir);
+    std::filesystem::copy(first, dir / "step_00000002", std::filesystem::copy_options::recursive);
+    io::JobConfig resumed = world == 1 ? job("none") : config;
+    resumed.checkpoint.dir = dir.string();
+    resumed.checkpoint.every = 2;
+    const RunResult rest = world == 1 ? run_single(resumed) : run_mesh(resumed, world, 1);
+    ASSERT_EQ(rest.losses.size(), 1u);
+    EXPECT_NEAR(rest.losses[0], straight.losses[2], 1e-5 * std::abs(straight.losses[2]));
+    RunResult last_step = straight;
+    last_step.losses = {straight.losses[2]};
+    last_step.grad_norms = {straight.grad_norms[2]};
+    expect_same_training(rest, last_step, 1e-5);
+  }
+  std::filesystem::remove_all(root);
+}
+
 TEST(FullySharded, RefusesFullShardingWithPipelineParallelismAndUnknownModes) {
   io::JobConfig valid = job("auto");
   valid.metrics.console_every = 1;  // the test runs set 0 (silence), which a job file may not
