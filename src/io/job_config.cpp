@@ -97,6 +97,8 @@ std::vector<FieldRef> field_refs(JobConfig& c) {
       {"parallel.pp_cuts", &c.parallel.pp_cuts},
       {"parallel.sharding", &c.parallel.sharding},
       {"parallel.reduce_gradients", &c.parallel.reduce_gradients},
+      {"parallel.schedule", &c.parallel.schedule},
+      {"parallel.ep_dedup", &c.parallel.ep_dedup},
       {"dist.local_ranks", &c.dist.local_ranks},
       {"dist.timeout_s", &c.dist.timeout_s},
       {"exact.enabled", &c.exact.enabled},
@@ -589,6 +591,12 @@ void validate(JobConfig& c, const std::string& source) {
            s, p.sharding);
   MT_CHECK(one_of(p.reduce_gradients, {"micro_batch", "step"}),
            "{}: parallel.reduce_gradients must be micro_batch or step but is '{}'", s, p.reduce_gradients);
+  MT_CHECK(one_of(p.schedule, {"auto", "dualpipev"}), "{}: parallel.schedule must be auto or dualpipev but is '{}'", s,
+           p.schedule);
+  MT_CHECK(p.sharding != "full" || p.schedule == "auto",
+           "{}: parallel.sharding = full (ZeRO-3) runs on the plain executor, but parallel.schedule = {} (use sharding "
+           "auto or none with DualPipeV)",
+           s, p.schedule);
   MT_CHECK(p.sharding != "full" || p.pp == 1,
            "{}: parallel.sharding = full (ZeRO-3) runs with parallel.pp = 1, but parallel.pp = {} (use auto or none)",
            s, p.pp);

@@ -86,6 +86,13 @@ struct ParallelSection {
   // ZeRO-3's gradient reduce-scatter: after every micro-batch's backward ("micro_batch", the least memory), or once
   // per step after the last one ("step": the full gradients accumulate over the step, a fraction of the traffic).
   std::string reduce_gradients = "micro_batch";
+  // The training step's executor: "auto" (DualPipeV when pp > 1, the plain one otherwise) or "dualpipev" (DualPipeV
+  // at any pp; with pp = 1 both chunks of the V sit on each rank and a forward still overlaps a backward, which hides
+  // the expert-parallel all-to-alls of one micro-batch behind the other's compute).
+  std::string schedule = "auto";
+  // Expert-parallel dispatch: each token sent once to each ep rank holding any of its experts (true), or one row per
+  // (token, expert) (false: no index building on the host, one host read per layer instead of two).
+  bool ep_dedup = true;
 };
 
 struct DistSection {

@@ -86,6 +86,10 @@ class DualPipeVExecutor {
 
   int rank() const { return rank_; }
   const StageChunk& chunk(int c) const { return *chunks_.at(static_cast<size_t>(c)); }
+  // Both chunks' expert dispatch: each token once per destination rank (default) or every (token, expert) row.
+  void set_expert_deduplication(bool on) {
+    for (auto& chunk : chunks_) chunk->set_expert_deduplication(on);
+  }
   // Records held by both chunks (0 after a completed step).
   int64_t live_records() const;
   // When set, every compute step of the next steps is appended ("op: <describe(op)>" lines, then the step labels

@@ -24,7 +24,15 @@ int32_t to_i32(int64_t v) { return static_cast<int32_t>(v); }
 }  // namespace
 
 ExpertExchange ExpertExchange::create(dist::Communicator& ep, Stream& stream, const Tensor& group_offsets,
-                                      const Tensor& row_choice, int64_t top_k, int64_t num_experts) {
+                                      const Tensor& row_choice, int64_t top_k, int64_t num_experts, bool deduplicate) {
+  if (!deduplicate) {  // one row per (token, expert): the plan alone, one host read
+    ExpertExchange x;
+    x.plan_ = dist::ExpertParallelPlan::create(ep, stream, group_offsets, num_experts);
+    x.deduplicate_ = false;
+    x.unique_send_rows_ = x.plan_.send_rows();
+    x.unique_recv_rows_ = x.plan_.recv_rows();
+    return x;
+  }
   MT_CHECK(num_experts > 0 && num_experts % ep.size() == 0,
            "expert exchange: num_experts ({}) must be positive and divisible by the size of communicator '{}' ({})",
            num_experts, ep.name(), ep.size());
@@ -166,6 +174,7 @@ void ExpertExchange::check_call(const dist::Communicator& ep, const Tensor& t, i
 
 Tensor ExpertExchange::dispatch(dist::Communicator& ep, Stream& stream, const Tensor& dispatched) const {
   check_call(ep, dispatched, dispatched_rows(), "dispatch", "dispatched rows");
+  if (!deduplicate_) return plan_.dispatch(ep, stream, dispatched);
   const int64_t H = dispatched.size(1);
   Tensor unique = Tensor::empty({unique_send_total_, H}, dispatched.dtype(), dispatched.device());
   ops::gather_rows(stream, unique, dispatched, send_index_);
@@ -188,6 +197,7 @@ Tensor ExpertExchange::combine_backward(dist::Communicator& ep, Stream& stream, 
 
 Tensor ExpertExchange::dispatch_backward(dist::Communicator& ep, Stream& stream, const Tensor& d_local) const {
   check_call(ep, d_local, local_rows(), "dispatch backward", "local-row gradient");
+  if (!deduplicate_) return plan_.dispatch_backward(ep, stream, d_local);
   const int64_t H = d_local.size(1);
   Tensor summed = Tensor::empty({unique_recv_total_, H}, d_local.dtype(), d_local.device());
   ops::sum_rows(stream, summed, d_local, gather_offsets_, gather_rows_);

@@ -38,8 +38,10 @@ class ExpertExchange {
   // i32 [E + 1], rows per expert of this rank's dispatched rows (ops::RoutingPlan::expert_offsets); row_choice: i32
   // [R] with R = group_offsets[E], the flat choice t * top_k + k of each dispatched row (ops::RoutingPlan::
   // row_choice), both on the communicator's device. `num_experts` must be divisible by ep.size().
+  // `deduplicate` false: every (token, expert) row travels, as dist::ExpertParallelPlan sends them (one host read at
+  // create instead of two, no index building on the host), for links where latency costs more than bytes.
   static ExpertExchange create(dist::Communicator& ep, Stream& stream, const Tensor& group_offsets,
-                               const Tensor& row_choice, int64_t top_k, int64_t num_experts);
+                               const Tensor& row_choice, int64_t top_k, int64_t num_experts, bool deduplicate = true);
 
   bool defined() const { return plan_.defined(); }
   const dist::ExpertParallelPlan& plan() const { return plan_; }  // the row counts and the combine path
@@ -70,6 +72,7 @@ class ExpertExchange {
   void check_call(const dist::Communicator& ep, const Tensor& t, int64_t rows, const char* op, const char* what) const;
 
   dist::ExpertParallelPlan plan_;
+  bool deduplicate_ = true;
   std::vector<int64_t> unique_send_rows_, unique_recv_rows_;
   int64_t unique_send_total_ = 0, unique_recv_total_ = 0;
   Tensor send_index_;       // i32 [unique_send_total]: the dispatched row sent for each (destination, unique token)

@@ -42,6 +42,9 @@ class PlainExecutor {
   // Called around each part of the model (ZeRO-3 gathers and frees its parameters there: train/fully_sharded.h);
   // null: none. Must outlive the executor's steps.
   void set_parameter_hooks(ParameterHooks* hooks) { hooks_ = hooks; }
+  // Whether the expert dispatch sends each token once per destination rank (default) or every (token, expert)
+  // row (ExpertExchange::create).
+  void set_expert_deduplication(bool on) { deduplicate_ = on; }
 
  private:
   struct LayerState;
@@ -54,6 +57,7 @@ class PlainExecutor {
   const model::CausalLm& model_;
   dist::Communicator* ep_;
   ParameterHooks* hooks_ = nullptr;
+  bool deduplicate_ = true;
 };
 
 }  // namespace moetrain::pipeline

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "ops/cuda/runtime.h"
 #include "pipeline/expert_exchange.h"
 
 namespace moetrain::pipeline {
@@ -20,6 +21,7 @@ struct StageChunk::LayerState {
   ExpertExchange plan;                      // defined when the layer's rows cross the ep ranks (forward to backward)
   model::Stage5Grads stage5_grads;          // backward: stage 5's gradients until stage 1 consumed them
   Tensor d_expert_out, d_dispatched_local, d_dispatched;
+  bool exchange_in_flight = false;  // an exchange was queued on the communication stream; compute has not waited
 };
 
 struct StageChunk::MicroBatchState {
@@ -53,36 +55,68 @@ StageChunk::StageChunk(const model::CausalLm& model, const StageLayers& stage, d
   }
 }
 
+// The exchanges run on the communication stream (core/device.h), after the compute queued so far: the host goes on
+// queueing the other micro-batch's stages of an overlapped pair on the compute stream while the all-to-all runs.
+// Their temporaries live in that stream's order (StreamScope), their inputs are dropped there, and the step that
+// consumes their output first makes compute wait for it (await_exchange).
 void StageChunk::expert_dispatch(LayerState& ls, const model::DecoderLayer& layer) const {
   ls.dispatched = ls.stage1_out.dispatched;
   ls.group_offsets = ls.stage1_out.group_offsets;
   if (ep_ == nullptr || !layer.has_experts()) return;
-  Stream& stream = default_stream(model_.device());
+  Stream& comm = begin_exchange(ls);
+  ops::cuda::StreamScope scope(comm);
   const ops::RoutingPlan& routing = ls.stage1_out.routing.plan;
-  ls.plan = ExpertExchange::create(*ep_, stream, ls.group_offsets, routing.row_choice, routing.top_k,
-                                   model_.config().num_experts);
-  ls.dispatched = ls.plan.dispatch(*ep_, stream, ls.dispatched);
+  ls.plan = ExpertExchange::create(*ep_, comm, ls.group_offsets, routing.row_choice, routing.top_k,
+                                   model_.config().num_experts, deduplicate_);
+  ls.dispatched = ls.plan.dispatch(*ep_, comm, ls.dispatched);
   ls.group_offsets = ls.plan.local_group_offsets();
 }
 
 void StageChunk::expert_combine(LayerState& ls) const {
-  ls.combined =
-      ls.plan.defined() ? ls.plan.combine(*ep_, default_stream(model_.device()), ls.expert_out) : ls.expert_out;
+  if (!ls.plan.defined()) {
+    ls.combined = std::move(ls.expert_out);
+    return;
+  }
+  Stream& comm = begin_exchange(ls);
+  ops::cuda::StreamScope scope(comm);
+  ls.combined = ls.plan.combine(*ep_, comm, ls.expert_out);
   ls.expert_out = Tensor();
 }
 
 void StageChunk::expert_combine_backward(LayerState& ls) const {
   const Tensor& d_combined = ls.stage5_grads.d_combined;
-  ls.d_expert_out =
-      ls.plan.defined() ? ls.plan.combine_backward(*ep_, default_stream(model_.device()), d_combined) : d_combined;
+  if (!ls.plan.defined()) {
+    ls.d_expert_out = d_combined;
+    return;
+  }
+  Stream& comm = begin_exchange(ls);
+  ops::cuda::StreamScope scope(comm);
+  ls.d_expert_out = ls.plan.combine_backward(*ep_, comm, d_combined);
 }
 
 void StageChunk::expert_dispatch_backward(LayerState& ls) const {
-  ls.d_dispatched = ls.plan.defined()
-                        ? ls.plan.dispatch_backward(*ep_, default_stream(model_.device()), ls.d_dispatched_local)
-                        : ls.d_dispatched_local;
+  if (!ls.plan.defined()) {
+    ls.d_dispatched = std::move(ls.d_dispatched_local);
+    return;
+  }
+  Stream& comm = begin_exchange(ls);
+  ops::cuda::StreamScope scope(comm);
+  ls.d_dispatched = ls.plan.dispatch_backward(*ep_, comm, ls.d_dispatched_local);
   ls.d_dispatched_local = Tensor();
   ls.plan = ExpertExchange{};
+}
+
+Stream& StageChunk::begin_exchange(LayerState& ls) const {
+  Stream& comm = communication_stream(model_.device());
+  stream_wait(comm, default_stream(model_.device()));
+  ls.exchange_in_flight = true;
+  return comm;
+}
+
+void StageChunk::await_exchange(LayerState& ls) const {
+  if (!ls.exchange_in_flight) return;
+  stream_wait(default_stream(model_.device()), communication_stream(model_.device()));
+  ls.exchange_in_flight = false;
 }
 
 StageChunk::~StageChunk() = default;
@@ -140,13 +174,15 @@ std::vector<ChunkStep> StageChunk::plan_forward(int microbatch, const model::Mic
                        }
                      }});
     steps.push_back({l + " s2", true, [this, &ls, &layer] { expert_dispatch(ls, layer); }});
-    steps.push_back({l + " s3", false, [&ls, &layer] {
+    steps.push_back({l + " s3", false, [this, &ls, &layer] {
+                       await_exchange(ls);
                        ls.expert_out = layer.stage3_forward(ls.stage3, ls.dispatched, ls.group_offsets);
                        ls.dispatched = Tensor();
                        ls.group_offsets = Tensor();
                      }});
     steps.push_back({l + " s4", true, [this, &ls] { expert_combine(ls); }});
     steps.push_back({l + " s5", false, [this, &st, &ls, &layer] {
+                       await_exchange(ls);
                        st.hidden = layer.stage5_forward(ls.stage5, ls.combined, ls.stage1_out);
                        model_.round_boundary(st.hidden);
                        ls.combined = Tensor();
@@ -215,7 +251,8 @@ std::vector<ChunkStep> StageChunk::plan_backward(int microbatch, const Tensor& d
                        ls.stage5 = model::Stage5Record{};
                      }});
     steps.push_back({l + " s4", true, [this, &ls] { expert_combine_backward(ls); }});
-    steps.push_back({l + " s3", false, [&ls, &layer, with_weight] {
+    steps.push_back({l + " s3", false, [this, &ls, &layer, with_weight] {
+                       await_exchange(ls);
                        ls.d_dispatched_local = layer.stage3_backward_input(ls.stage3, ls.d_expert_out);
                        ls.d_expert_out = Tensor();
                        if (with_weight) {
@@ -224,7 +261,8 @@ std::vector<ChunkStep> StageChunk::plan_backward(int microbatch, const Tensor& d
                        }
                      }});
     steps.push_back({l + " s2", true, [this, &ls] { expert_dispatch_backward(ls); }});
-    steps.push_back({l + " s1", false, [&st, &ls, &layer, with_weight] {
+    steps.push_back({l + " s1", false, [this, &st, &ls, &layer, with_weight] {
+                       await_exchange(ls);
                        st.grad = layer.stage1_backward_input(ls.stage1, ls.stage5_grads, ls.d_dispatched);
                        ls.stage5_grads = model::Stage5Grads{};
                        ls.d_dispatched = Tensor();

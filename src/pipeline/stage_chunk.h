@@ -91,6 +91,10 @@ class StageChunk {
   void drop(int microbatch);
 
   // Micro-batches whose records are held (forward ran, backward_weight not yet).
+  // Whether the expert dispatch sends each token once per destination rank (default) or every (token, expert)
+  // row (ExpertExchange::create).
+  void set_expert_deduplication(bool on) { deduplicate_ = on; }
+
   int64_t live_records() const { return static_cast<int64_t>(states_.size()); }
   // Drops every record (after a failed step).
   void clear();
@@ -108,10 +112,15 @@ class StageChunk {
   void expert_combine(LayerState& ls) const;
   void expert_combine_backward(LayerState& ls) const;
   void expert_dispatch_backward(LayerState& ls) const;
+  // The exchange's communication stream, ordered after the compute queued so far; await_exchange makes compute wait
+  // for it before a step reads what the exchange produced.
+  Stream& begin_exchange(LayerState& ls) const;
+  void await_exchange(LayerState& ls) const;
 
   const model::CausalLm& model_;
   StageLayers stage_;
   dist::Communicator* ep_ = nullptr;
+  bool deduplicate_ = true;
   std::map<int, std::unique_ptr<MicroBatchState>> states_;  // stable addresses: records point into the batch
 };
 

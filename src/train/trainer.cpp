@@ -126,12 +126,18 @@ Trainer::Trainer(const io::JobConfig& config, dist::Mesh* mesh)
              micro_batches_per_step_, ranks, ranks);
     micro_batches_per_step_ /= ranks;
   }
-  if (mesh_ != nullptr && mesh_->pp().size() > 1) setup_pipeline(model_config);
+  const bool dualpipev = config.parallel.schedule == "dualpipev";
+  MT_CHECK(!dualpipev || mesh_ != nullptr,
+           "trainer: parallel.schedule = dualpipev runs over a mesh; launch thread ranks (dist.local_ranks) or "
+           "processes (torchrun, srun, mpirun), or use schedule = auto for one process");
+  if (mesh_ != nullptr && (mesh_->pp().size() > 1 || dualpipev)) setup_pipeline(model_config);
   if (mesh_ != nullptr && mesh_->ep().size() > 1) {
     // Stages 2 and 4 as all-to-all-v over ep (each token sent once per destination rank): each ep rank computes
     // its own experts; the expert gradients then meet in the reduction over dp x ep (the others' are zero here).
     // With pp > 1 the DualPipeV executor's stage chunks do the same.
     if (!executor_) expert_parallel_ = std::make_unique<pipeline::PlainExecutor>(*model_, &mesh_->ep());
+    if (expert_parallel_) expert_parallel_->set_expert_deduplication(config.parallel.ep_dedup);
+    if (executor_) executor_->set_expert_deduplication(config.parallel.ep_dedup);
     log_info("experts: {} ranks of expert parallelism, {} experts each", mesh_->ep().size(),
              model_config.num_experts / mesh_->ep().size());
   }
@@ -188,7 +194,8 @@ bool Trainer::wants_sharding() const {
   const std::string& mode = config_.parallel.sharding;
   if (mesh_ == nullptr) return false;
   const bool several_data_ranks = mesh_->dp_ep().size() > 1;
-  return mode == "full" || (mode == "auto" && several_data_ranks && mesh_->pp().size() == 1);
+  return mode == "full" ||
+         (mode == "auto" && several_data_ranks && mesh_->pp().size() == 1 && config_.parallel.schedule == "auto");
 }
 
 void Trainer::setup_sharding() {

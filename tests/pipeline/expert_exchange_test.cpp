@@ -282,6 +282,26 @@ TEST(ExpertExchange, CombinePathsAreThePlansBitwise) {
   }
 }
 
+// Without de-duplication every movement is the plan's, bit for bit, and so are the rows it sends.
+TEST(ExpertExchange, WithoutDeduplicationEveryMovementIsThePlans) {
+  const int64_t E = 8, K = 3, H = 6;
+  dist::run_local_ranks(2, [&](Communicator& comm) {
+    const int me = comm.rank();
+    Rng rng(rank_seed(23, me));
+    const Routing r = make_routing(tokens_of(me, true), K, E, H, rank_seed(9, me));
+    const ExpertParallelPlan plan = ExpertParallelPlan::create(comm, Stream::cpu(), r.plan.expert_offsets, E);
+    const ExpertExchange x = ExpertExchange::create(comm, Stream::cpu(), r.plan.expert_offsets, r.plan.row_choice, K, E,
+                                                    /*deduplicate=*/false);
+    EXPECT_EQ(x.unique_send_rows(), plan.send_rows());
+    const Tensor d = random_tensor({x.dispatched_rows(), H}, DType::F32, rng);
+    const Tensor l = random_tensor({x.local_rows(), H}, DType::F32, rng);
+    EXPECT_TRUE(same_bytes(x.dispatch(comm, Stream::cpu(), d), plan.dispatch(comm, Stream::cpu(), d))) << me;
+    EXPECT_TRUE(same_bytes(x.dispatch_backward(comm, Stream::cpu(), l), plan.dispatch_backward(comm, Stream::cpu(), l)))
+        << me;
+    EXPECT_TRUE(same_bytes(x.combine(comm, Stream::cpu(), l), plan.combine(comm, Stream::cpu(), l))) << me;
+  });
+}
+
 TEST(ExpertExchange, RejectsBadArguments) {
   dist::run_local_ranks(2, [&](Communicator& comm) {
     const Routing r = make_routing(5, 2, 4, 3, 8);  // the same routing on both ranks: every refusal is collective

@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <mutex>
+#include <tuple>
 
 #include <gtest/gtest.h>
 
@@ -165,11 +166,13 @@ TEST(DataParallel, TheGlobalTargetCountIsSummedOverRanks) {
 
 // ep 2 (and dp 2 x ep 2 on 4 ranks): each ep rank computes its own experts, the expert gradients
 // meet in the all-reduce; the same global batch as one rank (fp32 sums in another order: 1e-5).
+// With the de-duplicated dispatch (each token once per destination rank) and with one row per (token, expert).
 TEST(DataParallel, ExpertParallelRanksTrainLikeOne) {
-  const io::JobConfig config = job();
+  io::JobConfig config = job();
   const RunResult single = run_single(config);
-  for (const auto& [world, ep] : {std::pair{2, 2}, std::pair{4, 2}}) {
-    SCOPED_TRACE("world " + std::to_string(world) + ", ep " + std::to_string(ep));
+  for (const auto& [world, ep, dedup] : {std::tuple{2, 2, true}, std::tuple{4, 2, true}, std::tuple{2, 2, false}}) {
+    SCOPED_TRACE("world " + std::to_string(world) + ", ep " + std::to_string(ep) + (dedup ? "" : ", rows"));
+    config.parallel.ep_dedup = dedup;
     std::vector<RunResult> results(static_cast<size_t>(world));
     dist::run_local_ranks(world, [&](dist::Communicator& comm) {
       dist::Mesh mesh(comm.split(0, comm.rank(), "world"), dist::resolve_mesh(world, 1, 1, ep, 8));

@@ -17,6 +17,7 @@
 #include "core/error.h"
 #include "dist/inprocess_communicator.h"
 #include "dist/mesh.h"
+#include "io/job_config.h"
 #include "io/model_config.h"
 #include "testing/test_data.h"
 #include "train/checkpoint.h"
@@ -321,6 +322,31 @@ TEST(PipelineTraining, FourStagePairsWithExpertParallelismTrainLikeExpertParalle
   config.parallel.sharding = "none";
   config.train.global_batch = 32;  // 16 micro-batches: 8 = 2P per pipeline
   expect_pipeline_with_ep_trains_like_ep_alone(config, 4, run_single(config));
+}
+
+// parallel.schedule = dualpipev with pp = 1: each rank holds both chunks of the V and still pairs a forward with a
+// backward (the overlap that hides one micro-batch's all-to-alls behind the other's compute on GPUs). Against the
+// plain executor with ep = 2: bitwise, for the reasons above.
+TEST(PipelineTraining, DualPipeVOnOneRankPerPipelineWithExpertParallelismTrainsLikeThePlainExecutor) {
+  io::JobConfig config = job();
+  config.parallel.sharding = "none";
+  io::JobConfig dualpipev = config;
+  dualpipev.parallel.schedule = "dualpipev";
+  const MeshRun overlapped = run_mesh(dualpipev, 1, 1, 0, 2);
+  expect_bitwise(assemble(overlapped, 0, 0), assemble(run_mesh(config, 1, 1, 0, 2), 0, 0),
+                 "dualpipev pp=1 x ep=2 against the plain executor");
+  expect_bitwise(assemble(overlapped, 0, 1), assemble(overlapped, 0, 0), "dualpipev pp=1 x ep=2: ep replicas");
+  // One process has no mesh to run it over; ZeRO-3 runs on the plain executor only.
+  try {
+    Trainer alone(dualpipev);
+    ADD_FAILURE() << "dualpipev without a mesh was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("schedule = dualpipev runs over a mesh"), std::string::npos) << e.what();
+  }
+  io::JobConfig full = dualpipev;
+  full.parallel.sharding = "full";
+  full.metrics.console_every = 1;
+  EXPECT_THROW(io::parse_job_config(io::job_config_to_toml(full), "job.toml", {}), Error);
 }
 
 TEST(PipelineTraining, RefusesFewerMicroBatchesThanTwoStagesPerRank) {

@@ -36,9 +36,14 @@ CudaState& state() {
   return s;
 }
 
+thread_local cudaStream_t t_scoped_stream = nullptr;  // StreamScope
+
+// Where this thread's allocations, frees and copies go: a StreamScope's stream, else the compute stream.
+cudaStream_t current_stream() { return t_scoped_stream != nullptr ? t_scoped_stream : state().stream; }
+
 void* pool_allocate(size_t bytes, Device device) {
   void* data = nullptr;
-  const cudaError_t status = cudaMallocAsync(&data, bytes == 0 ? 1 : bytes, state().stream);
+  const cudaError_t status = cudaMallocAsync(&data, bytes == 0 ? 1 : bytes, current_stream());
   MT_CHECK(status == cudaSuccess, "allocation: could not allocate {} bytes on {}: {}", bytes, device.str(),
            cudaGetErrorString(status));
   return data;
@@ -46,7 +51,7 @@ void* pool_allocate(size_t bytes, Device device) {
 
 void pool_release(void* data, size_t, Device) {
   // Stream-ordered: the memory returns to the pool after the work queued so far.
-  const cudaError_t status = cudaFreeAsync(data, state().stream);
+  const cudaError_t status = cudaFreeAsync(data, current_stream());
   // Tensors held by process-lifetime caches are released after the CUDA runtime has shut down at
   // exit; the driver reclaims that memory itself, and throwing from a destructor would abort.
   if (status == cudaErrorCudartUnloading) {
@@ -57,16 +62,16 @@ void pool_release(void* data, size_t, Device) {
 }
 
 void pool_memset_zero(void* data, size_t bytes, Device) {
-  MT_CUDA_CHECK(cudaMemsetAsync(data, 0, bytes, state().stream));
+  MT_CUDA_CHECK(cudaMemsetAsync(data, 0, bytes, current_stream()));
 }
 
 void copy_between(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) {
   cudaMemcpyKind kind = cudaMemcpyDeviceToDevice;
   if (dst_device.is_cpu()) kind = cudaMemcpyDeviceToHost;
   if (src_device.is_cpu()) kind = cudaMemcpyHostToDevice;
-  MT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, state().stream));
+  MT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, current_stream()));
   // A copy to the host is read right after; one from the host may be freed right after.
-  if (dst_device.is_cpu() || src_device.is_cpu()) MT_CUDA_CHECK(cudaStreamSynchronize(state().stream));
+  if (dst_device.is_cpu() || src_device.is_cpu()) MT_CUDA_CHECK(cudaStreamSynchronize(current_stream()));
 }
 
 // An event per wait: recorded on the signaller, waited on by the waiter, destroyed at once (CUDA frees it when it
@@ -146,6 +151,17 @@ void synchronize(Device device) {
   if (device.is_cuda()) MT_CUDA_CHECK(cudaStreamSynchronize(state().stream));
 }
 
+StreamScope::StreamScope(const Stream& stream) {
+  if (!stream.device().is_cuda()) return;
+  previous_ = t_scoped_stream;
+  t_scoped_stream = static_cast<cudaStream_t>(stream_handle(stream));
+  active_ = true;
+}
+
+StreamScope::~StreamScope() {
+  if (active_) t_scoped_stream = static_cast<cudaStream_t>(previous_);
+}
+
 #else
 
 int device_count() { return 0; }
@@ -155,6 +171,8 @@ void* stream_handle(const Stream&) { MT_FAIL("cuda: this build has no CUDA backe
 void* cublaslt_handle() { MT_FAIL("cuda: this build has no CUDA backend"); }
 void* cublaslt_workspace(size_t*) { MT_FAIL("cuda: this build has no CUDA backend"); }
 void synchronize(Device) {}
+StreamScope::StreamScope(const Stream&) {}
+StreamScope::~StreamScope() = default;
 
 #endif
 

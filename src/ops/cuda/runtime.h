@@ -25,4 +25,20 @@ void* cublaslt_workspace(size_t* bytes);
 // Blocks until the device's compute stream is idle (metrics, host reads).
 void synchronize(Device device);
 
+// While alive, this thread's device allocations, frees, zero-fills and copies go to `stream` instead of the compute
+// stream: work placed on the communication stream (core/device.h) keeps its temporaries in its own stream order. A
+// tensor made inside and freed outside is freed on the compute stream, so the caller makes compute wait for
+// `stream` before dropping it. Nothing to do for a CPU stream or in a build without CUDA. Scopes nest.
+class StreamScope {
+ public:
+  explicit StreamScope(const Stream& stream);
+  ~StreamScope();
+  StreamScope(const StreamScope&) = delete;
+  StreamScope& operator=(const StreamScope&) = delete;
+
+ private:
+  void* previous_ = nullptr;
+  bool active_ = false;
+};
+
 }  // namespace moetrain::ops::cuda
