@@ -106,4 +106,26 @@ void sum_rows(Stream& stream, Tensor out, const Tensor& in, const Tensor& segmen
   cpu::sum_rows(out, in, segment_offsets, segment_rows);
 }
 
+void count_tokens_per_rank(Stream& stream, Tensor counts, const Tensor& topk_index, int64_t experts_per_rank) {
+  OpScope profile(stream, "row_gather");
+  constexpr const char* op = "count_tokens_per_rank";
+  check_stream_backend(stream, op);
+  const Device device = check_tensor_backend(stream, topk_index, op, "topk_index");
+  expect_defined(topk_index, fmt::format("{}: topk_index", op));
+  expect_dtype(topk_index, DType::I32, fmt::format("{}: topk_index", op));
+  expect_contiguous(topk_index, fmt::format("{}: topk_index", op));
+  MT_CHECK(topk_index.dim() == 2, "{}: expected topk_index i32 [T, K] but found {}", op, topk_index.describe());
+  const int64_t ranks = check_index_vector(counts, device, op, "counts");
+  MT_CHECK(ranks >= 1 && ranks <= 64 && experts_per_rank >= 1,
+           "{}: expected 1 to 64 ranks and >= 1 expert per rank but found {} ranks of {}", op, ranks, experts_per_rank);
+  check_index_values(topk_index, ranks * experts_per_rank, op, "topk_index", "ranks x experts_per_rank");
+#if MOETRAIN_HAS_CUDA
+  if (device.is_cuda()) {
+    cuda::count_tokens_per_rank(stream, counts, topk_index, experts_per_rank);
+    return;
+  }
+#endif
+  cpu::count_tokens_per_rank(counts, topk_index, experts_per_rank);
+}
+
 }  // namespace moetrain::ops

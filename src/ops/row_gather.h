@@ -25,4 +25,11 @@ void gather_rows(Stream& stream, Tensor out, const Tensor& in, const Tensor& ind
 // tensors for a bad index and write NaN into the rows it would have produced.
 void sum_rows(Stream& stream, Tensor out, const Tensor& in, const Tensor& segment_offsets, const Tensor& segment_rows);
 
+// counts i32 [ranks] (overwritten): for each rank q, how many tokens choose at least one expert of q, the experts
+// being split into `ranks` consecutive blocks of `experts_per_rank` (expert e lives on rank e / experts_per_rank).
+// topk_index i32 [T, K], entries in [0, ranks * experts_per_rank) (checked on the CPU; on CUDA an entry outside
+// counts for no rank). The expert exchange sizes its de-duplicated dispatch with it before any host read. Integer
+// counts: the same on every backend.
+void count_tokens_per_rank(Stream& stream, Tensor counts, const Tensor& topk_index, int64_t experts_per_rank);
+
 }  // namespace moetrain::ops

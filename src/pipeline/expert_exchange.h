@@ -2,22 +2,19 @@
 // micro-batch with a de-duplicated dispatch: each token travels once to each ep rank that hosts any of its selected
 // experts and is expanded into its expert-ordered copies there (dropless). It keeps dist::ExpertParallelPlan's local
 // row layout (expert, then source rank, then the source's row order; local_group_offsets() [E + 1]), so stage 3 is
-// unchanged, and its combine and combine backward are the plan's (one row per (token, expert) back to the source).
+// unchanged, and its combine, combine backward and dispatch backward are the plan's (one row per (token, expert)
+// back to the source: stage 1's backward sums a token's copies in its fixed order, so gradients are the same bits as
+// without de-duplication).
 //
 // Dispatch: this rank's expert-ordered rows [R, H] (row r holds choice row_choice[r] = t * K + k, i.e. a copy of
 // token t) -> gather_rows: per destination q, one row per unique token routed to q, ascending token order ->
-// all_to_all_v -> gather_rows: the receiver expands the unique rows into the plan's local rows. Dispatch backward is
-// its transpose: sum_rows sums the gradients of each received unique row's local copies (ascending local row order)
-// -> all_to_all_v back -> sum_rows places each (token, destination) sum on the first of the token's rows for that
-// destination and 0 on its other rows for that destination. Stage 1's backward (ops::permute_backward) sums a
-// token's rows, so it receives the same token gradient as with the plan, up to the order of the additions.
+// all_to_all_v -> gather_rows: the receiver expands the unique rows into the plan's local rows.
 //
-// Host synchronisation: create() reads the ep ranks' group offsets (one all_gather) and this rank's row_choice on
-// the host, builds the send side, then sends each row's position in its destination's unique list through the
-// plan's own dispatch (an i32 column) and reads what arrived on the host to build the expand and sum indices: two
-// blocking device-to-host reads per layer and micro-batch, both in create (the plan alone has one). The four
-// movements never synchronise with the host; their index tensors are built and validated on the host, so the
-// device ops trust them (ops/row_gather.h).
+// Host synchronisation: one read per layer and micro-batch, in create(). The unique tokens per destination are
+// counted on the device (ops::count_tokens_per_rank) and travel in the same all_gather as the group offsets, so
+// after that one read every rank knows every split size; the sender builds its send indices and each row's index in
+// its destination's received buffer on the host, and those indices reach the receiver through the plan's own
+// dispatch (an i32 column), on the device. The four movements never synchronise with the host.
 #pragma once
 
 #include <cstdint>
@@ -36,12 +33,13 @@ class ExpertExchange {
 
   // Collective over `ep` (every ep rank calls it, in the same order of layers and micro-batches). group_offsets:
   // i32 [E + 1], rows per expert of this rank's dispatched rows (ops::RoutingPlan::expert_offsets); row_choice: i32
-  // [R] with R = group_offsets[E], the flat choice t * top_k + k of each dispatched row (ops::RoutingPlan::
-  // row_choice), both on the communicator's device. `num_experts` must be divisible by ep.size().
-  // `deduplicate` false: every (token, expert) row travels, as dist::ExpertParallelPlan sends them (one host read at
-  // create instead of two, no index building on the host), for links where latency costs more than bytes.
+  // [R] with R = group_offsets[E], the flat choice t * K + k of each dispatched row (ops::RoutingPlan::row_choice);
+  // topk_index: i32 [T, K] the router's choices (T * K = R); all on the communicator's device. `num_experts` must be
+  // divisible by ep.size(). `deduplicate` false: every (token, expert) row travels, as dist::ExpertParallelPlan sends
+  // them (no index building on the host), for links where latency costs more than bytes.
   static ExpertExchange create(dist::Communicator& ep, Stream& stream, const Tensor& group_offsets,
-                               const Tensor& row_choice, int64_t top_k, int64_t num_experts, bool deduplicate = true);
+                               const Tensor& row_choice, const Tensor& topk_index, int64_t num_experts,
+                               bool deduplicate = true);
 
   bool defined() const { return plan_.defined(); }
   const dist::ExpertParallelPlan& plan() const { return plan_; }  // the row counts and the combine path
@@ -63,9 +61,7 @@ class ExpertExchange {
   Tensor combine(dist::Communicator& ep, Stream& stream, const Tensor& expert_out) const;
   // Backward of stage 4 (the plan's): [R, H] -> [local_rows, H].
   Tensor combine_backward(dist::Communicator& ep, Stream& stream, const Tensor& d_combined) const;
-  // Backward of stage 2 (the transpose of dispatch): [local_rows, H] -> [R, H]; the first row of each (token,
-  // destination) holds the sum of the gradients of that token's local copies on that destination, its other rows 0.
-  // Float dtypes of ops::sum_rows: f32, f64 or bf16 on the CPU, f32 or bf16 on CUDA.
+  // Backward of stage 2 (the plan's): [local_rows, H] -> [R, H], each local row's gradient back on its source row.
   Tensor dispatch_backward(dist::Communicator& ep, Stream& stream, const Tensor& d_local) const;
 
  private:
@@ -75,12 +71,8 @@ class ExpertExchange {
   bool deduplicate_ = true;
   std::vector<int64_t> unique_send_rows_, unique_recv_rows_;
   int64_t unique_send_total_ = 0, unique_recv_total_ = 0;
-  Tensor send_index_;       // i32 [unique_send_total]: the dispatched row sent for each (destination, unique token)
-  Tensor expand_index_;     // i32 [local_rows]: the received unique row each local row copies
-  Tensor gather_offsets_;   // i32 [unique_recv_total + 1]: CSR over local rows, the copies of each received row
-  Tensor gather_rows_;      // i32 [local_rows]
-  Tensor scatter_offsets_;  // i32 [R + 1]: one entry for the first row of each (token, destination), else none
-  Tensor scatter_rows_;     // i32 [unique_send_total]: the returned unique row that lands on that row
+  Tensor send_index_;    // i32 [unique_send_total]: the dispatched row sent for each (destination, unique token)
+  Tensor expand_index_;  // i32 [local_rows]: the received unique row each local row copies
 };
 
 }  // namespace moetrain::pipeline

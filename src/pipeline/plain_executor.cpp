@@ -66,7 +66,7 @@ void PlainExecutor::forward(const model::MicroBatch& batch, std::vector<LayerSta
     const bool exchange = ep_ != nullptr && layer.has_experts();
     if (exchange) {  // stage 2
       const ops::RoutingPlan& routing = ls.stage1_out.routing.plan;
-      ls.plan = ExpertExchange::create(*ep_, stream, offsets, routing.row_choice, routing.top_k,
+      ls.plan = ExpertExchange::create(*ep_, stream, offsets, routing.row_choice, ls.stage1_out.routing.topk_index,
                                        model_.config().num_experts, deduplicate_);
       rows = ls.plan.dispatch(*ep_, stream, rows);
       offsets = ls.plan.local_group_offsets();

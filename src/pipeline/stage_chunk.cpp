@@ -66,7 +66,7 @@ void StageChunk::expert_dispatch(LayerState& ls, const model::DecoderLayer& laye
   Stream& comm = begin_exchange(ls);
   ops::cuda::StreamScope scope(comm);
   const ops::RoutingPlan& routing = ls.stage1_out.routing.plan;
-  ls.plan = ExpertExchange::create(*ep_, comm, ls.group_offsets, routing.row_choice, routing.top_k,
+  ls.plan = ExpertExchange::create(*ep_, comm, ls.group_offsets, routing.row_choice, ls.stage1_out.routing.topk_index,
                                    model_.config().num_experts, deduplicate_);
   ls.dispatched = ls.plan.dispatch(*ep_, comm, ls.dispatched);
   ls.group_offsets = ls.plan.local_group_offsets();

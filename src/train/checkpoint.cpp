@@ -210,6 +210,46 @@ void publish(const std::string& tmp, const std::string& final_path) {
   }
 }
 
+// Lists `files` of `tmp` with their sizes and hashes in a manifest written last, then publishes `tmp` as
+// `final_path`; on any failure `tmp` is removed and the error names it.
+void seal_and_publish(const std::string& tmp, const std::string& final_path, int64_t step,
+                      const std::vector<std::string>& files) {
+  std::error_code error;
+  try {
+    nlohmann::ordered_json listed = nlohmann::ordered_json::object();
+    for (const std::string& file : files) {
+      const std::string path = (fs::path(tmp) / file).string();
+      listed[file] = {{"bytes", fs::file_size(path)}, {"fnv1a64", hash_hex(hash_file(path))}};
+    }
+    nlohmann::ordered_json manifest = nlohmann::ordered_json::object();
+    manifest["format"] = kFormat;
+    manifest["version"] = kVersion;
+    manifest["step"] = step;
+    manifest["files"] = std::move(listed);
+    write_new_file_synced((fs::path(tmp) / kManifest).string(), manifest.dump(2) + "\n");
+    fsync_folder(tmp);
+    publish(tmp, final_path);
+  } catch (const fs::filesystem_error& e) {
+    fs::remove_all(tmp, error);
+    MT_FAIL("checkpoint: cannot write {}: {}", tmp, e.what());
+  } catch (...) {
+    fs::remove_all(tmp, error);
+    throw;
+  }
+}
+
+// After a publish: the folder entry made durable, then old and temporary checkpoints removed (a failure there is
+// only a warning: the new checkpoint is safe).
+std::string finish_save(const std::string& dir, const std::string& final_path, int64_t step, int64_t keep) {
+  fsync_folder(dir);
+  try {
+    clean_up(dir, step, keep);
+  } catch (const Error& e) {
+    log_warn("checkpoint: saved {} but could not clean up {}: {}", final_path, dir, e.what());
+  }
+  return final_path;
+}
+
 // ---- reading ----
 
 struct ManifestFile {
@@ -540,21 +580,6 @@ std::string save_checkpoint(const std::string& dir, const CheckpointData& data, 
     io::write_safetensors(file_in_tmp(kOptimizerFile), data.optimizer);
     write_new_file_synced(file_in_tmp(kStateFile), state_text);
     write_new_file_synced(file_in_tmp(kConfigFile), data.config_toml);
-
-    nlohmann::ordered_json files = nlohmann::ordered_json::object();
-    for (const char* file : kRequiredFiles) {
-      const std::string path = file_in_tmp(file);
-      const uintmax_t bytes = fs::file_size(path);
-      files[file] = {{"bytes", bytes}, {"fnv1a64", hash_hex(hash_file(path))}};
-    }
-    nlohmann::ordered_json manifest = nlohmann::ordered_json::object();
-    manifest["format"] = kFormat;
-    manifest["version"] = kVersion;
-    manifest["step"] = data.step;
-    manifest["files"] = std::move(files);
-    write_new_file_synced(file_in_tmp(kManifest), manifest.dump(2) + "\n");
-    fsync_folder(tmp);
-    publish(tmp, final_path);
   } catch (const fs::filesystem_error& e) {
     fs::remove_all(tmp, error);
     MT_FAIL("checkpoint: cannot write {}: {}", tmp, e.what());
@@ -562,13 +587,9 @@ std::string save_checkpoint(const std::string& dir, const CheckpointData& data, 
     fs::remove_all(tmp, error);
     throw;
   }
-  fsync_folder(dir);
-  try {
-    clean_up(dir, data.step, keep);
-  } catch (const Error& e) {
-    log_warn("checkpoint: saved {} but could not clean up {}: {}", final_path, dir, e.what());
-  }
-  return final_path;
+  seal_and_publish(tmp, final_path, data.step,
+                   std::vector<std::string>(std::begin(kRequiredFiles), std::end(kRequiredFiles)));
+  return finish_save(dir, final_path, data.step, keep);
 }
 
 std::optional<std::string> find_latest_checkpoint(const std::string& dir) {
@@ -679,10 +700,10 @@ std::string complete_sharded_checkpoint(const std::string& dir, const Checkpoint
   const std::string tmp = (fs::path(dir) / (name + kShardedTmpMarker)).string();
   const std::string final_path = (fs::path(dir) / name).string();
   std::error_code error;
+  std::vector<std::string> files;
   try {
     check_shard_layout(layout, tmp);
     const int world = layout["world"].get<int>();
-    std::vector<std::string> files;
     for (int r = 0; r < world; ++r) {
       files.push_back(shard_file_name(r, world));
       MT_CHECK(fs::is_regular_file(fs::path(tmp) / files.back(), error), "checkpoint: {} lacks {} (rank {})", tmp,
@@ -693,19 +714,6 @@ std::string complete_sharded_checkpoint(const std::string& dir, const Checkpoint
     write_new_file_synced(file_in_tmp(kConfigFile), data.config_toml);
     write_new_file_synced(file_in_tmp(kShardLayout), layout.dump(1) + "\n");
     files.insert(files.end(), {kStateFile, kConfigFile, kShardLayout});
-    nlohmann::ordered_json listed = nlohmann::ordered_json::object();
-    for (const std::string& file : files) {
-      const std::string path = file_in_tmp(file);
-      listed[file] = {{"bytes", fs::file_size(path)}, {"fnv1a64", hash_hex(hash_file(path))}};
-    }
-    nlohmann::ordered_json manifest = nlohmann::ordered_json::object();
-    manifest["format"] = kFormat;
-    manifest["version"] = kVersion;
-    manifest["step"] = data.step;
-    manifest["files"] = std::move(listed);
-    write_new_file_synced(file_in_tmp(kManifest), manifest.dump(2) + "\n");
-    fsync_folder(tmp);
-    publish(tmp, final_path);
   } catch (const fs::filesystem_error& e) {
     fs::remove_all(tmp, error);
     MT_FAIL("checkpoint: cannot write {}: {}", tmp, e.what());
@@ -713,13 +721,8 @@ std::string complete_sharded_checkpoint(const std::string& dir, const Checkpoint
     fs::remove_all(tmp, error);
     throw;
   }
-  fsync_folder(dir);
-  try {
-    clean_up(dir, data.step, keep);
-  } catch (const Error& e) {
-    log_warn("checkpoint: saved {} but could not clean up {}: {}", final_path, dir, e.what());
-  }
-  return final_path;
+  seal_and_publish(tmp, final_path, data.step, files);
+  return finish_save(dir, final_path, data.step, keep);
 }
 
 }  // namespace moetrain::train

@@ -22,29 +22,6 @@ dist::MeshShape mesh_for(const io::JobConfig& config, int world) {
                             static_cast<int>(config.parallel.ep), model.num_experts);
 }
 
-TrainSummary run_thread_ranks(const io::JobConfig& config) {
-  const int world = static_cast<int>(config.dist.local_ranks);
-  MT_CHECK(config.model.device == "cpu",
-           "launch: dist.local_ranks = {} runs thread ranks on the CPU, but model.device is {} (launch one process "
-           "per GPU with torchrun, srun or mpirun instead)",
-           world, config.model.device);
-  const dist::MeshShape shape = mesh_for(config, world);
-  log_info("launch: {} thread ranks, mesh {}", world, shape.str());
-  TrainSummary first;
-  dist::LocalWorldOptions options;
-  options.timeout = std::chrono::seconds(config.dist.timeout_s);
-  dist::run_local_ranks(
-      world,
-      [&](dist::Communicator& comm) {
-        dist::Mesh mesh(comm.split(0, comm.rank(), "world"), shape);
-        Trainer trainer(config, &mesh);
-        TrainSummary summary = trainer.run();
-        if (comm.rank() == 0) first = std::move(summary);
-      },
-      options);
-  return first;
-}
-
 dist::Mesh& connect_process_mesh(io::JobConfig& config, const dist::LaunchEnv& env) {
   MT_CHECK(config.model.device != "cpu",
            "launch: {} started {} processes, but model.device is cpu (processes run one GPU each over NCCL; for CPU "
@@ -80,6 +57,7 @@ void run_on_thread_ranks(const io::JobConfig& config, const std::function<void(d
            "per GPU with torchrun, srun or mpirun instead)",
            world, config.model.device);
   const dist::MeshShape shape = mesh_for(config, world);
+  log_info("launch: {} thread ranks, mesh {}", world, shape.str());
   dist::LocalWorldOptions options;
   options.timeout = std::chrono::seconds(config.dist.timeout_s);
   dist::run_local_ranks(
@@ -92,7 +70,15 @@ void run_on_thread_ranks(const io::JobConfig& config, const std::function<void(d
 }
 
 TrainSummary run_training_job(const io::JobConfig& config) {
-  if (config.dist.local_ranks > 1) return run_thread_ranks(config);
+  if (config.dist.local_ranks > 1) {
+    TrainSummary first;
+    run_on_thread_ranks(config, [&](dist::Mesh& mesh) {
+      Trainer trainer(config, &mesh);
+      TrainSummary summary = trainer.run();
+      if (mesh.rank() == 0) first = std::move(summary);
+    });
+    return first;
+  }
   io::JobConfig local = config;
   dist::Mesh* mesh = setup_process_mesh(local);
   Trainer trainer(local, mesh);

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -174,6 +175,22 @@ TEST(CudaRowGather, RejectsBadArguments) {
       },
       "sum_rows: expected in in f32 or bf16 (CUDA)");
   expect_error([&] { sum_rows(gpu(), out, in, on_gpu(vec({0, 1})), on_gpu(vec({0}))); }, "sum_rows: out");
+}
+
+TEST(CudaRowGather, CountTokensPerRankMatchesTheCpu) {
+  MT_REQUIRE_GPU();
+  Rng rng(2026);
+  for (const auto& [tokens, k, ranks, per_rank] :
+       {std::tuple<int64_t, int64_t, int64_t, int64_t>{1000, 8, 2, 64}, {777, 4, 8, 16}, {5, 2, 1, 4}}) {
+    std::vector<int32_t> topk(static_cast<size_t>(tokens * k));
+    for (auto& e : topk) e = static_cast<int32_t>(rng.below(static_cast<uint64_t>(ranks * per_rank)));
+    const Tensor host = Tensor::from_vector(topk, {tokens, k});
+    Tensor want = Tensor::empty({ranks}, DType::I32);
+    count_tokens_per_rank(Stream::cpu(), want, host, per_rank);
+    Tensor got = Tensor::empty({ranks}, DType::I32, Device::cuda());
+    count_tokens_per_rank(default_stream(Device::cuda()), got, host.to(Device::cuda()), per_rank);
+    EXPECT_EQ(got.to_vector<int32_t>(), want.to_vector<int32_t>()) << tokens << " tokens, " << ranks << " ranks";
+  }
 }
 
 }  // namespace

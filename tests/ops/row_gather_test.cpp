@@ -230,5 +230,20 @@ TEST(RowGather, RejectsBadArguments) {
   expect_error([&] { sum_rows(s, Tensor::empty({1, 3}, DType::F64), in, vec({0, 1}), vec({0})); }, "sum_rows: out");
 }
 
+// Tokens 0..3 choosing 2 of 6 experts on 3 ranks (2 experts each): by hand.
+TEST(CountTokensPerRank, CountsEachTokenOncePerRankItReaches) {
+  const Tensor topk = Tensor::from_vector<int32_t>({0, 1, /**/ 1, 4, /**/ 5, 2, /**/ 3, 2}, {4, 2});
+  Tensor counts = Tensor::empty({3}, DType::I32);
+  count_tokens_per_rank(Stream::cpu(), counts, topk, 2);
+  // rank 0 (experts 0, 1): tokens 0, 1; rank 1 (2, 3): tokens 2, 3 (token 3 twice, counted once); rank 2: 1, 2.
+  EXPECT_EQ(counts.to_vector<int32_t>(), (std::vector<int32_t>{2, 2, 2}));
+  Tensor none = Tensor::empty({3}, DType::I32);
+  count_tokens_per_rank(Stream::cpu(), none, Tensor::empty({0, 2}, DType::I32), 2);
+  EXPECT_EQ(none.to_vector<int32_t>(), (std::vector<int32_t>{0, 0, 0}));
+  EXPECT_THROW(count_tokens_per_rank(Stream::cpu(), counts, Tensor::from_vector<int32_t>({0, 6}, {1, 2}), 2), Error);
+  EXPECT_THROW(count_tokens_per_rank(Stream::cpu(), counts, topk.view({-1}), 2), Error);
+  EXPECT_THROW(count_tokens_per_rank(Stream::cpu(), Tensor::empty({3}, DType::I64), topk, 2), Error);
+}
+
 }  // namespace
 }  // namespace moetrain::ops

@@ -72,4 +72,17 @@ void sum_rows(const Tensor& out, const Tensor& in, const Tensor& segment_offsets
   });
 }
 
+void count_tokens_per_rank(const Tensor& counts, const Tensor& topk_index, int64_t experts_per_rank) {
+  const int64_t ranks = counts.numel(), tokens = topk_index.size(0), k = topk_index.size(1);
+  int32_t* out = counts.data<int32_t>();
+  const int32_t* choice = topk_index.data<int32_t>();
+  std::vector<char> hit(static_cast<size_t>(ranks));
+  for (int64_t q = 0; q < ranks; ++q) out[q] = 0;
+  for (int64_t t = 0; t < tokens; ++t) {
+    std::fill(hit.begin(), hit.end(), 0);
+    for (int64_t j = 0; j < k; ++j) hit[static_cast<size_t>(choice[t * k + j] / experts_per_rank)] = 1;
+    for (int64_t q = 0; q < ranks; ++q) out[q] += hit[static_cast<size_t>(q)];
+  }
+}
+
 }  // namespace moetrain::ops::cpu

@@ -12,5 +12,7 @@ void gather_rows(const Tensor& out, const Tensor& in, const Tensor& index);
 // Arguments validated by ops::sum_rows: out [U, H] and in [N, H] of one dtype (f32, f64 or bf16; bf16 sums in
 // f32), segment_offsets i32 [U + 1] non-decreasing from 0 to S, segment_rows i32 [S] in [0, N).
 void sum_rows(const Tensor& out, const Tensor& in, const Tensor& segment_offsets, const Tensor& segment_rows);
+// Arguments validated by ops::count_tokens_per_rank.
+void count_tokens_per_rank(const Tensor& counts, const Tensor& topk_index, int64_t experts_per_rank);
 
 }  // namespace moetrain::ops::cpu

@@ -3,6 +3,7 @@
 // atomics: every output element is written by one thread in a fixed order, whatever the grid.
 #include "ops/cuda/row_gather.h"
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -95,6 +96,21 @@ void launch_sum(const Stream& stream, const Tensor& out, const Tensor& in, const
 
 bool aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
+// One thread per token: the set of ranks its choices reach, then one integer add per rank.
+__global__ void count_tokens_kernel(int32_t* counts, const int32_t* choice, int64_t tokens, int64_t k,
+                                    int64_t experts_per_rank, int64_t ranks) {
+  for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < tokens; t += int64_t(gridDim.x) * blockDim.x) {
+    uint64_t reached = 0;
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t q = choice[t * k + j] / experts_per_rank;
+      if (choice[t * k + j] >= 0 && q < ranks) reached |= uint64_t(1) << q;
+    }
+    for (int64_t q = 0; q < ranks; ++q) {
+      if (reached >> q & 1) atomicAdd(&counts[q], 1);
+    }
+  }
+}
+
 }  // namespace
 
 void gather_rows(const Stream& stream, const Tensor& out, const Tensor& in, const Tensor& index) {
@@ -125,6 +141,17 @@ void sum_rows(const Stream& stream, const Tensor& out, const Tensor& in, const T
     case DType::BF16: launch_sum<__nv_bfloat16>(stream, out, in, segment_offsets, segment_rows); return;
     default: MT_FAIL("sum_rows (CUDA): expected out in f32 or bf16 but found {}", out.describe());
   }
+}
+
+void count_tokens_per_rank(const Stream& stream, const Tensor& counts, const Tensor& topk_index,
+                           int64_t experts_per_rank) {
+  MT_CUDA_CHECK(cudaMemsetAsync(counts.raw_data(), 0, counts.nbytes(), native(stream)));
+  const int64_t tokens = topk_index.size(0);
+  if (tokens == 0) return;
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((tokens + kThreads - 1) / kThreads, 4096));
+  count_tokens_kernel<<<blocks, kThreads, 0, native(stream)>>>(
+      counts.data<int32_t>(), topk_index.data<int32_t>(), tokens, topk_index.size(1), experts_per_rank, counts.numel());
+  MT_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace moetrain::ops::cuda

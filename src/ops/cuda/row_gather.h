@@ -18,5 +18,8 @@ void gather_rows(const Stream& stream, const Tensor& out, const Tensor& in, cons
 // from the first row (the CPU reference's order: f32 results match it bit for bit); an empty segment writes 0.
 void sum_rows(const Stream& stream, const Tensor& out, const Tensor& in, const Tensor& segment_offsets,
               const Tensor& segment_rows);
+// Arguments validated by ops::count_tokens_per_rank (ranks <= 64). Integer atomics: the counts are exact.
+void count_tokens_per_rank(const Stream& stream, const Tensor& counts, const Tensor& topk_index,
+                           int64_t experts_per_rank);
 
 }  // namespace moetrain::ops::cuda
