@@ -65,6 +65,27 @@ TEST(TrainCommand, RunsAJobAndExportsItsCheckpointAsHuggingFace) {
   }
 }
 
+// Two thread ranks with ZeRO-3 write a sharded checkpoint (one file per rank); convert exports one HF folder whose
+// weights are those of a replicated two-rank run within fp32 summation order (the two runs reduce gradients in
+// another order).
+TEST(TrainCommand, ExportsAShardedCheckpointAsOneHuggingFaceFolder) {
+  const std::string dir = testing::make_temp_dir("train_cmd_sharded");
+  const std::string job = write_job(dir);
+  ASSERT_EQ(run({"train", "--config", job, "--dist.local_ranks=2", "--parallel.sharding=full"}), 0);
+  EXPECT_TRUE(train::is_sharded_checkpoint(dir + "/ckpt/step_00000004"));
+  ASSERT_EQ(run({"convert", "--checkpoint", dir + "/ckpt", "--out", dir + "/hf"}), 0);
+  ASSERT_EQ(run({"train", "--config", job, "--dist.local_ranks=2", "--parallel.sharding=none",
+                 "--checkpoint.dir=" + dir + "/replicated"}),
+            0);
+  EXPECT_FALSE(train::is_sharded_checkpoint(dir + "/replicated/step_00000004"));
+  const auto exported = model::CausalLm::from_hf(dir + "/hf");
+  const train::CheckpointData replicated = train::load_checkpoint(dir + "/replicated/step_00000004");
+  std::map<std::string, Tensor> want(replicated.model.begin(), replicated.model.end());
+  for (const auto& [name, tensor] : exported->params().export_hf()) {
+    EXPECT_LT(testing::relative_error(tensor, want.at(name)), 1e-5) << name;
+  }
+}
+
 TEST(TrainCommand, ImportedHuggingFaceFolderIsResumedFrom) {
   const std::string dir = testing::make_temp_dir("import_cmd");
   const std::string job = write_job(dir);
