@@ -22,6 +22,7 @@
 #include "pipeline/partition.h"
 #include "pipeline/plain_executor.h"
 #include "train/checkpoint.h"
+#include "train/exact_job.h"
 #include "train/launch.h"
 
 namespace moetrain::cli {
@@ -195,28 +196,6 @@ std::unique_ptr<model::CausalLm> load_model_for_job(const io::JobConfig& config)
   return model;
 }
 
-exact::AdmissionReport admit_exact_for_job(const io::JobConfig& config, const model::CausalLm& model) {
-  exact::ExactDeclaration declaration;
-  // The CPU's exact program: f32 math within a layer, the residual rounded to bf16 at every layer
-  // boundary, fp32 masters: "bf16 compute with uniformly fp32 masters" in the contract's terms.
-  declaration.compute_dtype = "bf16";
-  declaration.wire_dtype = DType::BF16;
-  declaration.device = model.device();
-  declaration.loss = "cross_entropy";
-  declaration.load_balance = config.loss.load_balance;
-  declaration.load_balance_coef = config.loss.load_balance_coef;
-  declaration.z_loss_coef = config.loss.z_loss_coef;
-  for (const model::ParamSpec& spec : model.params().specs())
-    declaration.parameter_dtypes.push_back({spec.name, model.params().param(spec.name).dtype()});
-  return exact::admit_exact(declaration, model.config(), job_partition(config, model.config()));
-}
-
-pipeline::Partition job_partition(const io::JobConfig& config, const io::ModelConfig& model_config) {
-  const int pp = static_cast<int>(config.parallel.pp);
-  return config.parallel.pp_cuts.empty() ? pipeline::partition_balanced(model_config, pp)
-                                         : pipeline::partition_from_cuts(model_config, pp, config.parallel.pp_cuts);
-}
-
 ScoreShare score_share(int64_t num_micro_batches, int data_ranks, int data_rank, bool equal_counts) {
   MT_CHECK(num_micro_batches >= 1 && data_ranks >= 1 && 0 <= data_rank && data_rank < data_ranks,
            "score: expected >= 1 micro-batches and a data rank in [0, {}) of >= 1 data ranks; found {} micro-batches "
@@ -304,7 +283,8 @@ Tensor score_logprobs_on_mesh(const io::JobConfig& config, const model::CausalLm
   if (shape.pp == 1) {
     logprobs = pipeline::PlainExecutor(model, ep).run_forward(batches);
   } else {
-    const pipeline::Partition partition = job_partition(config, model.config());
+    const pipeline::Partition partition =
+        train::job_partition(config, model.config(), static_cast<int>(config.parallel.pp));
     pipeline::ForwardPipeline forward(model, partition, mesh->pp(), ep);
     size_t cursor = 0;  // the wire check's place in `batches`
     if (exact) {
@@ -396,9 +376,14 @@ ScorePlan prepare_score(const io::JobConfig& config, const ScoreOptions& options
 
   plan.model = make_model_for_job(config);
   plan.input = read_score_input(options.input, plan.model->config().vocab_size);
-  if (config.parallel.pp > 1) job_partition(config, plan.model->config());  // refuses a cut the model cannot take
+  if (config.parallel.pp > 1)
+    train::job_partition(config, plan.model->config(),
+                         static_cast<int>(config.parallel.pp));  // refuses a cut the model cannot take
   if (config.exact.enabled) {
-    admit_exact_for_job(config, *plan.model);  // throws listing every violation
+    train::admit_exact_for_job(
+        config, *plan.model,
+        train::job_partition(config, plan.model->config(),
+                             static_cast<int>(config.parallel.pp)));  // throws listing every violation
     const int64_t per = config.train.micro_batch, rows = plan.input.rows();
     for (int64_t m = 0; m * per < rows; ++m) {
       exact::check_varlen_metadata(score_micro_batch(plan.input, m * per, std::min(rows, (m + 1) * per)),

@@ -65,15 +65,6 @@ void load_job_weights(const io::JobConfig& config, model::CausalLm& model);
 // Both. Exact mode is not set here.
 std::unique_ptr<model::CausalLm> load_model_for_job(const io::JobConfig& config);
 
-// The exact-lane admission of a job (DESIGN.md section 6) for `model`: on the CPU the exact
-// program is declared as bf16 compute with uniformly fp32 masters, a bf16 wire, the parameter
-// dtypes of the store, the job's losses and device, and the partition of parallel.pp (balanced by
-// cost, or parallel.pp_cuts). Throws listing every violation; logs one line per stage on success.
-exact::AdmissionReport admit_exact_for_job(const io::JobConfig& config, const model::CausalLm& model);
-
-// The partition of parallel.pp the job runs (and exact mode admits): parallel.pp_cuts when given, else balanced.
-pipeline::Partition job_partition(const io::JobConfig& config, const io::ModelConfig& model_config);
-
 // How score spreads its M micro-batches (micro-batch m = rows [m * train.micro_batch, (m + 1) * train.micro_batch))
 // over the D = dp x ep data ranks (data rank dp_i * ep + ep_i, the dp_ep order of dist/mesh.h): round robin, data
 // rank d runs micro-batches d, d + D, d + 2D, ... in that order (every pp rank of its pipeline runs the same list).

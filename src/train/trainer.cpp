@@ -8,6 +8,7 @@
 #include "core/allocator.h"
 #include "core/log.h"
 #include "dist/mesh.h"
+#include "exact/wire_checks.h"
 #include "io/safetensors.h"
 #include "ops/cuda/runtime.h"
 #include "ops/elementwise.h"
@@ -16,6 +17,7 @@
 #include "pipeline/plain_executor.h"
 #include "train/checkpoint.h"
 #include "train/data_parallel.h"
+#include "train/exact_job.h"
 #include "train/fully_sharded.h"
 #include "train/sharded_checkpoint.h"
 
@@ -141,6 +143,7 @@ Trainer::Trainer(const io::JobConfig& config, dist::Mesh* mesh)
     log_info("experts: {} ranks of expert parallelism, {} experts each", mesh_->ep().size(),
              model_config.num_experts / mesh_->ep().size());
   }
+  if (config.exact.enabled) setup_exact_mode(model_config);
   router_loss_.variant = model::parse_load_balance_variant(config.loss.load_balance);
   router_loss_.load_balance_coef = config.loss.load_balance_coef;
   router_loss_.z_loss_coef = config.loss.z_loss_coef;
@@ -161,9 +164,7 @@ Trainer::~Trainer() = default;
 // DualPipeV over the mesh's pp ranks: the partition, the executor and which parameters this rank owns.
 void Trainer::setup_pipeline(const io::ModelConfig& model_config) {
   const int pp = mesh_->pp().size();
-  partition_ = config_.parallel.pp_cuts.empty()
-                   ? pipeline::partition_balanced(model_config, pp)
-                   : pipeline::partition_from_cuts(model_config, pp, config_.parallel.pp_cuts);
+  partition_ = job_partition(config_, model_config, pp);
   MT_CHECK(micro_batches_per_step_ >= 2 * int64_t(pp),
            "trainer: DualPipeV over pp = {} ranks needs >= 2 * pp = {} micro-batches per step per pipeline, but each "
            "of the {} data-parallel pipelines gets {} (train.global_batch / train.micro_batch = {} micro-batches "
@@ -190,6 +191,19 @@ void Trainer::setup_pipeline(const io::ModelConfig& model_config) {
 // ZeRO-3 (parallel.sharding): every rank holds the same full values now (seeded init, HF weights or a checkpoint);
 // they become shards, the optimizer is rebuilt over the shards with the moments it had, and the plain executor
 // gathers each part of the model around its use.
+// Exact mode (DESIGN.md section 6): the contract admits the job before anything runs (on CUDA it refuses, naming
+// the kernels without a batch-invariant variant), the residual is rounded to bf16 at every layer boundary, and a
+// pipeline's activations travel as bf16 with their wire and metadata checked on every scheduled forward.
+void Trainer::setup_exact_mode(const io::ModelConfig& model_config) {
+  // The partition the job runs: the pipeline's, or pp = 1's two stages.
+  admit_exact_for_job(config_, *model_, executor_ ? partition_ : job_partition(config_, model_config, 1));
+  model_->set_exact(true);
+  if (executor_) {
+    executor_->set_wire_dtype(DType::BF16);
+    executor_->set_wire_check(exact_wire_check(mesh_->pp().rank(), model_config.hidden_size, config_.train.seq_len));
+  }
+}
+
 bool Trainer::wants_sharding() const {
   const std::string& mode = config_.parallel.sharding;
   if (mesh_ == nullptr) return false;
@@ -436,6 +450,10 @@ double Trainer::train_step(int64_t step) {
   int64_t local_targets = 0;
   for (const auto& batch : batches) local_targets += batch.num_targets();
   if (sharded_) check_equal_micro_batch_counts(static_cast<int64_t>(batches.size()), step);
+  if (config_.exact.enabled) {
+    for (size_t i = 0; i < batches.size(); ++i)
+      exact::check_varlen_metadata(batches[i], config_.train.seq_len, static_cast<int>(i));
+  }
   const int64_t targets = global_count(local_targets);
   MT_CHECK(targets > 0, "step {}: the global batch has no counted targets", step + 1);
   running_counts_.assign(static_cast<size_t>(router_loss_.num_moe_layers), {});

@@ -95,6 +95,7 @@ class Trainer {
   void check_state(const nlohmann::json& state, const std::string& path) const;
   void restore_state(const nlohmann::json& state, const std::string& path);
   bool wants_sharding() const;
+  void setup_exact_mode(const io::ModelConfig& model_config);
   void setup_sharding();
   double train_step(int64_t step);
   void setup_pipeline(const io::ModelConfig& model_config);

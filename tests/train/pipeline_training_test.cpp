@@ -349,6 +349,29 @@ TEST(PipelineTraining, DualPipeVOnOneRankPerPipelineWithExpertParallelismTrainsL
   EXPECT_THROW(io::parse_job_config(io::job_config_to_toml(full), "job.toml", {}), Error);
 }
 
+// exact.enabled in training: the job passes the admission contract, the residual is rounded to bf16 at every layer
+// boundary, and pp = 2 (activations on a bf16 wire, checked with their metadata on every scheduled forward) trains
+// like one rank in exact mode, bit for bit. Exact mode is a different program from the f32 one.
+TEST(PipelineTraining, ExactModeTrainsThroughThePipelineLikeOneRankBitwise) {
+  io::JobConfig config = job();
+  config.exact.enabled = true;
+  const RankResult single = run_single(config);
+  expect_bitwise(assemble(run_mesh(config, 2, 1), 0), single, "exact pp=2");
+  EXPECT_NE(single.losses, reference().losses) << "exact mode did not change the program";
+}
+
+TEST(PipelineTraining, ExactModeRefusesAJobItsContractDoesNotAdmit) {
+  io::JobConfig config = job();
+  config.exact.enabled = true;
+  config.loss.load_balance = "global_batch";  // a loss without a pipeline path
+  try {
+    Trainer trainer(config);
+    ADD_FAILURE() << "exact mode admitted the global-batch load-balance loss";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("global_batch"), std::string::npos) << e.what();
+  }
+}
+
 TEST(PipelineTraining, RefusesFewerMicroBatchesThanTwoStagesPerRank) {
   io::JobConfig config = job();
   config.train.global_batch = 6;  // 3 micro-batches, one pipeline of pp = 2 needs 4
