@@ -431,8 +431,10 @@ void Trainer::save(int64_t step, const std::vector<Tensor>* exp_avg, const std::
   data.model = model_->params().export_hf();
   const auto& specs = model_->params().specs();
   for (size_t i = 0; i < specs.size(); ++i) {
-    data.optimizer.emplace_back("exp_avg/" + specs[i].name, (*exp_avg)[i]);
-    data.optimizer.emplace_back("exp_avg_sq/" + specs[i].name, (*exp_avg_sq)[i]);
+    // Checkpoints hold CPU tensors: the moments live on the model's device (export_hf copies the weights itself).
+    const auto on_host = [](const Tensor& t) { return t.device().is_cpu() ? t : t.to(Device::cpu()); };
+    data.optimizer.emplace_back("exp_avg/" + specs[i].name, on_host((*exp_avg)[i]));
+    data.optimizer.emplace_back("exp_avg_sq/" + specs[i].name, on_host((*exp_avg_sq)[i]));
   }
   data.state = checkpoint_state(step);
   data.config_toml = io::job_config_to_toml(config_);

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "io/safetensors.h"
+#include "testing/gpu.h"
 #include "testing/test_data.h"
 #include "train/checkpoint.h"
 #include "train/data/indexed_dataset.h"
@@ -178,6 +179,34 @@ TEST(Trainer, NanLossStopsBeforeAnyCheckpointIsWritten) {
     EXPECT_NE(std::string(e.what()).find("step 1: the loss is nan"), std::string::npos) << e.what();
   }
   EXPECT_TRUE(list_checkpoints(dir + "/ckpt").empty());
+}
+
+// A checkpoint of a GPU run holds CPU tensors (the AdamW moments live on the device) and resumes byte for byte.
+TEST(CudaTrainer, SavesAndResumesACheckpointOfABf16Run) {
+  MT_REQUIRE_GPU();
+  const std::string dir_a = testing::make_temp_dir("cuda_trainer_straight");
+  io::JobConfig a = small_job(dir_a);
+  a.model.device = "cuda";
+  a.model.compute_dtype = "bf16";
+  Trainer straight(a);
+  const TrainSummary all = straight.run();
+  ASSERT_EQ(all.losses.size(), 6u);
+  EXPECT_EQ(list_checkpoints(a.checkpoint.dir), (std::vector<int64_t>{3, 6}));
+
+  const std::string dir_b = testing::make_temp_dir("cuda_trainer_resumed");
+  io::JobConfig b = a;
+  b.checkpoint.dir = dir_b + "/ckpt";
+  b.data.sources = {{make_dataset(dir_b), 1.0}};
+  {
+    Trainer first(b);
+    first.run(3);
+  }
+  Trainer second(b);
+  EXPECT_EQ(second.steps_done(), 3);
+  const TrainSummary rest = second.run();
+  ASSERT_EQ(rest.losses.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(rest.losses[i], all.losses[3 + i]) << "step " << 4 + i;
+  EXPECT_EQ(weights_of(second), weights_of(straight));
 }
 
 }  // namespace
