@@ -1,5 +1,5 @@
-// defines: Trainer, the training loop of a job (one rank, data parallelism, DualPipeV pipeline
-// parallelism): model and optimizer set-up (from a seed or HF weights), automatic resume from the newest complete
+// defines: Trainer, the training loop of a job (one rank; data parallelism, replicated or ZeRO-3 sharded; expert
+// parallelism; DualPipeV pipeline parallelism; exact mode): model and optimizer set-up (from a seed or HF weights), automatic resume from the newest complete
 // checkpoint, micro-batch accumulation with the token-weighted loss, clipping, AdamW on fp32 masters, the LR schedule,
 // NaN/Inf detection (stop before the optimizer step; never checkpoint poisoned state), metrics and checkpoints.
 #pragma once
@@ -50,7 +50,9 @@ class Trainer {
   // runs over its dp x ep ranks; with mesh.pp() > 1 each step runs DualPipeV over the pp ranks
   // (the layers cut by parallel.pp_cuts, or balanced by cost), and this rank computes gradients
   // for, clips with and updates only the parameters of its two stages (owns_parameter); with ep > 1
-  // too, the stages' MoE layers dispatch and combine over the ep ranks. Refused: with pp > 1 fewer
+  // too, the stages' MoE layers dispatch and combine over the ep ranks. With pp = 1 and several data
+  // ranks the parameters, gradients and optimizer state are ZeRO-3 shards (parallel.sharding; see
+  // fully_sharded.h). exact.enabled passes the admission contract first. Refused: with pp > 1 fewer
   // than 2 * pp micro-batches per step per pipeline or fewer than 2 * pp decoder layers.
   explicit Trainer(const io::JobConfig& config, dist::Mesh* mesh = nullptr);
   ~Trainer();
