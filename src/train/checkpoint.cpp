@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <map>
 #include <set>
@@ -210,12 +211,26 @@ void publish(const std::string& tmp, const std::string& final_path) {
   }
 }
 
+// Runs `write` (which fills the temporary folder `tmp`); on any failure removes `tmp` and rethrows, a file-system
+// error as one naming the folder.
+void write_in_temporary(const std::string& tmp, const std::function<void()>& write) {
+  std::error_code error;
+  try {
+    write();
+  } catch (const fs::filesystem_error& e) {
+    fs::remove_all(tmp, error);
+    MT_FAIL("checkpoint: cannot write {}: {}", tmp, e.what());
+  } catch (...) {
+    fs::remove_all(tmp, error);
+    throw;
+  }
+}
+
 // Lists `files` of `tmp` with their sizes and hashes in a manifest written last, then publishes `tmp` as
 // `final_path`; on any failure `tmp` is removed and the error names it.
 void seal_and_publish(const std::string& tmp, const std::string& final_path, int64_t step,
                       const std::vector<std::string>& files) {
-  std::error_code error;
-  try {
+  write_in_temporary(tmp, [&] {
     nlohmann::ordered_json listed = nlohmann::ordered_json::object();
     for (const std::string& file : files) {
       const std::string path = (fs::path(tmp) / file).string();
@@ -229,13 +244,7 @@ void seal_and_publish(const std::string& tmp, const std::string& final_path, int
     write_new_file_synced((fs::path(tmp) / kManifest).string(), manifest.dump(2) + "\n");
     fsync_folder(tmp);
     publish(tmp, final_path);
-  } catch (const fs::filesystem_error& e) {
-    fs::remove_all(tmp, error);
-    MT_FAIL("checkpoint: cannot write {}: {}", tmp, e.what());
-  } catch (...) {
-    fs::remove_all(tmp, error);
-    throw;
-  }
+  });
 }
 
 // After a publish: the folder entry made durable, then old and temporary checkpoints removed (a failure there is
@@ -574,19 +583,13 @@ std::string save_checkpoint(const std::string& dir, const CheckpointData& data, 
   MT_CHECK(!error, "checkpoint: cannot remove the stale folder {}: {}", tmp, error.message());
   MT_CHECK(fs::create_directory(tmp, error) && !error, "checkpoint: cannot create {}: {}", tmp,
            error ? error.message() : std::string("it exists"));
-  try {
+  write_in_temporary(tmp, [&] {
     const auto file_in_tmp = [&](const char* file) { return (fs::path(tmp) / file).string(); };
     io::write_safetensors(file_in_tmp(kModelFile), data.model);
     io::write_safetensors(file_in_tmp(kOptimizerFile), data.optimizer);
     write_new_file_synced(file_in_tmp(kStateFile), state_text);
     write_new_file_synced(file_in_tmp(kConfigFile), data.config_toml);
-  } catch (const fs::filesystem_error& e) {
-    fs::remove_all(tmp, error);
-    MT_FAIL("checkpoint: cannot write {}: {}", tmp, e.what());
-  } catch (...) {
-    fs::remove_all(tmp, error);
-    throw;
-  }
+  });
   seal_and_publish(tmp, final_path, data.step,
                    std::vector<std::string>(std::begin(kRequiredFiles), std::end(kRequiredFiles)));
   return finish_save(dir, final_path, data.step, keep);
@@ -699,9 +702,9 @@ std::string complete_sharded_checkpoint(const std::string& dir, const Checkpoint
   const std::string name = step_folder_name(data.step);
   const std::string tmp = (fs::path(dir) / (name + kShardedTmpMarker)).string();
   const std::string final_path = (fs::path(dir) / name).string();
-  std::error_code error;
   std::vector<std::string> files;
-  try {
+  write_in_temporary(tmp, [&] {
+    std::error_code error;
     check_shard_layout(layout, tmp);
     const int world = layout["world"].get<int>();
     for (int r = 0; r < world; ++r) {
@@ -714,13 +717,7 @@ std::string complete_sharded_checkpoint(const std::string& dir, const Checkpoint
     write_new_file_synced(file_in_tmp(kConfigFile), data.config_toml);
     write_new_file_synced(file_in_tmp(kShardLayout), layout.dump(1) + "\n");
     files.insert(files.end(), {kStateFile, kConfigFile, kShardLayout});
-  } catch (const fs::filesystem_error& e) {
-    fs::remove_all(tmp, error);
-    MT_FAIL("checkpoint: cannot write {}: {}", tmp, e.what());
-  } catch (...) {
-    fs::remove_all(tmp, error);
-    throw;
-  }
+  });
   seal_and_publish(tmp, final_path, data.step, files);
   return finish_save(dir, final_path, data.step, keep);
 }
