@@ -95,26 +95,33 @@ ExpertExchange ExpertExchange::create(dist::Communicator& ep, Stream& stream, co
   std::vector<int32_t> position(static_cast<size_t>(R));
   std::vector<int32_t> send_index;
   x.unique_send_rows_.assign(static_cast<size_t>(n), 0);
-  std::vector<std::pair<int64_t, int64_t>> token_rows;  // (token, row), sorted
+  // Linear in rows and tokens (no sort): per destination, mark the tokens present and each one's first row, then
+  // number them in ascending token order.
+  const int64_t T = topk_index.size(0);
+  std::vector<int32_t> stamp(static_cast<size_t>(T), -1), first_row(static_cast<size_t>(T)),
+      slot(static_cast<size_t>(T));
   for (int q = 0; q < n; ++q) {
     int64_t base = 0;
     for (int p = 0; p < me; ++p) base += unique_count(p, q);
     const int64_t begin = offset(me, q * El), end = offset(me, (q + 1) * El);
-    token_rows.clear();
     for (int64_t r = begin; r < end; ++r) {
-      MT_CHECK(choice[static_cast<size_t>(r)] >= 0, "expert exchange: row_choice[{}] = {} is negative", r,
-               choice[static_cast<size_t>(r)]);
-      token_rows.emplace_back(choice[static_cast<size_t>(r)] / top_k, r);
-    }
-    std::sort(token_rows.begin(), token_rows.end());
-    int64_t unique = 0;
-    for (size_t i = 0; i < token_rows.size(); ++i) {
-      if (i == 0 || token_rows[i].first != token_rows[i - 1].first) {
-        send_index.push_back(to_i32(token_rows[i].second));
-        ++unique;
+      const int32_t c = choice[static_cast<size_t>(r)];
+      MT_CHECK(c >= 0 && c / top_k < T, "expert exchange: row_choice[{}] = {} is outside [0, T * K = {})", r, c,
+               T * top_k);
+      const size_t t = static_cast<size_t>(c / top_k);
+      if (stamp[t] != q) {
+        stamp[t] = q;
+        first_row[t] = to_i32(r);
       }
-      position[static_cast<size_t>(token_rows[i].second)] = to_i32(base + unique - 1);
     }
+    int64_t unique = 0;
+    for (size_t t = 0; t < static_cast<size_t>(T); ++t) {
+      if (stamp[t] != q) continue;
+      slot[t] = to_i32(base + unique++);
+      send_index.push_back(first_row[t]);
+    }
+    for (int64_t r = begin; r < end; ++r)
+      position[static_cast<size_t>(r)] = slot[static_cast<size_t>(choice[static_cast<size_t>(r)] / top_k)];
     MT_CHECK(unique == unique_count(me, q),
              "expert exchange: ep rank {} routes {} unique tokens to rank {} by row_choice but {} by topk_index; the "
              "two must describe the same routing",

@@ -251,7 +251,7 @@ TEST(ExpertExchange, RejectsBadArguments) {
     Tensor negative = choice.clone();
     negative.data<int32_t>()[3] = -2;
     expect_error([&] { ExpertExchange::create(comm, s, offsets, negative, topk, 4); },
-                 "expert exchange: row_choice[3] = -2 is negative");
+                 "expert exchange: row_choice[3] = -2 is outside [0, T * K = 10)");
 
     const ExpertExchange x = exchange_for(comm, r, 4);
     expect_error(
