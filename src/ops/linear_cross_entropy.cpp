@@ -49,21 +49,6 @@ void check_inputs(const Tensor& x, const Tensor& w, int64_t chunk, const Stream&
   MT_CHECK(chunk > 0, "{}: expected a chunk width > 0 but found {}", op, chunk);
 }
 
-// targets i32 [T]; on the CPU every entry must be in [0, vocab) or equal to ignore_index. CUDA targets are not read
-// here (that would copy device memory to the host inside an op): the kernels turn an out-of-range target into a NaN
-// loss and a NaN gradient row instead (ops/cuda/linear_cross_entropy.h).
-void check_targets(const Tensor& targets, int64_t tokens, int64_t vocab, int ignore_index, const Stream& stream,
-                   const char* op) {
-  check_argument(targets, {tokens}, DType::I32, stream, op, "targets");
-  if (targets.device().is_cuda()) return;
-  const int32_t* target = targets.data<int32_t>();
-  for (int64_t t = 0; t < tokens; ++t) {
-    MT_CHECK(target[t] == ignore_index || (target[t] >= 0 && target[t] < vocab),
-             "{}: targets[{}] = {} is outside the vocabulary [0, V = {}) and is not the ignore index {}", op, t,
-             target[t], vocab, ignore_index);
-  }
-}
-
 void chunk_stats(Stream& stream, const Tensor& row_max, const Tensor& row_sum, const Tensor& target_logit,
                  const Tensor& logits, const Tensor& targets, int64_t begin, bool first, int ignore_index) {
 #if MOETRAIN_HAS_CUDA
@@ -153,7 +138,7 @@ void linear_cross_entropy_forward(Stream& stream, Tensor losses, Tensor lse, con
   const int64_t tokens = x.size(0);
   check_argument(losses, {tokens}, row_dtype(x), stream, kForward, "losses");
   check_argument(lse, {tokens}, row_dtype(x), stream, kForward, "lse");
-  check_targets(targets, tokens, w.size(0), ignore_index, stream, kForward);
+  check_class_targets(targets, tokens, w.size(0), ignore_index, stream, kForward);
   run(stream, losses, lse, Tensor(), Tensor(), x, w, targets, 0.0, chunk, ignore_index);
 }
 
@@ -168,7 +153,7 @@ void linear_cross_entropy_forward_backward(Stream& stream, Tensor losses, Tensor
   check_argument(lse, {tokens}, row_dtype(x), stream, op, "lse");
   check_argument(dx, x.shape(), x.dtype(), stream, op, "dx");
   check_argument(dw, w.shape(), stream.device().is_cuda() ? DType::F32 : x.dtype(), stream, op, "dw");
-  check_targets(targets, tokens, w.size(0), ignore_index, stream, op);
+  check_class_targets(targets, tokens, w.size(0), ignore_index, stream, op);
   MT_CHECK(std::isfinite(scale), "{}: expected a finite scale but found {}", op, scale);
   run(stream, losses, lse, dx, dw, x, w, targets, scale, chunk, ignore_index);
 }

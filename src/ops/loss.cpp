@@ -36,21 +36,6 @@ void check_logits(const Tensor& logits, const Stream& stream, const char* op) {
            "{}: expected logits in f32 or f64 but found {}", op, logits.describe());
 }
 
-// targets i32 [T]; on the CPU every entry must be in [0, vocab) or equal to ignore_index. CUDA targets are not read
-// here (that would copy device memory to the host inside an op): the trainer validates each batch on the host, and
-// the CUDA kernels turn an out-of-range target into a NaN loss instead of reading outside the row.
-void check_targets(const Tensor& targets, int64_t tokens, int64_t vocab, int ignore_index, const Stream& stream,
-                   const char* op) {
-  check_argument(targets, {tokens}, DType::I32, stream, op, "targets");
-  if (targets.device().is_cuda()) return;
-  const int32_t* target = targets.data<int32_t>();
-  for (int64_t t = 0; t < tokens; ++t) {
-    MT_CHECK(target[t] == ignore_index || (target[t] >= 0 && target[t] < vocab),
-             "{}: targets[{}] = {} is outside the vocabulary [0, V = {}) and is not the ignore index {}", op, t,
-             target[t], vocab, ignore_index);
-  }
-}
-
 }  // namespace
 
 void cross_entropy_forward(Stream& stream, Tensor losses, Tensor lse, const Tensor& logits, const Tensor& targets,
@@ -63,7 +48,7 @@ void cross_entropy_forward(Stream& stream, Tensor losses, Tensor lse, const Tens
   const int64_t vocab = logits.size(1);
   check_argument(losses, {tokens}, row_dtype(logits), stream, op, "losses");
   check_argument(lse, {tokens}, row_dtype(logits), stream, op, "lse");
-  check_targets(targets, tokens, vocab, ignore_index, stream, op);
+  check_class_targets(targets, tokens, vocab, ignore_index, stream, op);
 #if MOETRAIN_HAS_CUDA
   if (logits.device().is_cuda()) {
     cuda::cross_entropy_forward(stream, losses, lse, logits, targets, ignore_index);
@@ -83,7 +68,7 @@ void cross_entropy_backward(Stream& stream, Tensor dlogits, const Tensor& logits
   const int64_t vocab = logits.size(1);
   check_argument(dlogits, {tokens, vocab}, logits.dtype(), stream, op, "dlogits");
   check_argument(lse, {tokens}, row_dtype(logits), stream, op, "lse");
-  check_targets(targets, tokens, vocab, ignore_index, stream, op);
+  check_class_targets(targets, tokens, vocab, ignore_index, stream, op);
   MT_CHECK(std::isfinite(scale), "{}: expected a finite scale but found {}", op, scale);
 #if MOETRAIN_HAS_CUDA
   if (logits.device().is_cuda()) {

@@ -51,4 +51,16 @@ void check_like(const Tensor& t, const Tensor& like, const Stream& stream, std::
   check_argument(t, like.shape(), like.dtype(), stream, op, name);
 }
 
+void check_class_targets(const Tensor& targets, int64_t tokens, int64_t vocab, int ignore_index, const Stream& stream,
+                         std::string_view op) {
+  check_argument(targets, {tokens}, DType::I32, stream, op, "targets");
+  if (targets.device().is_cuda()) return;
+  const int32_t* target = targets.data<int32_t>();
+  for (int64_t t = 0; t < tokens; ++t) {
+    MT_CHECK(target[t] == ignore_index || (target[t] >= 0 && target[t] < vocab),
+             "{}: targets[{}] = {} is outside the vocabulary [0, V = {}) and is not the ignore index {}", op, t,
+             target[t], vocab, ignore_index);
+  }
+}
+
 }  // namespace moetrain::ops

@@ -37,4 +37,11 @@ void check_argument(const Tensor& t, const Shape& shape, DType dtype, const Stre
 // `t` has the shape and dtype of `like`, is contiguous and lives on the stream's device.
 void check_like(const Tensor& t, const Tensor& like, const Stream& stream, std::string_view op, std::string_view name);
 
+// Class targets i32 [tokens] of a loss over `vocab` classes. On the CPU every entry must be in [0, vocab) or equal
+// to ignore_index. CUDA targets are not read (that would copy device memory to the host inside an op): the trainer
+// validates each batch on the host, and the CUDA kernels turn an out-of-range target into a NaN loss (and a NaN
+// gradient row) instead of reading outside the row.
+void check_class_targets(const Tensor& targets, int64_t tokens, int64_t vocab, int ignore_index, const Stream& stream,
+                         std::string_view op);
+
 }  // namespace moetrain::ops
