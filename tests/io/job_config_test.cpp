@@ -108,6 +108,10 @@ void expect_same_config(const JobConfig& a, const JobConfig& b) {
   EXPECT_EQ(a.parallel.ep, b.parallel.ep);
   EXPECT_EQ(a.parallel.cp, b.parallel.cp);
   EXPECT_EQ(a.parallel.pp_cuts, b.parallel.pp_cuts);
+  EXPECT_EQ(a.parallel.sharding, b.parallel.sharding);
+  EXPECT_EQ(a.parallel.reduce_gradients, b.parallel.reduce_gradients);
+  EXPECT_EQ(a.parallel.schedule, b.parallel.schedule);
+  EXPECT_EQ(a.parallel.ep_dedup, b.parallel.ep_dedup);
   EXPECT_EQ(a.dist.local_ranks, b.dist.local_ranks);
   EXPECT_EQ(a.dist.timeout_s, b.dist.timeout_s);
   EXPECT_EQ(a.exact.enabled, b.exact.enabled);
@@ -411,6 +415,10 @@ TEST(JobConfig, WriterWritesEveryKey) {
                           "ep = 1",
                           "cp = 1",
                           "pp_cuts = []",
+                          "sharding = \"auto\"",
+                          "reduce_gradients = \"micro_batch\"",
+                          "schedule = \"auto\"",
+                          "ep_dedup = true",
                           "[dist]",
                           "local_ranks = 0",
                           "timeout_s = 300",
@@ -691,6 +699,10 @@ TEST(JobConfig, TomlRoundTripKeepsThreadRanks) {
   c.parallel.pp = 4;
   c.parallel.pp_cuts = {1, 2, 3, 4, 5, 6, 7};
   c.dist.local_ranks = 8;
+  c.parallel.sharding = "none";
+  c.parallel.reduce_gradients = "step";
+  c.parallel.schedule = "dualpipev";
+  c.parallel.ep_dedup = false;
   const std::string text = job_config_to_toml(c);
   const JobConfig back = parse_job_config(text, "resolved.toml", {});
   expect_same_config(back, c);
@@ -722,6 +734,21 @@ TEST(JobConfig, ValidatesParallelSection) {
   expect_override_error("parallel.pp=0", {"parallel.pp must be >= 1 but is 0"});
   expect_override_error("parallel.ep=-1", {"parallel.ep must be >= 1 but is -1"});
   expect_override_error("parallel.cp=0", {"parallel.cp must be >= 1 but is 0"});
+  expect_override_error("parallel.sharding=zero3", {"parallel.sharding must be auto, full or none but is 'zero3'"});
+  expect_override_error("parallel.reduce_gradients=layer",
+                        {"parallel.reduce_gradients must be micro_batch or step but is 'layer'"});
+  expect_override_error("parallel.schedule=gpipe", {"parallel.schedule must be auto or dualpipev but is 'gpipe'"});
+  expect_override_error("parallel.ep_dedup=sometimes", {"parallel.ep_dedup", "a boolean"});
+  expect_error(
+      [] {
+        parse_job_config(kMinimal, "job.toml", {"parallel.sharding=full", "parallel.pp=2"});
+      },
+      {"parallel.sharding = full (ZeRO-3) runs with parallel.pp = 1"});
+  expect_error(
+      [] {
+        parse_job_config(kMinimal, "job.toml", {"parallel.sharding=full", "parallel.schedule=dualpipev"});
+      },
+      {"runs on the plain executor"});
   expect_error(
       [] {
         parse_job_config(kMinimal, "job.toml", {"parallel.pp=2", "parallel.pp_cuts=[2, 4]"});
