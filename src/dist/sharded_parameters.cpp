@@ -79,18 +79,6 @@ Tensor ShardedTensor::take_shard(const Tensor& full) const {
   return shard;
 }
 
-void ShardedTensor::assemble(Stream& stream, Tensor full, const Tensor& shard) const {
-  MT_CHECK(full.shape() == master_.shape() && shard.numel() == shard_numel_ && shard.dtype() == full.dtype(),
-           "sharding: assembling '{}' into {} from {}; expected {} shape and a [{}] shard of its dtype", name_,
-           full.describe(), shard.describe(), shape_str(master_.shape()), shard_numel_);
-  const int64_t padded = comm_->size() * shard_numel_;
-  Tensor whole = flat(full);
-  Tensor gathered = Tensor::empty({padded}, full.dtype(), full.device());
-  comm_->all_gather(stream, gathered, shard);
-  whole.zero_();
-  whole.slice(begin_, end_).copy_from(gathered.slice(0, end_ - begin_));
-}
-
 // Zeroes what the gather does not write (other experts' rows), on compute, then all-gathers the shards into
 // [begin, begin + N * S) of the padded storage on comm.
 void ShardedTensor::gather_in_place(Stream& compute, Stream& comm, const Tensor& full, const Tensor& shard) {

@@ -69,10 +69,8 @@ class ShardedTensor {
   // This rank's shard of a full tensor shaped like the parameter (any dtype): a new [S] tensor on the parameter's
   // device, zero past `end`.
   Tensor take_shard(const Tensor& full) const;
-  // The full tensor from every rank's `shard` ([S], any dtype): all_gather over comm into `full` (the parameter's
-  // shape), 0 outside [begin, end). `full` may be the master itself after its bytes were re-allocated.
-  void assemble(Stream& stream, Tensor full, const Tensor& shard) const;
-  // The full master's storage bytes back (filled by assemble), and freed again: checkpoints read the full masters.
+  // The full master's storage bytes back, all-gathered from every rank's master shard (0 outside [begin, end)),
+  // and freed again: whoever needs the whole model (full_parameters) reads the full masters in between.
   void materialize_master(Stream& stream);
   void release_master();
 

@@ -229,27 +229,12 @@ double FullyShardedModel::clip_gradients(double max_norm) {
   return norm;
 }
 
-void FullyShardedModel::with_full_state(const std::vector<Tensor>* exp_avg, const std::vector<Tensor>* exp_avg_sq,
-                                        const std::function<void()>& fn) {
-  const bool moments = exp_avg != nullptr && exp_avg_sq != nullptr;
-  MT_CHECK(!moments || (exp_avg->size() == tensors_.size() && exp_avg_sq->size() == tensors_.size() &&
-                        exp_avg_shards_.size() == tensors_.size()),
-           "sharding: expected one full moment and one moment shard per parameter ({}) but found {}, {} and {}",
-           tensors_.size(), exp_avg->size(), exp_avg_sq->size(), exp_avg_shards_.size());
+void FullyShardedModel::with_full_masters(const std::function<void()>& fn) {
   Stream& stream = default_stream(model_.device());
   for (size_t i = 0; i < tensors_.size(); ++i) {
     tensors_[i].materialize_master(stream);
-    if (moments) {
-      tensors_[i].assemble(stream, (*exp_avg)[i], exp_avg_shards_[i]);
-      tensors_[i].assemble(stream, (*exp_avg_sq)[i], exp_avg_sq_shards_[i]);
-    }
-    if (split_over_ep_[i]) {  // each ep rank assembled its own experts and zeros elsewhere: the sum is the bank
+    if (split_over_ep_[i])  // each ep rank assembled its own experts and zeros elsewhere: the sum is the bank
       mesh_.ep().all_reduce(stream, model_.params().param(tensors_[i].name()), dist::ReduceOp::Sum);
-      if (moments) {
-        mesh_.ep().all_reduce(stream, (*exp_avg)[i], dist::ReduceOp::Sum);
-        mesh_.ep().all_reduce(stream, (*exp_avg_sq)[i], dist::ReduceOp::Sum);
-      }
-    }
   }
   try {
     fn();
@@ -258,22 +243,6 @@ void FullyShardedModel::with_full_state(const std::vector<Tensor>* exp_avg, cons
     throw;
   }
   for (dist::ShardedTensor& t : tensors_) t.release_master();
-}
-
-std::vector<Tensor> FullyShardedModel::take_shards(const std::vector<Tensor>& full) const {
-  MT_CHECK(full.size() == tensors_.size(), "sharding: expected one full tensor per parameter ({}) but found {}",
-           tensors_.size(), full.size());
-  std::vector<Tensor> out;
-  for (size_t i = 0; i < full.size(); ++i) out.push_back(tensors_[i].take_shard(full[i]));
-  return out;
-}
-
-void FullyShardedModel::set_moment_shards(const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq) {
-  MT_CHECK(exp_avg.size() == tensors_.size() && exp_avg_sq.size() == tensors_.size(),
-           "sharding: expected one moment shard per parameter ({}) but found {} and {}", tensors_.size(),
-           exp_avg.size(), exp_avg_sq.size());
-  exp_avg_shards_ = exp_avg;
-  exp_avg_sq_shards_ = exp_avg_sq;
 }
 
 int64_t FullyShardedModel::shard_bytes() const {

@@ -27,9 +27,6 @@ class FullyShardedModel final : public pipeline::ParameterHooks {
   // Shards every parameter of `model` over `mesh` (pp = 1, cp = 1) from its current values, then frees the full
   // masters, weights and gradients. The model must outlive this object.
   FullyShardedModel(model::CausalLm& model, dist::Mesh& mesh);
-  // This rank's shards of full tensors shaped like the parameters (store order, any device), e.g. a checkpoint's
-  // AdamW moments.
-  std::vector<Tensor> take_shards(const std::vector<Tensor>& full) const;
 
   // The hooks gather a part on the communication stream (core/device.h) and make compute wait for it just before
   // the part runs; meanwhile the next part's gather is already queued there (prefetch: the next layer in a forward,
@@ -57,17 +54,13 @@ class FullyShardedModel final : public pipeline::ParameterHooks {
   // The bf16 compute shards the optimizer rewrites (undefined entries where the weight is the master itself).
   std::vector<Tensor> compute_shards() const;
   std::vector<double> weight_decays(double weight_decay) const;  // matrices decay, 1-D tensors do not
-  // The optimizer's moment shards, which with_full_state assembles.
-  void set_moment_shards(const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq);
 
   // The global gradient norm over every shard (each element counted once across the mesh), clipped to `max_norm`
   // as ops::clip_by_global_norm does (<= 0: no clipping). Returns the norm before clipping.
   double clip_gradients(double max_norm);
-  // Collective: the full masters are back in the model's store (its export_hf reads them), and, when given,
-  // `exp_avg` / `exp_avg_sq` (full, store order) are filled from the moment shards, while `fn` runs; then the
-  // masters' bytes are freed again.
-  void with_full_state(const std::vector<Tensor>* exp_avg, const std::vector<Tensor>* exp_avg_sq,
-                       const std::function<void()>& fn);
+  // Collective: the full masters are back in the model's store while `fn` runs (full_parameters, tests); then their
+  // bytes are freed again. Checkpoints never assemble: each rank saves its own shards (sharded_checkpoint.h).
+  void with_full_masters(const std::function<void()>& fn);
 
   // Bytes of this rank's shards (masters, gradients, compute copies; the moments are the optimizer's).
   int64_t shard_bytes() const;
@@ -88,7 +81,6 @@ class FullyShardedModel final : public pipeline::ParameterHooks {
   Stream& communication_;
   std::vector<Tensor> in_flight_;  // reduction buffers the communication stream may still read
   std::vector<dist::ShardedTensor> tensors_;
-  std::vector<Tensor> exp_avg_shards_, exp_avg_sq_shards_;
   std::vector<bool> split_over_ep_;      // per tensor: an expert bank whose experts are spread over the ep ranks
   std::vector<bool> reduced_this_step_;  // per tensor: a gradient was reduced since zero_grad_shards
   int64_t micro_batches_ = 1, micro_batch_ = 0;  // of the step; the one whose backward runs

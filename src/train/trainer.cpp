@@ -404,7 +404,7 @@ std::vector<Tensor> Trainer::full_parameters() {
     for (const Tensor& p : model_->params().all_params()) out.push_back(p.to(Device::cpu()));
   };
   if (sharded_) {
-    sharded_->with_full_state(nullptr, nullptr, copy_all);
+    sharded_->with_full_masters(copy_all);
   } else {
     copy_all();
   }
@@ -423,9 +423,7 @@ nlohmann::json Trainer::checkpoint_state(int64_t step) const {
           {"model_config", io::model_config_to_json(model_->config())}};
 }
 
-void Trainer::save(int64_t step, const std::vector<Tensor>* exp_avg, const std::vector<Tensor>* exp_avg_sq) {
-  if (exp_avg == nullptr) exp_avg = &optimizer_->exp_avg();
-  if (exp_avg_sq == nullptr) exp_avg_sq = &optimizer_->exp_avg_sq();
+void Trainer::save(int64_t step) {
   CheckpointData data;
   data.step = step;
   data.model = model_->params().export_hf();
@@ -433,8 +431,8 @@ void Trainer::save(int64_t step, const std::vector<Tensor>* exp_avg, const std::
   for (size_t i = 0; i < specs.size(); ++i) {
     // Checkpoints hold CPU tensors: the moments live on the model's device (export_hf copies the weights itself).
     const auto on_host = [](const Tensor& t) { return t.device().is_cpu() ? t : t.to(Device::cpu()); };
-    data.optimizer.emplace_back("exp_avg/" + specs[i].name, on_host((*exp_avg)[i]));
-    data.optimizer.emplace_back("exp_avg_sq/" + specs[i].name, on_host((*exp_avg_sq)[i]));
+    data.optimizer.emplace_back("exp_avg/" + specs[i].name, on_host(optimizer_->exp_avg()[i]));
+    data.optimizer.emplace_back("exp_avg_sq/" + specs[i].name, on_host(optimizer_->exp_avg_sq()[i]));
   }
   data.state = checkpoint_state(step);
   data.config_toml = io::job_config_to_toml(config_);

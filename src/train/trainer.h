@@ -1,7 +1,8 @@
 // defines: Trainer, the training loop of a job (one rank; data parallelism, replicated or ZeRO-3 sharded; expert
-// parallelism; DualPipeV pipeline parallelism; exact mode): model and optimizer set-up (from a seed or HF weights), automatic resume from the newest complete
-// checkpoint, micro-batch accumulation with the token-weighted loss, clipping, AdamW on fp32 masters, the LR schedule,
-// NaN/Inf detection (stop before the optimizer step; never checkpoint poisoned state), metrics and checkpoints.
+// parallelism; DualPipeV pipeline parallelism; exact mode): model and optimizer set-up (from a seed or HF weights),
+// automatic resume from the newest complete checkpoint, micro-batch accumulation with the token-weighted loss,
+// clipping, AdamW on fp32 masters, the LR schedule, NaN/Inf detection (stop before the optimizer step; never checkpoint
+// poisoned state), metrics and checkpoints.
 #pragma once
 
 #include <cstdint>
@@ -89,9 +90,7 @@ class Trainer {
   void reduce_across_ranks(model::StepLoss& loss) const;
   void init_weights();
   void resume_if_possible();
-  // The moments to save default to the optimizer's (replicated); ZeRO-3 passes the assembled full ones.
-  void save(int64_t step, const std::vector<Tensor>* exp_avg = nullptr,
-            const std::vector<Tensor>* exp_avg_sq = nullptr);
+  void save(int64_t step);
   void save_sharded(int64_t step);
   nlohmann::json checkpoint_state(int64_t step) const;
   void check_state(const nlohmann::json& state, const std::string& path) const;
