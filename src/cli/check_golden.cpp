@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "io/safetensors.h"
 #include "model/causal_lm.h"
+#include "pipeline/plain_executor.h"
 #include "ops/cuda/runtime.h"
 #include "ops/optim.h"
 #include "train/optimizer.h"
@@ -175,7 +176,7 @@ std::set<size_t> check_routing(Report& report, const std::string& label, const m
 // experts, so these gradients differ by construction. They are named with their errors on their own
 // line, not held to the threshold; every other gradient still is.
 std::vector<std::pair<std::string, double>> set_aside_flipped_experts(
-    Report& report, const std::string& label, const io::ModelConfig& config, const std::set<size_t>& moe_layers,
+    Report& report, const std::string& label, const model::ModelConfig& config, const std::set<size_t>& moe_layers,
     std::vector<std::pair<std::string, double>> errors) {
   if (moe_layers.empty()) return errors;
   std::vector<std::string> prefixes;
@@ -232,7 +233,7 @@ void run_forward_backward_case(Report& report, const std::string& label, const s
                                const Thresholds& th) {
   model.params().zero_grads();
   model::ForwardObservation observed;
-  const model::StepLoss step = model::forward_backward(model, {batch}, 0, &observed);
+  const model::StepLoss step = pipeline::forward_backward(model, {batch}, 0, &observed);
   const Tensor ref_logits = ref.tensor(prefix + "logits");
   report.group(label + "/logits", {{prefix + "logits", relative_error(observed.logits[0], ref_logits)}}, th.logits);
   report.group(label + "/loss",
@@ -291,7 +292,7 @@ void run_trajectory_case(Report& report, const std::string& model_dir, Device de
     }
     MT_CHECK(!batches.empty(), "check-golden: trajectory step {} has no micro-batches in the reference", step);
     model->params().zero_grads();
-    losses.push_back(model::forward_backward(*model, batches).loss);
+    losses.push_back(pipeline::forward_backward(*model, batches).loss);
     norms.push_back(ops::clip_by_global_norm(default_stream(device), model->params().all_grads(), 1.0));
     optimizer.step(1e-3);  // writes the bf16 compute copies too
   }

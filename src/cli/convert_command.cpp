@@ -7,7 +7,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
-#include "io/model_config.h"
+#include "model/model_config.h"
 #include "io/safetensors.h"
 #include "model/causal_lm.h"
 #include "train/checkpoint.h"
@@ -43,13 +43,13 @@ int run_export_hf(const std::string& checkpoint, const std::string& out_dir) {
   const train::CheckpointData data = train::load_checkpoint(path);
   MT_CHECK(data.state.contains("model_config") && data.state.at("model_config").is_string(),
            "convert: checkpoint {} has no model_config in state.json", path);
-  const io::ModelConfig config = io::parse_model_config(data.state.at("model_config").get<std::string>(), path);
+  const model::ModelConfig config = model::parse_model_config(data.state.at("model_config").get<std::string>(), path);
   // Loading into a model validates every tensor against the config before anything is written.
   model::CausalLm model(config);
   model.params().load_hf_tensors(data.model);
   std::filesystem::create_directories(out_dir);
   const auto files = io::write_safetensors_sharded(out_dir, "model", model.params().export_hf(), kMaxShardBytes);
-  write_text_atomically(out_dir + "/config.json", io::model_config_to_json(config));
+  write_text_atomically(out_dir + "/config.json", model::model_config_to_json(config));
   log_info("exported {} (step {}) to {}: config.json + {} safetensors file(s)", path, data.step, out_dir, files.size());
   return 0;
 }
@@ -66,7 +66,7 @@ int run_import_hf(const std::string& hf_dir, const std::string& checkpoint_dir) 
   data.state = {{"step", 0},
                 {"optimizer_steps", 0},
                 {"data", nullptr},
-                {"model_config", io::model_config_to_json(model->config())}};
+                {"model_config", model::model_config_to_json(model->config())}};
   const std::string path = train::save_checkpoint(checkpoint_dir, data, 1 << 30);
   log_info("imported {} as {}", hf_dir, path);
   return 0;

@@ -14,7 +14,7 @@
 #include "core/log.h"
 #include "dist/mesh.h"
 #include "exact/wire_checks.h"
-#include "io/model_config.h"
+#include "model/model_config.h"
 #include "io/safetensors.h"
 #include "ops/cuda/runtime.h"
 #include "ops/loss.h"
@@ -168,7 +168,7 @@ Tensor score_logprobs(const model::CausalLm& model, const ScoreInput& input, int
 std::unique_ptr<model::CausalLm> make_model_for_job(const io::JobConfig& config) {
   const Device device = parse_device(config.model.device);
   if (device.is_cuda()) ops::cuda::setup_cuda(device.index);
-  const io::ModelConfig model_config = io::load_model_config(config.model.config);
+  const model::ModelConfig model_config = model::load_model_config(config.model.config);
   const DType compute_dtype = config.model.compute_dtype == "bf16" ? DType::BF16 : DType::F32;
   return std::make_unique<model::CausalLm>(model_config, device, compute_dtype);
 }

@@ -46,12 +46,6 @@ void refuse(std::vector<Violation>& out, std::string rule, std::string declared,
 
 int num_stages(const pipeline::Partition& p) { return static_cast<int>(p.stages.size()); }
 
-// The last component of a dotted parameter name ("layers.0.linear_attn.A_log" -> "A_log").
-std::string_view last_component(std::string_view name) {
-  const size_t dot = name.rfind('.');
-  return dot == std::string_view::npos ? name : name.substr(dot + 1);
-}
-
 std::string layers_str(const pipeline::StageLayers& s) {
   if (s.num_layers() == 1) return fmt::format("layer {}", s.first_layer);
   return fmt::format("layers {}-{}", s.first_layer, s.end_layer - 1);
@@ -68,8 +62,14 @@ const std::vector<std::string>& certified_fp32_pins() {
   return pins;
 }
 
-const std::vector<std::string>& certified_model_types() {
-  static const std::vector<std::string> types = {"qwen3", "qwen3_moe"};
+std::vector<std::string> certified_model_types() {
+  std::vector<std::string> types;
+  for (const model::Family* family : model::registered_families()) {
+    model::ModelConfig probe;
+    probe.family = family;
+    if (!family->exact_certification(probe).certified) continue;
+    for (const std::string& t : family->model_types()) types.push_back(t);
+  }
   return types;
 }
 
@@ -111,7 +111,7 @@ void check_stage_layout(const pipeline::Partition& partition, std::vector<Violat
   }
 }
 
-void check_layer_count(const io::ModelConfig& config, const pipeline::Partition& partition,
+void check_layer_count(const model::ModelConfig& config, const pipeline::Partition& partition,
                        std::vector<Violation>& out) {
   const int64_t stages = 2 * static_cast<int64_t>(partition.pp);
   if (config.num_hidden_layers < stages) {
@@ -121,7 +121,7 @@ void check_layer_count(const io::ModelConfig& config, const pipeline::Partition&
   }
 }
 
-void check_layer_boundaries(const io::ModelConfig& config, const pipeline::Partition& partition,
+void check_layer_boundaries(const model::ModelConfig& config, const pipeline::Partition& partition,
                             std::vector<Violation>& out) {
   constexpr const char* rule = "cuts on layer boundaries";
   const int64_t L = config.num_hidden_layers;
@@ -204,15 +204,19 @@ void check_head_placement(const pipeline::Partition& partition, std::vector<Viol
   }
 }
 
-void check_model_family(const ExactDeclaration& declaration, const io::ModelConfig& config,
+void check_model_family(const ExactDeclaration& declaration, const model::ModelConfig& config,
                         std::vector<Violation>& out) {
   constexpr const char* rule = "model family";
   const std::string certified = join(certified_model_types(), ", ");
-  if (!contains(certified_model_types(), config.model_type)) {
+  const model::ExactCertification cert =
+      config.family != nullptr ? config.family->exact_certification(config)
+                               : model::ExactCertification{false, "the config names no family"};
+  if (!cert.certified) {
     refuse(out, rule, fmt::format("a family certified for exact mode ({})", certified),
-           fmt::format("'{}': its layers have no batch-invariant exact program yet, so exact mode cannot promise "
-                       "its bytes",
-                       config.model_type));
+           fmt::format("'{}': {}", config.model_type,
+                       cert.reason.empty() ? "its layers have no batch-invariant exact program yet, so exact mode "
+                                             "cannot promise its bytes"
+                                           : cert.reason));
   }
   if (!declaration.model_type.empty() && declaration.model_type != config.model_type) {
     refuse(out, rule, fmt::format("'{}'", declaration.model_type),
@@ -258,8 +262,8 @@ void check_parameter_dtypes(const ExactDeclaration& declaration, std::vector<Vio
   std::vector<std::string> bad;
   for (const ParamDType& p : params) {
     if (p.dtype == DType::BF16) continue;
-    const bool pinned = p.dtype == DType::F32 && contains(declaration.fp32_pins, std::string(last_component(p.name))) &&
-                        contains(certified_fp32_pins(), std::string(last_component(p.name)));
+    // The family marks the parameters it keeps f32 under bf16 compute (ParamSpec::pinned_fp32).
+    const bool pinned = p.dtype == DType::F32 && p.pinned_fp32;
     if (!pinned) bad.push_back(fmt::format("{} {}", p.name, dtype_name(p.dtype)));
   }
   if (!bad.empty()) {
@@ -298,7 +302,7 @@ void check_losses(const ExactDeclaration& declaration, std::vector<Violation>& o
   }
 }
 
-std::vector<Violation> exact_violations(const ExactDeclaration& declaration, const io::ModelConfig& config,
+std::vector<Violation> exact_violations(const ExactDeclaration& declaration, const model::ModelConfig& config,
                                         const pipeline::Partition& partition) {
   std::vector<Violation> out;
   check_stage_layout(partition, out);
@@ -316,7 +320,7 @@ std::vector<Violation> exact_violations(const ExactDeclaration& declaration, con
   return out;
 }
 
-AdmissionReport admit_exact(const ExactDeclaration& declaration, const io::ModelConfig& config,
+AdmissionReport admit_exact(const ExactDeclaration& declaration, const model::ModelConfig& config,
                             const pipeline::Partition& partition) {
   // Pass 1: everything, for every stage, before anything is marked.
   const std::vector<Violation> violations = exact_violations(declaration, config, partition);

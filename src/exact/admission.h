@@ -9,15 +9,18 @@
 
 #include "core/device.h"
 #include "core/dtype.h"
-#include "io/model_config.h"
+#include "model/family.h"
+#include "model/model_config.h"
 #include "pipeline/partition.h"
 
 namespace moetrain::exact {
 
-// One parameter as the engine holds it (internal name, e.g. "layers.1.experts.gate_up", and its stored dtype).
+// One parameter as the engine holds it: its internal name (for messages), its stored dtype, and whether its family
+// keeps it f32 under bf16 compute (model::ParamSpec::pinned_fp32).
 struct ParamDType {
   std::string name;
   DType dtype = DType::F32;
+  bool pinned_fp32 = false;
 };
 
 // What the job declares for exact mode (exact.enabled = true), plus what was found on the loaded parameters.
@@ -58,8 +61,8 @@ struct AdmissionReport {
 
 // The fp32 pins exact mode certifies (Gated DeltaNet A_log, dt_bias); a declared pin outside it is refused.
 const std::vector<std::string>& certified_fp32_pins();
-// The model types certified for exact mode ("qwen3", "qwen3_moe").
-const std::vector<std::string>& certified_model_types();
+// The model types certified for exact mode: those whose family certifies itself (model::Family).
+std::vector<std::string> certified_model_types();
 
 // The one place that lists the CUDA kernels without a certified batch-invariant variant; while it is not empty,
 // exact mode on CUDA is refused with this list.
@@ -73,11 +76,11 @@ const std::vector<KernelGap>& cuda_kernels_without_batch_invariant_variant();
 // "stage layout": 2P stages with P >= 1, stage s at index s, run by rank s (s < P) or 2P - 1 - s.
 void check_stage_layout(const pipeline::Partition& partition, std::vector<Violation>& out);
 // "fewer layers than stages": the model has >= 2P decoder layers.
-void check_layer_count(const io::ModelConfig& config, const pipeline::Partition& partition,
+void check_layer_count(const model::ModelConfig& config, const pipeline::Partition& partition,
                        std::vector<Violation>& out);
 // "cuts on layer boundaries": every stage holds >= 1 layer inside [0, L), stages ascend, the first starts at 0, the
 // last ends at L, and the stages hold L layers in all (each layer exactly once).
-void check_layer_boundaries(const io::ModelConfig& config, const pipeline::Partition& partition,
+void check_layer_boundaries(const model::ModelConfig& config, const pipeline::Partition& partition,
                             std::vector<Violation>& out);
 // "global layer identity": stage s starts where stage s - 1 ends (layers keep their global indices).
 void check_global_layer_identity(const pipeline::Partition& partition, std::vector<Violation>& out);
@@ -86,7 +89,7 @@ void check_embedding_placement(const pipeline::Partition& partition, std::vector
 // "final norm and head on the last stage": both on the last stage, together, and on no other.
 void check_head_placement(const pipeline::Partition& partition, std::vector<Violation>& out);
 // "model family": the config's model type is certified and matches the declared one.
-void check_model_family(const ExactDeclaration& declaration, const io::ModelConfig& config,
+void check_model_family(const ExactDeclaration& declaration, const model::ModelConfig& config,
                         std::vector<Violation>& out);
 // "compute dtype": bf16. "wire dtype": bf16.
 void check_compute_dtype(const ExactDeclaration& declaration, std::vector<Violation>& out);
@@ -102,12 +105,12 @@ void check_device(const ExactDeclaration& declaration, std::vector<Violation>& o
 void check_losses(const ExactDeclaration& declaration, std::vector<Violation>& out);
 
 // Pass 1: every rule on every stage; the list of all violations (empty: admissible).
-std::vector<Violation> exact_violations(const ExactDeclaration& declaration, const io::ModelConfig& config,
+std::vector<Violation> exact_violations(const ExactDeclaration& declaration, const model::ModelConfig& config,
                                         const pipeline::Partition& partition);
 
 // Pass 1, then (only when it found nothing) pass 2: marks each stage and logs its line at info level. On any
 // violation throws one moetrain::Error listing every violation, one per line, and marks and logs nothing.
-AdmissionReport admit_exact(const ExactDeclaration& declaration, const io::ModelConfig& config,
+AdmissionReport admit_exact(const ExactDeclaration& declaration, const model::ModelConfig& config,
                             const pipeline::Partition& partition);
 
 }  // namespace moetrain::exact

@@ -1,12 +1,12 @@
-// defines: the whole-model prolog, epilog and the single-rank forward/backward driver.
+// defines: the whole-model prolog and epilog, and the model's construction from its family.
 #include "model/causal_lm.h"
 
 #include <algorithm>
 #include <cmath>
 
 #include "io/safetensors.h"
+#include "model/family.h"
 #include "model/precision.h"
-#include "model/qwen3.h"
 #include "ops/elementwise.h"
 #include "ops/embedding.h"
 #include "ops/gemm.h"
@@ -17,89 +17,47 @@ namespace moetrain::model {
 
 namespace {
 
-std::vector<ParamSpec> param_specs_for(const io::ModelConfig& config) {
-  switch (config.family) {
-    case io::ModelFamily::Qwen3:
-    case io::ModelFamily::Qwen3Moe: return qwen3_param_specs(config);
-  }
-  MT_FAIL("model: no parameter layout for model_type '{}'", config.model_type);
-}
-
-std::unique_ptr<DecoderLayer> make_layer(const io::ModelConfig& config, ParameterStore& store, int64_t layer) {
-  switch (config.family) {
-    case io::ModelFamily::Qwen3:
-    case io::ModelFamily::Qwen3Moe: return std::make_unique<Qwen3DecoderLayer>(config, store, layer);
-  }
-  MT_FAIL("model: no decoder layer for model_type '{}'", config.model_type);
-}
-
-const char* head_name(const ParameterStore& store) { return store.contains("lm_head") ? "lm_head" : "embed"; }
-
-void add_to_step(StepLoss& step, const RouterLossValues& values) {
-  step.load_balance += values.load_balance * static_cast<double>(values.tokens);
-  step.z_loss += values.z_loss * static_cast<double>(values.tokens);
-}
-
-// Sums the auxiliary router losses of one micro-batch's layers into the step totals; values left on
-// the device are only collected here (reading them now would wait for the stream).
-void add_router_losses(StepLoss& step, const Stage1Record& record) {
-  if (!record.aux.on_device.defined()) {
-    add_to_step(step, record.aux);
-    return;
-  }
-  step.pending_router_losses.push_back(record.aux);
-}
-
-void finish_router_losses(StepLoss& step, const CausalLm& model) {
-  std::vector<RouterLossValues> values = std::move(step.pending_router_losses);
-  step.pending_router_losses.clear();
-  if (!values.empty()) {
-    // One wait for the step: gather the device pairs (stream-ordered copies), then one copy to the host.
-    const Device device = values.front().on_device.device();
-    const bool one_device = std::all_of(values.begin(), values.end(),
-                                        [&](const RouterLossValues& v) { return v.on_device.device() == device; });
-    if (one_device) {
-      Tensor gathered = Tensor::empty({static_cast<int64_t>(values.size()), 2}, DType::F32, device);
-      for (size_t i = 0; i < values.size(); ++i)
-        gathered.select(static_cast<int64_t>(i)).copy_from(values[i].on_device);
-      const std::vector<float> host = gathered.to(Device::cpu()).to_vector<float>();
-      for (size_t i = 0; i < values.size(); ++i) {
-        values[i].load_balance = host[2 * i];
-        values[i].z_loss = host[2 * i + 1];
-        values[i].on_device = Tensor();
-      }
-    }
-    for (RouterLossValues& v : values) {
-      v.resolve();  // a no-op once gathered above
-      add_to_step(step, v);
-    }
-  }
-  int64_t moe_layers = 0;
-  for (const auto& layer : model.layers()) moe_layers += layer->has_experts() ? 1 : 0;
-  const double weight = static_cast<double>(step.num_tokens) * static_cast<double>(std::max<int64_t>(moe_layers, 1));
-  step.load_balance /= weight;
-  step.z_loss /= weight;
-}
-
-int64_t count_targets(const std::vector<MicroBatch>& batches) {
-  int64_t n = 0;
-  for (const MicroBatch& mb : batches) n += mb.num_targets();
-  return n;
+const Family& family_of(const ModelConfig& config) {
+  MT_CHECK(config.family != nullptr, "model: the config of '{}' names no family (parse it with parse_model_config)",
+           config.model_type);
+  return *config.family;
 }
 
 }  // namespace
 
-CausalLm::CausalLm(const io::ModelConfig& config, Device device, DType compute_dtype)
+CausalLm::CausalLm(const ModelConfig& config, Device device, DType compute_dtype)
     : config_(config),
       device_(device),
-      params_(std::make_unique<ParameterStore>(param_specs_for(config), device, compute_dtype)) {
-  final_norm_.eps = static_cast<float>(config.rms_norm_eps);
+      params_(std::make_unique<ParameterStore>(family_of(config).param_specs(config), device, compute_dtype)) {
+  final_norm_ = config.family->final_norm(config);
   for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer)
-    layers_.push_back(make_layer(config_, *params_, layer));
+    layers_.push_back(config.family->make_layer(config_, *params_, layer));
+  MT_CHECK(params_->find_role(ParamRole::Embedding) != nullptr && params_->find_role(ParamRole::Norm) != nullptr,
+           "model: family '{}' declared no embedding or no final norm (a Norm outside the decoder layers)",
+           config.family->name());
+}
+
+Tensor CausalLm::head_weight() const {
+  const ParamSpec* head = params_->find_role(ParamRole::Head);
+  return params_->weight(head ? head->name : params_->find_role(ParamRole::Embedding)->name);
+}
+
+Tensor CausalLm::head_grad() const {
+  const ParamSpec* head = params_->find_role(ParamRole::Head);
+  return params_->grad(head ? head->name : params_->find_role(ParamRole::Embedding)->name);
+}
+
+Tensor CausalLm::final_norm_weight() const { return params_->weight(params_->find_role(ParamRole::Norm)->name); }
+
+Tensor CausalLm::final_norm_grad() const { return params_->grad(params_->find_role(ParamRole::Norm)->name); }
+
+void CausalLm::set_head_chunk(int64_t columns) {
+  MT_CHECK(columns >= 0, "model: the head chunk must be >= 0 columns (0: materialised logits) but is {}", columns);
+  head_chunk_ = columns;
 }
 
 std::unique_ptr<CausalLm> CausalLm::from_hf(const std::string& dir, Device device, DType compute_dtype) {
-  const io::ModelConfig config = io::load_model_config(dir);
+  const ModelConfig config = load_model_config(dir);
   auto model = std::make_unique<CausalLm>(config, device, compute_dtype);
   model->params().load_hf(io::SafetensorsReader::open(dir));
   return model;
@@ -125,12 +83,12 @@ Tensor token_logprobs_from_losses(const Tensor& losses, const Tensor& targets) {
 
 Tensor CausalLm::embed_forward(const MicroBatch& batch) const {
   Tensor hidden = Tensor::empty({batch.num_tokens(), config_.hidden_size}, params_->compute_dtype(), device_);
-  ops::embedding_forward(default_stream(device_), hidden, batch.input_ids, params_->weight("embed"));
+  ops::embedding_forward(default_stream(device_), hidden, batch.input_ids, params_->weight(params_->find_role(ParamRole::Embedding)->name));
   return hidden;
 }
 
 void CausalLm::embed_backward(const MicroBatch& batch, const Tensor& d_hidden) const {
-  ops::embedding_backward_weight(default_stream(device_), params_->grad("embed"), d_hidden, batch.input_ids);
+  ops::embedding_backward_weight(default_stream(device_), params_->grad(params_->find_role(ParamRole::Embedding)->name), d_hidden, batch.input_ids);
 }
 
 namespace {
@@ -152,32 +110,24 @@ void start_epilog(EpilogRecord& r, const Tensor& hidden, const MicroBatch& batch
 
 }  // namespace
 
-LossSum CausalLm::head_forward(EpilogRecord& r, const Tensor& hidden, const MicroBatch& batch) const {
-  Stream& s = default_stream(device_);
-  start_epilog(r, hidden, batch, params_->weight("final_norm"), final_norm_, device_);
-  r.logits = Tensor::empty({hidden.size(0), config_.vocab_size}, hidden.dtype(), device_);
-  ops::linear_forward(s, r.logits, r.normed, params_->weight(head_name(*params_)));
-  ops::cross_entropy_forward(s, r.losses, r.lse, r.logits, batch.targets);
-  const ops::LossTotals totals = ops::cross_entropy_totals(s, r.losses, batch.targets);
-  return {totals.sum, totals.count};
-}
-
-LossSum CausalLm::head_forward_fused(EpilogRecord& r, const Tensor& hidden, const MicroBatch& batch,
-                                     double loss_scale) const {
+LossSum CausalLm::head_forward(EpilogRecord& r, const Tensor& hidden, const MicroBatch& batch, double loss_scale,
+                               bool keep_logits) const {
   MT_CHECK(std::isfinite(loss_scale) && loss_scale >= 0.0,
-           "head_forward_fused: expected a finite loss scale >= 0 (0: forward only) but found {}", loss_scale);
-  MT_CHECK(head_chunk_ > 0, "head_forward_fused: expected a head chunk > 0 columns but found {}", head_chunk_);
+           "head_forward: expected a finite loss scale >= 0 (0: forward only) but found {}", loss_scale);
   Stream& s = default_stream(device_);
-  start_epilog(r, hidden, batch, params_->weight("final_norm"), final_norm_, device_);
-  const char* head = head_name(*params_);
-  if (loss_scale > 0.0) {
+  start_epilog(r, hidden, batch, final_norm_weight(), final_norm_, device_);
+  if (!head_is_fused(keep_logits)) {
+    r.logits = Tensor::empty({hidden.size(0), config_.vocab_size}, hidden.dtype(), device_);
+    ops::linear_forward(s, r.logits, r.normed, head_weight());
+    ops::cross_entropy_forward(s, r.losses, r.lse, r.logits, batch.targets);
+  } else if (loss_scale > 0.0) {
     r.d_normed = Tensor::empty(r.normed.shape(), r.normed.dtype(), device_);
-    ops::linear_cross_entropy_forward_backward(s, r.losses, r.lse, r.d_normed, params_->grad(head), r.normed,
-                                               params_->weight(head), batch.targets, loss_scale, head_chunk_);
+    ops::linear_cross_entropy_forward_backward(s, r.losses, r.lse, r.d_normed, head_grad(), r.normed, head_weight(),
+                                               batch.targets, loss_scale, head_chunk_);
     r.fused = true;
     r.loss_scale = loss_scale;
   } else {
-    ops::linear_cross_entropy_forward(s, r.losses, r.lse, r.normed, params_->weight(head), batch.targets, head_chunk_);
+    ops::linear_cross_entropy_forward(s, r.losses, r.lse, r.normed, head_weight(), batch.targets, head_chunk_);
   }
   const ops::LossTotals totals = ops::cross_entropy_totals(s, r.losses, batch.targets);
   return {totals.sum, totals.count};
@@ -192,98 +142,25 @@ Tensor CausalLm::head_backward_input(EpilogRecord& r, double loss_scale) const {
              r.loss_scale, loss_scale);
   } else {
     MT_CHECK(r.logits.defined(),
-             "head_backward_input: the epilog record holds no logits (a forward-only head_forward_fused with loss "
-             "scale 0 cannot be back-propagated)");
+             "head_backward_input: the epilog record holds no logits (a forward-only fused head, loss scale 0, cannot "
+             "be back-propagated)");
     Tensor d_logits = Tensor::empty(r.logits.shape(), r.logits.dtype(), device_);
     ops::cross_entropy_backward(s, d_logits, r.logits, r.lse, r.batch->targets, loss_scale);
     r.logits = d_logits;  // the logits are no longer needed; keep their gradient for the weight pass
     r.d_normed = Tensor::empty(r.normed.shape(), r.normed.dtype(), device_);
-    ops::linear_backward_input(s, r.d_normed, d_logits, params_->weight(head_name(*params_)));
+    ops::linear_backward_input(s, r.d_normed, d_logits, head_weight());
   }
   Tensor d_hidden = Tensor::empty(r.hidden.shape(), r.hidden.dtype(), device_);
-  ops::rmsnorm_backward_input(s, d_hidden, r.d_normed, r.hidden, params_->weight("final_norm"), r.rstd, final_norm_);
+  ops::rmsnorm_backward_input(s, d_hidden, r.d_normed, r.hidden, final_norm_weight(), r.rstd, final_norm_);
   return d_hidden;
 }
 
 void CausalLm::head_backward_weight(EpilogRecord& r) const {
   Stream& s = default_stream(device_);
   // A fused forward accumulated the head's weight gradient already; r.logits then holds nothing.
-  if (!r.fused) ops::linear_backward_weight(s, params_->grad(head_name(*params_)), r.logits, r.normed);
-  ops::rmsnorm_backward_weight(s, params_->grad("final_norm"), r.d_normed, r.hidden, r.rstd);
+  if (!r.fused) ops::linear_backward_weight(s, head_grad(), r.logits, r.normed);
+  ops::rmsnorm_backward_weight(s, final_norm_grad(), r.d_normed, r.hidden, r.rstd);
   r = EpilogRecord{};
-}
-
-namespace {
-
-// Forward of one micro-batch (on the model's device) through the embedding, the layers and the
-// head, adding its loss and router losses to `step`. With `records` sized to the layers, every
-// layer's record is kept for the backward; when empty, each record is dropped once its layer ran.
-// The head is the fused one (head_forward_fused with `loss_scale`: > 0 produces the head's gradients
-// now, 0 is forward only) unless the caller observes the logits or the model's head chunk is 0.
-void forward_micro_batch(const CausalLm& model, const MicroBatch& batch, std::vector<LayerRecord>& records,
-                         EpilogRecord& epilog, StepLoss& step, ForwardObservation* observe, double loss_scale) {
-  Tensor hidden = model.embed_forward(batch);
-  model.round_boundary(hidden);
-  std::vector<Tensor> router_logits;
-  for (size_t i = 0; i < model.layers().size(); ++i) {
-    LayerRecord scratch;
-    LayerRecord& record = records.empty() ? scratch : records[i];
-    hidden = model.layers()[i]->reference_forward(record, hidden, batch);
-    model.round_boundary(hidden);
-    if (record.stage1_out.routing.defined()) router_logits.push_back(record.stage1_out.routing.logits);
-    add_router_losses(step, record.stage1);
-  }
-  step.num_tokens += batch.num_tokens();
-  const bool materialise_logits = observe != nullptr || model.head_chunk() == 0;
-  const LossSum sum = materialise_logits ? model.head_forward(epilog, hidden, batch)
-                                         : model.head_forward_fused(epilog, hidden, batch, loss_scale);
-  step.ce_sum += sum.ce_sum;
-  step.num_targets += sum.num_targets;
-  if (observe) {
-    observe->logits.push_back(epilog.logits);
-    observe->router_logits.push_back(std::move(router_logits));
-    observe->token_logprobs.push_back(token_logprobs_from_losses(epilog.losses, batch.targets));
-  }
-}
-
-}  // namespace
-
-StepLoss forward_backward(const CausalLm& model, const std::vector<MicroBatch>& batches, int64_t global_num_targets,
-                          ForwardObservation* observe) {
-  const int64_t local_targets = count_targets(batches);
-  const int64_t denominator = global_num_targets > 0 ? global_num_targets : local_targets;
-  MT_CHECK(denominator > 0, "forward_backward: the step has no counted targets (every target is -100)");
-  const double loss_scale = 1.0 / static_cast<double>(denominator);
-  StepLoss step;
-  for (const MicroBatch& host_batch : batches) {
-    host_batch.validate(model.config().vocab_size);
-    const MicroBatch batch = host_batch.to(model.device());
-    std::vector<LayerRecord> records(model.layers().size());
-    EpilogRecord epilog;
-    forward_micro_batch(model, batch, records, epilog, step, observe, loss_scale);
-    Tensor d_hidden = model.head_backward_input(epilog, loss_scale);
-    model.head_backward_weight(epilog);
-    for (size_t i = model.layers().size(); i-- > 0;)
-      d_hidden = model.layers()[i]->reference_backward(records[i], d_hidden);
-    model.embed_backward(batch, d_hidden);
-  }
-  step.loss = step.ce_sum / static_cast<double>(denominator);
-  finish_router_losses(step, model);
-  return step;
-}
-
-StepLoss forward_only(const CausalLm& model, const std::vector<MicroBatch>& batches, ForwardObservation* observe) {
-  StepLoss step;
-  for (const MicroBatch& host_batch : batches) {
-    host_batch.validate(model.config().vocab_size);
-    const MicroBatch batch = host_batch.to(model.device());
-    std::vector<LayerRecord> no_records;
-    EpilogRecord epilog;
-    forward_micro_batch(model, batch, no_records, epilog, step, observe, /*loss_scale=*/0.0);
-  }
-  step.loss = step.num_targets > 0 ? step.ce_sum / static_cast<double>(step.num_targets) : 0.0;
-  finish_router_losses(step, model);
-  return step;
 }
 
 }  // namespace moetrain::model

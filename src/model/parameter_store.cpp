@@ -14,27 +14,29 @@
 
 namespace moetrain::model {
 
-namespace {
-
-void check_pieces_tile(const ParamSpec& spec) {
-  int64_t expected_offset = 0;
-  for (const HfPiece& piece : spec.pieces) {
-    MT_CHECK(piece.offset == expected_offset,
-             "parameter store: piece '{}' of '{}' starts at element {} but {} was expected", piece.hf_name, spec.name,
-             piece.offset, expected_offset);
-    expected_offset += shape_numel(piece.hf_shape);
+const char* param_role_name(ParamRole role) {
+  switch (role) {
+    case ParamRole::Embedding: return "embedding";
+    case ParamRole::Head: return "head";
+    case ParamRole::Norm: return "norm";
+    case ParamRole::Dense: return "dense";
+    case ParamRole::Router: return "router";
+    case ParamRole::ExpertBank: return "expert bank";
+    case ParamRole::SharedExpert: return "shared expert";
   }
-  MT_CHECK(expected_offset == shape_numel(spec.shape),
-           "parameter store: pieces of '{}' cover {} elements but it has {}", spec.name, expected_offset,
-           shape_numel(spec.shape));
+  return "?";
 }
 
-Tensor piece_view(const Tensor& whole, const HfPiece& piece) {
-  const int64_t n = shape_numel(piece.hf_shape);
-  return whole.view({-1}).slice(piece.offset, piece.offset + n).view(piece.hf_shape);
+ParamSpec single_piece_spec(std::string name, Shape shape, ParamRole role, int64_t layer, std::string hf_name) {
+  ParamSpec spec;
+  spec.name = std::move(name);
+  spec.shape = shape;
+  spec.role = role;
+  spec.layer = layer;
+  spec.pieces.push_back({std::move(hf_name), std::move(shape), 0, {}, {}});
+  spec.init = spec.is_matrix() ? ParamInit::Normal : ParamInit::Ones;
+  return spec;
 }
-
-}  // namespace
 
 ParameterStore::ParameterStore(std::vector<ParamSpec> specs, Device device, DType compute_dtype)
     : specs_(std::move(specs)), compute_dtype_(compute_dtype) {
@@ -44,7 +46,7 @@ ParameterStore::ParameterStore(std::vector<ParamSpec> specs, Device device, DTyp
   for (size_t i = 0; i < specs_.size(); ++i) {
     const ParamSpec& spec = specs_[i];
     MT_CHECK(index_.emplace(spec.name, i).second, "parameter store: duplicate parameter '{}'", spec.name);
-    check_pieces_tile(spec);
+    check_pieces_tile(spec.pieces, spec.shape, spec.name);
     params_.push_back(Tensor::zeros(spec.shape, DType::F32, device));
     grads_.push_back(Tensor::zeros(spec.shape, DType::F32, device));
     const bool copy = compute_dtype != DType::F32 && spec.is_matrix();
@@ -63,6 +65,12 @@ void ParameterStore::refresh_compute_weights() {
     if (compute_[i].dtype() != params_[i].dtype())
       ops::cast(default_stream(params_[i].device()), compute_[i], params_[i]);
   }
+}
+
+const ParamSpec* ParameterStore::find_role(ParamRole role) const {
+  for (const ParamSpec& spec : specs_)
+    if (spec.role == role && spec.layer < 0) return &spec;
+  return nullptr;
 }
 
 Tensor ParameterStore::param(const std::string& name) const {
@@ -122,11 +130,10 @@ void ParameterStore::load_hf_tensors(const std::vector<std::pair<std::string, Te
   MT_CHECK(problems.empty(), "model weights: {} problem(s) with the checkpoint:\n  {}", problems.size(),
            fmt::join(problems, "\n  "));
   for (size_t i = 0; i < specs_.size(); ++i) {
-    for (const HfPiece& piece : specs_[i].pieces) {
-      Tensor source = by_name.at(piece.hf_name);
-      if (source.dtype() != DType::F32) source = source.to(DType::F32);
-      piece_view(params_[i], piece).copy_from(source);
-    }
+    // Assembled on the host one parameter at a time, then copied whole.
+    Tensor whole = Tensor::empty(specs_[i].shape, DType::F32);
+    for (const HfPiece& piece : specs_[i].pieces) place_piece(whole, piece, by_name.at(piece.hf_name));
+    params_[i].copy_from(whole);
   }
   refresh_compute_weights();
 }
@@ -140,12 +147,12 @@ std::vector<std::pair<std::string, Tensor>> ParameterStore::export_hf_runtime(
   std::vector<std::pair<std::string, Tensor>> out;
   for (size_t i = 0; i < specs_.size(); ++i) {
     const Tensor& whole = of_grads ? grads_[i] : params_[i];
-    const Tensor host = whole.device().is_cpu() ? whole : whole.to(Device::cpu());
+    const Tensor host = whole.device().is_cpu() ? whole : whole.to(Device::cpu());  // contiguous f32
     if (!specs_[i].hf_fused_name.empty() && use_fused(specs_[i].hf_fused_name)) {
       out.emplace_back(specs_[i].hf_fused_name, host.clone());
       continue;
     }
-    for (const HfPiece& piece : specs_[i].pieces) out.emplace_back(piece.hf_name, piece_view(host, piece).clone());
+    for (const HfPiece& piece : specs_[i].pieces) out.emplace_back(piece.hf_name, extract_piece(host, piece));
   }
   return out;
 }
@@ -155,8 +162,9 @@ void ParameterStore::init_random(uint64_t seed, double std) {
     Tensor host = Tensor::empty(specs_[i].shape, DType::F32);
     float* p = host.data<float>();
     const int64_t n = host.numel();
-    if (!specs_[i].is_matrix()) {
-      for (int64_t j = 0; j < n; ++j) p[j] = 1.0f;
+    if (specs_[i].init != ParamInit::Normal) {
+      const float value = specs_[i].init == ParamInit::Ones ? 1.0f : 0.0f;
+      for (int64_t j = 0; j < n; ++j) p[j] = value;
     } else {
       // normal() takes exactly two draws, so element j is the stream started at counter + 2j: chunks
       // fill in parallel with the same values as one sequential pass. Every core helps, whatever

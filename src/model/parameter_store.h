@@ -1,7 +1,6 @@
-// defines: ParameterStore, the model's parameters and gradients in the engine's internal layout,
-// and the mapping between that layout and Hugging Face tensor names. An internal tensor is the
-// row-major concatenation of one or more HF tensors (experts stacked into [E, ...], gate and up
-// projections fused into one [2I, H] weight), so every HF tensor is a contiguous block of it.
+// defines: ParameterSpec (a parameter's name, shape, role, layer and HF pieces) and ParameterStore, the model's
+// parameters and gradients in the engine's internal layout, loaded from and exported to Hugging Face tensors
+// through each spec's pieces (model/hf_adapter.h: stacked, sliced, transposed or de-interleaved).
 #pragma once
 
 #include <cstdint>
@@ -12,6 +11,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "model/hf_adapter.h"
 
 namespace moetrain::io {
 class SafetensorsReader;
@@ -19,22 +19,39 @@ class SafetensorsReader;
 
 namespace moetrain::model {
 
-// One HF tensor inside an internal parameter, starting at element `offset`.
-struct HfPiece {
-  std::string hf_name;
-  Shape hf_shape;
-  int64_t offset = 0;
+// What a parameter is, as the engine above the families asks: the trainer, the partition, ZeRO-3 sharding,
+// checkpoints and the exact admission read the role and the layer, never the name.
+enum class ParamRole : uint8_t {
+  Embedding,     // the token embedding [V, H] (also the head when tied)
+  Head,          // the LM head [V, H]
+  Norm,          // a norm's scale (1-D), the final norm included
+  Dense,         // any other weight of a decoder layer: attention projections, a dense MLP, biases
+  Router,        // a router's projection (and bias)
+  ExpertBank,    // [E, ...] stacked routed experts, sharded over the ep ranks along dim 0
+  SharedExpert,  // a shared expert's weights (every token goes through it)
 };
+const char* param_role_name(ParamRole role);
+
+// How init_random fills a parameter.
+enum class ParamInit : uint8_t { Normal, Ones, Zeros };
 
 struct ParamSpec {
-  std::string name;  // internal name, e.g. "layers.1.experts.gate_up"
+  std::string name;  // internal name, e.g. "layers.1.experts.gate_up" (an identifier: nothing parses it)
   Shape shape;
-  std::vector<HfPiece> pieces;  // cover the tensor exactly, in offset order
+  ParamRole role = ParamRole::Dense;
+  int64_t layer = -1;           // the decoder layer it belongs to; -1: embedding, final norm, head
+  std::vector<HfPiece> pieces;  // the HF adapter: cover the tensor exactly
   // The name transformers (5.x) gives the whole tensor in memory when it fuses the checkpoint's
   // pieces (e.g. "model.layers.1.mlp.experts.gate_up_proj"); empty when it keeps the pieces.
   std::string hf_fused_name = "";
+  ParamInit init = ParamInit::Normal;
+  // The family keeps it f32 under bf16 compute (Gated DeltaNet A_log, dt_bias): the exact admission allows it.
+  bool pinned_fp32 = false;
   bool is_matrix() const { return shape.size() >= 2; }  // weight decay applies to these
 };
+
+// A spec whose one HF piece is the whole tensor; matrices start N(0, std^2), vectors 1 (norm scales).
+ParamSpec single_piece_spec(std::string name, Shape shape, ParamRole role, int64_t layer, std::string hf_name);
 
 // The parameters are fp32 masters with fp32 gradients. With a bf16 compute dtype every matrix also
 // has a bf16 copy that the forward and backward read (`weight`); norms and other 1-D tensors are
@@ -49,6 +66,9 @@ class ParameterStore {
 
   const std::vector<ParamSpec>& specs() const { return specs_; }
   bool contains(const std::string& name) const { return index_.count(name) != 0; }
+  // The spec of the one parameter of `role` outside the decoder layers (Embedding, Head); null when there is none
+  // (a tied head).
+  const ParamSpec* find_role(ParamRole role) const;
   Tensor param(const std::string& name) const;
   Tensor grad(const std::string& name) const;
   // What compute reads: the bf16 copy of a matrix under bf16 compute, else the master itself.
@@ -74,7 +94,7 @@ class ParameterStore {
   std::vector<std::pair<std::string, Tensor>> export_hf_runtime(
       bool of_grads, const std::function<bool(const std::string&)>& use_fused) const;
 
-  // Every parameter from N(0, std^2), norms (1-D) set to 1; each tensor from its own stream
+  // Every parameter by its spec's init: N(0, std^2), ones or zeros; each tensor from its own stream
   // Rng::for_key(seed, name), so the values do not depend on the order or the mesh.
   void init_random(uint64_t seed, double std);
 

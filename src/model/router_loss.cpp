@@ -3,6 +3,7 @@
 // dispatch of CUDA tensors to ops/cuda/router_aux (same formulas, values left on the device).
 #include "model/router_loss.h"
 
+#include <algorithm>
 #include <cmath>
 
 #if MOETRAIN_HAS_CUDA
@@ -74,6 +75,27 @@ void RouterLossValues::resolve() {
   load_balance = host.at(0);
   z_loss = host.at(1);
   on_device = Tensor();
+}
+
+void resolve_all(std::vector<RouterLossValues>& values) {
+  std::vector<RouterLossValues*> pending;
+  for (RouterLossValues& v : values)
+    if (v.on_device.defined()) pending.push_back(&v);
+  if (pending.empty()) return;
+  const Device device = pending.front()->on_device.device();
+  const bool one_device = std::all_of(pending.begin(), pending.end(),
+                                      [&](const RouterLossValues* v) { return v->on_device.device() == device; });
+  if (one_device) {
+    Tensor gathered = Tensor::empty({static_cast<int64_t>(pending.size()), 2}, DType::F32, device);
+    for (size_t i = 0; i < pending.size(); ++i) gathered.select(static_cast<int64_t>(i)).copy_from(pending[i]->on_device);
+    const std::vector<float> host = gathered.to(Device::cpu()).to_vector<float>();
+    for (size_t i = 0; i < pending.size(); ++i) {
+      pending[i]->load_balance = host[2 * i];
+      pending[i]->z_loss = host[2 * i + 1];
+      pending[i]->on_device = Tensor();
+    }
+  }
+  for (RouterLossValues* v : pending) v->resolve();  // a no-op once gathered above
 }
 
 RouterLossValues router_aux_losses(const RouterLossSettings& s, int64_t moe_layer, const Tensor& logits,

@@ -52,6 +52,10 @@ struct RouterLossValues {
   void resolve();
 };
 
+// Resolves every value with one wait: the device pairs are gathered (stream-ordered copies) and copied to the host
+// once, so a step's forward passes never wait for the stream layer by layer.
+void resolve_all(std::vector<RouterLossValues>& values);
+
 // Computes the values and the gradients to inject: d_probs [T, E] on the router probabilities
 // (load balance) and d_logits [T, E] on the router logits (z-loss), both already multiplied by
 // coef * loss_scale / num_moe_layers. `moe_layer` is the layer's index among the MoE layers.

@@ -262,7 +262,8 @@ Tensor DualPipeVExecutor::output_grad(int chunk, int microbatch) {
 
 void DualPipeVExecutor::after_forward(int chunk, int microbatch, const model::MicroBatch& batch, ChunkForward result) {
   const size_t layers = model_.layers().size();
-  for (const auto& [layer, values] : result.router_losses) {
+  for (auto& [layer, values] : result.router_losses) {
+    values.resolve();  // CUDA: read back here (the chunk leaves the values on the device)
     const size_t at = (static_cast<size_t>(microbatch) * layers + static_cast<size_t>(layer)) * 2;
     router_table_[at] = values.load_balance * static_cast<double>(values.tokens);
     router_table_[at + 1] = values.z_loss * static_cast<double>(values.tokens);
@@ -306,7 +307,7 @@ void DualPipeVExecutor::compute(const PipelineOp& op) {
       const int c = op.forward.chunk, mb = op.forward.microbatch;
       Tensor input;
       const model::MicroBatch batch = forward_batch(c, mb, input);
-      run_steps(chunks_[static_cast<size_t>(c)]->plan_forward(mb, batch, input));
+      run_steps(chunks_[static_cast<size_t>(c)]->plan_forward(mb, batch, input, loss_scale_));
       after_forward(c, mb, batch, chunks_[static_cast<size_t>(c)]->finish_forward(mb));
       return;
     }
@@ -342,7 +343,7 @@ void DualPipeVExecutor::compute(const PipelineOp& op) {
       StageChunk& bwd = *chunks_[static_cast<size_t>(bc)];
       Tensor input;
       const model::MicroBatch batch = forward_batch(fc, fmb, input);
-      const std::vector<ChunkStep> f_steps = fwd.plan_forward(fmb, batch, input);
+      const std::vector<ChunkStep> f_steps = fwd.plan_forward(fmb, batch, input, loss_scale_);
       const std::vector<ChunkStep> b_steps = bwd.plan_backward(bmb, output_grad(bc, bmb), loss_scale_, true);
       const auto f_slices = slices_of(f_steps), b_slices = slices_of(b_steps);
       for (size_t i = 0; i < std::max(f_slices.size(), b_slices.size()); ++i) {

@@ -205,7 +205,7 @@ std::vector<Tensor> ForwardPipeline::run(const std::vector<model::MicroBatch>& b
                  "rows",
                  mb, in_batch.num_tokens(), T);
       }
-      ChunkForward out = chunk.forward(mb, in_batch, input);
+      ChunkForward out = chunk.forward(mb, in_batch, input, /*loss_scale=*/0.0);
       chunk.drop(mb);
       if (chunk.is_loss_stage()) {
         logprobs.push_back(std::move(out.token_logprobs));

@@ -7,35 +7,25 @@
 #include <string>
 
 #include "core/error.h"
+#include "model/flops.h"
 
 namespace moetrain::pipeline {
 namespace {
 
 // The sequence length the attention core is costed at: its FLOPs grow with the context while every matmul's do
 // not, so the balance depends on it a little; 4096 is the workload of record (DESIGN.md section 7).
-constexpr double kNominalSeqLen = 4096.0;
+constexpr int64_t kNominalSeqLen = 4096;
 
-// Forward + backward FLOPs per token of decoder layer `layer`: 6 x the matmul weights a token touches
-// (attention projections, router, the top-k experts or the dense MLP) + 3 x the causal attention core
-// (4 * S/2 * nh * hd forward). The same formula as the trainer's MFU figure.
-double layer_cost(const io::ModelConfig& c, int64_t layer) {
-  const double h = double(c.hidden_size), hd = double(c.head_dim);
-  const double nh = double(c.num_attention_heads), nkv = double(c.num_key_value_heads);
-  double matmul = h * (nh + 2 * nkv) * hd + nh * hd * h;  // q, k, v, o projections
-  if (c.layer_is_moe(layer)) {
-    matmul += h * double(c.num_experts);  // router
-    matmul += double(c.num_experts_per_tok) * 3 * h * double(c.moe_intermediate_size);
-  } else {
-    matmul += 3 * h * double(c.intermediate_size);
-  }
-  const double attention_core = 4 * (kNominalSeqLen / 2) * nh * hd;
-  return 6 * matmul + 3 * attention_core;
+// Forward + backward FLOPs per token of decoder layer `layer` (model/flops.h, the trainer's MFU formula), the
+// attention core costed at the nominal context.
+double layer_cost(const model::ModelConfig& c, int64_t layer) {
+  return model::layer_training_flops(c, layer, kNominalSeqLen);
 }
 
-// The LM head (H x V matmul, forward + backward) with the loss; the embedding lookup costs ~0.
-double head_cost(const io::ModelConfig& c) { return 2 * double(c.hidden_size) * double(c.vocab_size) * 3; }
+// The LM head with the loss; the embedding lookup costs ~0.
+double head_cost(const model::ModelConfig& c) { return model::head_training_flops(c); }
 
-void check_pp(const io::ModelConfig& config, int pp, const char* who) {
+void check_pp(const model::ModelConfig& config, int pp, const char* who) {
   MT_CHECK(pp >= 1, "{}: parallel.pp must be >= 1, found {}", who, pp);
   const int64_t num_stages = 2 * int64_t(pp);
   MT_CHECK(config.num_hidden_layers >= num_stages,
@@ -65,7 +55,7 @@ Partition build(int pp, const std::vector<int64_t>& bounds) {
 
 }  // namespace
 
-Partition partition_balanced(const io::ModelConfig& config, int pp) {
+Partition partition_balanced(const model::ModelConfig& config, int pp) {
   check_pp(config, pp, "partition_balanced");
   const int64_t L = config.num_hidden_layers;
   const int S = 2 * pp;
@@ -104,7 +94,7 @@ Partition partition_balanced(const io::ModelConfig& config, int pp) {
   return build(pp, bounds);
 }
 
-Partition partition_from_cuts(const io::ModelConfig& config, int pp, const std::vector<int64_t>& cuts) {
+Partition partition_from_cuts(const model::ModelConfig& config, int pp, const std::vector<int64_t>& cuts) {
   check_pp(config, pp, "partition_from_cuts");
   const int64_t L = config.num_hidden_layers;
   const size_t expected = size_t(2 * pp - 1);

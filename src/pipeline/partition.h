@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "io/model_config.h"
+#include "model/model_config.h"
 
 namespace moetrain::pipeline {
 
@@ -34,10 +34,10 @@ struct Partition {
 // Balanced by cost: each decoder layer costs its forward+backward FLOPs per token; the embedding
 // and the head (with the loss) are counted on the first and last stage. Stages are contiguous and
 // each holds >= 1 layer; fails closed when the model has fewer than 2P layers.
-Partition partition_balanced(const io::ModelConfig& config, int pp);
+Partition partition_balanced(const model::ModelConfig& config, int pp);
 
 // Explicit cut points (parallel.pp_cuts): 2P - 1 strictly increasing layer indices in
 // (0, num_layers); stage s holds layers [cut[s-1], cut[s]). Errors name the bad cut.
-Partition partition_from_cuts(const io::ModelConfig& config, int pp, const std::vector<int64_t>& cuts);
+Partition partition_from_cuts(const model::ModelConfig& config, int pp, const std::vector<int64_t>& cuts);
 
 }  // namespace moetrain::pipeline

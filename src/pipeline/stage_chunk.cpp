@@ -2,6 +2,8 @@
 // expert-parallel exchanges as stages 2 and 4.
 #include "pipeline/stage_chunk.h"
 
+#include <cmath>
+
 #include <fmt/format.h>
 
 #include "core/error.h"
@@ -12,15 +14,12 @@ namespace moetrain::pipeline {
 
 // One layer's records for one micro-batch and the tensors in flight between its stages.
 struct StageChunk::LayerState {
-  model::Stage1Record stage1;
-  model::Stage3Record stage3;
-  model::Stage5Record stage5;
-  model::Stage1Out stage1_out;
-  Tensor dispatched, expert_out, combined;  // forward: rows after stage 2, after stage 3, after stage 4
-  Tensor group_offsets;                     // stage 3's rows per expert (the plan's local offsets with ep)
-  ExpertExchange plan;                      // defined when the layer's rows cross the ep ranks (forward to backward)
-  model::Stage5Grads stage5_grads;          // backward: stage 5's gradients until stage 1 consumed them
-  Tensor d_expert_out, d_dispatched_local, d_dispatched;
+  std::unique_ptr<model::LayerRecord> record;  // the layer's own, from stage 1's forward to its last backward_weight
+  model::Dispatch dispatch;                    // stage 1's rows until stage 2 took them
+  Tensor dispatched, expert_out, combined;     // forward: rows after stage 2, after stage 3, after stage 4
+  Tensor group_offsets;                        // stage 3's rows per expert (the plan's local offsets with ep)
+  ExpertExchange plan;  // defined when the layer's rows cross the ep ranks (forward to backward)
+  Tensor d_combined, d_expert_out, d_dispatched_local, d_dispatched;
   bool exchange_in_flight = false;  // an exchange was queued on the communication stream; compute has not waited
 };
 
@@ -34,6 +33,8 @@ struct StageChunk::MicroBatchState {
   Tensor hidden;   // the activation flowing through the forward steps
   Tensor grad;     // the gradient flowing through the backward steps
   Tensor d_embed;  // embedding stage: the gradient of its output, kept for the weight pass
+  double loss_scale = 0.0;            // what the head's forward was given
+  bool head_backward_begun = false;   // hooks: before_backward(head) ran (a fused head's forward needs it)
   bool weight_done = false;
   ChunkForward result;
 };
@@ -59,14 +60,15 @@ StageChunk::StageChunk(const model::CausalLm& model, const StageLayers& stage, d
 // queueing the other micro-batch's stages of an overlapped pair on the compute stream while the all-to-all runs.
 // Their temporaries live in that stream's order (StreamScope), their inputs are dropped there, and the step that
 // consumes their output first makes compute wait for it (await_exchange).
-void StageChunk::expert_dispatch(LayerState& ls, const model::DecoderLayer& layer) const {
-  ls.dispatched = ls.stage1_out.dispatched;
-  ls.group_offsets = ls.stage1_out.group_offsets;
-  if (ep_ == nullptr || !layer.has_experts()) return;
+void StageChunk::expert_dispatch(LayerState& ls) const {
+  const model::Dispatch dispatch = std::move(ls.dispatch);
+  ls.dispatch = model::Dispatch{};
+  ls.dispatched = dispatch.rows;
+  ls.group_offsets = dispatch.group_offsets;
+  if (ep_ == nullptr || !dispatch.routed()) return;
   Stream& comm = begin_exchange(ls);
   ops::cuda::StreamScope scope(comm);
-  const ops::RoutingPlan& routing = ls.stage1_out.routing.plan;
-  ls.plan = ExpertExchange::create(*ep_, comm, ls.group_offsets, routing.row_choice, ls.stage1_out.routing.topk_index,
+  ls.plan = ExpertExchange::create(*ep_, comm, ls.group_offsets, dispatch.row_choice, dispatch.topk_index,
                                    model_.config().num_experts, deduplicate_);
   ls.dispatched = ls.plan.dispatch(*ep_, comm, ls.dispatched);
   ls.group_offsets = ls.plan.local_group_offsets();
@@ -84,7 +86,8 @@ void StageChunk::expert_combine(LayerState& ls) const {
 }
 
 void StageChunk::expert_combine_backward(LayerState& ls) const {
-  const Tensor& d_combined = ls.stage5_grads.d_combined;
+  const Tensor d_combined = std::move(ls.d_combined);
+  ls.d_combined = Tensor();
   if (!ls.plan.defined()) {
     ls.d_expert_out = d_combined;
     return;
@@ -132,7 +135,8 @@ StageChunk::MicroBatchState& StageChunk::state(int microbatch, const char* what)
   return *it->second;
 }
 
-std::vector<ChunkStep> StageChunk::plan_forward(int microbatch, const model::MicroBatch& batch, const Tensor& input) {
+std::vector<ChunkStep> StageChunk::plan_forward(int microbatch, const model::MicroBatch& batch, const Tensor& input,
+                                                double loss_scale) {
   MT_CHECK(states_.count(microbatch) == 0, "pipeline: forward of micro-batch {} on stage {} ran twice in one step",
            microbatch, stage_.stage);
   if (stage_.has_embedding) {
@@ -145,13 +149,19 @@ std::vector<ChunkStep> StageChunk::plan_forward(int microbatch, const model::Mic
              stage_.stage, dtype_name(model_.compute_dtype()), batch.position_ids.numel(), model_.config().hidden_size,
              input.describe());
   }
-  if (stage_.has_head) expect_defined(batch.targets, "pipeline: last stage's micro-batch targets");
+  if (stage_.has_head) {
+    expect_defined(batch.targets, "pipeline: last stage's micro-batch targets");
+    MT_CHECK(std::isfinite(loss_scale) && loss_scale >= 0.0,
+             "pipeline: the loss stage's forward needs a finite loss scale >= 0 (0: forward only) but found {}",
+             loss_scale);
+  }
 
   auto owned = std::make_unique<MicroBatchState>();
   MicroBatchState& st = *owned;
   st.microbatch = microbatch;
   st.batch = batch;
   st.hidden = input;
+  st.loss_scale = loss_scale;
   st.layers.resize(static_cast<size_t>(stage_.num_layers()));
   states_.emplace(microbatch, std::move(owned));
 
@@ -159,40 +169,56 @@ std::vector<ChunkStep> StageChunk::plan_forward(int microbatch, const model::Mic
   const std::string tag = fmt::format("F mb{}", microbatch);
   if (stage_.has_embedding)
     steps.push_back({tag + " embed", false, [this, &st] {
+                       if (hooks_) hooks_->before_forward(ModelPart::embedding());
                        st.hidden = model_.embed_forward(st.batch);
+                       if (hooks_) hooks_->after_forward(ModelPart::embedding());
                        model_.round_boundary(st.hidden);  // exact mode: every stage boundary is on the bf16 grid
                      }});
   for (int64_t i = 0; i < stage_.num_layers(); ++i) {
     const model::DecoderLayer& layer = *model_.layers()[static_cast<size_t>(stage_.first_layer + i)];
     LayerState& ls = st.layers[static_cast<size_t>(i)];
     const std::string l = fmt::format("{} L{}", tag, layer.index());
-    steps.push_back({l + " s1", false, [&st, &ls, &layer] {
-                       ls.stage1_out = layer.stage1_forward(ls.stage1, st.hidden, st.batch);
+    steps.push_back({l + " s1", false, [this, &st, &ls, &layer] {
+                       if (hooks_) hooks_->before_forward(ModelPart::decoder_layer(layer.index()));
+                       ls.record = layer.new_record();
+                       ls.dispatch = layer.stage1_forward(*ls.record, st.hidden, st.batch);
                        if (layer.has_experts()) {
-                         st.result.router_losses.emplace_back(layer.index(), ls.stage1.aux);
-                         st.result.router_losses.back().second.resolve();  // CUDA: read back once here
+                         // Left on the device (CUDA): the executor resolves a step's values with one wait.
+                         st.result.router_losses.emplace_back(layer.index(), ls.record->aux);
+                         if (observe_) st.result.router_logits.push_back(ls.record->router_logits);
                        }
                      }});
-    steps.push_back({l + " s2", true, [this, &ls, &layer] { expert_dispatch(ls, layer); }});
+    steps.push_back({l + " s2", true, [this, &ls] { expert_dispatch(ls); }});
     steps.push_back({l + " s3", false, [this, &ls, &layer] {
                        await_exchange(ls);
-                       ls.expert_out = layer.stage3_forward(ls.stage3, ls.dispatched, ls.group_offsets);
+                       ls.expert_out = layer.stage3_forward(*ls.record, ls.dispatched, ls.group_offsets);
                        ls.dispatched = Tensor();
                        ls.group_offsets = Tensor();
                      }});
     steps.push_back({l + " s4", true, [this, &ls] { expert_combine(ls); }});
     steps.push_back({l + " s5", false, [this, &st, &ls, &layer] {
                        await_exchange(ls);
-                       st.hidden = layer.stage5_forward(ls.stage5, ls.combined, ls.stage1_out);
+                       st.hidden = layer.stage5_forward(*ls.record, ls.combined);
+                       if (hooks_) hooks_->after_forward(ModelPart::decoder_layer(layer.index()));
                        model_.round_boundary(st.hidden);
                        ls.combined = Tensor();
-                       ls.stage1_out = model::Stage1Out{};  // stage 5's record keeps what its backward needs
                      }});
   }
   if (stage_.has_head) {
     steps.push_back({tag + " head", false, [this, &st] {
-                       st.result.loss = model_.head_forward(st.epilog, st.hidden, st.batch);
+                       const bool training = st.loss_scale > 0.0;
+                       if (hooks_) {
+                         hooks_->before_forward(ModelPart::head());
+                         // A fused head writes its weight gradient in the forward: the gradient must be live.
+                         if (training && model_.head_is_fused(observe_)) {
+                           hooks_->before_backward(ModelPart::head());
+                           st.head_backward_begun = true;
+                         }
+                       }
+                       st.result.loss = model_.head_forward(st.epilog, st.hidden, st.batch, st.loss_scale, observe_);
+                       if (hooks_ && !training) hooks_->after_forward(ModelPart::head());
                        st.result.token_logprobs = model::token_logprobs_from_losses(st.epilog.losses, st.batch.targets);
+                       if (observe_) st.result.logits = st.epilog.logits;
                        st.hidden = Tensor();
                      }});
   }
@@ -234,49 +260,55 @@ std::vector<ChunkStep> StageChunk::plan_backward(int microbatch, const Tensor& d
   st.phase = MicroBatchState::Phase::Backward;
   st.grad = d_output;
 
+  MT_CHECK(hooks_ == nullptr || with_weight,
+           "pipeline: stage {} runs parameter hooks, which need each backward's weight work at once", stage_.stage);
+
   std::vector<ChunkStep> steps;
   const std::string tag = fmt::format("B mb{}", microbatch);
   if (stage_.has_head) {
     steps.push_back({tag + " head", false, [this, &st, loss_scale, with_weight] {
+                       if (hooks_ && !st.head_backward_begun) hooks_->before_backward(ModelPart::head());
                        st.grad = model_.head_backward_input(st.epilog, loss_scale);
                        if (with_weight) model_.head_backward_weight(st.epilog);
+                       if (hooks_) hooks_->after_backward(ModelPart::head());
                      }});
   }
   for (int64_t i = stage_.num_layers(); i-- > 0;) {
     const model::DecoderLayer& layer = *model_.layers()[static_cast<size_t>(stage_.first_layer + i)];
     LayerState& ls = st.layers[static_cast<size_t>(i)];
     const std::string l = fmt::format("{} L{}", tag, layer.index());
-    steps.push_back({l + " s5", false, [&st, &ls, &layer] {
-                       ls.stage5_grads = layer.stage5_backward_input(ls.stage5, st.grad);
-                       ls.stage5 = model::Stage5Record{};
+    steps.push_back({l + " s5", false, [this, &st, &ls, &layer] {
+                       if (hooks_) hooks_->before_backward(ModelPart::decoder_layer(layer.index()));
+                       ls.d_combined = layer.stage5_backward_input(*ls.record, st.grad);
                      }});
     steps.push_back({l + " s4", true, [this, &ls] { expert_combine_backward(ls); }});
     steps.push_back({l + " s3", false, [this, &ls, &layer, with_weight] {
                        await_exchange(ls);
-                       ls.d_dispatched_local = layer.stage3_backward_input(ls.stage3, ls.d_expert_out);
+                       ls.d_dispatched_local = layer.stage3_backward_input(*ls.record, ls.d_expert_out);
                        ls.d_expert_out = Tensor();
-                       if (with_weight) {
-                         layer.stage3_backward_weight(ls.stage3);
-                         ls.stage3 = model::Stage3Record{};
-                       }
+                       if (with_weight) layer.stage3_backward_weight(*ls.record);
                      }});
     steps.push_back({l + " s2", true, [this, &ls] { expert_dispatch_backward(ls); }});
     steps.push_back({l + " s1", false, [this, &st, &ls, &layer, with_weight] {
                        await_exchange(ls);
-                       st.grad = layer.stage1_backward_input(ls.stage1, ls.stage5_grads, ls.d_dispatched);
-                       ls.stage5_grads = model::Stage5Grads{};
+                       st.grad = layer.stage1_backward_input(*ls.record, ls.d_dispatched);
                        ls.d_dispatched = Tensor();
                        if (with_weight) {
-                         layer.stage1_backward_weight(ls.stage1);
-                         ls.stage1 = model::Stage1Record{};
+                         layer.stage1_backward_weight(*ls.record);
+                         ls.record.reset();
                        }
+                       if (hooks_) hooks_->after_backward(ModelPart::decoder_layer(layer.index()));
                      }});
   }
   steps.push_back({tag + " done", false, [this, &st, with_weight] {
                      if (stage_.has_embedding) {
                        st.d_embed = st.grad;
                        st.grad = Tensor();
-                       if (with_weight) model_.embed_backward(st.batch, st.d_embed);
+                       if (with_weight) {
+                         if (hooks_) hooks_->before_backward(ModelPart::embedding());
+                         model_.embed_backward(st.batch, st.d_embed);
+                         if (hooks_) hooks_->after_backward(ModelPart::embedding());
+                       }
                      }
                      st.weight_done = with_weight;
                      st.phase = MicroBatchState::Phase::BackwardInputDone;
@@ -300,14 +332,16 @@ void StageChunk::run_weight_work(MicroBatchState& st) {
   for (int64_t i = stage_.num_layers(); i-- > 0;) {
     const model::DecoderLayer& layer = *model_.layers()[static_cast<size_t>(stage_.first_layer + i)];
     LayerState& ls = st.layers[static_cast<size_t>(i)];
-    layer.stage3_backward_weight(ls.stage3);
-    layer.stage1_backward_weight(ls.stage1);
+    layer.stage3_backward_weight(*ls.record);
+    layer.stage1_backward_weight(*ls.record);
+    ls.record.reset();
   }
   if (stage_.has_embedding) model_.embed_backward(st.batch, st.d_embed);
 }
 
-ChunkForward StageChunk::forward(int microbatch, const model::MicroBatch& batch, const Tensor& input) {
-  for (const ChunkStep& step : plan_forward(microbatch, batch, input)) step.run();
+ChunkForward StageChunk::forward(int microbatch, const model::MicroBatch& batch, const Tensor& input,
+                                 double loss_scale) {
+  for (const ChunkStep& step : plan_forward(microbatch, batch, input, loss_scale)) step.run();
   return finish_forward(microbatch);
 }
 

@@ -1,6 +1,9 @@
-// defines: StageChunk, the work of one pipeline stage (a contiguous run of decoder layers, plus the embedding on
-// the first stage and the final norm, head and loss on the last) for the micro-batches in flight, with a record per
-// micro-batch that lives from its forward to its backward_weight. Work is cut into stage-sized steps so that the
+// defines: StageChunk, the one layer driver: the work of one pipeline stage (a contiguous run of decoder layers, plus
+// the embedding on the first stage and the final norm, head and loss on the last) for the micro-batches in flight,
+// with a record per micro-batch that lives from its forward to its backward_weight. Every executor runs it: the plain
+// executor (one stage holding the whole model), DualPipeV's stage chunks and the forward pipeline, so a result never
+// depends on which executor ran it. The layers' records are opaque here (model/decoder_layer.h): the chunk sees only
+// the rows stage 1 hands to the dispatch, and the router's metrics. Work is cut into stage-sized steps so that the
 // executor can interleave the forward of one micro-batch with the backward of another (DualPipe's overlapped pair).
 // With an ep communicator, stages 2 and 4 of the MoE layers are expert parallelism's dispatch and combine
 // (pipeline/expert_exchange.h), as in PlainExecutor. In exact mode (CausalLm::set_exact) the hidden state is rounded to
@@ -21,6 +24,7 @@
 #include "model/causal_lm.h"
 #include "model/decoder_layer.h"
 #include "model/router_loss.h"
+#include "pipeline/parameter_hooks.h"
 #include "pipeline/partition.h"
 
 namespace moetrain::pipeline {
@@ -41,9 +45,12 @@ struct ChunkForward {
   model::LossSum loss;  // the loss stage only: cross-entropy sum and counted targets
   // The auxiliary router losses of the chunk's MoE layers for this micro-batch: (global layer index, values).
   std::vector<std::pair<int64_t, model::RouterLossValues>> router_losses;
-  // The loss stage only: f32 [T] on the CPU, log p(target[t]) from the head's per-token losses (as
-  // model::ForwardObservation::token_logprobs: +0.0f where the target is ignored).
+  // The loss stage only: f32 [T] on the CPU, log p(target[t]) from the head's per-token losses (+0.0f where the
+  // target is ignored: model::token_logprobs_from_losses).
   Tensor token_logprobs;
+  // With set_observe(true): the logits [T, V] (loss stage) and the router logits [T, E] of the chunk's MoE layers.
+  Tensor logits;
+  std::vector<Tensor> router_logits;
 };
 
 class StageChunk {
@@ -69,7 +76,9 @@ class StageChunk {
   // Whole calls. `input` is the previous stage's output (ignored and may be undefined on the embedding stage,
   // which reads batch.input_ids); `batch` carries the metadata (cu_seqlens, position_ids; targets on the loss
   // stage) and must stay as given until the micro-batch's backward_weight ran (the chunk keeps a copy).
-  ChunkForward forward(int microbatch, const model::MicroBatch& batch, const Tensor& input);
+  // `loss_scale` (loss stage): 1 / the step's global target count when a backward follows, which the fused head
+  // needs up front (model::CausalLm::head_forward); 0 for a forward alone. Other stages ignore it.
+  ChunkForward forward(int microbatch, const model::MicroBatch& batch, const Tensor& input, double loss_scale);
   // Activation gradients only; the weight work is kept for backward_weight. `d_output` is the gradient of the
   // stage output (undefined on the loss stage, whose backward starts from d(loss)/d(ce_sum) = loss_scale).
   // Returns the gradient of the stage input (undefined on the embedding stage).
@@ -82,7 +91,8 @@ class StageChunk {
   // The same work as steps. plan_* creates the micro-batch's record (checks run here, before any step) and
   // returns steps that must run in order; finish_* then returns the result. An executor may interleave the steps
   // of two plans on different micro-batches.
-  std::vector<ChunkStep> plan_forward(int microbatch, const model::MicroBatch& batch, const Tensor& input);
+  std::vector<ChunkStep> plan_forward(int microbatch, const model::MicroBatch& batch, const Tensor& input,
+                                      double loss_scale);
   ChunkForward finish_forward(int microbatch);
   std::vector<ChunkStep> plan_backward(int microbatch, const Tensor& d_output, double loss_scale, bool with_weight);
   Tensor finish_backward(int microbatch);
@@ -90,12 +100,17 @@ class StageChunk {
   // Frees the records of a micro-batch whose forward finished, without a backward (a forward-only pass).
   void drop(int microbatch);
 
-  // Micro-batches whose records are held (forward ran, backward_weight not yet).
   // Whether the expert dispatch sends each token once per destination rank (default) or every (token, expert)
   // row (ExpertExchange::create).
   void set_expert_deduplication(bool on) { deduplicate_ = on; }
 
+  // Micro-batches whose records are held (forward ran, backward_weight not yet).
   int64_t live_records() const { return static_cast<int64_t>(states_.size()); }
+  // Keep the logits (the head then materialises them) and the router logits in each ChunkForward (check-golden).
+  void set_observe(bool on) { observe_ = on; }
+  // Called around each part of the model the chunk runs (ZeRO-3 gathers and frees parameters there:
+  // train/fully_sharded.h); null: none. With hooks, backwards must run their weight work at once (backward_full).
+  void set_parameter_hooks(ParameterHooks* hooks) { hooks_ = hooks; }
   // Drops every record (after a failed step).
   void clear();
 
@@ -108,7 +123,7 @@ class StageChunk {
 
   // Stages 2 and 4 of a layer: the expert-parallel dispatch and combine (and their backwards). Without an ep
   // communicator, or for a dense layer, they pass the rows through unchanged.
-  void expert_dispatch(LayerState& ls, const model::DecoderLayer& layer) const;
+  void expert_dispatch(LayerState& ls) const;
   void expert_combine(LayerState& ls) const;
   void expert_combine_backward(LayerState& ls) const;
   void expert_dispatch_backward(LayerState& ls) const;
@@ -121,6 +136,8 @@ class StageChunk {
   StageLayers stage_;
   dist::Communicator* ep_ = nullptr;
   bool deduplicate_ = true;
+  bool observe_ = false;
+  ParameterHooks* hooks_ = nullptr;
   std::map<int, std::unique_ptr<MicroBatchState>> states_;  // stable addresses: records point into the batch
 };
 

@@ -24,6 +24,7 @@
 #include "core/log.h"
 #include "io/mapped_file.h"
 #include "io/safetensors.h"
+#include "model/hf_adapter.h"
 
 namespace moetrain::train {
 
@@ -532,13 +533,11 @@ void assemble_shards(const std::string& path, const json& layout, CheckpointData
     }
     MT_CHECK(t.contains("hf") && t["hf"].is_array(), "checkpoint {}: {}: '{}' has no HF pieces", path, kShardLayout,
              name);
-    for (const json& piece : t["hf"]) {
-      const Shape piece_shape = piece.at(1).get<Shape>();
-      const int64_t offset = piece.at(2).get<int64_t>();
-      const int64_t n = shape_numel(piece_shape);
-      MT_CHECK(offset >= 0 && offset + n <= full.numel(), "checkpoint {}: {}: piece {} of '{}' lies outside it", path,
-               kShardLayout, piece.dump(), name);
-      data.model.emplace_back(piece.at(0).get<std::string>(), flat.slice(offset, offset + n).clone().view(piece_shape));
+    for (const json& entry : t["hf"]) {
+      const model::HfPiece piece = model::piece_from_json(entry, fmt::format("checkpoint {}: {}", path, kShardLayout));
+      MT_CHECK(piece.offset >= 0 && piece.last_element() < full.numel(),
+               "checkpoint {}: {}: piece {} of '{}' lies outside it", path, kShardLayout, entry.dump(), name);
+      data.model.emplace_back(piece.hf_name, model::extract_piece(full, piece));
     }
   }
 }

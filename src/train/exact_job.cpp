@@ -5,7 +5,7 @@
 
 namespace moetrain::train {
 
-pipeline::Partition job_partition(const io::JobConfig& config, const io::ModelConfig& model_config, int pp) {
+pipeline::Partition job_partition(const io::JobConfig& config, const model::ModelConfig& model_config, int pp) {
   return config.parallel.pp_cuts.empty() ? pipeline::partition_balanced(model_config, pp)
                                          : pipeline::partition_from_cuts(model_config, pp, config.parallel.pp_cuts);
 }
@@ -23,7 +23,7 @@ exact::AdmissionReport admit_exact_for_job(const io::JobConfig& config, const mo
   declaration.load_balance_coef = config.loss.load_balance_coef;
   declaration.z_loss_coef = config.loss.z_loss_coef;
   for (const model::ParamSpec& spec : model.params().specs())
-    declaration.parameter_dtypes.push_back({spec.name, model.params().param(spec.name).dtype()});
+    declaration.parameter_dtypes.push_back({spec.name, model.params().param(spec.name).dtype(), spec.pinned_fp32});
   return exact::admit_exact(declaration, model.config(), partition);
 }
 

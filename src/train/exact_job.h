@@ -12,7 +12,7 @@
 namespace moetrain::train {
 
 // The layer partition over `pp` ranks (the mesh's; parallel.pp in a job file): balanced by cost, or parallel.pp_cuts.
-pipeline::Partition job_partition(const io::JobConfig& config, const io::ModelConfig& model_config, int pp);
+pipeline::Partition job_partition(const io::JobConfig& config, const model::ModelConfig& model_config, int pp);
 
 // The exact-lane admission of a job for `model`: on the CPU the exact program is declared as bf16 compute with
 // uniformly fp32 masters, a bf16 wire, the parameter dtypes of the store, the job's losses and device, and the

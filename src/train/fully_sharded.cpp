@@ -13,18 +13,6 @@
 
 namespace moetrain::train {
 
-namespace {
-
-// "layers.12.attention.q_proj" -> 12; -1 for a name outside the decoder layers.
-int64_t layer_of(const std::string& name) {
-  if (name.rfind("layers.", 0) != 0) return -1;
-  return std::stoll(name.substr(7, name.find('.', 7) - 7));
-}
-
-bool is_expert_bank(const std::string& name) { return name.find(".experts.") != std::string::npos; }
-
-}  // namespace
-
 FullyShardedModel::FullyShardedModel(model::CausalLm& model, dist::Mesh& mesh)
     : model_(model),
       mesh_(mesh),
@@ -37,7 +25,7 @@ FullyShardedModel::FullyShardedModel(model::CausalLm& model, dist::Mesh& mesh)
   const auto& specs = store.specs();
   const int ep = mesh.ep().size();
   const int64_t experts = model.config().num_experts;
-  tied_embedding_ = !store.contains("lm_head");
+  tied_embedding_ = store.find_role(model::ParamRole::Head) == nullptr;
   tensors_.reserve(specs.size());
   for (size_t i = 0; i < specs.size(); ++i) {
     const model::ParamSpec& spec = specs[i];
@@ -47,7 +35,7 @@ FullyShardedModel::FullyShardedModel(model::CausalLm& model, dist::Mesh& mesh)
     s.master = store.param(spec.name);
     s.grad = store.grad(spec.name);
     s.comm = &mesh.dp_ep();
-    if (is_expert_bank(spec.name) && ep > 1) {
+    if (spec.role == model::ParamRole::ExpertBank && ep > 1) {
       // This ep rank's experts: rows [rank * E / ep, (rank + 1) * E / ep) of the [E, ...] bank, sharded over dp.
       MT_CHECK(spec.shape.at(0) == experts, "sharding: expert bank '{}' is {} but has not {} experts along dim 0",
                spec.name, shape_str(spec.shape), experts);
@@ -59,10 +47,9 @@ FullyShardedModel::FullyShardedModel(model::CausalLm& model, dist::Mesh& mesh)
     }
     split_over_ep_.push_back(s.comm == &mesh.dp());
     tensors_.emplace_back(s);
-    const int64_t layer = layer_of(spec.name);
-    if (layer >= 0) {
-      layers_.at(static_cast<size_t>(layer)).push_back(i);
-    } else if (spec.name == "embed") {
+    if (spec.layer >= 0) {
+      layers_.at(static_cast<size_t>(spec.layer)).push_back(i);
+    } else if (spec.role == model::ParamRole::Embedding) {
       embedding_.push_back(i);
     } else {
       head_.push_back(i);

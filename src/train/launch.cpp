@@ -10,14 +10,14 @@
 #include "dist/inprocess_communicator.h"
 #include "dist/mesh.h"
 #include "dist/nccl_communicator.h"
-#include "io/model_config.h"
+#include "model/model_config.h"
 
 namespace moetrain::train {
 
 namespace {
 
 dist::MeshShape mesh_for(const io::JobConfig& config, int world) {
-  const io::ModelConfig model = io::load_model_config(config.model.config);
+  const model::ModelConfig model = model::load_model_config(config.model.config);
   return dist::resolve_mesh(world, static_cast<int>(config.parallel.pp), static_cast<int>(config.parallel.cp),
                             static_cast<int>(config.parallel.ep), model.num_experts);
 }

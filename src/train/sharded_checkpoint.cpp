@@ -65,8 +65,7 @@ std::vector<Tensor> internal_from_hf(const model::ParameterStore& store, const N
       MT_CHECK(it != by_name.end() && it->second.shape() == piece.hf_shape,
                "checkpoint {}: model tensor '{}' is {} but {} was expected", path, piece.hf_name,
                it == by_name.end() ? std::string("missing") : it->second.describe(), shape_str(piece.hf_shape));
-      const Tensor values = it->second.dtype() == DType::F32 ? it->second : it->second.to(DType::F32);
-      full.view({-1}).slice(piece.offset, piece.offset + shape_numel(piece.hf_shape)).copy_from(values.view({-1}));
+      model::place_piece(full, piece, it->second);
     }
     out.push_back(full);
   }
@@ -108,7 +107,7 @@ std::string save_sharded_checkpoint(const FullyShardedModel& sharded, const Adam
     json tensors = json::array();
     for (size_t i = 0; i < specs.size(); ++i) {
       json hf = json::array();
-      for (const model::HfPiece& piece : specs[i].pieces) hf.push_back({piece.hf_name, piece.hf_shape, piece.offset});
+      for (const model::HfPiece& piece : specs[i].pieces) hf.push_back(model::piece_to_json(piece));
       for (size_t k = 0; k < 3; ++k) {
         json entry = {{"name", kKinds[k] + specs[i].name}, {"shape", specs[i].shape}, {"slices", json::array()}};
         for (int r = 0; r < world; ++r) {

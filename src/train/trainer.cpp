@@ -10,6 +10,7 @@
 #include "dist/mesh.h"
 #include "exact/wire_checks.h"
 #include "io/safetensors.h"
+#include "model/flops.h"
 #include "ops/cuda/runtime.h"
 #include "ops/elementwise.h"
 #include "ops/optim.h"
@@ -24,12 +25,6 @@
 namespace moetrain::train {
 
 namespace {
-
-int64_t count_moe_layers(const io::ModelConfig& config) {
-  int64_t n = 0;
-  for (int64_t l = 0; l < config.num_hidden_layers; ++l) n += config.layer_is_moe(l) ? 1 : 0;
-  return n;
-}
 
 int64_t micro_batches_for(const io::TrainSection& train) {
   const int64_t rows_per_micro = train.micro_batch;
@@ -49,17 +44,14 @@ data::LoaderOptions loader_options(const io::JobConfig& c, int64_t vocab_size) {
   return o;
 }
 
-// The pipeline rank whose stages use parameter `name`: the rank of the stage holding its decoder layer
-// ("layers.<l>.…"), else rank 0, which holds the first stage (embedding) and the last (final norm, head).
-int pipeline_owner(const std::string& name, const pipeline::Partition& partition) {
-  const std::string prefix = "layers.";
-  if (name.rfind(prefix, 0) != 0) return 0;
-  const size_t end = name.find('.', prefix.size());
-  const int64_t layer = std::stoll(name.substr(prefix.size(), end - prefix.size()));
+// The pipeline rank whose stages use parameter `spec`: the rank of the stage holding its decoder layer, else rank 0,
+// which holds the first stage (embedding) and the last (final norm, head).
+int pipeline_owner(const model::ParamSpec& spec, const pipeline::Partition& partition) {
+  if (spec.layer < 0) return 0;
   for (const pipeline::StageLayers& stage : partition.stages) {
-    if (layer >= stage.first_layer && layer < stage.end_layer) return stage.rank;
+    if (spec.layer >= stage.first_layer && spec.layer < stage.end_layer) return stage.rank;
   }
-  MT_FAIL("trainer: parameter '{}' belongs to decoder layer {}, which no pipeline stage holds", name, layer);
+  MT_FAIL("trainer: parameter '{}' belongs to decoder layer {}, which no pipeline stage holds", spec.name, spec.layer);
 }
 
 std::string weights_folder(const std::string& model_config_path) {
@@ -68,23 +60,6 @@ std::string weights_folder(const std::string& model_config_path) {
 }
 
 }  // namespace
-
-double model_flops_per_token(const io::ModelConfig& c, int64_t seq_len) {
-  const double h = double(c.hidden_size), hd = double(c.head_dim);
-  const double nh = double(c.num_attention_heads), nkv = double(c.num_key_value_heads);
-  double matmul = h * double(c.vocab_size);
-  double attention = 0.0;
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    matmul += h * (nh + 2 * nkv) * hd + nh * hd * h;
-    if (c.layer_is_moe(l)) {
-      matmul += h * double(c.num_experts) + double(c.num_experts_per_tok) * 3 * h * double(c.moe_intermediate_size);
-    } else {
-      matmul += 3 * h * double(c.intermediate_size);
-    }
-    attention += 4 * (double(seq_len) / 2) * nh * hd;
-  }
-  return 6 * matmul + 3 * attention;
-}
 
 Trainer::Trainer(const io::JobConfig& config, dist::Mesh* mesh)
     : config_(config),
@@ -102,7 +77,7 @@ Trainer::Trainer(const io::JobConfig& config, dist::Mesh* mesh)
   }
   const Device device = parse_device(config.model.device);
   if (device.is_cuda()) ops::cuda::setup_cuda(device.index);
-  const io::ModelConfig model_config = io::load_model_config(config.model.config);
+  const model::ModelConfig model_config = model::load_model_config(config.model.config);
   const DType compute_dtype = config.model.compute_dtype == "bf16" ? DType::BF16 : DType::F32;
   model_ = std::make_unique<model::CausalLm>(model_config, device, compute_dtype);
   model_->set_head_chunk(config.model.head_chunk);
@@ -137,19 +112,20 @@ Trainer::Trainer(const io::JobConfig& config, dist::Mesh* mesh)
     // Stages 2 and 4 as all-to-all-v over ep (each token sent once per destination rank): each ep rank computes
     // its own experts; the expert gradients then meet in the reduction over dp x ep (the others' are zero here).
     // With pp > 1 the DualPipeV executor's stage chunks do the same.
-    if (!executor_) expert_parallel_ = std::make_unique<pipeline::PlainExecutor>(*model_, &mesh_->ep());
-    if (expert_parallel_) expert_parallel_->set_expert_deduplication(config.parallel.ep_dedup);
+    if (!executor_) plain_ = std::make_unique<pipeline::PlainExecutor>(*model_, &mesh_->ep());
+    if (plain_) plain_->set_expert_deduplication(config.parallel.ep_dedup);
     if (executor_) executor_->set_expert_deduplication(config.parallel.ep_dedup);
     log_info("experts: {} ranks of expert parallelism, {} experts each", mesh_->ep().size(),
              model_config.num_experts / mesh_->ep().size());
   }
+  if (!executor_ && !plain_) plain_ = std::make_unique<pipeline::PlainExecutor>(*model_, nullptr);
   if (config.exact.enabled) setup_exact_mode(model_config);
   router_loss_.variant = model::parse_load_balance_variant(config.loss.load_balance);
   router_loss_.load_balance_coef = config.loss.load_balance_coef;
   router_loss_.z_loss_coef = config.loss.z_loss_coef;
-  router_loss_.num_moe_layers = std::max<int64_t>(count_moe_layers(model_config), 1);
+  router_loss_.num_moe_layers = std::max<int64_t>(model_config.num_moe_layers(), 1);
   router_loss_.running_counts = &running_counts_;
-  flops_per_token_ = model_flops_per_token(model_config, config.train.seq_len);
+  flops_per_token_ = model::training_flops_per_token(model_config, config.train.seq_len);
   device_peak_flops_ = device.is_cuda() ? 989e12 : 0.0;  // H100/H200 dense bf16; unknown on the CPU
   log_info("model: {} with {} layers, {} parameters on {}, {} compute", model_config.model_type,
            model_config.num_hidden_layers, model_->params().num_parameters(), device.str(), config.model.compute_dtype);
@@ -162,7 +138,7 @@ Trainer::Trainer(const io::JobConfig& config, dist::Mesh* mesh)
 Trainer::~Trainer() = default;
 
 // DualPipeV over the mesh's pp ranks: the partition, the executor and which parameters this rank owns.
-void Trainer::setup_pipeline(const io::ModelConfig& model_config) {
+void Trainer::setup_pipeline(const model::ModelConfig& model_config) {
   const int pp = mesh_->pp().size();
   partition_ = job_partition(config_, model_config, pp);
   MT_CHECK(micro_batches_per_step_ >= 2 * int64_t(pp),
@@ -174,7 +150,7 @@ void Trainer::setup_pipeline(const io::ModelConfig& model_config) {
   const int rank = mesh_->pp().rank();
   const auto& specs = model_->params().specs();
   owned_.assign(specs.size(), false);
-  for (size_t i = 0; i < specs.size(); ++i) owned_[i] = pipeline_owner(specs[i].name, partition_) == rank;
+  for (size_t i = 0; i < specs.size(); ++i) owned_[i] = pipeline_owner(specs[i], partition_) == rank;
   // With ep > 1 the stages' MoE layers dispatch and combine over the ep group (its ranks are data ranks too: their
   // gradients meet in the all-reduce over dp x ep, which spans the ranks of this pipeline stage only).
   executor_ = std::make_unique<pipeline::DualPipeVExecutor>(*model_, partition_, mesh_->pp(),
@@ -194,7 +170,7 @@ void Trainer::setup_pipeline(const io::ModelConfig& model_config) {
 // Exact mode (DESIGN.md section 6): the contract admits the job before anything runs (on CUDA it refuses, naming
 // the kernels without a batch-invariant variant), the residual is rounded to bf16 at every layer boundary, and a
 // pipeline's activations travel as bf16 with their wire and metadata checked on every scheduled forward.
-void Trainer::setup_exact_mode(const io::ModelConfig& model_config) {
+void Trainer::setup_exact_mode(const model::ModelConfig& model_config) {
   // The partition the job runs: the pipeline's, or pp = 1's two stages.
   admit_exact_for_job(config_, *model_, executor_ ? partition_ : job_partition(config_, model_config, 1));
   model_->set_exact(true);
@@ -216,13 +192,15 @@ void Trainer::setup_sharding() {
   if (!wants_sharding()) return;
   MT_CHECK(mesh_->pp().size() == 1, "trainer: parallel.sharding = full runs with pp = 1; the mesh is {}",
            mesh_->shape().str());
+  MT_CHECK(plain_ != nullptr,
+           "trainer: parallel.sharding = full runs on the plain executor; parallel.schedule = dualpipev is not "
+           "supported with it yet");
   sharded_ = std::make_unique<FullyShardedModel>(*model_, *mesh_);
   optimizer_ = std::make_unique<AdamW>(sharded_->master_shards(), sharded_->grad_shards(), sharded_->compute_shards(),
                                        sharded_->weight_decays(config_.optim.weight_decay),
                                        AdamWConfig{config_.optim.lr, config_.optim.beta1, config_.optim.beta2,
                                                    config_.optim.eps, config_.optim.weight_decay});
-  if (!expert_parallel_) expert_parallel_ = std::make_unique<pipeline::PlainExecutor>(*model_, nullptr);
-  expert_parallel_->set_parameter_hooks(sharded_.get());
+  plain_->set_parameter_hooks(sharded_.get());
   log_info(
       "sharding: ZeRO-3 over {} data ranks (dp x ep); this rank holds {:.2f} GiB of parameter and gradient "
       "shards",
@@ -285,7 +263,7 @@ void Trainer::gather_pipeline_state() {
   const auto& specs = model_->params().specs();
   const std::vector<Tensor> params = model_->params().all_params();
   for (size_t i = 0; i < specs.size(); ++i) {
-    const int owner = pipeline_owner(specs[i].name, partition_);
+    const int owner = pipeline_owner(specs[i], partition_);
     mesh_->pp().broadcast(stream, params[i], owner);
     mesh_->pp().broadcast(stream, optimizer_->exp_avg()[i], owner);
     mesh_->pp().broadcast(stream, optimizer_->exp_avg_sq()[i], owner);
@@ -420,7 +398,7 @@ nlohmann::json Trainer::checkpoint_state(int64_t step) const {
           {"optimizer_steps", optimizer_->steps_taken()},
           {"data", loader_->state()},
           {"seed", config_.train.seed},
-          {"model_config", io::model_config_to_json(model_->config())}};
+          {"model_config", model::model_config_to_json(model_->config())}};
 }
 
 void Trainer::save(int64_t step) {
@@ -467,8 +445,7 @@ double Trainer::train_step(int64_t step) {
   }
   // Under pipeline parallelism every pp rank passes the step's micro-batches; only pp rank 0 reads their tokens.
   model::StepLoss loss = executor_          ? executor_->run_step(batches, targets)
-                         : expert_parallel_ ? expert_parallel_->run_step(batches, targets)
-                                            : model::forward_backward(*model_, batches, targets);
+                                            : plain_->run_step(batches, targets);
   if (sharded_) sharded_->finish_step();  // the last gradient reductions are done before anything reads them
   reduce_across_ranks(loss);
   check_health();

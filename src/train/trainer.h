@@ -96,10 +96,10 @@ class Trainer {
   void check_state(const nlohmann::json& state, const std::string& path) const;
   void restore_state(const nlohmann::json& state, const std::string& path);
   bool wants_sharding() const;
-  void setup_exact_mode(const io::ModelConfig& model_config);
+  void setup_exact_mode(const model::ModelConfig& model_config);
   void setup_sharding();
   double train_step(int64_t step);
-  void setup_pipeline(const io::ModelConfig& model_config);
+  void setup_pipeline(const model::ModelConfig& model_config);
   std::vector<Tensor> owned_grads() const;
   double clip_gradients();
   void optimizer_step(double lr);
@@ -124,14 +124,10 @@ class Trainer {
   // Pipeline parallelism (mesh.pp() > 1).
   pipeline::Partition partition_;
   std::unique_ptr<pipeline::DualPipeVExecutor> executor_;
-  std::unique_ptr<pipeline::PlainExecutor> expert_parallel_;  // pp = 1 with ep > 1 or ZeRO-3
+  std::unique_ptr<pipeline::PlainExecutor> plain_;  // pp = 1 without the DualPipeV schedule (ep, ZeRO-3 or one rank)
   std::unique_ptr<FullyShardedModel> sharded_;  // ZeRO-3 (parallel.sharding); the plain executor runs its hooks
   std::vector<bool> owned_;                     // per parameter; empty: this rank owns every parameter
 };
 
-// Model FLOPs per trained token (forward + backward) for sequence length `seq_len`: the formula of
-// the PyTorch baseline (bench/torch_baseline.py): 6 x matmul parameters touched per token +
-// 3 x causal attention (4 * S/2 * nh * hd per layer).
-double model_flops_per_token(const io::ModelConfig& config, int64_t seq_len);
 
 }  // namespace moetrain::train

@@ -1,0 +1,199 @@
+// defines: GqaAttention's parameters, forward and split backward.
+#include "model/blocks/attention.h"
+
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "core/device.h"
+#include "core/error.h"
+#include "model/precision.h"
+#include "ops/elementwise.h"
+#include "ops/gemm.h"
+
+namespace moetrain::model {
+
+namespace {
+
+struct AttentionRecord final : MixerRecord {
+  Tensor x;               // [T, H] block input (already normed)
+  Tensor q, k, v;         // projections before the q/k norm: [T, nh, hd], [T, nkv, hd], [T, nkv, hd]
+  Tensor rstd_q, rstd_k;  // [T * nh], [T * nkv] (qk_norm)
+  Tensor q_rot, k_rot;    // after norm and rope: what attention saw
+  Tensor attn, lse;       // attention output [T, nh, hd] and its log-sum-exp [T, nh]
+  const MicroBatch* batch = nullptr;
+  // Kept by backward_input for backward_weight.
+  Tensor d_out, d_q_normed, d_k_normed, d_q, d_k, d_v;
+};
+
+AttentionRecord& as_attention(MixerRecord& record) {
+  auto* r = dynamic_cast<AttentionRecord*>(&record);
+  MT_CHECK(r != nullptr, "attention block: given a record of another token mixer");
+  return *r;
+}
+
+void refuse_unsupported(const AttentionOptions& o) {
+  MT_CHECK(!o.qkv_bias && !o.output_bias, "attention block: q/k/v or output biases are not supported yet");
+  MT_CHECK(!o.output_gate, "attention block: the sigmoid output gate is not supported yet");
+  MT_CHECK(!o.sinks, "attention block: attention sinks are not supported yet");
+  MT_CHECK(o.sliding_window == 0, "attention block: a sliding window ({} tokens) is not supported yet",
+           o.sliding_window);
+}
+
+}  // namespace
+
+std::vector<ParamSpec> GqaAttention::param_specs(const AttentionOptions& o, const std::string& prefix, int64_t layer) {
+  const int64_t h = o.hidden_size, hd = o.head_dim;
+  const int64_t q_rows = o.num_heads * hd, kv_rows = o.num_kv_heads * hd;
+  std::vector<ParamSpec> specs;
+  const auto add = [&](const char* name, Shape shape, ParamRole role) {
+    ParamSpec spec;
+    spec.name = prefix + name;
+    spec.shape = std::move(shape);
+    spec.role = role;
+    spec.layer = layer;
+    spec.init = spec.is_matrix() ? ParamInit::Normal : ParamInit::Ones;
+    specs.push_back(std::move(spec));
+  };
+  add("q_proj", {q_rows, h}, ParamRole::Dense);
+  add("k_proj", {kv_rows, h}, ParamRole::Dense);
+  add("v_proj", {kv_rows, h}, ParamRole::Dense);
+  add("o_proj", {h, q_rows}, ParamRole::Dense);
+  if (o.qk_norm) {
+    add("q_norm", {hd}, ParamRole::Norm);
+    add("k_norm", {hd}, ParamRole::Norm);
+  }
+  return specs;
+}
+
+GqaAttention::GqaAttention(const AttentionOptions& options, ParameterStore& store, const std::string& prefix)
+    : options_(options) {
+  refuse_unsupported(options);
+  MT_CHECK(options.num_heads > 0 && options.num_kv_heads > 0 && options.num_heads % options.num_kv_heads == 0 &&
+               options.head_dim > 0,
+           "attention block: {} heads over {} kv heads of dim {}: expected positive sizes, heads a multiple of kv heads",
+           options.num_heads, options.num_kv_heads, options.head_dim);
+  MT_CHECK(options.rope.rotary_dim % 2 == 0 && options.rope.rotary_dim <= options.head_dim,
+           "attention block: rotary dim {} must be even and at most the head dim {}", options.rope.rotary_dim,
+           options.head_dim);
+  qk_norm_.eps = options.norm_eps;
+  rope_ = options.rope;
+  attention_.softmax_scale = static_cast<float>(
+      options.softmax_scale > 0.0 ? options.softmax_scale : 1.0 / std::sqrt(double(options.head_dim)));
+  w_q_ = store.weight(prefix + "q_proj"), g_q_ = store.grad(prefix + "q_proj");
+  w_k_ = store.weight(prefix + "k_proj"), g_k_ = store.grad(prefix + "k_proj");
+  w_v_ = store.weight(prefix + "v_proj"), g_v_ = store.grad(prefix + "v_proj");
+  w_o_ = store.weight(prefix + "o_proj"), g_o_ = store.grad(prefix + "o_proj");
+  if (options.qk_norm) {
+    w_q_norm_ = store.weight(prefix + "q_norm"), g_q_norm_ = store.grad(prefix + "q_norm");
+    w_k_norm_ = store.weight(prefix + "k_norm"), g_k_norm_ = store.grad(prefix + "k_norm");
+  }
+}
+
+std::unique_ptr<MixerRecord> GqaAttention::new_record() const { return std::make_unique<AttentionRecord>(); }
+
+// The longest document lets the CUDA backend plan cuDNN's attention for the batch (bf16); the CPU
+// reference ignores it.
+ops::AttentionParams GqaAttention::attention_for(const MicroBatch& batch) const {
+  ops::AttentionParams params = attention_;
+  params.max_seqlen = batch.max_document_length();
+  return params;
+}
+
+Tensor GqaAttention::forward(MixerRecord& record, const Tensor& x, const MicroBatch& batch) const {
+  AttentionRecord& r = as_attention(record);
+  Stream& s = default_stream(x.device());
+  const int64_t T = x.size(0), nh = options_.num_heads, nkv = options_.num_kv_heads, hd = options_.head_dim;
+  const DType dt = x.dtype();
+  const Device dev = x.device();
+  r.x = x;
+  r.batch = &batch;
+  r.q = Tensor::empty({T, nh, hd}, dt, dev);
+  r.k = Tensor::empty({T, nkv, hd}, dt, dev);
+  r.v = Tensor::empty({T, nkv, hd}, dt, dev);
+  ops::linear_forward(s, r.q.view({T, -1}), x, w_q_);
+  ops::linear_forward(s, r.k.view({T, -1}), x, w_k_);
+  ops::linear_forward(s, r.v.view({T, -1}), x, w_v_);
+
+  if (options_.qk_norm) {
+    r.rstd_q = Tensor::empty({T * nh}, statistics_dtype(dt), dev);
+    r.rstd_k = Tensor::empty({T * nkv}, statistics_dtype(dt), dev);
+    r.q_rot = Tensor::empty(r.q.shape(), dt, dev);
+    r.k_rot = Tensor::empty(r.k.shape(), dt, dev);
+    ops::rmsnorm_forward(s, r.q_rot, r.rstd_q, r.q, w_q_norm_, qk_norm_);
+    ops::rmsnorm_forward(s, r.k_rot, r.rstd_k, r.k, w_k_norm_, qk_norm_);
+  } else {
+    r.q_rot = r.q.clone();
+    r.k_rot = r.k.clone();
+  }
+  if (rope_.rotary_dim > 0) {
+    ops::rope_forward(s, r.q_rot, r.q_rot, batch.position_ids, rope_);
+    ops::rope_forward(s, r.k_rot, r.k_rot, batch.position_ids, rope_);
+  }
+
+  r.attn = Tensor::empty({T, nh, hd}, dt, dev);
+  r.lse = Tensor::empty({T, nh}, statistics_dtype(dt), dev);
+  ops::attention_forward(s, r.attn, r.lse, r.q_rot, r.k_rot, r.v, batch.cu_seqlens, attention_for(batch));
+
+  Tensor out = Tensor::empty({T, options_.hidden_size}, dt, dev);
+  ops::linear_forward(s, out, r.attn.view({T, -1}), w_o_);
+  return out;
+}
+
+Tensor GqaAttention::backward_input(MixerRecord& record, const Tensor& d_out) const {
+  AttentionRecord& r = as_attention(record);
+  Stream& s = default_stream(d_out.device());
+  const int64_t T = d_out.size(0);
+  const DType dt = d_out.dtype();
+  const Device dev = d_out.device();
+  r.d_out = d_out;
+  Tensor d_attn = Tensor::empty({T, options_.num_heads, options_.head_dim}, dt, dev);
+  ops::linear_backward_input(s, d_attn.view({T, -1}), d_out, w_o_);
+
+  Tensor d_q_rot = Tensor::empty(r.q.shape(), dt, dev);
+  Tensor d_k_rot = Tensor::empty(r.k.shape(), dt, dev);
+  r.d_v = Tensor::empty(r.v.shape(), dt, dev);
+  ops::attention_backward(s, d_q_rot, d_k_rot, r.d_v, d_attn, r.q_rot, r.k_rot, r.v, r.attn, r.lse, r.batch->cu_seqlens,
+                          attention_for(*r.batch));
+  r.d_q_normed = d_q_rot;  // rope's backward runs in place: d_q_rot becomes d(q after norm)
+  r.d_k_normed = d_k_rot;
+  if (rope_.rotary_dim > 0) {
+    ops::rope_backward(s, r.d_q_normed, d_q_rot, r.batch->position_ids, rope_);
+    ops::rope_backward(s, r.d_k_normed, d_k_rot, r.batch->position_ids, rope_);
+  }
+  if (options_.qk_norm) {
+    r.d_q = Tensor::empty(r.q.shape(), dt, dev);
+    r.d_k = Tensor::empty(r.k.shape(), dt, dev);
+    ops::rmsnorm_backward_input(s, r.d_q, r.d_q_normed, r.q, w_q_norm_, r.rstd_q, qk_norm_);
+    ops::rmsnorm_backward_input(s, r.d_k, r.d_k_normed, r.k, w_k_norm_, r.rstd_k, qk_norm_);
+  } else {
+    r.d_q = r.d_q_normed;
+    r.d_k = r.d_k_normed;
+  }
+
+  Tensor dx = Tensor::empty(r.x.shape(), dt, dev);
+  Tensor partial = Tensor::empty(r.x.shape(), dt, dev);
+  ops::linear_backward_input(s, dx, r.d_q.view({T, -1}), w_q_);
+  ops::linear_backward_input(s, partial, r.d_k.view({T, -1}), w_k_);
+  ops::accumulate(s, dx, partial);
+  ops::linear_backward_input(s, partial, r.d_v.view({T, -1}), w_v_);
+  ops::accumulate(s, dx, partial);
+  return dx;
+}
+
+void GqaAttention::backward_weight(MixerRecord& record) const {
+  AttentionRecord& r = as_attention(record);
+  Stream& s = default_stream(r.x.device());
+  const int64_t T = r.x.size(0);
+  ops::linear_backward_weight(s, g_o_, r.d_out, r.attn.view({T, -1}));
+  ops::linear_backward_weight(s, g_q_, r.d_q.view({T, -1}), r.x);
+  ops::linear_backward_weight(s, g_k_, r.d_k.view({T, -1}), r.x);
+  ops::linear_backward_weight(s, g_v_, r.d_v.view({T, -1}), r.x);
+  if (options_.qk_norm) {
+    ops::rmsnorm_backward_weight(s, g_q_norm_, r.d_q_normed, r.q, r.rstd_q);
+    ops::rmsnorm_backward_weight(s, g_k_norm_, r.d_k_normed, r.k, r.rstd_k);
+  }
+  r = AttentionRecord{};  // the record's work is done: free its activations now
+}
+
+}  // namespace moetrain::model

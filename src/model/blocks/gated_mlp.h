@@ -1,0 +1,56 @@
+// defines: GatedMlp, the gated MLP y = down(act(gate(x)) * up(x)), as one dense MLP (a dense layer's stage 3, a
+// shared expert) or as a bank of experts run as grouped GEMMs over expert-ordered rows (an MoE layer's stage 3).
+// gate and up are fused into one [2I, H] weight per MLP (gate rows first), down is [H, I]; an expert bank stacks
+// them into [E, 2I, H] and [E, H, I]. It knows no HF names: the family maps its parameters.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "model/parameter_store.h"
+
+namespace moetrain::model {
+
+enum class GatedActivation : uint8_t {
+  SwiGlu,         // silu(gate) * up
+  ClampedSwiGlu,  // GPT-OSS: (up + 1) * gate * sigmoid(alpha * gate) with clamps (not run yet: refused)
+};
+
+struct GatedMlpOptions {
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int64_t num_experts = 0;  // 0: one dense MLP; E > 0: an expert bank of E MLPs
+  GatedActivation activation = GatedActivation::SwiGlu;
+  bool bias = false;                   // biases on gate_up and down (GPT-OSS; not run yet: refused)
+  ParamRole role = ParamRole::Dense;   // Dense, SharedExpert, or ExpertBank for a bank
+};
+
+struct MlpRecord {
+  Tensor x;              // [R, H] input rows
+  Tensor group_offsets;  // i32 [E + 1] for experts; undefined for a dense MLP
+  Tensor gate_up;        // [R, 2I]
+  Tensor act;            // [R, I] act(gate) * up
+  // Kept by backward_input for backward_weight.
+  Tensor d_y, d_gate_up;
+};
+
+class GatedMlp {
+ public:
+  // "<prefix>gate_up" and "<prefix>down" of decoder layer `layer`, with the options' role. No HF pieces.
+  static std::vector<ParamSpec> param_specs(const GatedMlpOptions& options, const std::string& prefix, int64_t layer);
+
+  GatedMlp(const GatedMlpOptions& options, ParameterStore& store, const std::string& prefix);
+
+  bool is_expert_bank() const { return options_.num_experts > 0; }
+  // group_offsets must be defined exactly when this is an expert bank.
+  Tensor forward(MlpRecord& record, const Tensor& x, const Tensor& group_offsets) const;
+  Tensor backward_input(MlpRecord& record, const Tensor& d_y) const;
+  void backward_weight(MlpRecord& record) const;
+
+ private:
+  GatedMlpOptions options_;
+  Tensor w_gate_up_, w_down_, g_gate_up_, g_down_;
+};
+
+}  // namespace moetrain::model

@@ -1,0 +1,74 @@
+// defines: the router block's parameter, forward and split backward.
+#include "model/blocks/router.h"
+
+#include "core/error.h"
+#include "model/precision.h"
+#include "ops/elementwise.h"
+#include "ops/gemm.h"
+
+namespace moetrain::model {
+
+std::vector<ParamSpec> Router::param_specs(const RouterOptions& o, const std::string& prefix, int64_t layer) {
+  ParamSpec spec;
+  spec.name = prefix + "router";
+  spec.shape = {o.num_experts, o.hidden_size};
+  spec.role = ParamRole::Router;
+  spec.layer = layer;
+  return {spec};
+}
+
+Router::Router(const RouterOptions& options, ParameterStore& store, const std::string& prefix) : options_(options) {
+  MT_CHECK(options.num_experts > 0 && options.top_k > 0 && options.top_k <= options.num_experts,
+           "router block: top-{} of {} experts: expected 0 < k <= E", options.top_k, options.num_experts);
+  MT_CHECK(options.score == RouterScore::Softmax, "router block: sigmoid scores are not supported yet");
+  MT_CHECK(!options.topk_before_softmax, "router block: top-k before the softmax is not supported yet");
+  MT_CHECK(!options.bias, "router block: a router bias is not supported yet");
+  MT_CHECK(options.num_groups == 1 && options.topk_groups == 1,
+           "router block: group-limited top-k ({} groups, {} kept) is not supported yet", options.num_groups,
+           options.topk_groups);
+  MT_CHECK(options.scaling_factor == 1.0, "router block: a routed scaling factor ({}) is not supported yet",
+           options.scaling_factor);
+  params_.top_k = static_cast<int>(options.top_k);
+  params_.renormalize = options.renormalize;
+  w_ = store.weight(prefix + "router");
+  g_ = store.grad(prefix + "router");
+}
+
+RoutingMetadata Router::forward(RouterRecord& r, const Tensor& x) const {
+  Stream& s = default_stream(x.device());
+  const int64_t T = x.size(0);
+  r.x = x;
+  RoutingMetadata m;
+  const DType route_dtype = statistics_dtype(x.dtype());
+  m.logits = Tensor::empty({T, options_.num_experts}, route_dtype, x.device());
+  m.probs = Tensor::empty({T, options_.num_experts}, route_dtype, x.device());
+  m.topk_index = Tensor::empty({T, params_.top_k}, DType::I32, x.device());
+  m.topk_weight = Tensor::empty({T, params_.top_k}, route_dtype, x.device());
+  ops::linear_forward(s, m.logits, x, w_);
+  ops::router_forward(s, m.probs, m.topk_index, m.topk_weight, m.logits, params_);
+  m.plan = ops::make_routing_plan(s, m.topk_index, options_.num_experts);
+  return m;
+}
+
+Tensor Router::backward_input(RouterRecord& r, const RoutingMetadata& m, const Tensor& d_topk_weight,
+                                   const Tensor& d_probs, const Tensor& d_logits_extra) const {
+  Stream& s = default_stream(r.x.device());
+  r.d_logits = Tensor::empty(m.logits.shape(), m.logits.dtype(), m.logits.device());
+  ops::router_backward(s, r.d_logits, d_topk_weight, d_probs, m.probs, m.topk_index, m.topk_weight, params_);
+  if (d_logits_extra.defined()) ops::accumulate(s, r.d_logits, d_logits_extra);
+  if (r.d_logits.dtype() != r.x.dtype()) {  // the GEMMs take operands of one dtype
+    Tensor rounded = Tensor::empty(r.d_logits.shape(), r.x.dtype(), r.x.device());
+    ops::cast(s, rounded, r.d_logits);
+    r.d_logits = rounded;
+  }
+  Tensor dx = Tensor::empty(r.x.shape(), r.x.dtype(), r.x.device());
+  ops::linear_backward_input(s, dx, r.d_logits, w_);
+  return dx;
+}
+
+void Router::backward_weight(RouterRecord& r) const {
+  ops::linear_backward_weight(default_stream(r.x.device()), g_, r.d_logits, r.x);
+  r = RouterRecord{};
+}
+
+}  // namespace moetrain::model

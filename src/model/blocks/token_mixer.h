@@ -1,0 +1,32 @@
+// defines: TokenMixer, the part of stage 1 that mixes information across the tokens of a document: GQA attention
+// (blocks/attention.h) today; latent attention and Gated DeltaNet linear attention implement the same interface, so
+// a decoder layer holds whichever its family builds. Its record is the mixer's own (MixerRecord), created by it and
+// opaque to the layer.
+#pragma once
+
+#include <memory>
+
+#include "core/tensor.h"
+#include "model/batch.h"
+
+namespace moetrain::model {
+
+struct MixerRecord {
+  virtual ~MixerRecord() = default;
+};
+
+class TokenMixer {
+ public:
+  virtual ~TokenMixer() = default;
+  // A fresh record for one micro-batch's forward.
+  virtual std::unique_ptr<MixerRecord> new_record() const = 0;
+  // x [T, H] (normed) -> [T, H]; the record keeps what the backward needs and a pointer to `batch`, which must outlive
+  // the backward.
+  virtual Tensor forward(MixerRecord& record, const Tensor& x, const MicroBatch& batch) const = 0;
+  // dx [T, H] from d_out [T, H]; keeps in the record what backward_weight needs.
+  virtual Tensor backward_input(MixerRecord& record, const Tensor& d_out) const = 0;
+  // Accumulates the weight gradients and frees the record's tensors.
+  virtual void backward_weight(MixerRecord& record) const = 0;
+};
+
+}  // namespace moetrain::model

@@ -1,0 +1,115 @@
+// defines: the Qwen3 / Qwen3-MoE HF names of every parameter (layout.h).
+#include "model/families/qwen3/layout.h"
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+
+namespace moetrain::model::families::qwen3 {
+
+namespace {
+
+HfPiece block(std::string hf_name, Shape hf_shape, int64_t offset) {
+  HfPiece piece;
+  piece.hf_name = std::move(hf_name);
+  piece.hf_shape = std::move(hf_shape);
+  piece.offset = offset;
+  return piece;
+}
+
+// [2I, H] = gate_proj [I, H] rows, then up_proj [I, H] rows; per expert e of a bank, at e * 2I * H.
+void attach_gate_up(ParamSpec& spec, const std::string& hf_mlp, bool experts) {
+  const int64_t rows = spec.shape[spec.shape.size() - 2] / 2, cols = spec.shape.back();
+  const int64_t count = experts ? spec.shape[0] : 1;
+  for (int64_t e = 0; e < count; ++e) {
+    const std::string hf = experts ? fmt::format("{}experts.{}.", hf_mlp, e) : hf_mlp;
+    spec.pieces.push_back(block(hf + "gate_proj.weight", {rows, cols}, e * 2 * rows * cols));
+    spec.pieces.push_back(block(hf + "up_proj.weight", {rows, cols}, e * 2 * rows * cols + rows * cols));
+  }
+  if (experts) spec.hf_fused_name = hf_mlp + "experts.gate_up_proj";
+}
+
+void attach_down(ParamSpec& spec, const std::string& hf_mlp, bool experts) {
+  const int64_t rows = spec.shape[spec.shape.size() - 2], cols = spec.shape.back();
+  const int64_t count = experts ? spec.shape[0] : 1;
+  for (int64_t e = 0; e < count; ++e) {
+    const std::string hf = experts ? fmt::format("{}experts.{}.", hf_mlp, e) : hf_mlp;
+    spec.pieces.push_back(block(hf + "down_proj.weight", {rows, cols}, e * rows * cols));
+  }
+  if (experts) spec.hf_fused_name = hf_mlp + "experts.down_proj";
+}
+
+}  // namespace
+
+std::string layer_prefix(int64_t layer) { return fmt::format("layers.{}.", layer); }
+
+void attach_layer_pieces(std::vector<ParamSpec>& specs, int64_t layer) {
+  const std::string prefix = layer_prefix(layer);
+  const std::string hf = fmt::format("model.layers.{}.", layer);
+  for (ParamSpec& spec : specs) {
+    MT_CHECK(spec.name.rfind(prefix, 0) == 0 && spec.pieces.empty(),
+             "qwen3 layout: parameter '{}' is not a fresh parameter of layer {}", spec.name, layer);
+    const std::string local = spec.name.substr(prefix.size());
+    const auto whole = [&](const std::string& hf_name) { spec.pieces.push_back(block(hf + hf_name, spec.shape, 0)); };
+    if (local == "input_norm") {
+      whole("input_layernorm.weight");
+    } else if (local == "post_norm") {
+      whole("post_attention_layernorm.weight");
+    } else if (local.rfind("attn.", 0) == 0) {
+      whole("self_attn." + local.substr(5) + ".weight");  // q_proj, k_proj, v_proj, o_proj, q_norm, k_norm
+    } else if (local == "router") {
+      whole("mlp.gate.weight");
+    } else if (local == "mlp.gate_up" || local == "experts.gate_up") {
+      attach_gate_up(spec, hf + "mlp.", local == "experts.gate_up");
+    } else if (local == "mlp.down" || local == "experts.down") {
+      attach_down(spec, hf + "mlp.", local == "experts.down");
+    } else {
+      MT_FAIL("qwen3 layout: no HF name for parameter '{}'", spec.name);
+    }
+  }
+}
+
+std::vector<ParamSpec> embedding_specs(int64_t vocab_size, int64_t hidden_size) {
+  return {single_piece_spec("embed", {vocab_size, hidden_size}, ParamRole::Embedding, -1, "model.embed_tokens.weight")};
+}
+
+std::vector<ParamSpec> final_specs(int64_t vocab_size, int64_t hidden_size, bool tie_word_embeddings) {
+  std::vector<ParamSpec> specs;
+  specs.push_back(single_piece_spec("final_norm", {hidden_size}, ParamRole::Norm, -1, "model.norm.weight"));
+  if (!tie_word_embeddings)
+    specs.push_back(single_piece_spec("lm_head", {vocab_size, hidden_size}, ParamRole::Head, -1, "lm_head.weight"));
+  return specs;
+}
+
+std::vector<ParamSpec> model_param_specs(const ModelConfig& g, const Qwen3Config& c,
+                                         const std::function<PreNormLayerOptions(int64_t)>& options) {
+  std::vector<ParamSpec> specs = embedding_specs(g.vocab_size, g.hidden_size);
+  for (int64_t layer = 0; layer < g.num_hidden_layers; ++layer) {
+    const std::string prefix = layer_prefix(layer);
+    std::vector<ParamSpec> layer_specs = PreNormLayer::param_specs(
+        options(layer), GqaAttention::param_specs(attention_options(g, c), prefix + "attn.", layer), prefix);
+    attach_layer_pieces(layer_specs, layer);
+    for (ParamSpec& spec : layer_specs) specs.push_back(std::move(spec));
+  }
+  for (ParamSpec& spec : final_specs(g.vocab_size, g.hidden_size, g.tie_word_embeddings))
+    specs.push_back(std::move(spec));
+  return specs;
+}
+
+std::unique_ptr<DecoderLayer> make_pre_norm_layer(const ModelConfig& g, const Qwen3Config& c, ParameterStore& store,
+                                                  const PreNormLayerOptions& options) {
+  const std::string prefix = layer_prefix(options.layer);
+  auto attention = std::make_unique<GqaAttention>(attention_options(g, c), store, prefix + "attn.");
+  return std::make_unique<PreNormLayer>(options, std::move(attention), store, prefix);
+}
+
+LayerFlops attention_flops(const ModelConfig& g, const Qwen3Config& c, int64_t context) {
+  const double h = double(g.hidden_size), hd = double(c.head_dim);
+  const double nh = double(c.num_attention_heads), nkv = double(c.num_key_value_heads);
+  LayerFlops f;
+  f.matmul_weights = h * (nh + 2 * nkv) * hd + nh * hd * h;  // q, k, v, o projections
+  f.attention_core = 4 * (double(context) / 2) * nh * hd;     // causal: a token sees half the context on average
+  return f;
+}
+
+}  // namespace moetrain::model::families::qwen3

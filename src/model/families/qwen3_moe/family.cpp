@@ -1,0 +1,103 @@
+// defines: the Qwen3-MoE family: config.json's "qwen3_moe", its parameters, its layers (Qwen3's attention; a
+// softmax top-k router and a SwiGLU expert bank on MoE layers, the dense MLP elsewhere), FLOPs and certification.
+#include "model/families/qwen3_moe/family.h"
+
+#include <nlohmann/json.hpp>
+
+#include "model/families/qwen3/layout.h"
+#include "model/families/qwen3_moe/config.h"
+
+namespace moetrain::model::families::qwen3_moe {
+
+namespace {
+
+PreNormLayerOptions layer_options(const ModelConfig& g, const Qwen3MoeConfig& c, int64_t layer) {
+  PreNormLayerOptions o;
+  o.layer = layer;
+  o.moe_index = g.moe_index(layer);
+  o.hidden_size = g.hidden_size;
+  o.norm.eps = static_cast<float>(c.rms_norm_eps);
+  GatedMlpOptions mlp;
+  mlp.hidden_size = g.hidden_size;
+  if (!g.layer_is_moe(layer)) {
+    mlp.intermediate_size = c.intermediate_size;
+    o.dense_mlp = mlp;
+    return o;
+  }
+  MoeOptions moe;
+  moe.router.hidden_size = g.hidden_size;
+  moe.router.num_experts = g.num_experts;
+  moe.router.top_k = g.num_experts_per_tok;
+  moe.router.renormalize = c.norm_topk_prob;
+  mlp.intermediate_size = c.moe_intermediate_size;
+  mlp.num_experts = g.num_experts;
+  mlp.role = ParamRole::ExpertBank;
+  moe.experts = mlp;
+  o.moe = moe;
+  return o;
+}
+
+class Qwen3MoeFamily final : public Family {
+ public:
+  std::string name() const override { return "qwen3_moe"; }
+  std::vector<std::string> model_types() const override { return {"qwen3_moe"}; }
+
+  ModelConfig parse_config(const io::JsonFields& fields) const override {
+    ModelConfig g;
+    auto own = std::make_shared<Qwen3MoeConfig>();
+    qwen3::parse_shared_fields(fields, g, *own);
+    parse_moe_fields(fields, g, *own);
+    g.details = own;
+    return g;
+  }
+
+  std::string to_hf_config_json(const ModelConfig& g) const override {
+    const Qwen3MoeConfig& c = g.family_config<Qwen3MoeConfig>();
+    nlohmann::json j = qwen3::shared_fields_json(g, c);
+    j.update(moe_fields_json(g, c));
+    j["architectures"] = nlohmann::json::array({"Qwen3MoeForCausalLM"});
+    j["model_type"] = "qwen3_moe";
+    return j.dump(2) + "\n";
+  }
+
+  std::vector<ParamSpec> param_specs(const ModelConfig& g) const override {
+    const Qwen3MoeConfig& c = g.family_config<Qwen3MoeConfig>();
+    return qwen3::model_param_specs(g, c, [&](int64_t layer) { return layer_options(g, c, layer); });
+  }
+
+  std::unique_ptr<DecoderLayer> make_layer(const ModelConfig& g, ParameterStore& store,
+                                           int64_t layer) const override {
+    const Qwen3MoeConfig& c = g.family_config<Qwen3MoeConfig>();
+    return qwen3::make_pre_norm_layer(g, c, store, layer_options(g, c, layer));
+  }
+
+  ops::RmsNormParams final_norm(const ModelConfig& g) const override {
+    ops::RmsNormParams norm;
+    norm.eps = static_cast<float>(g.family_config<Qwen3MoeConfig>().rms_norm_eps);
+    return norm;
+  }
+
+  LayerFlops layer_flops(const ModelConfig& g, int64_t layer, int64_t context) const override {
+    const Qwen3MoeConfig& c = g.family_config<Qwen3MoeConfig>();
+    LayerFlops f = qwen3::attention_flops(g, c, context);
+    const double h = double(g.hidden_size);
+    if (g.layer_is_moe(layer)) {
+      f.matmul_weights += h * double(g.num_experts);  // router
+      f.matmul_weights += double(g.num_experts_per_tok) * 3 * h * double(c.moe_intermediate_size);
+    } else {
+      f.matmul_weights += 3 * h * double(c.intermediate_size);
+    }
+    return f;
+  }
+
+  ExactCertification exact_certification(const ModelConfig&) const override { return {true, ""}; }
+};
+
+}  // namespace
+
+const Family& family() {
+  static const Qwen3MoeFamily instance;
+  return instance;
+}
+
+}  // namespace moetrain::model::families::qwen3_moe

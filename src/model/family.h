@@ -1,0 +1,69 @@
+// defines: Family, everything that differs between model families (Qwen3, Qwen3-MoE, ...), and the registry that
+// maps config.json's model_type to one. A family is a folder, model/families/<family>/: its config parser, its
+// parameter layout with the HF adapter, its decoder layer built from the generic blocks (model/blocks/), its FLOPs
+// and what the exact contract certifies for it. The registry lists every folder there (generated at configure time),
+// so adding a family touches nothing outside its folder, blocks/ and ops/.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "io/json_fields.h"
+#include "model/decoder_layer.h"
+#include "model/model_config.h"
+#include "model/parameter_store.h"
+#include "ops/norm.h"
+
+namespace moetrain::model {
+
+// Per-token forward FLOPs of one decoder layer: 2 x the matmul weights a token touches, and the attention core's
+// FLOPs at a given context (its score and value products).
+struct LayerFlops {
+  double matmul_weights = 0.0;   // weights of every matmul a token goes through (projections, router, top-k experts)
+  double attention_core = 0.0;   // forward FLOPs of the attention core for one token
+};
+
+// What the exact contract (exact/admission.h) may certify for a family.
+struct ExactCertification {
+  bool certified = false;
+  std::string reason;  // why not, when not: named in the refusal
+};
+
+class Family {
+ public:
+  virtual ~Family() = default;
+
+  // The folder's name ("qwen3") and the config.json model_type values it serves.
+  virtual std::string name() const = 0;
+  virtual std::vector<std::string> model_types() const = 0;
+
+  // Fills the generic fields of ModelConfig and the family's own (ModelConfig::details) from config.json's top-level
+  // object; refuses every value it does not support, naming the field.
+  virtual ModelConfig parse_config(const io::JsonFields& fields) const = 0;
+  // The config.json that transformers reads back as the same model.
+  virtual std::string to_hf_config_json(const ModelConfig& config) const = 0;
+
+  // The parameters in the engine's layout, each with its role, layer and HF pieces (the HF adapter).
+  virtual std::vector<ParamSpec> param_specs(const ModelConfig& config) const = 0;
+  // Decoder layer `layer`, reading its weights from `store` (which holds param_specs(config)).
+  virtual std::unique_ptr<DecoderLayer> make_layer(const ModelConfig& config, ParameterStore& store,
+                                                   int64_t layer) const = 0;
+  // The final norm before the head.
+  virtual ops::RmsNormParams final_norm(const ModelConfig& config) const = 0;
+
+  virtual LayerFlops layer_flops(const ModelConfig& config, int64_t layer, int64_t context) const = 0;
+  virtual ExactCertification exact_certification(const ModelConfig& config) const = 0;
+};
+
+// The family serving `model_type`; an unknown type is an error that lists the supported ones.
+const Family& family_for(const std::string& model_type, const std::string& source);
+// Every registered family, in folder order.
+const std::vector<const Family*>& registered_families();
+// "qwen3, qwen3_moe, ...": every supported model_type.
+std::string supported_model_types();
+
+}  // namespace moetrain::model

@@ -1,0 +1,158 @@
+// defines: the strided placement of HF tensors inside internal parameters (hf_adapter.h).
+#include "model/hf_adapter.h"
+
+#include <algorithm>
+#include <numeric>
+#include <utility>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace moetrain::model {
+
+namespace {
+
+// Calls visit(view_index_linear, internal_element) for every element of a strided piece, in row-major order.
+template <class Visit>
+void for_each_element(const HfPiece& piece, Visit&& visit) {
+  const Shape& shape = piece.view_shape;
+  const size_t dims = shape.size();
+  std::vector<int64_t> index(dims, 0);
+  const int64_t n = piece.numel();
+  int64_t at = piece.offset;
+  for (int64_t linear = 0; linear < n; ++linear) {
+    visit(linear, at);
+    for (size_t d = dims; d-- > 0;) {  // odometer: the last dimension moves fastest
+      if (++index[d] < shape[d]) {
+        at += piece.strides[d];
+        break;
+      }
+      at -= (shape[d] - 1) * piece.strides[d];
+      index[d] = 0;
+    }
+  }
+}
+
+}  // namespace
+
+int64_t HfPiece::last_element() const {
+  if (contiguous()) return offset + numel() - 1;
+  int64_t last = offset;
+  for (size_t d = 0; d < view_shape.size(); ++d) last += (view_shape[d] - 1) * strides[d];
+  return last;
+}
+
+HfPiece strided_piece(std::string hf_name, Shape hf_shape, int64_t offset, Shape view_shape,
+                      std::vector<int64_t> strides) {
+  MT_CHECK(shape_numel(view_shape) == shape_numel(hf_shape) && view_shape.size() == strides.size(),
+           "HF adapter: piece '{}' of shape {} viewed as {} with {} strides: the view must hold the same elements and "
+           "name one stride per dimension",
+           hf_name, shape_str(hf_shape), shape_str(view_shape), strides.size());
+  for (int64_t s : strides) MT_CHECK(s > 0, "HF adapter: piece '{}' has a stride {} (expected > 0)", hf_name, s);
+  HfPiece piece;
+  piece.hf_name = std::move(hf_name);
+  piece.hf_shape = std::move(hf_shape);
+  piece.offset = offset;
+  piece.view_shape = std::move(view_shape);
+  piece.strides = std::move(strides);
+  return piece;
+}
+
+void check_pieces_tile(const std::vector<HfPiece>& pieces, const Shape& shape, const std::string& what) {
+  const int64_t total = shape_numel(shape);
+  int64_t covered = 0;
+  bool all_contiguous = true;
+  for (const HfPiece& piece : pieces) {
+    MT_CHECK(piece.offset >= 0 && piece.last_element() < total,
+             "parameter store: piece '{}' of '{}' spans elements [{}, {}] outside its {} elements", piece.hf_name,
+             what, piece.offset, piece.last_element(), total);
+    covered += piece.numel();
+    all_contiguous = all_contiguous && piece.contiguous();
+  }
+  MT_CHECK(covered == total, "parameter store: pieces of '{}' cover {} elements but it has {}", what, covered, total);
+  if (all_contiguous) {  // sorted blocks that abut
+    std::vector<std::pair<int64_t, int64_t>> spans;
+    for (const HfPiece& piece : pieces) spans.emplace_back(piece.offset, piece.offset + piece.numel());
+    std::sort(spans.begin(), spans.end());
+    int64_t expected = 0;
+    for (const auto& [begin, end] : spans) {
+      MT_CHECK(begin == expected, "parameter store: pieces of '{}' leave a gap or overlap at element {}", what,
+               std::min(begin, expected));
+      expected = end;
+    }
+    return;
+  }
+  // Strided pieces: mark every element once (a parameter's worth of bytes, at construction only).
+  std::vector<uint8_t> seen(static_cast<size_t>(total), 0);
+  for (const HfPiece& piece : pieces) {
+    const auto mark = [&](int64_t, int64_t at) {
+      MT_CHECK(seen[static_cast<size_t>(at)] == 0, "parameter store: pieces of '{}' overlap at element {} (in '{}')",
+               what, at, piece.hf_name);
+      seen[static_cast<size_t>(at)] = 1;
+    };
+    if (piece.contiguous()) {
+      for (int64_t i = 0; i < piece.numel(); ++i) mark(i, piece.offset + i);
+    } else {
+      for_each_element(piece, mark);
+    }
+  }
+}
+
+Tensor extract_piece(const Tensor& whole, const HfPiece& piece) {
+  expect_dtype(whole, DType::F32, "HF adapter: internal tensor");
+  MT_CHECK(whole.device().is_cpu() && whole.is_contiguous(), "HF adapter: extract_piece needs a contiguous CPU tensor");
+  if (piece.contiguous()) return whole.view({-1}).slice(piece.offset, piece.offset + piece.numel()).clone().view(piece.hf_shape);
+  Tensor out = Tensor::empty(piece.hf_shape, DType::F32);
+  float* dst = out.data<float>();
+  const float* src = whole.data<float>();
+  for_each_element(piece, [&](int64_t linear, int64_t at) { dst[linear] = src[at]; });
+  return out;
+}
+
+void place_piece(Tensor& whole, const HfPiece& piece, const Tensor& value) {
+  expect_dtype(whole, DType::F32, "HF adapter: internal tensor");
+  MT_CHECK(whole.device().is_cpu() && whole.is_contiguous(), "HF adapter: place_piece needs a contiguous CPU tensor");
+  MT_CHECK(value.shape() == piece.hf_shape, "HF adapter: tensor '{}' is {} but {} was expected", piece.hf_name,
+           value.describe(), shape_str(piece.hf_shape));
+  Tensor source = value.dtype() == DType::F32 ? value : value.to(DType::F32);
+  if (!source.device().is_cpu()) source = source.to(Device::cpu());
+  if (!source.is_contiguous()) source = source.clone();
+  if (piece.contiguous()) {
+    whole.view({-1}).slice(piece.offset, piece.offset + piece.numel()).copy_from(source.view({-1}));
+    return;
+  }
+  float* dst = whole.data<float>();
+  const float* src = source.data<float>();
+  for_each_element(piece, [&](int64_t linear, int64_t at) { dst[at] = src[linear]; });
+}
+
+nlohmann::json piece_to_json(const HfPiece& piece) {
+  nlohmann::json entry = {piece.hf_name, piece.hf_shape, piece.offset};
+  if (!piece.contiguous()) {
+    entry.push_back(piece.view_shape);
+    entry.push_back(piece.strides);
+  }
+  return entry;
+}
+
+HfPiece piece_from_json(const nlohmann::json& entry, const std::string& source) {
+  MT_CHECK(entry.is_array() && (entry.size() == 3 || entry.size() == 5),
+           "{}: an HF piece must be [name, shape, offset] or [name, shape, offset, view_shape, strides] but found {}",
+           source, entry.dump().substr(0, 80));
+  try {
+    HfPiece piece;
+    piece.hf_name = entry.at(0).get<std::string>();
+    piece.hf_shape = entry.at(1).get<Shape>();
+    piece.offset = entry.at(2).get<int64_t>();
+    for (int64_t d : piece.hf_shape) MT_CHECK(d >= 0, "{}: HF piece '{}' has a negative size", source, piece.hf_name);
+    if (entry.size() == 5)
+      return strided_piece(piece.hf_name, piece.hf_shape, piece.offset, entry.at(3).get<Shape>(),
+                           entry.at(4).get<std::vector<int64_t>>());
+    return piece;
+  } catch (const nlohmann::json::exception& e) {
+    MT_FAIL("{}: malformed HF piece {}: {}", source, entry.dump().substr(0, 80), e.what());
+  }
+}
+
+}  // namespace moetrain::model

@@ -1,0 +1,60 @@
+// defines: ModelConfig's layer queries and the config.json reader and writer, which hand the file to its family.
+#include "model/model_config.h"
+
+#include <filesystem>
+
+#include "io/json_fields.h"
+#include "model/family.h"
+
+namespace moetrain::model {
+
+int64_t ModelConfig::num_moe_layers() const {
+  int64_t n = 0;
+  for (bool moe : moe_layers) n += moe ? 1 : 0;
+  return n;
+}
+
+int64_t ModelConfig::moe_index(int64_t layer) const {
+  if (!layer_is_moe(layer)) return -1;
+  int64_t index = 0;
+  for (int64_t l = 0; l < layer; ++l) index += layer_is_moe(l) ? 1 : 0;
+  return index;
+}
+
+namespace {
+
+ModelConfig config_from_json(const nlohmann::json& root, const std::string& source) {
+  const io::JsonFields fields(root, source);
+  const std::string model_type = fields.require_string("model_type");
+  const Family& family = family_for(model_type, source);
+  ModelConfig config = family.parse_config(fields);
+  config.family = &family;
+  config.model_type = model_type;
+  config.source = source;
+  MT_CHECK(static_cast<int64_t>(config.moe_layers.size()) == config.num_hidden_layers,
+           "{}: family '{}' described {} layers' routing for {} decoder layers", source, family.name(),
+           config.moe_layers.size(), config.num_hidden_layers);
+  return config;
+}
+
+}  // namespace
+
+ModelConfig parse_model_config(const std::string& json_text, const std::string& source) {
+  return config_from_json(io::parse_json_object(json_text, source), source);
+}
+
+ModelConfig load_model_config(const std::string& path) {
+  std::filesystem::path file(path);
+  if (std::filesystem::is_directory(file)) file /= "config.json";
+  std::error_code ec;
+  MT_CHECK(std::filesystem::exists(file, ec),
+           "{}: cannot open the model config (expected a config.json file or a folder holding one)", file.string());
+  return config_from_json(io::read_json_object(file.string()), file.string());
+}
+
+std::string model_config_to_json(const ModelConfig& config) {
+  MT_CHECK(config.family != nullptr, "model config of '{}' has no family", config.model_type);
+  return config.family->to_hf_config_json(config);
+}
+
+}  // namespace moetrain::model

@@ -1,0 +1,66 @@
+// defines: ModelConfig, a model as every part of the engine above its family sees it: the sizes that shape the
+// residual stream, the vocabulary and the expert banks, which layers route to experts, and an opaque handle on the
+// family's own parsed fields (model/family.h), which only the family reads. parse_model_config finds the family of
+// config.json's model_type in the registry and lets it parse the file.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+
+namespace moetrain::model {
+
+class Family;
+
+// The family's own fields (attention shape, rope, routing options, ...): each family derives its config from this.
+struct FamilyConfig {
+  virtual ~FamilyConfig() = default;
+};
+
+struct ModelConfig {
+  const Family* family = nullptr;
+  std::string model_type;  // as written in config.json ("qwen3", "qwen3_moe", ...)
+  std::string source;      // where it was read from (error messages)
+
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t num_hidden_layers = 0;
+  bool tie_word_embeddings = false;
+
+  // Routed experts of every MoE layer (0: a dense model) and the experts each token is sent to.
+  int64_t num_experts = 0;
+  int64_t num_experts_per_tok = 0;
+  std::vector<bool> moe_layers;  // per decoder layer: whether it routes to the expert bank
+
+  std::shared_ptr<const FamilyConfig> details;
+
+  bool is_moe() const { return num_experts > 0; }
+  bool layer_is_moe(int64_t layer) const {
+    return layer >= 0 && layer < static_cast<int64_t>(moe_layers.size()) && moe_layers[static_cast<size_t>(layer)];
+  }
+  int64_t num_moe_layers() const;
+  // The position of MoE layer `layer` among the model's MoE layers (0, 1, ...); -1 for a dense layer.
+  int64_t moe_index(int64_t layer) const;
+
+  // The family's fields, as the family that parsed them knows their type.
+  template <class T>
+  const T& family_config() const {
+    const T* typed = dynamic_cast<const T*>(details.get());
+    MT_CHECK(typed != nullptr, "model config of '{}': the family's fields are missing or of another family",
+             model_type);
+    return *typed;
+  }
+};
+
+// Parses config.json text; `source` names the file in errors. The family of its model_type parses the rest and
+// refuses, by name, every value it does not support.
+ModelConfig parse_model_config(const std::string& json_text, const std::string& source);
+// Reads a config.json path, or a model folder holding one.
+ModelConfig load_model_config(const std::string& path);
+// The config.json that transformers would read back as the same model (for HF export).
+std::string model_config_to_json(const ModelConfig& config);
+
+}  // namespace moetrain::model
