@@ -262,8 +262,9 @@ void check_parameter_dtypes(const ExactDeclaration& declaration, std::vector<Vio
   std::vector<std::string> bad;
   for (const ParamDType& p : params) {
     if (p.dtype == DType::BF16) continue;
-    // The family marks the parameters it keeps f32 under bf16 compute (ParamSpec::pinned_fp32).
-    const bool pinned = p.dtype == DType::F32 && p.pinned_fp32;
+    // The family names the pin of each parameter it keeps f32 (ParamSpec::fp32_pin); no name is parsed here.
+    const bool pinned = p.dtype == DType::F32 && !p.fp32_pin.empty() && contains(declaration.fp32_pins, p.fp32_pin) &&
+                        contains(certified_fp32_pins(), p.fp32_pin);
     if (!pinned) bad.push_back(fmt::format("{} {}", p.name, dtype_name(p.dtype)));
   }
   if (!bad.empty()) {

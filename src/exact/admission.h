@@ -15,12 +15,12 @@
 
 namespace moetrain::exact {
 
-// One parameter as the engine holds it: its internal name (for messages), its stored dtype, and whether its family
-// keeps it f32 under bf16 compute (model::ParamSpec::pinned_fp32).
+// One parameter as the engine holds it: its internal name (for messages), its stored dtype, and the fp32 pin its
+// family declares for it (model::ParamSpec::fp32_pin; empty: none).
 struct ParamDType {
   std::string name;
   DType dtype = DType::F32;
-  bool pinned_fp32 = false;
+  std::string fp32_pin;
 };
 
 // What the job declares for exact mode (exact.enabled = true), plus what was found on the loaded parameters.
@@ -34,7 +34,7 @@ struct ExactDeclaration {
   double load_balance_coef = 0.0;
   double z_loss_coef = 0.0;
   std::vector<ParamDType> parameter_dtypes;                   // found: every parameter's stored dtype
-  std::vector<std::string> fp32_pins = {"A_log", "dt_bias"};  // last name components allowed to stay f32 under bf16
+  std::vector<std::string> fp32_pins = {"A_log", "dt_bias"};  // the pins allowed to stay f32 under bf16
 };
 
 // One broken rule: rendered "exact: refused: <rule>: declared <declared>, found <found>".

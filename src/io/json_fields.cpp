@@ -121,9 +121,12 @@ void JsonFields::check_positive(int64_t value, const char* name) const {
 }
 
 json parse_json_object(const std::string& text, const std::string& source) {
+  // The parser reads a NUL as the end of its input, so bytes after one would pass unseen.
+  const size_t nul = text.find('\0');
+  MT_CHECK(nul == std::string::npos, "{}: not valid JSON: a NUL byte at byte {} (a JSON text holds none)", source, nul);
   json root;
   try {
-    // The whole text must be one document: strict parsing refuses anything after it, a NUL included.
+    // The whole text must be one document: strict parsing refuses anything after it.
     root = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/true, /*ignore_comments=*/false);
   } catch (const json::parse_error& e) {
     MT_FAIL("{}: not valid JSON at byte {}: {}", source, e.byte, e.what());

@@ -99,7 +99,11 @@ class CausalLm {
 
 // What a caller may want to look at besides the loss (check-golden, tests): filled by the executors' drivers.
 struct ForwardObservation {
-  std::vector<Tensor> logits;                      // per micro-batch, [T, V]
+  // Whether to keep the logits: the head then materialises them (the fused head never holds them whole), a
+  // different program from the job's when the vocabulary spans several head chunks. Off: token log-probs and router
+  // logits only, from the job's own program.
+  bool keep_logits = true;
+  std::vector<Tensor> logits;                      // per micro-batch, [T, V] (with keep_logits)
   std::vector<std::vector<Tensor>> router_logits;  // per micro-batch, per MoE layer, [T, E]
   // Per micro-batch, f32 [T] on the CPU: log p(target[t]) = -(cross-entropy of token t); +0.0f
   // (never -0.0f) where the target is ignored (-100), e.g. at the end of a document.

@@ -45,8 +45,9 @@ struct ParamSpec {
   // pieces (e.g. "model.layers.1.mlp.experts.gate_up_proj"); empty when it keeps the pieces.
   std::string hf_fused_name = "";
   ParamInit init = ParamInit::Normal;
-  // The family keeps it f32 under bf16 compute (Gated DeltaNet A_log, dt_bias): the exact admission allows it.
-  bool pinned_fp32 = false;
+  // The family keeps it f32 under bf16 compute, naming the pin ("A_log", "dt_bias" of Gated DeltaNet; empty: not
+  // pinned): the exact admission allows the certified pins a job declares.
+  std::string fp32_pin;
   bool is_matrix() const { return shape.size() >= 2; }  // weight decay applies to these
 };
 

@@ -96,7 +96,7 @@ int64_t PlainExecutor::validate(const std::vector<model::MicroBatch>& batches, b
 std::vector<Tensor> PlainExecutor::run_forward(const std::vector<model::MicroBatch>& batches, model::StepLoss* step,
                                                model::ForwardObservation* observe) {
   validate(batches, false, 0);
-  chunk_.set_observe(observe != nullptr);
+  chunk_.set_observe(observe != nullptr, observe != nullptr && observe->keep_logits);
   model::StepLoss sums;
   std::vector<model::RouterLossValues> router_losses;
   std::vector<Tensor> logprobs;
@@ -123,7 +123,7 @@ model::StepLoss PlainExecutor::run_step(const std::vector<model::MicroBatch>& ba
   const int64_t local_targets = validate(batches, true, global_num_targets);
   const int64_t denominator = global_num_targets > 0 ? global_num_targets : local_targets;
   const double loss_scale = 1.0 / static_cast<double>(denominator);
-  chunk_.set_observe(observe != nullptr);
+  chunk_.set_observe(observe != nullptr, observe != nullptr && observe->keep_logits);
   model::StepLoss step;
   std::vector<model::RouterLossValues> router_losses;
   for (size_t i = 0; i < batches.size(); ++i) {

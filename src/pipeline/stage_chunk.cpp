@@ -210,15 +210,16 @@ std::vector<ChunkStep> StageChunk::plan_forward(int microbatch, const model::Mic
                        if (hooks_) {
                          hooks_->before_forward(ModelPart::head());
                          // A fused head writes its weight gradient in the forward: the gradient must be live.
-                         if (training && model_.head_is_fused(observe_)) {
+                         if (training && model_.head_is_fused(observe_logits_)) {
                            hooks_->before_backward(ModelPart::head());
                            st.head_backward_begun = true;
                          }
                        }
-                       st.result.loss = model_.head_forward(st.epilog, st.hidden, st.batch, st.loss_scale, observe_);
+                       st.result.loss =
+                           model_.head_forward(st.epilog, st.hidden, st.batch, st.loss_scale, observe_logits_);
                        if (hooks_ && !training) hooks_->after_forward(ModelPart::head());
                        st.result.token_logprobs = model::token_logprobs_from_losses(st.epilog.losses, st.batch.targets);
-                       if (observe_) st.result.logits = st.epilog.logits;
+                       if (observe_logits_) st.result.logits = st.epilog.logits;
                        st.hidden = Tensor();
                      }});
   }

@@ -106,8 +106,12 @@ class StageChunk {
 
   // Micro-batches whose records are held (forward ran, backward_weight not yet).
   int64_t live_records() const { return static_cast<int64_t>(states_.size()); }
-  // Keep the logits (the head then materialises them) and the router logits in each ChunkForward (check-golden).
-  void set_observe(bool on) { observe_ = on; }
+  // Keep the router logits in each ChunkForward and, with `logits`, the logits too (the head then materialises them,
+  // which changes the head's program when the vocabulary spans several chunks): check-golden, tests.
+  void set_observe(bool on, bool logits = true) {
+    observe_ = on;
+    observe_logits_ = on && logits;
+  }
   // Called around each part of the model the chunk runs (ZeRO-3 gathers and frees parameters there:
   // train/fully_sharded.h); null: none. With hooks, backwards must run their weight work at once (backward_full).
   void set_parameter_hooks(ParameterHooks* hooks) { hooks_ = hooks; }
@@ -137,6 +141,7 @@ class StageChunk {
   dist::Communicator* ep_ = nullptr;
   bool deduplicate_ = true;
   bool observe_ = false;
+  bool observe_logits_ = false;
   ParameterHooks* hooks_ = nullptr;
   std::map<int, std::unique_ptr<MicroBatchState>> states_;  // stable addresses: records point into the batch
 };

@@ -23,7 +23,7 @@ exact::AdmissionReport admit_exact_for_job(const io::JobConfig& config, const mo
   declaration.load_balance_coef = config.loss.load_balance_coef;
   declaration.z_loss_coef = config.loss.z_loss_coef;
   for (const model::ParamSpec& spec : model.params().specs())
-    declaration.parameter_dtypes.push_back({spec.name, model.params().param(spec.name).dtype(), spec.pinned_fp32});
+    declaration.parameter_dtypes.push_back({spec.name, model.params().param(spec.name).dtype(), spec.fp32_pin});
   return exact::admit_exact(declaration, model.config(), partition);
 }
 

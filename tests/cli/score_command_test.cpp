@@ -19,6 +19,7 @@
 #include "core/error.h"
 #include "io/safetensors.h"
 #include "ops/loss.h"
+#include "pipeline/plain_executor.h"
 #include "testing/test_data.h"
 #include "train/checkpoint.h"
 
@@ -166,7 +167,7 @@ TEST(ScoreExact, TrainingForwardLogprobsEqualScoreBytes) {
       Tensor::from_vector(ids, {64}), Tensor::from_vector(targets, {64}), Tensor::from_vector(cu, {5}));
   model::ForwardObservation observe;
   model->params().zero_grads();
-  model::forward_backward(*model, {batch}, 0, &observe);
+  pipeline::forward_backward(*model, {batch}, 0, &observe);
   ASSERT_EQ(observe.token_logprobs.size(), 1u);
   const Tensor& trained = observe.token_logprobs[0];
   for (int64_t r = 0; r < 2; ++r) expect_same_bytes(scored, r * 31, trained, r * 32, 31, "row " + std::to_string(r));

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -17,21 +18,12 @@ namespace {
 using pipeline::Partition;
 using pipeline::StageLayers;
 
-io::ModelConfig tiny_moe(int64_t layers = 8) {
-  io::ModelConfig c;
-  c.family = io::ModelFamily::Qwen3Moe;
-  c.model_type = "qwen3_moe";
-  c.vocab_size = 64;
-  c.hidden_size = 16;
-  c.num_hidden_layers = layers;
-  c.num_attention_heads = 2;
-  c.num_key_value_heads = 1;
-  c.head_dim = 8;
-  c.intermediate_size = 32;
-  c.num_experts = 4;
-  c.num_experts_per_tok = 2;
-  c.moe_intermediate_size = 8;
-  return c;
+model::ModelConfig tiny_moe(int64_t layers = 8) {
+  const nlohmann::json config = {{"model_type", "qwen3_moe"}, {"vocab_size", 64},       {"hidden_size", 16},
+                                 {"num_hidden_layers", layers}, {"num_attention_heads", 2}, {"num_key_value_heads", 1},
+                                 {"head_dim", 8},              {"intermediate_size", 32}, {"rms_norm_eps", 1e-6},
+                                 {"num_experts", 4},           {"num_experts_per_tok", 2}, {"moe_intermediate_size", 8}};
+  return model::parse_model_config(config.dump(), "test/config.json");
 }
 
 // P ranks, 2P stages cut at `ends` (the end layer of each stage), laid out in a V.
@@ -62,16 +54,16 @@ Partition even_partition(int pp, int64_t layers = 8) {
 }
 
 std::vector<ParamDType> bf16_params(int64_t layers = 8) {
-  std::vector<ParamDType> params = {{"embed_tokens", DType::BF16}};
+  std::vector<ParamDType> params = {{"embed_tokens", DType::BF16, ""}};
   for (int64_t l = 0; l < layers; ++l) {
     const std::string prefix = "layers." + std::to_string(l) + ".";
     for (const char* name :
          {"input_norm", "attn.qkv", "attn.o_proj", "post_norm", "router", "experts.gate_up", "experts.down"}) {
-      params.push_back({prefix + name, DType::BF16});
+      params.push_back({prefix + name, DType::BF16, ""});
     }
   }
-  params.push_back({"norm", DType::BF16});
-  params.push_back({"lm_head", DType::BF16});
+  params.push_back({"norm", DType::BF16, ""});
+  params.push_back({"lm_head", DType::BF16, ""});
   return params;
 }
 
@@ -83,7 +75,7 @@ ExactDeclaration good_declaration() {
 }
 
 // The refusal's message; fails the test when admit_exact accepts.
-std::string refusal(const ExactDeclaration& d, const io::ModelConfig& c, const Partition& p) {
+std::string refusal(const ExactDeclaration& d, const model::ModelConfig& c, const Partition& p) {
   try {
     admit_exact(d, c, p);
   } catch (const Error& e) {
@@ -149,10 +141,10 @@ TEST(ExactAdmission, AcceptsUnevenCutsOnLayerBoundaries) {
 }
 
 TEST(ExactAdmission, AcceptsDenseQwen3) {
-  io::ModelConfig c = tiny_moe();
-  c.family = io::ModelFamily::Qwen3;
-  c.model_type = "qwen3";
-  c.num_experts = 0;
+  const nlohmann::json config = {{"model_type", "qwen3"}, {"vocab_size", 64},         {"hidden_size", 16},
+                                 {"num_hidden_layers", 8}, {"num_attention_heads", 2}, {"num_key_value_heads", 1},
+                                 {"head_dim", 8},          {"intermediate_size", 32}, {"rms_norm_eps", 1e-6}};
+  const model::ModelConfig c = model::parse_model_config(config.dump(), "test/config.json");
   ExactDeclaration d = good_declaration();
   d.model_type = "qwen3";
   EXPECT_EQ(admit_exact(d, c, even_partition(1)).stages.size(), 2u);
@@ -166,8 +158,8 @@ TEST(ExactAdmission, AcceptsUniformFp32MastersUnderBf16Compute) {
 
 TEST(ExactAdmission, AcceptsAllowListedFp32PinsAmongBf16Parameters) {
   ExactDeclaration d = good_declaration();
-  d.parameter_dtypes.push_back({"layers.0.linear_attn.A_log", DType::F32});
-  d.parameter_dtypes.push_back({"layers.0.linear_attn.dt_bias", DType::F32});
+  d.parameter_dtypes.push_back({"layers.0.linear_attn.A_log", DType::F32, "A_log"});
+  d.parameter_dtypes.push_back({"layers.0.linear_attn.dt_bias", DType::F32, "dt_bias"});
   EXPECT_TRUE(exact_violations(d, tiny_moe(), even_partition(2)).empty());
 }
 
@@ -324,8 +316,29 @@ TEST(ExactAdmission, RefusesAHeadMissingFromTheLastStage) {
   EXPECT_CONTAINS(message, "found the final norm on no stage and the head on no stage");
 }
 
+// A family whose layers have no exact program (as a new family starts out): only its certification matters here.
+class UncertifiedFamily final : public model::Family {
+ public:
+  std::string name() const override { return "uncertified"; }
+  std::vector<std::string> model_types() const override { return {"deepseek_v2"}; }
+  model::ModelConfig parse_config(const io::JsonFields&) const override { return {}; }
+  std::string to_hf_config_json(const model::ModelConfig&) const override { return "{}"; }
+  std::vector<model::ParamSpec> param_specs(const model::ModelConfig&) const override { return {}; }
+  std::unique_ptr<model::DecoderLayer> make_layer(const model::ModelConfig&, model::ParameterStore&,
+                                                  int64_t) const override {
+    return nullptr;
+  }
+  ops::RmsNormParams final_norm(const model::ModelConfig&) const override { return {}; }
+  model::LayerFlops layer_flops(const model::ModelConfig&, int64_t, int64_t) const override { return {}; }
+  model::ExactCertification exact_certification(const model::ModelConfig&) const override {
+    return {false, "its layers have no batch-invariant exact program yet"};
+  }
+};
+
 TEST(ExactAdmission, RefusesAnUncertifiedModelFamily) {
-  io::ModelConfig c = tiny_moe();
+  static const UncertifiedFamily uncertified;
+  model::ModelConfig c = tiny_moe();
+  c.family = &uncertified;
   c.model_type = "deepseek_v2";
   ExactDeclaration d = good_declaration();
   d.model_type = "deepseek_v2";
@@ -381,7 +394,7 @@ TEST(ExactAdmission, RefusesHalfPrecisionParameters) {
 TEST(ExactAdmission, RefusesAnFp32PinInBf16OnlyWhenNotAllowListed) {
   ExactDeclaration d = good_declaration();
   d.fp32_pins = {"dt_bias"};  // the job narrows the list: A_log must then be bf16
-  d.parameter_dtypes.push_back({"layers.0.linear_attn.A_log", DType::F32});
+  d.parameter_dtypes.push_back({"layers.0.linear_attn.A_log", DType::F32, "A_log"});
   const std::string message = refusal(d, tiny_moe(), even_partition(2));
   EXPECT_CONTAINS(message, "except the fp32 pins (dt_bias)");
   EXPECT_CONTAINS(message, "found 1 of 60 parameters otherwise: layers.0.linear_attn.A_log f32");

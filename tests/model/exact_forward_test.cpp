@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "model/causal_lm.h"
+#include "pipeline/plain_executor.h"
 #include "ops/elementwise.h"
 #include "ops/loss.h"
 #include "testing/test_data.h"
@@ -16,8 +17,8 @@
 namespace moetrain::model {
 namespace {
 
-io::ModelConfig tiny_moe_config() {
-  return io::load_model_config(std::string(MOETRAIN_TEST_DATA_DIR) + "/../../examples/tiny_moe/config.json");
+model::ModelConfig tiny_moe_config() {
+  return model::load_model_config(std::string(MOETRAIN_TEST_DATA_DIR) + "/../../examples/tiny_moe/config.json");
 }
 
 std::vector<int32_t> tokens(int64_t n, int64_t vocab, uint64_t salt) {
@@ -68,25 +69,26 @@ TEST(ExactForward, RoundsTheResidualToBf16AfterTheEmbeddingAndEveryLayer) {
   Tensor hidden = model.embed_forward(batch);
   ops::round_to_bf16_inplace(s, hidden);
   for (const auto& layer : model.layers()) {
-    LayerRecord record;
-    hidden = layer->reference_forward(record, hidden, batch);
+    const std::unique_ptr<LayerRecord> record = layer->new_record();  // stages 2 and 4 pass through on one rank
+    const Dispatch dispatch = layer->stage1_forward(*record, hidden, batch);
+    hidden = layer->stage5_forward(*record, layer->stage3_forward(*record, dispatch.rows, dispatch.group_offsets));
     EXPECT_FALSE(on_bf16_grid(hidden)) << "layer " << layer->index() << ": f32 math inside a layer";
     ops::round_to_bf16_inplace(s, hidden);
     ASSERT_TRUE(on_bf16_grid(hidden));
   }
   EpilogRecord epilog;
-  model.head_forward(epilog, hidden, batch);
+  model.head_forward(epilog, hidden, batch, /*loss_scale=*/0.0);
   const Tensor expected = token_logprobs_from_losses(epilog.losses, batch.targets);
 
   ForwardObservation exact;
-  forward_only(model, {batch}, &exact);
+  pipeline::forward_only(model, {batch}, &exact);
   ASSERT_EQ(exact.token_logprobs.size(), 1u);
   EXPECT_TRUE(same_bytes(exact.token_logprobs[0], expected));
 
   // Exact off is the plain f32 program: it differs from the rounded one.
   model.set_exact(false);
   ForwardObservation plain;
-  forward_only(model, {batch}, &plain);
+  pipeline::forward_only(model, {batch}, &plain);
   EXPECT_FALSE(same_bytes(plain.token_logprobs[0], expected));
   EXPECT_LT(testing::relative_error(plain.token_logprobs[0], expected), 1e-2);
 }
@@ -112,8 +114,8 @@ TEST(ExactForward, TrainingForwardReportsTheBytesOfTheForwardOnlyPath) {
     model.set_exact(exact);
     const MicroBatch batch = two_documents(model.config().vocab_size);
     ForwardObservation trained, scored;
-    const StepLoss train_loss = forward_backward(model, {batch, batch}, 0, &trained);
-    const StepLoss score_loss = forward_only(model, {batch}, &scored);
+    const StepLoss train_loss = pipeline::forward_backward(model, {batch, batch}, 0, &trained);
+    const StepLoss score_loss = pipeline::forward_only(model, {batch}, &scored);
     ASSERT_EQ(trained.token_logprobs.size(), 2u);
     ASSERT_EQ(scored.token_logprobs.size(), 1u);
     EXPECT_TRUE(same_bytes(trained.token_logprobs[0], scored.token_logprobs[0])) << "exact " << exact;

@@ -1,4 +1,4 @@
-// Tests for the fused LM head (CausalLm::head_forward_fused over ops/linear_cross_entropy.h) at the model level:
+// Tests for the fused LM head (CausalLm::head_forward with a head chunk, over ops/linear_cross_entropy.h) at the model level:
 // forward_backward and forward_only with the vocabulary in several chunks give the unfused head's losses and
 // gradients, one chunk gives the same bytes, observing the logits keeps the materialised path, and the split
 // backward calls hold the loss scale the forward used.
@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "io/safetensors.h"
 #include "model/causal_lm.h"
+#include "pipeline/plain_executor.h"
 #include "testing/test_data.h"
 
 namespace moetrain::model {
@@ -44,7 +45,7 @@ StepResult train_step(CausalLm& model, const std::vector<MicroBatch>& batches, i
   model.set_head_chunk(chunk);
   model.params().zero_grads();
   StepResult r;
-  r.loss = forward_backward(model, batches, 0, observe);
+  r.loss = pipeline::forward_backward(model, batches, 0, observe);
   for (const Tensor& g : model.params().all_grads()) r.grads.push_back(g.clone());
   return r;
 }
@@ -101,15 +102,15 @@ TEST_P(FusedHead, ForwardOnlyMatchesTheUnfusedHead) {
   auto model = golden_model(GetParam());
   const auto batches = golden_batches(GetParam());
   model->set_head_chunk(0);
-  const StepLoss unfused = forward_only(*model, batches);
+  const StepLoss unfused = pipeline::forward_only(*model, batches);
   model->set_head_chunk(7);
-  const StepLoss fused = forward_only(*model, batches);
+  const StepLoss fused = pipeline::forward_only(*model, batches);
   EXPECT_EQ(fused.num_targets, unfused.num_targets);
   EXPECT_NEAR(fused.loss, unfused.loss, 1e-6 * std::abs(unfused.loss));
 }
 
 TEST_P(FusedHead, SplitBackwardCallsFinishTheFusedForward) {
-  // head_forward_fused + head_backward_input + head_backward_weight, as the pipeline would call them, against the
+  // the fused head_forward + head_backward_input + head_backward_weight, as the pipeline would call them, against the
   // unfused calls: the same d_hidden and final-norm / head gradients.
   auto model = golden_model(GetParam());
   const auto ref = golden_reference(GetParam());
@@ -121,8 +122,7 @@ TEST_P(FusedHead, SplitBackwardCallsFinishTheFusedForward) {
     model->params().zero_grads();
     model->set_head_chunk(fused ? 100 : 0);
     EpilogRecord r;
-    const LossSum sum =
-        fused ? model->head_forward_fused(r, hidden, batch, scale) : model->head_forward(r, hidden, batch);
+    const LossSum sum = model->head_forward(r, hidden, batch, scale);
     std::vector<Tensor> out = {Tensor::from_vector(std::vector<double>{sum.ce_sum}, {1}),
                                model->head_backward_input(r, scale)};
     model->head_backward_weight(r);
@@ -143,7 +143,7 @@ TEST_P(FusedHead, BackwardRejectsAnotherLossScale) {
   Rng rng(6);
   const Tensor hidden = testing::random_tensor({batch.num_tokens(), model->config().hidden_size}, DType::F32, rng);
   EpilogRecord r;
-  model->head_forward_fused(r, hidden, batch, 0.25);
+  model->head_forward(r, hidden, batch, 0.25);
   try {
     model->head_backward_input(r, 0.5);
     ADD_FAILURE() << "expected a moetrain::Error";
@@ -152,7 +152,7 @@ TEST_P(FusedHead, BackwardRejectsAnotherLossScale) {
         << e.what();
   }
   EpilogRecord forward_only_record;
-  model->head_forward_fused(forward_only_record, hidden, batch, 0.0);
+  model->head_forward(forward_only_record, hidden, batch, 0.0);
   try {
     model->head_backward_input(forward_only_record, 0.25);
     ADD_FAILURE() << "expected a moetrain::Error";

@@ -7,10 +7,10 @@
 #include <gtest/gtest.h>
 
 #include "core/rng.h"
-#include "io/model_config.h"
 #include "io/safetensors.h"
 #include "model/causal_lm.h"
-#include "model/qwen3.h"
+#include "model/family.h"
+#include "model/model_config.h"
 #include "testing/test_data.h"
 
 namespace moetrain::model {
@@ -41,7 +41,7 @@ std::string load_error(const std::string& dir) {
 }
 
 TEST(ParameterStore, StacksExpertsAndFusesGateUp) {
-  const auto config = io::load_model_config(testing::test_data_path("golden/qwen3_moe"));
+  const auto config = model::load_model_config(testing::test_data_path("golden/qwen3_moe"));
   const auto model = CausalLm::from_hf(testing::test_data_path("golden/qwen3_moe"));
   const Tensor gate_up = model->params().param("layers.1.experts.gate_up");
   EXPECT_EQ(gate_up.shape(), (Shape{8, 96, 64}));
@@ -108,9 +108,9 @@ TEST(ParameterStore, LoadsBf16CheckpointsByConverting) {
 }
 
 TEST(ParameterStore, SeededInitIsIndependentOfOrder) {
-  const auto config = io::load_model_config(testing::test_data_path("golden/qwen3_moe"));
-  ParameterStore a(qwen3_param_specs(config));
-  auto reversed = qwen3_param_specs(config);
+  const auto config = model::load_model_config(testing::test_data_path("golden/qwen3_moe"));
+  ParameterStore a(config.family->param_specs(config));
+  auto reversed = config.family->param_specs(config);
   std::reverse(reversed.begin(), reversed.end());
   ParameterStore b(reversed);
   a.init_random(7, 0.02);
@@ -124,7 +124,7 @@ TEST(ParameterStore, SeededInitIsIndependentOfOrder) {
 // stream gives in one sequential pass (normal() takes exactly two draws per value).
 TEST(ParameterStore, ParallelInitEqualsOneSequentialStream) {
   const Shape shape{300, 1000};  // several 65,536-value chunks
-  ParameterStore store({{"w", shape, {{"w", shape, 0}}}});
+  ParameterStore store({single_piece_spec("w", shape, ParamRole::Dense, -1, "w")});
   store.init_random(11, 0.5);
   Rng rng = Rng::for_key(11, "w");
   const std::vector<float> values = store.param("w").to_vector<float>();
@@ -136,10 +136,10 @@ TEST(ParameterStore, ParallelInitEqualsOneSequentialStream) {
 
 TEST(ParameterStore, F32ComputeReadsTheMastersAndBf16ComputeNeedsCuda) {
   const Shape shape{4, 3};
-  ParameterStore store({{"w", shape, {{"w", shape, 0}}}});
+  ParameterStore store({single_piece_spec("w", shape, ParamRole::Dense, -1, "w")});
   EXPECT_EQ(store.weight("w").raw_data(), store.param("w").raw_data());
   try {
-    ParameterStore bf16({{"w", shape, {{"w", shape, 0}}}}, Device::cpu(), DType::BF16);
+    ParameterStore bf16({single_piece_spec("w", shape, ParamRole::Dense, -1, "w")}, Device::cpu(), DType::BF16);
     ADD_FAILURE() << "bf16 compute on the CPU was accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("compute dtype bf16 on cpu is not supported"), std::string::npos) << e.what();

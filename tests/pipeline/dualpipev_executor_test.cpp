@@ -24,8 +24,9 @@
 #include "core/rng.h"
 #include "dist/inprocess_communicator.h"
 #include "dist/mesh.h"
-#include "io/model_config.h"
+#include "model/model_config.h"
 #include "model/causal_lm.h"
+#include "pipeline/plain_executor.h"
 #include "model/router_loss.h"
 #include "pipeline/partition.h"
 #include "pipeline/stage_chunk.h"
@@ -83,7 +84,7 @@ struct PipelineRun {
 // `steps` optimizer steps of DualPipeV over pp thread ranks, each rank with its own copy of the model (same seed);
 // every rank keeps what it owns. With `train`, AdamW steps after each (the non-owned parameters of a rank's copy
 // see zero gradients and are not compared).
-PipelineRun run_pipeline(const io::ModelConfig& config, int pp,
+PipelineRun run_pipeline(const model::ModelConfig& config, int pp,
                          const std::vector<std::vector<model::MicroBatch>>& steps, bool train) {
   const Partition partition = partition_balanced(config, pp);
   PipelineRun run;
@@ -118,7 +119,7 @@ PipelineRun run_pipeline(const io::ModelConfig& config, int pp,
 // gradient accumulates over the micro-batches in the same order as the single-rank driver, and the step's sums are
 // added up in its order, so the pipeline's loss and gradients are the same bits.
 TEST(PipelineExecutor, MatchesSingleRankForwardBackwardBitwise) {
-  const io::ModelConfig config = tiny_moe();
+  const model::ModelConfig config = tiny_moe();
   for (int pp : {1, 2, 4}) {
     for (int n : {2 * pp, 2 * pp + 2}) {
       const std::string where = "pp=" + std::to_string(pp) + " n=" + std::to_string(n);
@@ -128,7 +129,7 @@ TEST(PipelineExecutor, MatchesSingleRankForwardBackwardBitwise) {
       const std::vector<model::MicroBatch> batches = with_router_loss(raw, &settings);
 
       auto reference = make_model(config, kSeed);
-      const model::StepLoss want = model::forward_backward(*reference, batches);
+      const model::StepLoss want = pipeline::forward_backward(*reference, batches);
       EXPECT_GT(want.load_balance, 0.0);
 
       const PipelineRun run = run_pipeline(config, pp, {batches}, false);
@@ -147,7 +148,7 @@ TEST(PipelineExecutor, MatchesSingleRankForwardBackwardBitwise) {
 // single-rank loop (forward_backward, AdamW) against DualPipeV with pp = 1 (two chunks on one rank), 2 and 4.
 // Tolerance: none (bitwise), for the reasons above and because AdamW is elementwise.
 TEST(PipelineExecutor, FiveAdamWStepsMatchTheSingleRankLoopBitwise) {
-  const io::ModelConfig config = tiny_moe();
+  const model::ModelConfig config = tiny_moe();
   constexpr int kSteps = 5, kMicroBatches = 8;
   // The same global batch every step, so that the loss must fall.
   const std::vector<model::MicroBatch> raw = make_batches(kMicroBatches, 500, config.vocab_size);
@@ -159,7 +160,7 @@ TEST(PipelineExecutor, FiveAdamWStepsMatchTheSingleRankLoopBitwise) {
   std::vector<model::StepLoss> want;
   for (const auto& batches : steps) {
     reference->params().zero_grads();
-    want.push_back(model::forward_backward(*reference, batches));
+    want.push_back(pipeline::forward_backward(*reference, batches));
     adamw.step(1e-2);
   }
   EXPECT_LT(want.back().loss, want.front().loss) << "the model should learn over the steps";
@@ -183,7 +184,7 @@ TEST(PipelineExecutor, FiveAdamWStepsMatchTheSingleRankLoopBitwise) {
 }
 
 TEST(PipelineExecutor, FreesEveryRecordByTheEndOfTheStep) {
-  const io::ModelConfig config = tiny_moe();
+  const model::ModelConfig config = tiny_moe();
   for (int pp : {1, 2, 4}) {
     const PipelineRun run = run_pipeline(config, pp, {make_batches(2 * pp + 1, 7, config.vocab_size)}, false);
     for (int r = 0; r < pp; ++r) EXPECT_EQ(run.live_records[static_cast<size_t>(r)], 0) << "pp=" << pp << " rank " << r;
@@ -192,15 +193,15 @@ TEST(PipelineExecutor, FreesEveryRecordByTheEndOfTheStep) {
 
 // A chunk holds a micro-batch's records from its forward until its weight gradients ran, and no longer.
 TEST(PipelineExecutor, ChunkHoldsRecordsFromForwardToBackwardWeight) {
-  const io::ModelConfig config = tiny_moe();
+  const model::ModelConfig config = tiny_moe();
   auto model = make_model(config, kSeed);
   const Partition partition = partition_balanced(config, 1);
   const std::vector<model::MicroBatch> batches = make_batches(2, 3, config.vocab_size);
   StageChunk first(*model, partition.stages[0]);
   StageChunk last(*model, partition.stages[1]);
 
-  const ChunkForward f0 = first.forward(0, batches[0], Tensor());
-  const ChunkForward l0 = last.forward(0, batches[0], f0.hidden);
+  const ChunkForward f0 = first.forward(0, batches[0], Tensor(), 0.5);
+  const ChunkForward l0 = last.forward(0, batches[0], f0.hidden, 0.5);
   EXPECT_FALSE(l0.hidden.defined());
   EXPECT_EQ(l0.loss.num_targets, batches[0].num_targets());
   EXPECT_EQ(first.live_records(), 1);
@@ -214,13 +215,13 @@ TEST(PipelineExecutor, ChunkHoldsRecordsFromForwardToBackwardWeight) {
 
   EXPECT_THROW(first.backward_input(1, d_hidden, 0.5), Error);  // never forwarded
   EXPECT_THROW(last.backward_weight(0), Error);                 // already freed
-  first.forward(1, batches[1], Tensor());
-  EXPECT_THROW(first.forward(1, batches[1], Tensor()), Error);  // twice
+  first.forward(1, batches[1], Tensor(), 0.5);
+  EXPECT_THROW(first.forward(1, batches[1], Tensor(), 0.5), Error);  // twice
   EXPECT_THROW(first.backward_weight(1), Error);                // before its backward_input
 }
 
 TEST(PipelineExecutor, RefusesFewerMicroBatchesThanStages) {
-  const io::ModelConfig config = tiny_moe();
+  const model::ModelConfig config = tiny_moe();
   const Partition partition = partition_balanced(config, 2);
   const std::vector<model::MicroBatch> batches = make_batches(3, 11, config.vocab_size);
   try {
@@ -239,7 +240,7 @@ TEST(PipelineExecutor, RefusesFewerMicroBatchesThanStages) {
 // Rank 0 refuses a batch with a token outside the vocabulary before it sends anything; the other ranks, blocked
 // waiting for its activations, get an error naming the failed rank well before the watchdog would fire.
 TEST(PipelineExecutor, FailingRankGivesTheOthersAnErrorNotAHang) {
-  const io::ModelConfig config = tiny_moe();
+  const model::ModelConfig config = tiny_moe();
   const Partition partition = partition_balanced(config, 4);
   std::vector<model::MicroBatch> batches = make_batches(8, 13, config.vocab_size);
   batches[5].input_ids.data<int32_t>()[1] = static_cast<int32_t>(config.vocab_size);
@@ -273,7 +274,7 @@ TEST(PipelineExecutor, FailingRankGivesTheOthersAnErrorNotAHang) {
 // An overlapped pair runs its two micro-batches stage by stage: F s1, F dispatch, B s5, B combine-backward, F s3,
 // F combine, B s3, B dispatch-backward, F s5, B s1, ... (DualPipe's overlapped_forward_backward order).
 TEST(PipelineExecutor, OverlappedPairInterleavesTheStagesOfItsTwoMicroBatches) {
-  const io::ModelConfig config = tiny_moe();
+  const model::ModelConfig config = tiny_moe();
   const Partition partition = partition_balanced(config, 2);
   const std::vector<model::MicroBatch> batches = make_batches(6, 17, config.vocab_size);
   std::vector<std::string> trace;
@@ -310,7 +311,7 @@ struct EpRun {
   int64_t wire_calls = 0;
 };
 
-EpRun run_pipeline_ep(const io::ModelConfig& config, int pp, int ep,
+EpRun run_pipeline_ep(const model::ModelConfig& config, int pp, int ep,
                       const std::vector<std::vector<model::MicroBatch>>& per_ep, int64_t global_targets, bool exact,
                       DType wire) {
   const Partition partition = partition_balanced(config, pp);
@@ -365,7 +366,7 @@ EpRun run_pipeline_ep(const io::ModelConfig& config, int pp, int ep,
 // ce_sum, load balance and z-loss summed over the ep ranks differ from the reference only by the order of f64
 // additions, relative 1e-12. Counts exact.
 TEST(PipelineExecutor, ExpertParallelGradientsSumToSingleRank) {
-  const io::ModelConfig config = tiny_moe();
+  const model::ModelConfig config = tiny_moe();
   constexpr int kEp = 2;
   for (int pp : {2, 4}) {
     const std::string where = "pp=" + std::to_string(pp) + " ep=2";
@@ -383,7 +384,7 @@ TEST(PipelineExecutor, ExpertParallelGradientsSumToSingleRank) {
     all = with_router_loss(all, &settings);
 
     auto reference = make_model(config, kSeed);
-    const model::StepLoss want = model::forward_backward(*reference, all, global);
+    const model::StepLoss want = pipeline::forward_backward(*reference, all, global);
     const EpRun run = run_pipeline_ep(config, pp, kEp, per_ep, global, false, DType::F32);
 
     double ce_sum = 0.0, loss = 0.0, load_balance = 0.0, z_loss = 0.0;
@@ -412,7 +413,7 @@ TEST(PipelineExecutor, ExpertParallelGradientsSumToSingleRank) {
 // pp = 2 gives the single-rank exact program's step: loss and every gradient bit for bit (gradients travel in f32
 // and pass straight through the rounding). The wire check sees each of the 2 transfers per micro-batch twice.
 TEST(PipelineExecutor, ExactModeWithBf16WireMatchesSingleRankExactBitwise) {
-  const io::ModelConfig config = tiny_moe();
+  const model::ModelConfig config = tiny_moe();
   constexpr int kMicroBatches = 5;
   const std::vector<model::MicroBatch> raw = make_batches(kMicroBatches, 808, config.vocab_size);
   const model::RouterLossSettings settings = router_settings(config, count_targets(raw));
@@ -420,9 +421,9 @@ TEST(PipelineExecutor, ExactModeWithBf16WireMatchesSingleRankExactBitwise) {
 
   auto reference = make_model(config, kSeed);
   reference->set_exact(true);
-  const model::StepLoss want = model::forward_backward(*reference, batches);
+  const model::StepLoss want = pipeline::forward_backward(*reference, batches);
   auto inexact = make_model(config, kSeed);
-  EXPECT_NE(model::forward_backward(*inexact, batches).ce_sum, want.ce_sum) << "exact mode should change the loss";
+  EXPECT_NE(pipeline::forward_backward(*inexact, batches).ce_sum, want.ce_sum) << "exact mode should change the loss";
 
   const EpRun run = run_pipeline_ep(config, 2, 1, {batches}, 0, true, DType::BF16);
   expect_same_loss(run.losses[0], want, "exact pp=2");
@@ -436,7 +437,7 @@ TEST(PipelineExecutor, ExactModeWithBf16WireMatchesSingleRankExactBitwise) {
 
 // Without exact mode the activations are not on the bf16 grid: the first send refuses to cast them.
 TEST(PipelineExecutor, RefusesBf16WireWithoutExactMode) {
-  const io::ModelConfig config = tiny_moe();
+  const model::ModelConfig config = tiny_moe();
   const std::vector<model::MicroBatch> batches = make_batches(4, 19, config.vocab_size);
   const Partition partition = partition_balanced(config, 2);
   std::mutex mu;

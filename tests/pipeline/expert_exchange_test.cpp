@@ -282,7 +282,7 @@ TEST(ExpertExchange, RejectsBadArguments) {
 // combine -> stage 5 and back, once through the plan and once through the de-duplicated exchange: the forward
 // output and d_hidden are bitwise the plan's (stage 3 sees the same rows; the gradients return one row per copy).
 TEST(ExpertExchange, TinyMoeLayerMatchesThePlanEndToEnd) {
-  const io::ModelConfig config = fixtures::tiny_moe();
+  const model::ModelConfig config = fixtures::tiny_moe();
   for (int ep : {2, 4}) {
     SCOPED_TRACE("ep=" + std::to_string(ep));
     dist::run_local_ranks(ep, [&](Communicator& comm) {
@@ -304,37 +304,33 @@ TEST(ExpertExchange, TinyMoeLayerMatchesThePlanEndToEnd) {
         int64_t sent = 0;
       };
       auto run = [&](bool dedup) {
-        model::Stage1Record r1;
-        model::Stage3Record r3;
-        model::Stage5Record r5;
-        const model::Stage1Out o1 = layer->stage1_forward(r1, hidden, batch);
-        const ops::RoutingPlan& rp = o1.routing.plan;
+        const std::unique_ptr<model::LayerRecord> record = layer->new_record();
+        const model::Dispatch o1 = layer->stage1_forward(*record, hidden, batch);
         ExpertParallelPlan plan;
         ExpertExchange x;
         Result res;
         Tensor rows, offsets;
         if (dedup) {
-          x = ExpertExchange::create(comm, s, o1.group_offsets, rp.row_choice, o1.routing.topk_index, E);
-          rows = x.dispatch(comm, s, o1.dispatched);
+          x = ExpertExchange::create(comm, s, o1.group_offsets, o1.row_choice, o1.topk_index, E);
+          rows = x.dispatch(comm, s, o1.rows);
           offsets = x.local_group_offsets();
           res.sent = std::accumulate(x.unique_send_rows().begin(), x.unique_send_rows().end(), int64_t(0));
         } else {
           plan = ExpertParallelPlan::create(comm, s, o1.group_offsets, E);
-          rows = plan.dispatch(comm, s, o1.dispatched);
+          rows = plan.dispatch(comm, s, o1.rows);
           offsets = plan.local_group_offsets();
           res.sent = std::accumulate(plan.send_rows().begin(), plan.send_rows().end(), int64_t(0));
         }
-        Tensor expert_out = layer->stage3_forward(r3, rows, offsets);
+        Tensor expert_out = layer->stage3_forward(*record, rows, offsets);
         expert_out = dedup ? x.combine(comm, s, expert_out) : plan.combine(comm, s, expert_out);
-        res.out = layer->stage5_forward(r5, expert_out, o1);
+        res.out = layer->stage5_forward(*record, expert_out);
         Rng rng(rank_seed(59, me));
         const Tensor d_out = random_tensor(res.out.shape(), res.out.dtype(), rng);
-        const model::Stage5Grads grads = layer->stage5_backward_input(r5, d_out);
-        Tensor d_rows =
-            dedup ? x.combine_backward(comm, s, grads.d_combined) : plan.combine_backward(comm, s, grads.d_combined);
-        d_rows = layer->stage3_backward_input(r3, d_rows);
+        const Tensor d_combined = layer->stage5_backward_input(*record, d_out);
+        Tensor d_rows = dedup ? x.combine_backward(comm, s, d_combined) : plan.combine_backward(comm, s, d_combined);
+        d_rows = layer->stage3_backward_input(*record, d_rows);
         d_rows = dedup ? x.dispatch_backward(comm, s, d_rows) : plan.dispatch_backward(comm, s, d_rows);
-        res.d_hidden = layer->stage1_backward_input(r1, grads, d_rows);
+        res.d_hidden = layer->stage1_backward_input(*record, d_rows);
         return res;
       };
       const Result want = run(false);

@@ -20,8 +20,9 @@
 #include "core/error.h"
 #include "dist/inprocess_communicator.h"
 #include "dist/mesh.h"
-#include "io/model_config.h"
+#include "model/model_config.h"
 #include "model/causal_lm.h"
+#include "pipeline/plain_executor.h"
 #include "pipeline/partition.h"
 #include "testing/executor_fixtures.h"
 #include "testing/test_data.h"
@@ -39,7 +40,7 @@ std::vector<model::MicroBatch> without_data(const std::vector<model::MicroBatch>
 }
 
 // Micro-batches of ep rank e: different seeds and very different document lengths per rank.
-std::vector<model::MicroBatch> batches_of_ep_rank(const io::ModelConfig& config, int ep, int e, int n) {
+std::vector<model::MicroBatch> batches_of_ep_rank(const model::ModelConfig& config, int ep, int e, int n) {
   const int min_len = e == 0 ? 20 : 2, max_len = e == 0 ? 40 : 6;
   return make_batches(n, 900 + static_cast<uint64_t>(10 * ep + e), config.vocab_size, min_len, max_len);
 }
@@ -58,7 +59,7 @@ struct ForwardRun {
 };
 
 // One ForwardPipeline::run over a pp x ep mesh of thread ranks; ep rank e's pp rank 0 reads per_ep[e].
-ForwardRun run_forward(const io::ModelConfig& config, int pp, int ep,
+ForwardRun run_forward(const model::ModelConfig& config, int pp, int ep,
                        const std::vector<std::vector<model::MicroBatch>>& per_ep, const RunOptions& options) {
   const Partition partition = partition_balanced(config, pp);
   ForwardRun run;
@@ -89,7 +90,7 @@ ForwardRun run_forward(const io::ModelConfig& config, int pp, int ep,
 }
 
 // The single-rank forward_only log-probs of each ep rank's micro-batches.
-std::vector<std::vector<Tensor>> reference_logprobs(const io::ModelConfig& config,
+std::vector<std::vector<Tensor>> reference_logprobs(const model::ModelConfig& config,
                                                     const std::vector<std::vector<model::MicroBatch>>& per_ep,
                                                     bool exact) {
   auto reference = make_model(config, kSeed);
@@ -97,7 +98,7 @@ std::vector<std::vector<Tensor>> reference_logprobs(const io::ModelConfig& confi
   std::vector<std::vector<Tensor>> want;
   for (const auto& batches : per_ep) {
     model::ForwardObservation observe;
-    model::forward_only(*reference, batches, &observe);
+    pipeline::forward_only(*reference, batches, &observe);
     want.push_back(observe.token_logprobs);
   }
   return want;
@@ -124,7 +125,7 @@ void expect_logprobs(const ForwardRun& run, const std::vector<std::vector<Tensor
 // whichever ep rank computes them, next to whichever other rows), the expert exchange and the wire are byte copies,
 // and each stage runs the same kernels as forward_only.
 TEST(ForwardPipeline, LogProbsEqualForwardOnlyBitwise) {
-  const io::ModelConfig config = tiny_moe();
+  const model::ModelConfig config = tiny_moe();
   for (int pp : {1, 2, 4}) {
     for (int ep : {1, 2}) {
       const std::string where = "pp=" + std::to_string(pp) + " ep=" + std::to_string(ep);
@@ -141,7 +142,7 @@ TEST(ForwardPipeline, LogProbsEqualForwardOnlyBitwise) {
 // gives the single-rank exact program's log-probs. Tolerance: none. Also shows that exact mode changes the result
 // (the rounding is really applied inside the stages).
 TEST(ForwardPipeline, ExactModeWithBf16WireEqualsSingleRankExactBitwise) {
-  const io::ModelConfig config = tiny_moe();
+  const model::ModelConfig config = tiny_moe();
   std::vector<std::vector<model::MicroBatch>> per_ep = {batches_of_ep_rank(config, 1, 0, 3)};
   const std::vector<std::vector<Tensor>> exact = reference_logprobs(config, per_ep, true);
   const std::vector<std::vector<Tensor>> plain = reference_logprobs(config, per_ep, false);
@@ -165,7 +166,7 @@ TEST(ForwardPipeline, ExactModeWithBf16WireEqualsSingleRankExactBitwise) {
 // P - 2's and sends stage P's (the hand-over between its two stages is local), the middle ranks receive and send
 // twice. pp = 1 has no wire.
 TEST(ForwardPipeline, WireCheckSeesEveryTransferredActivation) {
-  const io::ModelConfig config = tiny_moe();
+  const model::ModelConfig config = tiny_moe();
   constexpr int kMicroBatches = 3;
   RunOptions options;
   options.count_wire = true;
@@ -188,7 +189,7 @@ TEST(ForwardPipeline, WireCheckSeesEveryTransferredActivation) {
 }
 
 // Runs `fn` on every rank of a pp x ep mesh and collects what each throws; fails the test on a hang.
-std::map<int, std::string> errors_of(int pp, int ep, const io::ModelConfig& config,
+std::map<int, std::string> errors_of(int pp, int ep, const model::ModelConfig& config,
                                      const std::function<void(const dist::Mesh&, ForwardPipeline&)>& fn) {
   const Partition partition = partition_balanced(config, pp);
   std::mutex mu;
@@ -220,7 +221,7 @@ std::map<int, std::string> errors_of(int pp, int ep, const io::ModelConfig& conf
 // Without exact mode the f32 activations are not on the bf16 grid: the sender refuses to cast them, naming exact
 // mode; the receiver gets an error, not a hang.
 TEST(ForwardPipeline, RefusesBf16WireWhenValuesAreOffTheGrid) {
-  const io::ModelConfig config = tiny_moe();
+  const model::ModelConfig config = tiny_moe();
   const std::vector<model::MicroBatch> batches = batches_of_ep_rank(config, 1, 0, 2);
   const std::map<int, std::string> errors = errors_of(2, 1, config, [&](const dist::Mesh& mesh, ForwardPipeline& p) {
     p.set_wire_dtype(DType::BF16);
@@ -233,7 +234,7 @@ TEST(ForwardPipeline, RefusesBf16WireWhenValuesAreOffTheGrid) {
 }
 
 TEST(ForwardPipeline, RefusesAWireDtypeOtherThanComputeOrBf16) {
-  const io::ModelConfig config = tiny_moe();
+  const model::ModelConfig config = tiny_moe();
   auto model = make_model(config, kSeed);
   dist::run_local_ranks(1, [&](dist::Communicator& comm) {
     ForwardPipeline pipeline(*model, partition_balanced(config, 1), comm);
@@ -251,7 +252,7 @@ TEST(ForwardPipeline, RefusesAWireDtypeOtherThanComputeOrBf16) {
 // ep rank 1's pp rank 0 holds a token outside the vocabulary: it refuses its micro-batches before any transfer, and
 // every other rank of the pp x ep mesh gets an error soon (none waits for the watchdog).
 TEST(ForwardPipeline, FailingRankGivesTheOthersAnErrorNotAHang) {
-  const io::ModelConfig config = tiny_moe();
+  const model::ModelConfig config = tiny_moe();
   std::vector<std::vector<model::MicroBatch>> per_ep = {batches_of_ep_rank(config, 2, 0, 2),
                                                         batches_of_ep_rank(config, 2, 1, 2)};
   per_ep[1][1].input_ids.data<int32_t>()[0] = static_cast<int32_t>(config.vocab_size);
@@ -270,7 +271,7 @@ TEST(ForwardPipeline, FailingRankGivesTheOthersAnErrorNotAHang) {
 }
 
 TEST(ForwardPipeline, RefusesUnequalMicroBatchCounts) {
-  const io::ModelConfig config = tiny_moe();
+  const model::ModelConfig config = tiny_moe();
   const std::vector<model::MicroBatch> batches = batches_of_ep_rank(config, 1, 0, 3);
   const std::map<int, std::string> errors = errors_of(2, 1, config, [&](const dist::Mesh& mesh, ForwardPipeline& p) {
     p.run(mesh.coord().pp == 0 ? batches : std::vector<model::MicroBatch>(2));

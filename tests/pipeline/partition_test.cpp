@@ -3,20 +3,31 @@
 #include "pipeline/partition.h"
 
 #include <algorithm>
+#include <fstream>
 #include <functional>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "io/model_config.h"
+#include "model/families/qwen3_moe/config.h"
+#include "model/model_config.h"
 
 namespace moetrain::pipeline {
 namespace {
 
-io::ModelConfig tiny_moe() {
-  return io::load_model_config(std::string(MOETRAIN_TEST_DATA_DIR) + "/../../examples/tiny_moe/config.json");
+const std::string kTinyMoe = std::string(MOETRAIN_TEST_DATA_DIR) + "/../../examples/tiny_moe/config.json";
+
+model::ModelConfig tiny_moe() { return model::load_model_config(kTinyMoe); }
+
+// The tiny example's config.json with some fields changed.
+model::ModelConfig tiny_moe_with(const nlohmann::json& changes) {
+  std::ifstream in(kTinyMoe);
+  nlohmann::json config = nlohmann::json::parse(in);
+  config.update(changes);
+  return model::parse_model_config(config.dump(), "changed tiny_moe/config.json");
 }
 
 std::vector<int64_t> stage_sizes(const Partition& p) {
@@ -53,18 +64,19 @@ void expect_well_formed(const Partition& p, int pp, int64_t num_layers) {
 
 // Forward + backward FLOPs per token, written out independently: 6 x (q, k, v, o projections + router + top-k
 // experts, or the dense MLP) + 3 x the causal attention core at S = 4096; the head 6 x H x V on the last stage.
-double layer_flops(const io::ModelConfig& c, int64_t layer) {
+double layer_flops(const model::ModelConfig& c, int64_t layer) {
+  const auto& f = c.family_config<model::families::qwen3_moe::Qwen3MoeConfig>();
   const double H = double(c.hidden_size);
-  const double q = double(c.num_attention_heads * c.head_dim), kv = double(c.num_key_value_heads * c.head_dim);
+  const double q = double(f.num_attention_heads * f.head_dim), kv = double(f.num_key_value_heads * f.head_dim);
   double weights = H * q + 2 * H * kv + q * H;
   const bool moe = c.num_experts > 0 &&
-                   std::find(c.mlp_only_layers.begin(), c.mlp_only_layers.end(), layer) == c.mlp_only_layers.end();
-  weights += moe ? H * double(c.num_experts) + double(c.num_experts_per_tok) * 3 * H * double(c.moe_intermediate_size)
-                 : 3 * H * double(c.intermediate_size);
+                   std::find(f.mlp_only_layers.begin(), f.mlp_only_layers.end(), layer) == f.mlp_only_layers.end();
+  weights += moe ? H * double(c.num_experts) + double(c.num_experts_per_tok) * 3 * H * double(f.moe_intermediate_size)
+                 : 3 * H * double(f.intermediate_size);
   return 6 * weights + 3 * 4 * 2048.0 * q;
 }
 
-double max_stage_flops(const io::ModelConfig& c, const std::vector<int64_t>& bounds) {
+double max_stage_flops(const model::ModelConfig& c, const std::vector<int64_t>& bounds) {
   double worst = 0.0;
   for (size_t s = 0; s + 1 < bounds.size(); ++s) {
     double cost = 0.0;
@@ -76,7 +88,7 @@ double max_stage_flops(const io::ModelConfig& c, const std::vector<int64_t>& bou
 }
 
 // The smallest max stage cost over every way to cut the layers into `num_stages` non-empty contiguous stages.
-double brute_force_best(const io::ModelConfig& c, int num_stages) {
+double brute_force_best(const model::ModelConfig& c, int num_stages) {
   double best = 1e300;
   std::vector<int64_t> bounds = {0};
   std::function<void(int)> place = [&](int stage) {
@@ -116,7 +128,7 @@ void expect_error(F&& call, const std::vector<std::string>& needles) {
 }
 
 TEST(Partition, BalancedSplitsTheTinyModelsEightLayersEvenly) {
-  const io::ModelConfig c = tiny_moe();
+  const model::ModelConfig c = tiny_moe();
   ASSERT_EQ(c.num_hidden_layers, 8);
   const std::vector<std::pair<int, std::vector<int64_t>>> expected = {
       {1, {4, 4}}, {2, {2, 2, 2, 2}}, {4, {1, 1, 1, 1, 1, 1, 1, 1}}};
@@ -129,7 +141,7 @@ TEST(Partition, BalancedSplitsTheTinyModelsEightLayersEvenly) {
 }
 
 TEST(Partition, BalancedCountsTheHeadOnTheLastStage) {
-  io::ModelConfig c = tiny_moe();
+  model::ModelConfig c = tiny_moe();
   // A vocabulary whose head costs exactly two layers: the last stage gives up two layers' worth.
   c.vocab_size = static_cast<int64_t>(2 * layer_flops(c, 0) / (6.0 * double(c.hidden_size)));
   ASSERT_EQ(6 * double(c.hidden_size) * double(c.vocab_size), 2 * layer_flops(c, 0));
@@ -139,10 +151,9 @@ TEST(Partition, BalancedCountsTheHeadOnTheLastStage) {
 }
 
 TEST(Partition, BalancedMinimisesTheLargestStageOnUnevenLayers) {
-  io::ModelConfig c = tiny_moe();
-  c.num_hidden_layers = 12;
-  c.intermediate_size = 4096;        // dense layers cost several MoE layers
-  c.mlp_only_layers = {0, 1, 2, 9};  // heavy at the front and one near the end
+  // Dense layers cost several MoE layers: heavy at the front and one near the end.
+  const model::ModelConfig c =
+      tiny_moe_with({{"num_hidden_layers", 12}, {"intermediate_size", 4096}, {"mlp_only_layers", {0, 1, 2, 9}}});
   for (int pp : {1, 2, 3}) {
     SCOPED_TRACE("pp " + std::to_string(pp));
     const Partition p = partition_balanced(c, pp);
@@ -156,14 +167,14 @@ TEST(Partition, BalancedMinimisesTheLargestStageOnUnevenLayers) {
 }
 
 TEST(Partition, BalancedNeedsAtLeastOneLayerPerStage) {
-  const io::ModelConfig c = tiny_moe();
+  const model::ModelConfig c = tiny_moe();
   expect_well_formed(partition_balanced(c, 4), 4, 8);  // exactly one layer each is fine
   expect_error([&] { partition_balanced(c, 5); }, {"pp = 5 needs 10 stages", "the model has 8 layers", "at most 4"});
   expect_error([&] { partition_balanced(c, 0); }, {"parallel.pp must be >= 1, found 0"});
 }
 
 TEST(Partition, FromCutsPutsEachStageBetweenItsCuts) {
-  const io::ModelConfig c = tiny_moe();
+  const model::ModelConfig c = tiny_moe();
   const Partition p = partition_from_cuts(c, 2, {1, 3, 6});
   expect_well_formed(p, 2, 8);
   EXPECT_EQ(stage_sizes(p), (std::vector<int64_t>{1, 2, 3, 2}));
@@ -176,7 +187,7 @@ TEST(Partition, FromCutsPutsEachStageBetweenItsCuts) {
 }
 
 TEST(Partition, FromCutsRejectsWrongCountOutOfRangeAndNonIncreasingCuts) {
-  const io::ModelConfig c = tiny_moe();
+  const model::ModelConfig c = tiny_moe();
   expect_error([&] { partition_from_cuts(c, 2, {2, 4}); }, {"needs 3 cut points, found 2"});
   expect_error([&] { partition_from_cuts(c, 2, {0, 3, 6}); }, {"pp_cuts[0] = 0", "outside (0, 8)"});
   expect_error([&] { partition_from_cuts(c, 2, {2, 4, 8}); }, {"pp_cuts[2] = 8", "outside (0, 8)"});

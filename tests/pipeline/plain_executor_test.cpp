@@ -19,7 +19,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "dist/inprocess_communicator.h"
-#include "io/model_config.h"
+#include "model/model_config.h"
 #include "model/causal_lm.h"
 #include "model/router_loss.h"
 #include "testing/executor_fixtures.h"
@@ -53,7 +53,7 @@ void expect_same_grads(const model::CausalLm& got, const model::CausalLm& want) 
 }
 
 TEST(PlainExecutor, WithoutEpEqualsForwardBackwardBitwise) {
-  const io::ModelConfig config = tiny_moe();
+  const model::ModelConfig config = tiny_moe();
   std::vector<model::MicroBatch> batches = make_batches(3, 11, config.vocab_size, 3, 20);
   const int64_t targets = count_targets(batches);
   const model::RouterLossSettings settings = router_settings(config, targets);
@@ -61,7 +61,7 @@ TEST(PlainExecutor, WithoutEpEqualsForwardBackwardBitwise) {
   for (int64_t global : {int64_t{0}, 3 * targets}) {  // the local count, and a larger data-parallel count
     SCOPED_TRACE("global_num_targets=" + std::to_string(global));
     auto reference = make_model(config, kSeed);
-    const model::StepLoss want = model::forward_backward(*reference, batches, global);
+    const model::StepLoss want = pipeline::forward_backward(*reference, batches, global);
     EXPECT_GT(want.load_balance, 0.0);
     auto model = make_model(config, kSeed);
     PlainExecutor executor(*model, nullptr);
@@ -72,12 +72,12 @@ TEST(PlainExecutor, WithoutEpEqualsForwardBackwardBitwise) {
 
 // An ep group of one still plans and runs the exchanges (all-to-all-v with itself); nothing may change.
 TEST(PlainExecutor, EpOfOneEqualsForwardBackwardBitwise) {
-  const io::ModelConfig config = tiny_moe();
+  const model::ModelConfig config = tiny_moe();
   std::vector<model::MicroBatch> batches = make_batches(2, 12, config.vocab_size, 3, 20);
   const model::RouterLossSettings settings = router_settings(config, count_targets(batches));
   use_router_loss(batches, &settings);
   auto reference = make_model(config, kSeed);
-  const model::StepLoss want = model::forward_backward(*reference, batches);
+  const model::StepLoss want = pipeline::forward_backward(*reference, batches);
   auto model = make_model(config, kSeed);
   dist::run_local_ranks(1, [&](dist::Communicator& comm) {
     PlainExecutor executor(*model, &comm);
@@ -97,7 +97,7 @@ TEST(PlainExecutor, EpOfOneEqualsForwardBackwardBitwise) {
 // of each micro-batch is the same bits (the CPU kernels are batch-invariant and the exchange is a byte copy), so the
 // summed ce_sum, load-balance and z-loss differ only by the order of f64 additions: relative 1e-12. Counts: exact.
 TEST(PlainExecutor, ExpertParallelGradientsSumToSingleRank) {
-  const io::ModelConfig config = tiny_moe();
+  const model::ModelConfig config = tiny_moe();
   for (int ep : {2, 4}) {
     SCOPED_TRACE("ep=" + std::to_string(ep));
     std::vector<std::vector<model::MicroBatch>> per_rank;
@@ -115,7 +115,7 @@ TEST(PlainExecutor, ExpertParallelGradientsSumToSingleRank) {
     for (auto& b : per_rank) use_router_loss(b, &settings);
 
     auto reference = make_model(config, kSeed);
-    const model::StepLoss want = model::forward_backward(*reference, all, global);
+    const model::StepLoss want = pipeline::forward_backward(*reference, all, global);
 
     std::vector<model::StepLoss> got(static_cast<size_t>(ep));
     std::map<std::string, Tensor> summed;
@@ -175,7 +175,7 @@ TEST(PlainExecutor, ExpertParallelGradientsSumToSingleRank) {
 }
 
 TEST(PlainExecutor, RefusesUnequalMicroBatchCountsOnEveryRank) {
-  const io::ModelConfig config = tiny_moe();
+  const model::ModelConfig config = tiny_moe();
   const std::vector<model::MicroBatch> batches = make_batches(2, 13, config.vocab_size, 3, 8);
   std::vector<std::string> errors(2);
   dist::run_local_ranks(2, [&](dist::Communicator& comm) {
@@ -196,7 +196,7 @@ TEST(PlainExecutor, RefusesUnequalMicroBatchCountsOnEveryRank) {
 }
 
 TEST(PlainExecutor, OneRanksBadMicroBatchStopsEveryRank) {
-  const io::ModelConfig config = tiny_moe();
+  const model::ModelConfig config = tiny_moe();
   const std::vector<model::MicroBatch> good = make_batches(1, 14, config.vocab_size, 3, 8);
   const int64_t T = 4;
   const std::vector<model::MicroBatch> bad = {model::MicroBatch::packed(
@@ -229,11 +229,11 @@ void expect_same_logprobs(const std::vector<Tensor>& got, const std::vector<Tens
 // The forward alone (the scoring path) is model::forward_only's forward: the same log-probs, bit for bit, and it
 // touches no gradient.
 TEST(PlainExecutor, RunForwardEqualsForwardOnlyLogprobsBitwise) {
-  const io::ModelConfig config = tiny_moe();
+  const model::ModelConfig config = tiny_moe();
   const std::vector<model::MicroBatch> batches = make_batches(3, 15, config.vocab_size, 3, 20);
   auto model = make_model(config, kSeed);
   model::ForwardObservation observe;
-  model::forward_only(*model, batches, &observe);
+  pipeline::forward_only(*model, batches, &observe);
   model->params().zero_grads();
   PlainExecutor executor(*model, nullptr);
   const std::vector<Tensor> got = executor.run_forward(batches);
@@ -261,7 +261,7 @@ TEST(PlainExecutor, RunForwardEqualsForwardOnlyLogprobsBitwise) {
 // experts, yet every expert row is computed by the same per-row CPU kernels: each rank's log-probs equal forward_only
 // of its micro-batches on one rank, bit for bit.
 TEST(PlainExecutor, ExpertParallelRunForwardEqualsForwardOnlyBitwise) {
-  const io::ModelConfig config = tiny_moe();
+  const model::ModelConfig config = tiny_moe();
   auto reference = make_model(config, kSeed);
   for (int ep : {2, 4}) {
     SCOPED_TRACE("ep=" + std::to_string(ep));
@@ -271,7 +271,7 @@ TEST(PlainExecutor, ExpertParallelRunForwardEqualsForwardOnlyBitwise) {
       per_rank.push_back(make_batches(2, 500 + static_cast<uint64_t>(10 * ep + r), config.vocab_size, r == 0 ? 30 : 2,
                                       r == 0 ? 48 : 6));
       model::ForwardObservation observe;
-      model::forward_only(*reference, per_rank.back(), &observe);
+      pipeline::forward_only(*reference, per_rank.back(), &observe);
       want.push_back(observe.token_logprobs);
     }
     std::vector<std::vector<Tensor>> got(static_cast<size_t>(ep));
@@ -286,7 +286,7 @@ TEST(PlainExecutor, ExpertParallelRunForwardEqualsForwardOnlyBitwise) {
 }
 
 TEST(PlainExecutor, RunForwardRefusesUnequalMicroBatchCountsOnEveryRank) {
-  const io::ModelConfig config = tiny_moe();
+  const model::ModelConfig config = tiny_moe();
   const std::vector<model::MicroBatch> batches = make_batches(2, 16, config.vocab_size, 3, 8);
   std::vector<std::string> errors(2);
   dist::run_local_ranks(2, [&](dist::Communicator& comm) {
@@ -304,7 +304,7 @@ TEST(PlainExecutor, RunForwardRefusesUnequalMicroBatchCountsOnEveryRank) {
 }
 
 TEST(PlainExecutor, RefusesEpThatDoesNotDivideTheExperts) {
-  const io::ModelConfig config = tiny_moe();
+  const model::ModelConfig config = tiny_moe();
   auto model = make_model(config, kSeed);
   dist::run_local_ranks(3, [&](dist::Communicator& comm) {
     try {

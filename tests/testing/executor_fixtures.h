@@ -9,17 +9,17 @@
 #include <vector>
 
 #include "core/rng.h"
-#include "io/model_config.h"
+#include "model/model_config.h"
 #include "model/causal_lm.h"
 #include "model/router_loss.h"
 
 namespace moetrain::pipeline::fixtures {
 
-inline io::ModelConfig tiny_moe() {
-  return io::load_model_config(std::string(MOETRAIN_TEST_DATA_DIR) + "/../../examples/tiny_moe/config.json");
+inline model::ModelConfig tiny_moe() {
+  return model::load_model_config(std::string(MOETRAIN_TEST_DATA_DIR) + "/../../examples/tiny_moe/config.json");
 }
 
-inline std::unique_ptr<model::CausalLm> make_model(const io::ModelConfig& config, uint64_t seed) {
+inline std::unique_ptr<model::CausalLm> make_model(const model::ModelConfig& config, uint64_t seed) {
   auto model = std::make_unique<model::CausalLm>(config);
   model->params().init_random(seed, 0.05);
   return model;
@@ -59,7 +59,7 @@ inline int64_t count_targets(const std::vector<model::MicroBatch>& batches) {
 
 // Active auxiliary router losses (per micro-batch load balance and z-loss), so their values and
 // gradients are covered too.
-inline model::RouterLossSettings router_settings(const io::ModelConfig& config, int64_t global_targets) {
+inline model::RouterLossSettings router_settings(const model::ModelConfig& config, int64_t global_targets) {
   model::RouterLossSettings s;
   s.variant = model::LoadBalanceVariant::MicroBatch;
   s.load_balance_coef = 0.01;

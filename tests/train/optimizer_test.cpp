@@ -25,7 +25,7 @@ std::vector<model::ParamSpec> specs() {
   std::vector<model::ParamSpec> out;
   for (const auto& [name, shape] : std::vector<std::pair<std::string, Shape>>{
            {"embed", {32, 8}}, {"norm", {8}}, {"proj", {2, 8, 4}}, {"bias", {5}}}) {
-    out.push_back(model::ParamSpec{name, shape, {model::HfPiece{"hf." + name, shape, 0}}});
+    out.push_back(model::single_piece_spec(name, shape, model::ParamRole::Dense, -1, "hf." + name));
   }
   return out;
 }

@@ -18,7 +18,7 @@
 #include "dist/inprocess_communicator.h"
 #include "dist/mesh.h"
 #include "io/job_config.h"
-#include "io/model_config.h"
+#include "model/model_config.h"
 #include "testing/test_data.h"
 #include "train/checkpoint.h"
 #include "train/launch.h"
@@ -76,7 +76,7 @@ RankResult result_of(Trainer& trainer, const TrainSummary& summary) {
 // Trains `config` on pp x dp x ep thread ranks, at most `max_steps` steps when > 0.
 MeshRun run_mesh(const io::JobConfig& config, int pp, int dp, int64_t max_steps = 0, int ep = 1) {
   const int world = pp * dp * ep;
-  const int64_t experts = io::load_model_config(config.model.config).num_experts;
+  const int64_t experts = model::load_model_config(config.model.config).num_experts;
   MeshRun run;
   run.ranks.resize(static_cast<size_t>(world));
   run.coords.resize(static_cast<size_t>(world));
@@ -273,7 +273,7 @@ TEST(PipelineTraining, ResumesFromAPipelineCheckpointLikeAnUninterruptedRun) {
 // Runs Trainer construction on a pp x ep x dp mesh of thread ranks and returns the error text (every rank fails
 // the same check before any collective).
 std::string refusal(const io::JobConfig& config, int world, int pp, int ep) {
-  const int64_t experts = io::load_model_config(config.model.config).num_experts;
+  const int64_t experts = model::load_model_config(config.model.config).num_experts;
   try {
     dist::run_local_ranks(world, [&](dist::Communicator& comm) {
       dist::Mesh mesh(comm.split(0, comm.rank(), "world"), dist::resolve_mesh(world, pp, 1, ep, experts));

@@ -80,9 +80,10 @@ void parse_shared_fields(const io::JsonFields& f, ModelConfig& g, Qwen3Config& c
   f.check_positive(c.head_dim, "head_dim");
 
   parse_rope(f, c);
-  MT_CHECK(rotary_dim(c) % 2 == 0,
-           "{}: head_dim ({}) x partial_rotary_factor ({}) gives {} rotary dims; rope needs an even number", source,
-           c.head_dim, c.partial_rotary_factor, rotary_dim(c));
+  const double rotary = double(c.head_dim) * c.partial_rotary_factor;
+  MT_CHECK(rotary == std::round(rotary) && rotary_dim(c) % 2 == 0,
+           "{}: head_dim ({}) x partial_rotary_factor ({}) gives {} rotary dims; rope needs a whole, even number",
+           source, c.head_dim, c.partial_rotary_factor, rotary);
 
   MT_CHECK(!f.bool_opt("attention_bias").value_or(false),
            "{}: attention_bias = true is not supported for qwen3 / qwen3_moe", source);

@@ -1,6 +1,7 @@
-// Tests for io/model_config: the golden config.json files, both spellings of renamed fields, the
-// JSON writer's round trip, and one bad input per check.
-#include "io/model_config.h"
+// Tests for the Qwen3 and Qwen3-MoE families' config.json parsing (model/families/qwen3, qwen3_moe) through the
+// registry (model/model_config.h): the golden config.json files, both spellings of renamed fields, the JSON writer's
+// round trip, and one bad input per check.
+#include "model/families/qwen3/config.h"
 
 #include <fstream>
 #include <string>
@@ -9,12 +10,21 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "model/families/qwen3_moe/config.h"
+#include "model/family.h"
+#include "model/model_config.h"
 #include "testing/test_data.h"
 
-namespace moetrain::io {
+namespace moetrain::model {
 namespace {
 
 using nlohmann::json;
+using families::qwen3::Qwen3Config;
+using families::qwen3_moe::Qwen3MoeConfig;
+
+// The family's own fields: Qwen3's (both families), and Qwen3-MoE's expert fields.
+const Qwen3Config& q(const ModelConfig& c) { return c.family_config<Qwen3Config>(); }
+const Qwen3MoeConfig& moe(const ModelConfig& c) { return c.family_config<Qwen3MoeConfig>(); }
 
 // A minimal valid qwen3_moe config.json as a JSON object, for tests to edit.
 json small_moe_json() {
@@ -63,46 +73,46 @@ void expect_error(const json& j, std::initializer_list<std::string> needles) {
 
 void expect_same(const ModelConfig& a, const ModelConfig& b) {
   EXPECT_EQ(a.family, b.family);
+  EXPECT_EQ(a.moe_layers, b.moe_layers);
   EXPECT_EQ(a.model_type, b.model_type);
   EXPECT_EQ(a.vocab_size, b.vocab_size);
   EXPECT_EQ(a.hidden_size, b.hidden_size);
   EXPECT_EQ(a.num_hidden_layers, b.num_hidden_layers);
-  EXPECT_EQ(a.num_attention_heads, b.num_attention_heads);
-  EXPECT_EQ(a.num_key_value_heads, b.num_key_value_heads);
-  EXPECT_EQ(a.head_dim, b.head_dim);
-  EXPECT_EQ(a.intermediate_size, b.intermediate_size);
-  EXPECT_EQ(a.rms_norm_eps, b.rms_norm_eps);
-  EXPECT_EQ(a.rope_theta, b.rope_theta);
-  EXPECT_EQ(a.partial_rotary_factor, b.partial_rotary_factor);
-  EXPECT_EQ(a.attention_bias, b.attention_bias);
+  EXPECT_EQ(q(a).num_attention_heads, q(b).num_attention_heads);
+  EXPECT_EQ(q(a).num_key_value_heads, q(b).num_key_value_heads);
+  EXPECT_EQ(q(a).head_dim, q(b).head_dim);
+  EXPECT_EQ(q(a).intermediate_size, q(b).intermediate_size);
+  EXPECT_EQ(q(a).rms_norm_eps, q(b).rms_norm_eps);
+  EXPECT_EQ(q(a).rope_theta, q(b).rope_theta);
+  EXPECT_EQ(q(a).partial_rotary_factor, q(b).partial_rotary_factor);
   EXPECT_EQ(a.tie_word_embeddings, b.tie_word_embeddings);
-  EXPECT_EQ(a.max_position_embeddings, b.max_position_embeddings);
+  EXPECT_EQ(q(a).max_position_embeddings, q(b).max_position_embeddings);
   EXPECT_EQ(a.num_experts, b.num_experts);
   EXPECT_EQ(a.num_experts_per_tok, b.num_experts_per_tok);
-  EXPECT_EQ(a.moe_intermediate_size, b.moe_intermediate_size);
-  EXPECT_EQ(a.norm_topk_prob, b.norm_topk_prob);
-  EXPECT_EQ(a.decoder_sparse_step, b.decoder_sparse_step);
-  EXPECT_EQ(a.mlp_only_layers, b.mlp_only_layers);
-  EXPECT_EQ(a.router_aux_loss_coef, b.router_aux_loss_coef);
+  if (!a.is_moe()) return;
+  EXPECT_EQ(moe(a).moe_intermediate_size, moe(b).moe_intermediate_size);
+  EXPECT_EQ(moe(a).norm_topk_prob, moe(b).norm_topk_prob);
+  EXPECT_EQ(moe(a).decoder_sparse_step, moe(b).decoder_sparse_step);
+  EXPECT_EQ(moe(a).mlp_only_layers, moe(b).mlp_only_layers);
+  EXPECT_EQ(moe(a).router_aux_loss_coef, moe(b).router_aux_loss_coef);
 }
 
 TEST(ModelConfig, ParsesGoldenQwen3) {
   const ModelConfig c = load_model_config(testing::test_data_path("golden/qwen3/config.json"));
-  EXPECT_EQ(c.family, ModelFamily::Qwen3);
+  EXPECT_EQ(c.family->name(), "qwen3");
   EXPECT_EQ(c.model_type, "qwen3");
   EXPECT_EQ(c.vocab_size, 512);
   EXPECT_EQ(c.hidden_size, 64);
   EXPECT_EQ(c.num_hidden_layers, 2);
-  EXPECT_EQ(c.num_attention_heads, 4);
-  EXPECT_EQ(c.num_key_value_heads, 2);
-  EXPECT_EQ(c.head_dim, 32);
-  EXPECT_EQ(c.intermediate_size, 96);
-  EXPECT_EQ(c.rms_norm_eps, 1e-6);
-  EXPECT_EQ(c.rope_theta, 10000.0);
-  EXPECT_EQ(c.partial_rotary_factor, 1.0);
-  EXPECT_FALSE(c.attention_bias);
+  EXPECT_EQ(q(c).num_attention_heads, 4);
+  EXPECT_EQ(q(c).num_key_value_heads, 2);
+  EXPECT_EQ(q(c).head_dim, 32);
+  EXPECT_EQ(q(c).intermediate_size, 96);
+  EXPECT_EQ(q(c).rms_norm_eps, 1e-6);
+  EXPECT_EQ(q(c).rope_theta, 10000.0);
+  EXPECT_EQ(q(c).partial_rotary_factor, 1.0);
   EXPECT_FALSE(c.tie_word_embeddings);
-  EXPECT_EQ(c.max_position_embeddings, 4096);
+  EXPECT_EQ(q(c).max_position_embeddings, 4096);
   EXPECT_FALSE(c.is_moe());
   EXPECT_FALSE(c.layer_is_moe(0));
   EXPECT_FALSE(c.layer_is_moe(1));
@@ -110,24 +120,24 @@ TEST(ModelConfig, ParsesGoldenQwen3) {
 
 TEST(ModelConfig, ParsesGoldenQwen3Moe) {
   const ModelConfig c = load_model_config(testing::test_data_path("golden/qwen3_moe/config.json"));
-  EXPECT_EQ(c.family, ModelFamily::Qwen3Moe);
+  EXPECT_EQ(c.family->name(), "qwen3_moe");
   EXPECT_EQ(c.model_type, "qwen3_moe");
   EXPECT_EQ(c.vocab_size, 512);
   EXPECT_EQ(c.hidden_size, 64);
   EXPECT_EQ(c.num_hidden_layers, 3);
-  EXPECT_EQ(c.num_attention_heads, 4);
-  EXPECT_EQ(c.num_key_value_heads, 2);
-  EXPECT_EQ(c.head_dim, 32);
-  EXPECT_EQ(c.intermediate_size, 96);
-  EXPECT_EQ(c.rope_theta, 10000.0);
+  EXPECT_EQ(q(c).num_attention_heads, 4);
+  EXPECT_EQ(q(c).num_key_value_heads, 2);
+  EXPECT_EQ(q(c).head_dim, 32);
+  EXPECT_EQ(q(c).intermediate_size, 96);
+  EXPECT_EQ(q(c).rope_theta, 10000.0);
   EXPECT_TRUE(c.is_moe());
   EXPECT_EQ(c.num_experts, 8);  // spelled num_local_experts in the file
   EXPECT_EQ(c.num_experts_per_tok, 2);
-  EXPECT_EQ(c.moe_intermediate_size, 48);
-  EXPECT_TRUE(c.norm_topk_prob);
-  EXPECT_EQ(c.decoder_sparse_step, 1);
-  EXPECT_EQ(c.mlp_only_layers, (std::vector<int64_t>{0}));
-  EXPECT_EQ(c.router_aux_loss_coef, 0.001);
+  EXPECT_EQ(moe(c).moe_intermediate_size, 48);
+  EXPECT_TRUE(moe(c).norm_topk_prob);
+  EXPECT_EQ(moe(c).decoder_sparse_step, 1);
+  EXPECT_EQ(moe(c).mlp_only_layers, (std::vector<int64_t>{0}));
+  EXPECT_EQ(moe(c).router_aux_loss_coef, 0.001);
   EXPECT_FALSE(c.layer_is_moe(0));
   EXPECT_TRUE(c.layer_is_moe(1));
   EXPECT_TRUE(c.layer_is_moe(2));
@@ -161,30 +171,29 @@ TEST(ModelConfig, AcceptsBothRopeSpellings) {
   json top = small_dense_json();
   top["rope_theta"] = 500000.0;
   top["rope_scaling"] = nullptr;
-  EXPECT_EQ(parse(top).rope_theta, 500000.0);
+  EXPECT_EQ(q(parse(top)).rope_theta, 500000.0);
 
   json nested = small_dense_json();
   nested["rope_parameters"] = {{"rope_theta", 250000.0}, {"rope_type", "default"}, {"partial_rotary_factor", 0.5}};
   const ModelConfig c = parse(nested);
-  EXPECT_EQ(c.rope_theta, 250000.0);
-  EXPECT_EQ(c.partial_rotary_factor, 0.5);
+  EXPECT_EQ(q(c).rope_theta, 250000.0);
+  EXPECT_EQ(q(c).partial_rotary_factor, 0.5);
 }
 
 TEST(ModelConfig, AppliesDefaults) {
   const ModelConfig c = parse(small_dense_json());
-  EXPECT_EQ(c.num_key_value_heads, 4);  // = num_attention_heads
-  EXPECT_EQ(c.head_dim, 8);             // = hidden_size / num_attention_heads
-  EXPECT_EQ(c.rope_theta, 10000.0);
-  EXPECT_EQ(c.partial_rotary_factor, 1.0);
-  EXPECT_FALSE(c.attention_bias);
+  EXPECT_EQ(q(c).num_key_value_heads, 4);  // = num_attention_heads
+  EXPECT_EQ(q(c).head_dim, 8);             // = hidden_size / num_attention_heads
+  EXPECT_EQ(q(c).rope_theta, 10000.0);
+  EXPECT_EQ(q(c).partial_rotary_factor, 1.0);
   EXPECT_FALSE(c.tie_word_embeddings);
   EXPECT_EQ(c.num_experts, 0);
 
   const ModelConfig m = parse(small_moe_json());
-  EXPECT_FALSE(m.norm_topk_prob);
-  EXPECT_EQ(m.decoder_sparse_step, 1);
-  EXPECT_TRUE(m.mlp_only_layers.empty());
-  EXPECT_EQ(m.router_aux_loss_coef, 0.0);
+  EXPECT_FALSE(moe(m).norm_topk_prob);
+  EXPECT_EQ(moe(m).decoder_sparse_step, 1);
+  EXPECT_TRUE(moe(m).mlp_only_layers.empty());
+  EXPECT_EQ(moe(m).router_aux_loss_coef, 0.0);
   for (int64_t l = 0; l < 4; ++l) EXPECT_TRUE(m.layer_is_moe(l)) << l;
 }
 
@@ -213,7 +222,6 @@ TEST(ModelConfig, JsonRoundTripGivesBackTheConfig) {
   j["router_aux_loss_coef"] = 0.1;
   j["decoder_sparse_step"] = 2;
   j["mlp_only_layers"] = {0, 3};
-  j["attention_bias"] = true;
   j["tie_word_embeddings"] = true;
   j["head_dim"] = 16;
   j["norm_topk_prob"] = true;
@@ -319,6 +327,31 @@ TEST(ModelConfig, RejectsConflictingRopeTheta) {
   expect_error(j, {"rope_theta"});
 }
 
+TEST(ModelConfig, RefusesWhatTheFamilyDoesNotRun) {
+  json j = small_dense_json();
+  j["attention_bias"] = true;
+  expect_error(j, {"attention_bias", "not supported"});
+  j = small_dense_json();
+  j["use_sliding_window"] = true;
+  expect_error(j, {"use_sliding_window", "not supported"});
+  j = small_moe_json();
+  j["hidden_act"] = "gelu";
+  expect_error(j, {"hidden_act", "'gelu'", "silu"});
+  j = small_dense_json();
+  j["head_dim"] = 33;  // an odd rotary dimension: transformers cannot run it either
+  expect_error(j, {"head_dim (33)", "even"});
+  j = small_dense_json();
+  j["head_dim"] = 32;
+  j["partial_rotary_factor"] = 0.3;  // 9.6 rotary dims would be rounded without a word
+  expect_error(j, {"partial_rotary_factor", "rotary dims"});
+}
+
+TEST(ModelConfig, RejectsBytesAfterTheDocument) {
+  const std::string text = small_dense_json().dump();
+  EXPECT_THROW(parse_model_config(text + std::string(1, '\0') + "GARBAGE", "nul/config.json"), Error);
+  EXPECT_THROW(parse_model_config(text + " {}", "two/config.json"), Error);
+}
+
 TEST(ModelConfig, RejectsOutOfRangeValues) {
   json j = small_dense_json();
   j["hidden_size"] = 0;
@@ -338,4 +371,4 @@ TEST(ModelConfig, RejectsOutOfRangeValues) {
 }
 
 }  // namespace
-}  // namespace moetrain::io
+}  // namespace moetrain::model

@@ -1,12 +1,13 @@
-// Tests for the Qwen3 / Qwen3-MoE decoder layer and the whole-model driver: the five-stage split
-// and the deferred weight gradients give the same bytes as the whole-layer path, packing does not
-// change a document's logits, and the loss is token-weighted across micro-batches.
-#include "model/qwen3.h"
+// Tests for the pre-norm decoder layer (as the Qwen3 / Qwen3-MoE families build it) and the single-rank driver: the
+// five-stage split with the deferred weight gradients gives the same bytes as the driver, packing does not change a
+// document's logits, and the loss is token-weighted across micro-batches.
+#include "model/blocks/pre_norm_layer.h"
 
 #include <gtest/gtest.h>
 
 #include "io/safetensors.h"
 #include "model/causal_lm.h"
+#include "pipeline/plain_executor.h"
 #include "testing/test_data.h"
 
 namespace moetrain::model {
@@ -36,30 +37,29 @@ std::vector<std::vector<float>> gradients_of(const CausalLm& model) {
 std::vector<std::vector<float>> gradients_with_deferred_weights(const CausalLm& model, const MicroBatch& batch) {
   const int64_t targets = batch.num_targets();
   const size_t n = model.layers().size();
-  std::vector<Stage1Record> s1(n);
-  std::vector<Stage3Record> s3(n);
-  std::vector<Stage5Record> s5(n);
-  std::vector<Stage1Out> outs(n);
+  const double scale = 1.0 / double(targets);
+  std::vector<std::unique_ptr<LayerRecord>> records(n);
   Tensor hidden = model.embed_forward(batch);
   for (size_t i = 0; i < n; ++i) {
     const DecoderLayer& layer = *model.layers()[i];
-    outs[i] = layer.stage1_forward(s1[i], hidden, batch);
-    const Tensor expert_out = layer.stage3_forward(s3[i], outs[i].dispatched, outs[i].group_offsets);
-    hidden = layer.stage5_forward(s5[i], expert_out, outs[i]);
+    records[i] = layer.new_record();
+    const Dispatch dispatch = layer.stage1_forward(*records[i], hidden, batch);
+    const Tensor expert_out = layer.stage3_forward(*records[i], dispatch.rows, dispatch.group_offsets);
+    hidden = layer.stage5_forward(*records[i], expert_out);
   }
   EpilogRecord epilog;
-  model.head_forward(epilog, hidden, batch);
-  Tensor d = model.head_backward_input(epilog, 1.0 / double(targets));
+  model.head_forward(epilog, hidden, batch, scale);
+  Tensor d = model.head_backward_input(epilog, scale);
   for (size_t i = n; i-- > 0;) {
     const DecoderLayer& layer = *model.layers()[i];
-    const Stage5Grads g = layer.stage5_backward_input(s5[i], d);
-    const Tensor d_dispatched = layer.stage3_backward_input(s3[i], g.d_combined);
-    d = layer.stage1_backward_input(s1[i], g, d_dispatched);
+    const Tensor d_combined = layer.stage5_backward_input(*records[i], d);
+    const Tensor d_dispatched = layer.stage3_backward_input(*records[i], d_combined);
+    d = layer.stage1_backward_input(*records[i], d_dispatched);
   }
   model.embed_backward(batch, d);
   for (size_t i = 0; i < n; ++i) {
-    model.layers()[i]->stage3_backward_weight(s3[i]);
-    model.layers()[i]->stage1_backward_weight(s1[i]);
+    model.layers()[i]->stage3_backward_weight(*records[i]);
+    model.layers()[i]->stage1_backward_weight(*records[i]);
   }
   model.head_backward_weight(epilog);
   return gradients_of(model);
@@ -71,7 +71,7 @@ TEST_P(Qwen3Family, DeferredWeightGradientsAreBitwiseTheSame) {
   auto model = golden_model(GetParam());
   const MicroBatch batch = golden_batch(GetParam());
   model->params().zero_grads();
-  forward_backward(*model, {batch});
+  pipeline::forward_backward(*model, {batch});
   const auto reference = gradients_of(*model);
   model->params().zero_grads();
   const auto deferred = gradients_with_deferred_weights(*model, batch);
@@ -86,14 +86,14 @@ TEST_P(Qwen3Family, PackedDocumentLogitsEqualEachDocumentAlone) {
   const Tensor targets = ref.tensor("packed.targets").clone().view({-1});
   const Tensor cu = ref.tensor("packed.cu_seqlens").clone();
   ForwardObservation packed;
-  forward_only(*model, {MicroBatch::packed(ids, targets, cu)}, &packed);
+  pipeline::forward_only(*model, {MicroBatch::packed(ids, targets, cu)}, &packed);
   const auto bounds = cu.to_vector<int32_t>();
   for (size_t d = 0; d + 1 < bounds.size(); ++d) {
     const Tensor doc_ids = ids.slice(bounds[d], bounds[d + 1]).clone();
     const Tensor doc_targets = targets.slice(bounds[d], bounds[d + 1]).clone();
     const std::vector<int32_t> doc_cu{0, bounds[d + 1] - bounds[d]};
     ForwardObservation alone;
-    forward_only(*model, {MicroBatch::packed(doc_ids, doc_targets, Tensor::from_vector(doc_cu, {2}))}, &alone);
+    pipeline::forward_only(*model, {MicroBatch::packed(doc_ids, doc_targets, Tensor::from_vector(doc_cu, {2}))}, &alone);
     EXPECT_EQ(alone.logits[0].to_vector<float>(),
               packed.logits[0].slice(bounds[d], bounds[d + 1]).clone().to_vector<float>())
         << "document " << d;
@@ -106,11 +106,11 @@ TEST_P(Qwen3Family, LossIsTokenWeightedAcrossMicroBatches) {
   const Tensor ids = ref.tensor("input_ids").clone();
   const Tensor targets = ref.tensor("targets").clone();
   model->params().zero_grads();
-  const StepLoss whole = forward_backward(*model, {MicroBatch::from_rows(ids, targets)});
+  const StepLoss whole = pipeline::forward_backward(*model, {MicroBatch::from_rows(ids, targets)});
   const auto whole_grads = gradients_of(*model);
   model->params().zero_grads();
   // Row 0 and row 1 as separate micro-batches: unequal counts (row 0 has an ignored target, row 1 four).
-  const StepLoss split = forward_backward(*model, {MicroBatch::from_rows(ids.slice(0, 1), targets.slice(0, 1)),
+  const StepLoss split = pipeline::forward_backward(*model, {MicroBatch::from_rows(ids.slice(0, 1), targets.slice(0, 1)),
                                                    MicroBatch::from_rows(ids.slice(1, 2), targets.slice(1, 2))});
   EXPECT_EQ(whole.num_targets, split.num_targets);
   EXPECT_NEAR(whole.loss, split.loss, 1e-12 * std::abs(whole.loss));
@@ -127,7 +127,7 @@ TEST_P(Qwen3Family, RejectsTokenOutsideVocabulary) {
   Tensor ids = Tensor::from_vector<int32_t>({1, 2, 512}, {1, 3});
   Tensor targets = Tensor::from_vector<int32_t>({2, 3, -100}, {1, 3});
   try {
-    forward_only(*model, {MicroBatch::from_rows(ids, targets)});
+    pipeline::forward_only(*model, {MicroBatch::from_rows(ids, targets)});
     FAIL() << "expected an error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("token id 512 at position 2 is outside the vocabulary [0, 512)"),
