@@ -22,6 +22,7 @@
 #include "pipeline/partition.h"
 #include "pipeline/plain_executor.h"
 #include "train/checkpoint.h"
+#include "train/job_model.h"
 #include "train/exact_job.h"
 #include "train/launch.h"
 
@@ -165,13 +166,7 @@ Tensor score_logprobs(const model::CausalLm& model, const ScoreInput& input, int
   return out;
 }
 
-std::unique_ptr<model::CausalLm> make_model_for_job(const io::JobConfig& config) {
-  const Device device = parse_device(config.model.device);
-  if (device.is_cuda()) ops::cuda::setup_cuda(device.index);
-  const model::ModelConfig model_config = model::load_model_config(config.model.config);
-  const DType compute_dtype = config.model.compute_dtype == "bf16" ? DType::BF16 : DType::F32;
-  return std::make_unique<model::CausalLm>(model_config, device, compute_dtype);
-}
+std::unique_ptr<model::CausalLm> make_model_for_job(const io::JobConfig& config) { return train::job_model(config); }
 
 void load_job_weights(const io::JobConfig& config, model::CausalLm& model) {
   const std::optional<std::string> latest =

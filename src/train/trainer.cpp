@@ -20,6 +20,7 @@
 #include "train/data_parallel.h"
 #include "train/exact_job.h"
 #include "train/fully_sharded.h"
+#include "train/job_model.h"
 #include "train/sharded_checkpoint.h"
 
 namespace moetrain::train {
@@ -75,12 +76,9 @@ Trainer::Trainer(const io::JobConfig& config, dist::Mesh* mesh)
              "do not share yet; use micro_batch or sequence with {} ranks",
              shape.world());
   }
-  const Device device = parse_device(config.model.device);
-  if (device.is_cuda()) ops::cuda::setup_cuda(device.index);
-  const model::ModelConfig model_config = model::load_model_config(config.model.config);
-  const DType compute_dtype = config.model.compute_dtype == "bf16" ? DType::BF16 : DType::F32;
-  model_ = std::make_unique<model::CausalLm>(model_config, device, compute_dtype);
-  model_->set_head_chunk(config.model.head_chunk);
+  model_ = job_model(config);  // the same model `score` builds for the job
+  const Device device = model_->device();
+  const model::ModelConfig& model_config = model_->config();
   // ZeRO-3 builds its optimizer over the shards (setup_sharding): no full moments are ever allocated then.
   if (!wants_sharding()) {
     optimizer_ =
