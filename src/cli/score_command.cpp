@@ -22,8 +22,9 @@
 #include "pipeline/partition.h"
 #include "pipeline/plain_executor.h"
 #include "train/checkpoint.h"
-#include "train/job_model.h"
+#include "train/data/loader.h"
 #include "train/exact_job.h"
+#include "train/job_model.h"
 #include "train/launch.h"
 
 namespace moetrain::cli {
@@ -91,15 +92,16 @@ void validate_score_input(const ScoreInput& input, int64_t vocab_size, const std
   }
   MT_CHECK(c[n - 1] == num_tokens, "{}: '{}' must end at B * T = {} * {} = {} (the token count) but ends at {}", w,
            kCuSeqlens, rows, row_tokens, num_tokens, c[n - 1]);
-  // Every row boundary r * T is a document boundary: a document never crosses rows.
-  int64_t i = 0;
-  for (int64_t r = 1; r < rows; ++r) {
-    const int64_t boundary = r * row_tokens;
-    while (i < n && c[i] < boundary) ++i;
-    MT_CHECK(i < n && c[i] == boundary,
-             "{}: '{}' lacks the row boundary {} (row {} starts at token {} * T = {}); a document never crosses "
-             "rows: end every row's last document at the row's end",
-             w, kCuSeqlens, boundary, r, r, boundary);
+  // A document never crosses rows (the rule the training loader packs by): cutting at the rows adds nothing.
+  const std::vector<int32_t> given = cu.to_vector<int32_t>();
+  const std::vector<int32_t> cut = train::data::cut_documents_at_rows(given, row_tokens);
+  const auto missing = std::mismatch(cut.begin(), cut.end(), given.begin(), given.end()).first;
+  if (missing != cut.end()) {
+    const int64_t boundary = *missing, r = boundary / row_tokens;
+    MT_FAIL(
+        "{}: '{}' lacks the row boundary {} (row {} starts at token {} * T = {}); a document never crosses "
+        "rows: end every row's last document at the row's end",
+        w, kCuSeqlens, boundary, r, r, boundary);
   }
 }
 

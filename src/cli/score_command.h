@@ -28,7 +28,8 @@ namespace moetrain::cli {
 //   input_ids   int32 [B, T], B >= 1 rows of T >= 2 tokens, every id inside the vocabulary;
 //   cu_seqlens  (optional) int32 [D + 1], the document boundaries over the B * T flattened tokens
 //               (global offsets): starts at 0, ends at B * T, strictly increasing, and holds every
-//               row boundary r * T (a document never crosses rows). Absent: one document per row.
+//               row boundary r * T (a document never crosses rows: train::data::cut_documents_at_rows,
+//               the rule the training loader packs by, adds nothing). Absent: one document per row.
 struct ScoreInput {
   Tensor input_ids;   // i32 [B, T] (CPU)
   Tensor cu_seqlens;  // i32 [D + 1] (CPU); filled with [0, T, 2T, ..., BT] when the file has none

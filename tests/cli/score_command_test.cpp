@@ -1,5 +1,6 @@
 // Tests for `moetrain score` and the exact lanes' byte gates on the CPU (tiny example model, random
-// init, exact mode): packing, padding and training-vs-score give the same bytes; the command's
+// init, exact mode): packing, padding and training-vs-score give the same bytes (a packed micro-batch
+// of the training loader is a valid score input: both keep documents within rows); the command's
 // output file is the same bytes for every pp x ep (x dp) mesh on thread ranks and reproducible; every
 // malformed input or unsupported layout is refused and leaves no file.
 #include "cli/score_command.h"
@@ -22,6 +23,8 @@
 #include "pipeline/plain_executor.h"
 #include "testing/test_data.h"
 #include "train/checkpoint.h"
+#include "train/data/indexed_dataset.h"
+#include "train/data/loader.h"
 
 namespace moetrain::cli {
 namespace {
@@ -171,6 +174,52 @@ TEST(ScoreExact, TrainingForwardLogprobsEqualScoreBytes) {
   ASSERT_EQ(observe.token_logprobs.size(), 1u);
   const Tensor& trained = observe.token_logprobs[0];
   for (int64_t r = 0; r < 2; ++r) expect_same_bytes(scored, r * 31, trained, r * 32, 31, "row " + std::to_string(r));
+}
+
+TEST(ScoreExact, PackedLoaderMicroBatchIsAScoreInputWithTheTrainingForwardBytes) {
+  const std::string dir = testing::make_temp_dir("score_loader");
+  const io::JobConfig job = exact_job(dir);
+  const auto model = exact_model(job);
+  // Documents shorter than a row, longer than a row and longer than a micro-batch (2 rows of 32).
+  train::data::IndexedDatasetBuilder builder(dir + "/docs", train::data::IndexDType::Int32);
+  uint64_t salt = 20;
+  for (const int64_t length : {9, 50, 3, 21, 90, 14, 40, 6}) builder.add_sequence(tokens(length, salt++));
+  builder.finish();
+  train::data::LoaderOptions options;
+  options.sources = {{dir + "/docs", 1.0}};
+  options.shuffle = false;
+  options.seq_len = job.train.seq_len;
+  options.micro_batch = job.train.micro_batch;
+  options.vocab_size = kVocab;
+  train::data::DataLoader loader(options);
+  const int64_t T = job.train.seq_len, rows = job.train.micro_batch;
+
+  int64_t compared = 0;
+  for (int m = 0; m < 4; ++m) {
+    const model::MicroBatch batch = loader.next();
+    // The training batch read as score's input: its tokens as rows of T, its cu_seqlens as the documents.
+    ScoreInput input;
+    input.input_ids = batch.input_ids.clone().view({rows, T});
+    input.cu_seqlens = batch.cu_seqlens.clone();
+    ASSERT_NO_THROW(validate_score_input(input, kVocab, "loader micro-batch " + std::to_string(m)));
+    const Tensor scored = score_logprobs(*model, input, rows, true);
+
+    model::ForwardObservation observe;
+    model->params().zero_grads();
+    model::forward_backward(*model, {batch}, 0, &observe);
+    ASSERT_EQ(observe.token_logprobs.size(), 1u);
+    const Tensor& trained = observe.token_logprobs[0];
+    // Every token but a segment's last: score's target there is the segment's next token, as the loader's is
+    // (the loader's target at a segment's last token lies beyond the segment, which score never sees).
+    const std::vector<int32_t> cu = batch.cu_seqlens.to_vector<int32_t>();
+    for (size_t d = 0; d + 1 < cu.size(); ++d) {
+      for (int32_t t = cu[d]; t + 1 < cu[d + 1]; ++t, ++compared) {
+        expect_same_bytes(scored, (t / T) * (T - 1) + t % T, trained, t, 1,
+                          "micro-batch " + std::to_string(m) + " token " + std::to_string(t));
+      }
+    }
+  }
+  EXPECT_GT(compared, 200);
 }
 
 TEST(Score, CommandWritesTheFileAndASecondRunIsByteIdentical) {

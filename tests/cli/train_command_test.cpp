@@ -1,15 +1,21 @@
 // Tests for `moetrain train` and `moetrain convert`: override parsing, a run through the command
-// line, HF export of its checkpoint and import of an HF folder as a checkpoint to resume from.
+// line, exact mode on the tiny example as shipped, HF export of its checkpoint and import of an HF
+// folder as a checkpoint to resume from.
 #include "cli/train_command.h"
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
 #include "cli/convert_command.h"
 #include "core/error.h"
+#include "core/rng.h"
 #include "io/safetensors.h"
 #include "model/causal_lm.h"
 #include "testing/test_data.h"
@@ -100,6 +106,52 @@ TEST(TrainCommand, ImportedHuggingFaceFolderIsResumedFrom) {
     // lr = 0: AdamW's decoupled decay multiplies by (1 - 0 * wd) = 1, so the weights are unchanged.
     EXPECT_EQ(tensor.to_vector<float>(), saved.at(name).to_vector<float>()) << name;
   }
+}
+
+// examples/tiny_moe/job.toml as shipped (packed micro-batches of 4 rows of 128 tokens), its data prepared as
+// scripts/run.sh prepares it (plain text, one document per paragraph, byte-level tokens), from paragraphs of 20 to
+// 1500 bytes: many documents run over rows and micro-batches. Exact mode admits it, checks every micro-batch's varlen
+// metadata with the declared max length seq_len, and trains.
+TEST(TrainCommand, TrainsTheTinyExampleAsShippedInExactMode) {
+  const std::string dir = testing::make_temp_dir("train_exact_tiny");
+  Rng rng(2024);
+  std::vector<std::string> texts;
+  for (int f = 0; f < 3; ++f) {
+    texts.push_back(dir + "/text" + std::to_string(f) + ".txt");
+    std::ofstream out(texts.back());
+    for (int paragraph = 0; paragraph < 12; ++paragraph) {
+      const uint64_t length = 20 + rng.below(1480);
+      std::string line;
+      for (uint64_t i = 0; i < length; ++i) {
+        line += rng.below(6) == 0 ? ' ' : static_cast<char>('a' + rng.below(26));
+        if (line.size() == 70) {
+          out << line << "\n";
+          line.clear();
+        }
+      }
+      out << line << "\n\n";
+    }
+  }
+  std::vector<std::string> prepare = {"data", "prepare", "--text"};
+  prepare.insert(prepare.end(), texts.begin(), texts.end());
+  prepare.insert(prepare.end(), {"--output", dir + "/data/licenses"});
+  ASSERT_EQ(run(prepare), 0);
+
+  const std::string job = std::string(MOETRAIN_TEST_DATA_DIR) + "/../../examples/tiny_moe/job.toml";
+  ASSERT_EQ(run({"train", "--config", job, "--exact.enabled=true", "--data.path=" + dir + "/data/licenses",
+                 "--train.steps=3", "--checkpoint.dir=", "--metrics.jsonl=" + dir + "/metrics.jsonl"}),
+            0)
+      << "exact mode refused the tiny example (see the error above)";
+  std::ifstream metrics(dir + "/metrics.jsonl");
+  int steps = 0;
+  for (std::string line; std::getline(metrics, line);) {
+    const nlohmann::json record = nlohmann::json::parse(line);
+    ++steps;
+    EXPECT_EQ(record["step"], steps);
+    EXPECT_EQ(record["tokens"], 1024) << "2 micro-batches of 4 rows of 128 tokens";
+    EXPECT_TRUE(std::isfinite(record["loss"].get<double>())) << line;
+  }
+  EXPECT_EQ(steps, 3);
 }
 
 TEST(TrainCommand, BadConfigExitsNonZeroWithoutTraining) {

@@ -1,4 +1,5 @@
-// Tests for train/data/loader: packing invariants, fixed rows, Megatron blending, per-epoch
+// Tests for train/data/loader: packing invariants (no document crosses a row: the exact lanes' max
+// length holds), the row rule shared with score, fixed rows, Megatron blending, per-epoch
 // shuffling, data-parallel sharding, state/restore exactness and the loader's error paths.
 #include "train/data/loader.h"
 
@@ -14,6 +15,7 @@
 #include <gtest/gtest.h>
 
 #include "core/error.h"
+#include "exact/wire_checks.h"
 #include "testing/test_data.h"
 #include "train/data/indexed_dataset.h"
 
@@ -148,15 +150,63 @@ TEST(DataLoader, PackedSplitDocumentsContinueWithoutLosingATarget) {
   targets.resize(static_cast<size_t>(pairs));
   EXPECT_EQ(inputs, expected_inputs) << "the first epoch, in order, is every document's inputs exactly once";
   EXPECT_EQ(targets, expected_targets);
-  // The 20-token document (ids 3..22, 19 pairs) is split 6 | 8 | 5: each later part starts its
-  // micro-batch at the token whose target ended the one before.
-  EXPECT_EQ(batches[0].cu, (std::vector<int32_t>{0, 2, 8}));
+  // The 20-token document (ids 3..22, 19 pairs) is split 6 | 8 | 5 over micro-batches: each later
+  // part starts its micro-batch at the token whose target ended the one before. Within a
+  // micro-batch it is cut again at each row boundary (rows of 4): 2 + 4 | 4 + 4 | 4 + 1.
+  EXPECT_EQ(batches[0].cu, (std::vector<int32_t>{0, 2, 4, 8}));
   EXPECT_EQ(batches[0].targets.back(), 9);
   EXPECT_EQ(batches[1].inputs.front(), 9);
-  EXPECT_EQ(batches[1].cu, (std::vector<int32_t>{0, 8}));
+  EXPECT_EQ(batches[1].cu, (std::vector<int32_t>{0, 4, 8}));
   EXPECT_EQ(batches[1].targets.back(), 17);
   EXPECT_EQ(batches[2].inputs.front(), 17);
-  EXPECT_EQ(batches[2].cu, (std::vector<int32_t>{0, 5, 8}));
+  EXPECT_EQ(batches[2].cu, (std::vector<int32_t>{0, 4, 5, 8}));
+}
+
+TEST(DataLoader, PackedDocumentsNeverCrossARowSoNoSpanExceedsSeqLen) {
+  // Documents shorter than a row, longer than a row and longer than a micro-batch (rows of 6, 3 per
+  // micro-batch), shuffled over several epochs.
+  const Docs docs = distinct_docs({5, 1, 13, 2, 9, 30, 3, 4, 1, 7, 41, 6, 7});
+  const int64_t seq_len = 6, rows = 3;
+  DataLoader loader(options_for({{write_corpus(docs), 1.0}}, "packed", seq_len, rows, /*shuffle=*/true));
+  int64_t crossing_documents = 0;  // segments that continue their document into the next row
+  for (int step = 0; step < 40; ++step) {
+    const model::MicroBatch mb = loader.next();
+    mb.validate(100000);
+    const Plain p = plain(mb);
+    for (int64_t r = 0; r <= rows; ++r) {
+      EXPECT_NE(std::find(p.cu.begin(), p.cu.end(), static_cast<int32_t>(r * seq_len)), p.cu.end())
+          << "micro-batch " << step << ": row boundary " << r * seq_len << " is not a segment boundary";
+    }
+    for (size_t d = 0; d + 1 < p.cu.size(); ++d) {
+      EXPECT_EQ(p.cu[d] / seq_len, (p.cu[d + 1] - 1) / seq_len)
+          << "micro-batch " << step << ": segment " << d << " [" << p.cu[d] << ", " << p.cu[d + 1] << ") crosses a row";
+      // A segment ending at a row boundary whose last target is the next segment's first input continues its
+      // document there (the tokens are distinct, so this identifies a cut document).
+      if (d + 2 < p.cu.size() && p.cu[d + 1] % seq_len == 0 &&
+          p.targets[static_cast<size_t>(p.cu[d + 1] - 1)] == p.inputs[static_cast<size_t>(p.cu[d + 1])])
+        ++crossing_documents;
+    }
+    EXPECT_LE(mb.max_document_length(), seq_len) << "micro-batch " << step;
+    EXPECT_EQ(cut_documents_at_rows(p.cu, seq_len), p.cu) << "micro-batch " << step << " breaks the row rule";
+    // The exact lanes' varlen metadata with the declared max length seq_len, as exact-mode training checks it.
+    EXPECT_NO_THROW(exact::check_varlen_metadata(mb, seq_len, step)) << "micro-batch " << step;
+  }
+  EXPECT_GT(crossing_documents, 0) << "the corpus should make documents run on into the next row";
+}
+
+TEST(DataLoader, CutDocumentsAtRowsSplitsOnlyTheDocumentsThatCrossARow) {
+  using Cu = std::vector<int32_t>;
+  EXPECT_EQ(cut_documents_at_rows({0, 4, 8}, 4), (Cu{0, 4, 8})) << "one document per row: nothing to cut";
+  EXPECT_EQ(cut_documents_at_rows({0, 1, 3, 4, 8}, 4), (Cu{0, 1, 3, 4, 8})) << "documents inside rows stay whole";
+  EXPECT_EQ(cut_documents_at_rows({0, 2, 8}, 4), (Cu{0, 2, 4, 8}));
+  EXPECT_EQ(cut_documents_at_rows({0, 3, 12}, 4), (Cu{0, 3, 4, 8, 12})) << "a document over three rows";
+  EXPECT_EQ(cut_documents_at_rows({0, 12}, 4), (Cu{0, 4, 8, 12}));
+  EXPECT_EQ(cut_documents_at_rows({0, 5, 6}, 4), (Cu{0, 4, 5, 6})) << "only boundaries below the last entry";
+  EXPECT_EQ(cut_documents_at_rows({0, 7}, 100), (Cu{0, 7}));
+  expect_error([] { cut_documents_at_rows({0, 4}, 0); }, {"row_tokens is 0", "> 0"});
+  expect_error([] { cut_documents_at_rows({}, 4); }, {"cu_seqlens is empty"});
+  expect_error([] { cut_documents_at_rows({1, 4}, 4); }, {"starts at 1", "starting at 0"});
+  expect_error([] { cut_documents_at_rows({0, 4, 4, 8}, 4); }, {"cu_seqlens[2] = 4", "cu_seqlens[1] = 4", "strictly"});
 }
 
 TEST(DataLoader, RejectsASourceWithNoDocumentToPack) {

@@ -1,5 +1,5 @@
 // defines: DataLoader: the blended, per-epoch shuffled document stream, the packed and fixed
-// packers, data-parallel sharding by skipping, and the state round trip.
+// packers, data-parallel sharding by skipping, and the state round trip; cut_documents_at_rows.
 #include "train/data/loader.h"
 
 #include <algorithm>
@@ -38,6 +38,27 @@ int64_t require_int(const nlohmann::json& object, const std::string& key, const 
 }
 
 }  // namespace
+
+std::vector<int32_t> cut_documents_at_rows(const std::vector<int32_t>& cu_seqlens, int64_t row_tokens) {
+  MT_CHECK(row_tokens > 0, "cut_documents_at_rows: row_tokens is {} (expected > 0)", row_tokens);
+  MT_CHECK(!cu_seqlens.empty() && cu_seqlens.front() == 0,
+           "cut_documents_at_rows: cu_seqlens {} (expected document boundaries starting at 0)",
+           cu_seqlens.empty() ? std::string("is empty") : fmt::format("starts at {}", cu_seqlens.front()));
+  std::vector<int32_t> cut;
+  cut.reserve(cu_seqlens.size() + static_cast<size_t>(cu_seqlens.back() / row_tokens));
+  int64_t row_end = row_tokens;  // the next row boundary not yet in `cut`
+  for (size_t i = 0; i < cu_seqlens.size(); ++i) {
+    const int32_t boundary = cu_seqlens[i];
+    MT_CHECK(i == 0 || boundary > cu_seqlens[i - 1],
+             "cut_documents_at_rows: cu_seqlens[{}] = {} is not greater than cu_seqlens[{}] = {} (expected strictly "
+             "increasing)",
+             i, boundary, i - 1, cu_seqlens[i - 1]);
+    for (; row_end < boundary; row_end += row_tokens) cut.push_back(static_cast<int32_t>(row_end));
+    if (row_end == boundary) row_end += row_tokens;
+    cut.push_back(boundary);
+  }
+  return cut;
+}
 
 DataLoader::DataLoader(const LoaderOptions& options) : options_(options) {
   MT_CHECK(options.mode == "packed" || options.mode == "fixed" || options.mode == "synthetic",
@@ -165,6 +186,8 @@ void DataLoader::pack(bool materialize, std::vector<int32_t>& inputs, std::vecto
         cursor_ = Cursor{};
       }
     }
+    // Rows are attention windows: a document that runs on into the next row continues there as a new segment.
+    if (materialize) cu_seqlens = cut_documents_at_rows(cu_seqlens, options_.seq_len);
     return;
   }
   const int64_t row_tokens = options_.seq_len + 1;

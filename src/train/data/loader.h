@@ -1,7 +1,8 @@
 // defines: DataLoader, the training job's stream of micro-batches: documents drawn from weighted
 // indexed datasets (Megatron's blending rule, a seeded permutation per epoch), cut into packed
 // micro-batches of whole or split documents or into fixed rows, sharded over data-parallel ranks,
-// with a JSON state that lets a resumed job continue with identical micro-batches.
+// with a JSON state that lets a resumed job continue with identical micro-batches; and
+// cut_documents_at_rows, the rule that no document crosses a row, shared with `moetrain score`.
 #pragma once
 
 #include <cstdint>
@@ -29,6 +30,14 @@ struct LoaderOptions {
   int world = 1;
 };
 
+// The one rule of a micro-batch of rows of `row_tokens` tokens, in training (the packed loader
+// applies it) and in `moetrain score` (whose input must already follow it): every row is its own
+// attention window, so a document never crosses rows. Returns `cu_seqlens` (document boundaries:
+// starting at 0, strictly increasing) with every row boundary r * row_tokens below its last entry
+// added: a document that crosses one becomes two segments there. No segment of the result is
+// longer than row_tokens, the max length the exact lanes declare (exact::check_varlen_metadata).
+std::vector<int32_t> cut_documents_at_rows(const std::vector<int32_t>& cu_seqlens, int64_t row_tokens);
+
 // The global sequence of micro-batches depends only on the data and the options other than
 // rank / world; rank r of world n returns global micro-batches r, r + n, r + 2n, ... (it runs the
 // same packer and skips the others' micro-batches, reading no tokens for them).
@@ -36,8 +45,11 @@ struct LoaderOptions {
 // packed: each micro-batch holds exactly micro_batch * seq_len (input, target) pairs. A document
 // of L tokens gives inputs d[0..L-2] and targets d[1..L-1]; documents fill the budget whole, and
 // the one that does not fit is split: its first part fills the micro-batch, the rest starts the
-// next micro-batch at the token whose target was the last one taken. Each document or part is one
-// segment of cu_seqlens. Documents of fewer than 2 tokens give nothing and are skipped.
+// next micro-batch at the token whose target was the last one taken. The micro-batch is
+// micro_batch rows of seq_len tokens, each row its own attention window: cu_seqlens holds every
+// document and every row boundary (cut_documents_at_rows), so a document that runs on into the
+// next row continues there as a new segment (positions restart, no target is lost) and no
+// segment is longer than seq_len. Documents of fewer than 2 tokens give nothing and are skipped.
 // fixed: the documents' tokens form one stream; each row takes seq_len + 1 consecutive tokens
 // (inputs the first seq_len, targets the last seq_len) and the next row starts at this row's last
 // token. Rows are the micro-batch's documents (MicroBatch::from_rows).
