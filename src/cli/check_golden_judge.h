@@ -37,7 +37,7 @@ struct Thresholds {
 // error any bf16 path may make in a tensor where transformers' errors happened to stay small or cancel (a
 // scalar loss, a norm weight of 32 elements).
 // Per tensor, not per group: a large error of transformers in one tensor (a top-k flip of its own bf16 run puts
-// 0.2 to 0.4 into that layer's router and expert gradients) widens the bound of that tensor only.
+// up to 0.4 into that layer's router and expert gradients) widens the bound of that tensor only.
 inline constexpr double kBf16Factor = 1.5;
 inline constexpr double kBf16Floor = 1.0 / 256.0;  // 2^-8
 double bf16_bound(double theirs);
@@ -53,7 +53,7 @@ double bf16_bound(double theirs);
 // qwen3) errs by at most 0.37 of the update (the MoE block of a layer where its routing flipped), 0.25 elsewhere.
 inline constexpr double kTrajectoryUpdateShare = 0.5;
 
-// ||ours - ref|| / ||ref|| in f64 (0 when both are zero, inf when only ref is); ours may live on the GPU.
+// ||ours - ref|| / ||ref|| in f64 (0 when both are zero, inf when only ref is zero); ours may live on the GPU.
 double relative_error(const Tensor& ours, const Tensor& ref);
 
 // One judged tensor: our error, the yardstick (theirs, or the reference's update for trajectory weights) and
