@@ -152,6 +152,8 @@ HfPiece piece_from_json(const nlohmann::json& entry, const std::string& source) 
     return piece;
   } catch (const nlohmann::json::exception& e) {
     MT_FAIL("{}: malformed HF piece {}: {}", source, entry.dump().substr(0, 80), e.what());
+  } catch (const Error& e) {  // an inconsistent strided map: name the file it came from
+    MT_FAIL("{}: {}", source, e.what());
   }
 }
 

@@ -1,11 +1,18 @@
 // Tests for `moetrain check-golden`: every case passes on the golden fixtures of qwen3 and
-// qwen3_moe (the engine's fp32 CPU math against transformers 5.17), and bad arguments fail closed.
+// qwen3_moe (the engine's fp32 CPU math against transformers 5.17), the bf16 judgement (against
+// transformers' own bf16 error) runs end to end on the CPU over an f32 run, and bad arguments or a
+// dump without the bf16 yardstick fail closed.
 #include "cli/check_golden.h"
+
+#include <string>
+#include <utility>
+#include <vector>
 
 #include <gtest/gtest.h>
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "io/safetensors.h"
 #include "testing/test_data.h"
 
 namespace moetrain::cli {
@@ -31,7 +38,72 @@ TEST_P(CheckGoldenFamily, TrajectoryCaseMatchesTransformers) {
   EXPECT_EQ(run_check_golden(options_for(GetParam(), "trajectory")), 0);
 }
 
+// The bf16 rules over the f32 path: ours (~1e-6) is far inside every bound, so every case passes, and the lines
+// show the yardstick. On an MoE model the packed and trajectory cases check routing against an f32 shadow.
+TEST_P(CheckGoldenFamily, Bf16JudgementPassesTheF32Path) {
+  CheckGoldenOptions o = options_for(GetParam(), "all");
+  o.judge_as_bf16 = true;
+  ::testing::internal::CaptureStdout();
+  const int code = run_check_golden(o);
+  const std::string out = ::testing::internal::GetCapturedStdout();
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("judged against transformers' own bf16 error"), std::string::npos) << out;
+  for (const char* group : {"batch/logits", "batch/loss", "batch/grads", "packed/logits", "packed/grads",
+                            "trajectory/loss", "trajectory/grad_norm", "trajectory/final_weights"}) {
+    EXPECT_NE(out.find(std::string("[ ok ] ") + group), std::string::npos) << group << "\n" << out;
+  }
+  EXPECT_NE(out.find("bound = 1.5 x theirs + 3.9e-03"), std::string::npos) << out;
+  EXPECT_NE(out.find("bound = 0.5 x update + 1e-04"), std::string::npos) << out;
+  if (std::string(GetParam()) == "qwen3_moe") {
+    for (const char* routing : {"[ ok ] batch/routing", "[ ok ] packed/routing", "[ ok ] trajectory/routing"}) {
+      EXPECT_NE(out.find(routing), std::string::npos) << routing << "\n" << out;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Golden, CheckGoldenFamily, ::testing::Values("qwen3", "qwen3_moe"));
+
+// The qwen3 reference rewritten without the tensors for which `drop` says true.
+std::string reference_without(const std::string& tag, bool (*drop)(const std::string&)) {
+  const io::SafetensorsReader ref =
+      io::SafetensorsReader::open(testing::test_data_path("golden/qwen3/reference.safetensors"));
+  std::vector<std::pair<std::string, Tensor>> kept;
+  for (const std::string& name : ref.names()) {
+    if (!drop(name)) kept.emplace_back(name, ref.tensor(name).clone());
+  }
+  const std::string path = testing::make_temp_dir(tag) + "/reference.safetensors";
+  io::write_safetensors(path, kept);
+  return path;
+}
+
+TEST(CheckGolden, Bf16JudgementNamesAMissingBf16RefTensor) {
+  CheckGoldenOptions o = options_for("qwen3", "batch");
+  o.judge_as_bf16 = true;
+  o.reference =
+      reference_without("no_bf16ref_norm", [](const std::string& n) { return n == "bf16ref.grad.model.norm.weight"; });
+  ::testing::internal::CaptureStdout();
+  try {
+    run_check_golden(o);
+    ADD_FAILURE() << "a dump without bf16ref.grad.model.norm.weight was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("has no 'bf16ref.grad.model.norm.weight'"), std::string::npos) << e.what();
+  }
+  ::testing::internal::GetCapturedStdout();
+}
+
+TEST(CheckGolden, F32NeedsNoBf16Ref) {
+  // A dump from before bf16ref.* existed still checks in f32, unchanged.
+  CheckGoldenOptions o = options_for("qwen3", "all");
+  o.reference = reference_without("no_bf16ref", [](const std::string& n) { return n.rfind("bf16ref.", 0) == 0; });
+  EXPECT_EQ(run_check_golden(o), 0);
+}
+
+TEST(CheckGolden, Bf16JudgementFailsWhenTheModelDoesNotMatchTheReference) {
+  CheckGoldenOptions o = options_for("qwen3", "batch");
+  o.reference = testing::test_data_path("golden/qwen3_moe/reference.safetensors");
+  o.judge_as_bf16 = true;
+  EXPECT_EQ(run_check_golden(o), 1);
+}
 
 TEST(CheckGolden, FailsWhenTheModelDoesNotMatchTheReference) {
   // qwen3_moe's reference against the qwen3 model: same shapes for the shared tensors, other math.

@@ -206,7 +206,7 @@ TEST(ScoreExact, PackedLoaderMicroBatchIsAScoreInputWithTheTrainingForwardBytes)
 
     model::ForwardObservation observe;
     model->params().zero_grads();
-    model::forward_backward(*model, {batch}, 0, &observe);
+    pipeline::forward_backward(*model, {batch}, 0, &observe);
     ASSERT_EQ(observe.token_logprobs.size(), 1u);
     const Tensor& trained = observe.token_logprobs[0];
     // Every token but a segment's last: score's target there is the segment's next token, as the loader's is

@@ -33,7 +33,8 @@ AttentionRecord& as_attention(MixerRecord& record) {
 }
 
 void refuse_unsupported(const AttentionOptions& o) {
-  MT_CHECK(!o.qkv_bias && !o.output_bias, "attention block: q/k/v or output biases are not supported yet");
+  MT_CHECK(!o.qkv_bias, "attention block: q/k/v biases (qkv_bias) are not supported yet");
+  MT_CHECK(!o.output_bias, "attention block: an output projection bias (output_bias) is not supported yet");
   MT_CHECK(!o.output_gate, "attention block: the sigmoid output gate is not supported yet");
   MT_CHECK(!o.sinks, "attention block: attention sinks are not supported yet");
   MT_CHECK(o.sliding_window == 0, "attention block: a sliding window ({} tokens) is not supported yet",

@@ -1,0 +1,156 @@
+// defines: how check-golden judges what it ran, apart from running it: relative errors, the fp32
+// thresholds, the bf16 bound set by transformers' own bf16 error (bf16ref.*), the report lines, and
+// top-k flips with their near-tie explanation. Host code only, so tests hold it without a GPU.
+#pragma once
+
+#include <cstdint>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/tensor.h"
+#include "model/model_config.h"
+#include "model/parameter_store.h"
+#include "io/safetensors.h"
+
+namespace moetrain::cli::golden {
+
+// Thresholds of the fp32 path (DESIGN.md section 5): relative error per tensor, the worst of a group decides.
+struct Thresholds {
+  double logits = 1e-5;
+  double loss = 1e-5;
+  double grads = 1e-4;
+  double router_logits = 1e-5;
+  double trajectory_loss = 1e-5;
+  double trajectory_grad_norm = 1e-4;
+  double trajectory_weights = 1e-4;
+};
+
+// The bf16 rule. transformers' own bf16 error is the yardstick: per tensor, ours = ||ours - fp32ref|| /
+// ||fp32ref|| and theirs = ||bf16ref - fp32ref|| / ||fp32ref||, and ours must stay within
+//   bound = kBf16Factor x theirs + kBf16Floor.
+// The factor: our bf16 path rounds the same operands that autocast rounds (bf16 copies of the weights, bf16
+// matmul inputs with fp32 accumulation), so its error is of the same size as transformers'; 1.5 leaves half as
+// much again for the roundings the two place differently (accumulation order, activations kept in bf16 between
+// ops). A bug is not a rounding: it errs by far more than 1.5 x a rounding-level error.
+// The floor is one bf16 rounding of the tensor itself (bf16 keeps 8 significant bits: unit roundoff 2^-8): an
+// error any bf16 path may make in a tensor where transformers' errors happened to stay small or cancel (a
+// scalar loss, a norm weight of 32 elements).
+// Per tensor, not per group: a large error of transformers in one tensor (a top-k flip of its own bf16 run puts
+// up to 0.4 into that layer's router and expert gradients) widens the bound of that tensor only.
+inline constexpr double kBf16Factor = 1.5;
+inline constexpr double kBf16Floor = 1.0 / 256.0;  // 2^-8
+double bf16_bound(double theirs);
+
+// The trajectory has no bf16ref. Its loss and gradient norm take the batch case's yardstick (step 0 is the same
+// model on a batch of the same shape, and later steps move the weights by ~1e-3); the final weights, fp32 masters
+// that bf16 reaches only through the AdamW steps, are held to the reference's own update of each tensor:
+//   ||W_ours - W_ref|| <= kTrajectoryUpdateShare x ||W_ref - W_0|| + the fp32 threshold x ||W_ref||.
+// A bf16 run must get at least half of every tensor's five-step update right. AdamW moves an element by at most
+// ~lr per step whatever the gradient (|m^/sqrt(v^)| <= 1.003 for betas (0.9, 0.95) over 5 steps), so a bf16
+// gradient changes a step only where rounding changes its sign-like direction; a lost, doubled or mis-scaled
+// update errs by a whole update. transformers' own bf16 trajectory (CPU autocast, 11 dumps: 9 of qwen3_moe, 2 of
+// qwen3) errs by at most 0.37 of the update (the MoE block of a layer where its routing flipped), 0.25 elsewhere.
+inline constexpr double kTrajectoryUpdateShare = 0.5;
+
+// ||ours - ref|| / ||ref|| in f64 (0 when both are zero, inf when only ref is zero); ours may live on the GPU.
+double relative_error(const Tensor& ours, const Tensor& ref);
+
+// One judged tensor: our error, the yardstick (theirs, or the reference's update for trajectory weights) and
+// the bound it sets.
+struct Judged {
+  std::string name;
+  double ours = 0.0;
+  double theirs = 0.0;
+  double bound = 0.0;
+  bool within() const { return ours <= bound; }  // false for NaN
+};
+Judged judge_bf16(std::string name, double ours, double theirs);
+
+// Prints one line per check ("[ ok ] ..." / "[FAIL] ...") and counts them.
+class Report {
+ public:
+  // fp32: one line per group, the worst tensor of the group decides against the threshold.
+  void group(const std::string& name, const std::vector<std::pair<std::string, double>>& errors, double threshold);
+  // bf16: every tensor within its own bound, or the group fails. The line names the tensor closest to (or
+  // furthest over) its bound with ours, the yardstick and the bound; `rule` says how the bound was made.
+  void judged(const std::string& name, const std::vector<Judged>& tensors, const std::string& yardstick,
+              const std::string& rule);
+  void line(bool ok, const std::string& text);
+  // A line that neither passes nor fails: what a check set aside, and why.
+  void info(const std::string& text);
+  int passed() const { return passed_; }
+  int failed() const { return failed_; }
+
+ private:
+  int passed_ = 0;
+  int failed_ = 0;
+};
+
+// transformers' bf16 error of reference tensor `key` (e.g. "logits", "packed.grad.lm_head.weight"):
+// ||bf16ref.<key> - <key>|| / ||<key>||. A dump without bf16ref.<key> is an error that names it.
+double theirs_error(const io::SafetensorsReader& ref, const std::string& key);
+// The same over a set of tensors taken together (sqrt of summed squares): the yardstick of a global norm.
+double theirs_error_over(const io::SafetensorsReader& ref, const std::vector<std::string>& keys);
+// Mean cross-entropy of logits [..., V] against targets (ignore index -100), in f64: the loss transformers'
+// bf16 logits give (its CE runs in fp32 on the bf16 logits, so the two agree to ~1e-7).
+double mean_cross_entropy(const Tensor& logits, const Tensor& targets);
+// The bf16 loss yardstick of a case: |CE(bf16ref.<prefix>logits) - <prefix>loss| / |<prefix>loss|.
+double theirs_loss_error(const io::SafetensorsReader& ref, const std::string& prefix);
+
+// The k largest of a router-logit row (stable on ties), sorted by expert index.
+std::vector<int> top_k_of(const float* row, int64_t experts, int64_t k);
+
+// A top-k flip is a rounding near-tie when the reference's margin between its k-th and (k+1)-th logit is within
+// kNearTieSigmas standard deviations of the difference of two of our rounding errors: margin <= 5 x sqrt(2) x
+// sigma, sigma = 1.4826 x the median |ours - ref| over the layer's router logits (a robust estimate: a few tokens
+// off by far more, as a bug would make them, do not raise it). Comparing the margin with our own error at the two
+// swapped experts instead, as check-golden once did, explains every flip: a flip needs that error to be at least
+// half the margin. A difference of two rounding errors passes 5 of its standard deviations (sqrt(2) x sigma) in
+// fewer than 1 in 10^6 choices; transformers' own bf16 flips (21 in 9 qwen3_moe dumps, CPU autocast against the
+// fp32 reference) have margins within 1.6 x sqrt(2) x sigma.
+inline constexpr double kNearTieSigmas = 5.0;
+bool flip_is_near_tie(double margin, double sigma);
+// 1.4826 x the median absolute difference of two tensors of the same size (the standard deviation for Gaussian
+// differences).
+double robust_sigma(const Tensor& ours, const Tensor& ref);
+
+// Top-k flips of one case: tokens whose selected experts differ from the reference's. In fp32 any flip fails. In
+// bf16 a flip is explained when it is a rounding near-tie, or when it follows one: a near-tie flip at a token
+// changes the hidden state of that token and of the tokens after it in its sequence from the next layer on, so a
+// flip there in a later MoE layer is its consequence. Explained flips are named with their layer and do not fail;
+// any other flip fails.
+struct RoutingCheck {
+  bool explain_near_ties = false;
+  int64_t choices = 0;
+  int64_t flips = 0;
+  int64_t unexplained = 0;
+  std::set<size_t> near_tie_layers;  // MoE-layer indices (0 = the first MoE layer) with explained flips
+  std::string details;               // the first three flips with their margins
+  // One forward pass: the router logits [tokens, E] of every MoE layer in order (ref on the CPU, ours anywhere),
+  // and the pass's sequences (host cu_seqlens, i32 [D + 1]). `where` prefixes each detail ("step 2 mb 0 ").
+  void add_pass(const std::vector<Tensor>& ref_layers, const std::vector<Tensor>& our_layers, int64_t k,
+                const Tensor& cu_seqlens, const std::string& where = "");
+  bool ok() const { return unexplained == 0; }
+  std::string summary() const;  // "N top-k flip(s) in M token-layer choices, U not explained by rounding; ..."
+};
+
+// The HF names (as pieces and as fused in-memory tensors) of the MoE block of each decoder layer holding one of the
+// given MoE-layer indices: its parameters whose role is a router, an expert bank or a shared expert, and its norms
+// (the one that feeds the router among them). Asked by role and layer, never by name.
+std::set<std::string> moe_block_names(const model::ParameterStore& store, const model::ModelConfig& config,
+                                      const std::set<size_t>& moe_layers);
+
+// A tensor is excused when it is over its bound and belongs to the MoE block of a layer where our run made a
+// near-tie flip: those tokens went through other experts, so it differs by construction. Every other tensor,
+// those of flipped layers within their bound included, stays judged.
+struct Excusal {
+  std::vector<Judged> kept;
+  std::vector<Judged> excused;
+};
+Excusal excuse_flipped_blocks(std::vector<Judged> tensors, const std::set<std::string>& block_names);
+// The [info] line of what was excused ("" when nothing was).
+std::string excused_line(const std::string& label, const Excusal& excusal);
+
+}  // namespace moetrain::cli::golden

@@ -1,0 +1,269 @@
+// Tests for check-golden's judgement (cli/check_golden_judge.*), none needing a GPU: the bf16 bound (1.5 x
+// transformers' own bf16 error + 2^-8, per tensor), the report lines of both rules, the yardstick read from a dump
+// (a missing bf16ref tensor is an error naming it), the loss yardstick, top-k flips and their near-tie
+// explanation, and which tensors a near-tie flip excuses.
+#include "cli/check_golden_judge.h"
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "model/model_config.h"
+#include "io/safetensors.h"
+#include "model/causal_lm.h"
+#include "testing/test_data.h"
+
+namespace moetrain::cli::golden {
+namespace {
+
+using ::testing::internal::CaptureStdout;
+using ::testing::internal::GetCapturedStdout;
+
+// Runs `body` against a fresh Report and returns what it printed.
+template <typename Body>
+std::string printed(Report& report, Body body) {
+  CaptureStdout();
+  body(report);
+  return GetCapturedStdout();
+}
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+TEST(CheckGoldenJudge, Bf16BoundIsOneAndAHalfTimesTheirsPlusOneBf16Rounding) {
+  EXPECT_DOUBLE_EQ(kBf16Floor, std::ldexp(1.0, -8));
+  EXPECT_DOUBLE_EQ(bf16_bound(0.0), kBf16Floor);
+  EXPECT_DOUBLE_EQ(bf16_bound(0.02), 1.5 * 0.02 + 1.0 / 256.0);
+  const Judged at = judge_bf16("t", bf16_bound(0.02), 0.02);
+  EXPECT_TRUE(at.within());  // the bound itself passes
+  EXPECT_FALSE(judge_bf16("t", std::nextafter(bf16_bound(0.02), 1.0), 0.02).within());
+  EXPECT_FALSE(judge_bf16("t", NAN, 0.02).within());
+}
+
+TEST(CheckGoldenJudge, GroupPassesWhenEveryTensorIsWithinItsBound) {
+  Report report;
+  const std::string out = printed(report, [](Report& r) {
+    r.judged("batch/grads", {judge_bf16("a", 0.010, 0.010), judge_bf16("b", 0.020, 0.015)}, "theirs", "rule");
+  });
+  EXPECT_EQ(report.passed(), 1);
+  EXPECT_EQ(report.failed(), 0);
+  // The line names the tensor nearest its bound, with ours, theirs and the bound: b (0.020 against 0.02641).
+  EXPECT_TRUE(contains(out, "[ ok ] batch/grads")) << out;
+  EXPECT_TRUE(contains(out, "ours 2.000e-02 theirs 1.500e-02 bound 2.641e-02 in b [2 tensor(s); bound = rule]")) << out;
+}
+
+TEST(CheckGoldenJudge, GroupFailsWhenOneTensorIsOverItsBound) {
+  Report report;
+  const std::string out = printed(report, [](Report& r) {
+    r.judged("packed/grads", {judge_bf16("a", 0.010, 0.010), judge_bf16("b", 0.050, 0.010)}, "theirs", "rule");
+  });
+  EXPECT_EQ(report.failed(), 1);
+  EXPECT_TRUE(contains(out, "[FAIL] packed/grads")) << out;
+  EXPECT_TRUE(contains(out, "in b [2 tensor(s), 1 over their bound;")) << out;
+}
+
+TEST(CheckGoldenJudge, TheirLargeErrorInOneTensorDoesNotWidenAnother) {
+  // A flip in transformers' own bf16 run: 0.38 on the router weight. Ours there is as large and passes; the
+  // attention weight beside it keeps its own bound.
+  Report report;
+  const std::string out = printed(report, [](Report& r) {
+    r.judged("batch/grads",
+             {judge_bf16("model.layers.1.mlp.gate.weight", 0.38, 0.38),
+              judge_bf16("model.layers.1.self_attn.q_proj.weight", 0.08, 0.015)},
+             "theirs", "rule");
+  });
+  EXPECT_EQ(report.failed(), 1);
+  EXPECT_TRUE(contains(out, "in model.layers.1.self_attn.q_proj.weight")) << out;
+}
+
+TEST(CheckGoldenJudge, EmptyGroupAndNanFail) {
+  Report report;
+  const std::string out = printed(report, [](Report& r) {
+    r.judged("batch/logits", {}, "theirs", "rule");
+    r.judged("batch/loss", {judge_bf16("loss", 1e-4, 1e-4), judge_bf16("x", NAN, 1e-4)}, "theirs", "rule");
+  });
+  EXPECT_EQ(report.failed(), 2);
+  EXPECT_TRUE(contains(out, "in x [2 tensor(s), 1 over their bound")) << out;
+}
+
+TEST(CheckGoldenJudge, Fp32GroupLineIsUnchanged) {
+  Report report;
+  const std::string out = printed(report, [](Report& r) {
+    r.group("batch/grads", {{"a", 2e-6}, {"b", 1e-6}}, 1e-4);
+    r.group("batch/logits", {{"logits", 2e-5}}, 1e-5);
+  });
+  EXPECT_EQ(out,
+            "[ ok ] batch/grads                  worst rel err 2.000e-06 (threshold 1e-04) in a [2 tensor(s)]\n"
+            "[FAIL] batch/logits                 worst rel err 2.000e-05 (threshold 1e-05) in logits [1 tensor(s)]\n");
+  EXPECT_EQ(report.passed(), 1);
+  EXPECT_EQ(report.failed(), 1);
+}
+
+// A small dump: an fp32 reference and transformers' bf16 one for two tensors and a loss.
+std::string write_dump(bool with_bf16ref_grad) {
+  const std::string dir = testing::make_temp_dir("judge");
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  tensors.emplace_back("logits", Tensor::from_vector<float>({0.f, 0.f, 0.f, 0.f, 1.f, 2.f, 3.f, 4.f}, {1, 2, 4}));
+  tensors.emplace_back("bf16ref.logits",
+                       Tensor::from_vector<float>({0.f, 0.f, 0.f, 0.f, 1.f, 2.f, 3.f, 4.25f}, {1, 2, 4}));
+  tensors.emplace_back("targets", Tensor::from_vector<int32_t>({2, 3}, {1, 2}));
+  tensors.emplace_back("grad.w", Tensor::from_vector<float>({3.f, 4.f}, {2}));
+  if (with_bf16ref_grad) tensors.emplace_back("bf16ref.grad.w", Tensor::from_vector<float>({3.f, 4.5f}, {2}));
+  // loss = mean CE of the fp32 logits over both targets
+  const double ce0 = std::log(4.0);
+  const double ce1 = std::log(std::exp(1.0) + std::exp(2.0) + std::exp(3.0) + std::exp(4.0)) - 4.0;
+  tensors.emplace_back("loss", Tensor::from_vector<float>({static_cast<float>((ce0 + ce1) / 2)}, {1}));
+  io::write_safetensors(dir + "/reference.safetensors", tensors);
+  return dir + "/reference.safetensors";
+}
+
+TEST(CheckGoldenJudge, TheirsIsBf16RefAgainstTheFp32Reference) {
+  const io::SafetensorsReader ref = io::SafetensorsReader::open(write_dump(true));
+  EXPECT_NEAR(theirs_error(ref, "grad.w"), 0.5 / 5.0, 1e-12);
+  EXPECT_NEAR(theirs_error_over(ref, {"grad.w", "logits"}), std::sqrt(0.25 + 0.0625) / std::sqrt(25.0 + 30.0), 1e-7);
+  // The loss yardstick: CE of bf16ref.logits against the reference loss.
+  const double ce0 = std::log(4.0);
+  const double theirs1 = std::log(std::exp(1.0) + std::exp(2.0) + std::exp(3.0) + std::exp(4.25)) - 4.25;
+  const double ours1 = std::log(std::exp(1.0) + std::exp(2.0) + std::exp(3.0) + std::exp(4.0)) - 4.0;
+  const double loss = static_cast<float>((ce0 + ours1) / 2);
+  EXPECT_NEAR(theirs_loss_error(ref, ""), std::abs((ce0 + theirs1) / 2 - loss) / loss, 1e-9);
+}
+
+TEST(CheckGoldenJudge, MissingBf16RefTensorIsAnErrorNamingIt) {
+  const io::SafetensorsReader ref = io::SafetensorsReader::open(write_dump(false));
+  try {
+    theirs_error(ref, "grad.w");
+    ADD_FAILURE() << "a dump without bf16ref.grad.w was accepted";
+  } catch (const Error& e) {
+    EXPECT_TRUE(contains(e.what(), "has no 'bf16ref.grad.w'")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "make_golden.py")) << e.what();
+  }
+  EXPECT_THROW(theirs_error_over(ref, {"logits", "grad.w"}), Error);
+  EXPECT_THROW(theirs_loss_error(ref, "packed."), Error);  // no bf16ref.packed.logits
+}
+
+TEST(CheckGoldenJudge, MeanCrossEntropySkipsIgnoredTargets) {
+  const Tensor logits = Tensor::from_vector<float>({0.f, 0.f, 0.f, 0.f, 9.f, 0.f, 0.f, 0.f}, {2, 4});
+  EXPECT_NEAR(mean_cross_entropy(logits, Tensor::from_vector<int32_t>({1, -100}, {2})), std::log(4.0), 1e-12);
+  EXPECT_THROW(mean_cross_entropy(logits, Tensor::from_vector<int32_t>({-100, -100}, {2})), Error);
+  EXPECT_THROW(mean_cross_entropy(logits, Tensor::from_vector<int32_t>({4, 0}, {2})), Error);
+}
+
+// Router logits of `tokens` tokens over 4 experts, top-2, margins of 1 ([3, 2, 1, 0] rotated), and ours: the
+// reference plus rounding-like noise of 1e-3 (sigma = 1.48e-3). Edits make the flips of each test.
+struct Router {
+  std::vector<float> ref, ours;
+  explicit Router(int tokens) {
+    for (int t = 0; t < tokens; ++t) {
+      for (int e = 0; e < 4; ++e) {
+        ref.push_back(static_cast<float>((e + t) % 4));
+        ours.push_back(ref.back() + 1e-3f * static_cast<float>((t * 4 + e) % 3 - 1));
+      }
+    }
+  }
+  void set(std::vector<float>& v, int t, std::vector<float> row) {
+    std::copy(row.begin(), row.end(), v.begin() + 4 * t);
+  }
+  Tensor reference() const { return Tensor::from_vector(ref, {static_cast<int64_t>(ref.size() / 4), 4}); }
+  Tensor our() const { return Tensor::from_vector(ours, {static_cast<int64_t>(ours.size() / 4), 4}); }
+};
+
+Tensor one_sequence(int64_t tokens) { return Tensor::from_vector<int32_t>({0, static_cast<int32_t>(tokens)}, {2}); }
+
+TEST(CheckGoldenJudge, RobustSigmaIgnoresAFewLargeErrors) {
+  Router r(20);
+  EXPECT_NEAR(robust_sigma(r.our(), r.reference()), 1.4826e-3, 1e-6);
+  r.ours[7 * 4 + 1] += 0.6f;  // one element off by far more
+  EXPECT_NEAR(robust_sigma(r.our(), r.reference()), 1.4826e-3, 1e-6);
+  EXPECT_TRUE(flip_is_near_tie(1e-3, 1.4826e-3));
+  EXPECT_FALSE(flip_is_near_tie(0.5, 1.4826e-3));
+}
+
+TEST(CheckGoldenJudge, Bf16ExplainsANearTieFlipWithinRounding) {
+  // Token 5: the reference's experts 1 and 2 a margin of 1e-3 apart, swapped in ours.
+  Router r(20);
+  r.set(r.ref, 5, {3.f, 1.001f, 1.f, 0.f});
+  r.set(r.ours, 5, {3.f, 0.9995f, 1.0005f, 0.f});
+  RoutingCheck bf16;
+  bf16.explain_near_ties = true;
+  bf16.add_pass({r.reference()}, {r.our()}, 2, one_sequence(20), "step 0 mb 1 ");
+  EXPECT_TRUE(bf16.ok()) << bf16.summary();
+  EXPECT_EQ(bf16.flips, 1);
+  EXPECT_EQ(bf16.choices, 20);
+  EXPECT_EQ(bf16.near_tie_layers, std::set<size_t>{0});
+  EXPECT_TRUE(contains(bf16.summary(), "step 0 mb 1 MoE layer 0 token 5: reference margin 1.00e-03 (near-tie"))
+      << bf16.summary();
+  RoutingCheck f32;  // fp32: any flip fails
+  f32.add_pass({r.reference()}, {r.our()}, 2, one_sequence(20));
+  EXPECT_FALSE(f32.ok());
+  EXPECT_TRUE(f32.near_tie_layers.empty());
+}
+
+TEST(CheckGoldenJudge, Bf16FailsAFlipThatRoundingCannotMake) {
+  // Token 7 is [3, 0, 1, 2]: expert 2 (third) lifted by 1.6 over expert 3 (second), a margin of 1. Our error at
+  // the swapped experts covers the margin (as every flip's does), but the layer's rounding (sigma 1.5e-3) is far
+  // from it.
+  Router r(20);
+  r.ours[7 * 4 + 2] += 1.6f;
+  RoutingCheck bf16;
+  bf16.explain_near_ties = true;
+  bf16.add_pass({r.reference()}, {r.our()}, 2, one_sequence(20));
+  EXPECT_EQ(bf16.flips, 1);
+  EXPECT_EQ(bf16.unexplained, 1);
+  EXPECT_FALSE(bf16.ok());
+  EXPECT_TRUE(bf16.near_tie_layers.empty());
+}
+
+TEST(CheckGoldenJudge, Bf16ExplainsFlipsDownstreamOfANearTieInItsSequenceOnly) {
+  // Two sequences of 10 tokens. MoE layer 0: a near-tie flip at token 3. MoE layer 1: large-margin flips at token
+  // 6 (after token 3, same sequence: its consequence), token 2 (before it) and token 12 (the other sequence).
+  Router first(20), second(20);
+  first.set(first.ref, 3, {3.f, 1.001f, 1.f, 0.f});
+  first.set(first.ours, 3, {3.f, 0.9995f, 1.0005f, 0.f});
+  // In layer 1 row t is [3, 2, 1, 0] rotated by t; lift the third-ranked expert over the second.
+  for (int t : {6, 2, 12}) {
+    for (int e = 0; e < 4; ++e) {
+      if ((e + t) % 4 == 1) second.ours[static_cast<size_t>(t * 4 + e)] += 1.6f;
+    }
+  }
+  RoutingCheck bf16;
+  bf16.explain_near_ties = true;
+  bf16.add_pass({first.reference(), second.reference()}, {first.our(), second.our()}, 2,
+                Tensor::from_vector<int32_t>({0, 10, 20}, {3}));
+  EXPECT_EQ(bf16.flips, 4);
+  EXPECT_EQ(bf16.unexplained, 2);  // tokens 2 and 12
+  EXPECT_EQ(bf16.near_tie_layers, (std::set<size_t>{0, 1}));
+  EXPECT_TRUE(contains(bf16.summary(), "MoE layer 1 token 2: reference margin 1.00e+00;")) << bf16.summary();
+  EXPECT_TRUE(contains(bf16.summary(), "MoE layer 1 token 6: reference margin 1.00e+00 (after a near-tie flip"))
+      << bf16.summary();
+}
+
+TEST(CheckGoldenJudge, NearTieFlipsExcuseOnlyTheirLayersMoeBlockOverItsBound) {
+  const auto model = model::CausalLm::from_hf(testing::test_data_path("golden/qwen3_moe"));
+  // qwen3_moe: layer 0 is dense (mlp_only_layers), so MoE layer 1 is decoder layer 2. Its block, by role: the
+  // router, the experts (pieces and transformers' fused names) and the layer's norms.
+  const std::set<std::string> prefixes = moe_block_names(model->params(), model->config(), {1});
+  for (const char* name : {"model.layers.2.mlp.gate.weight", "model.layers.2.mlp.experts.down_proj",
+                           "model.layers.2.mlp.experts.gate_up_proj", "model.layers.2.mlp.experts.7.up_proj.weight",
+                           "model.layers.2.post_attention_layernorm.weight"})
+    EXPECT_TRUE(prefixes.count(name)) << name;
+  for (const char* name : {"model.layers.1.mlp.gate.weight", "model.layers.2.self_attn.q_proj.weight"})
+    EXPECT_FALSE(prefixes.count(name)) << name;
+  const Excusal e = excuse_flipped_blocks({judge_bf16("model.layers.2.mlp.gate.weight", 0.3, 0.01),
+                                           judge_bf16("model.layers.2.mlp.experts.down_proj", 0.01, 0.01),
+                                           judge_bf16("model.layers.1.mlp.gate.weight", 0.3, 0.01),
+                                           judge_bf16("model.layers.2.self_attn.q_proj.weight", 0.3, 0.01)},
+                                          prefixes);
+  ASSERT_EQ(e.excused.size(), 1u);
+  EXPECT_EQ(e.excused[0].name, "model.layers.2.mlp.gate.weight");
+  ASSERT_EQ(e.kept.size(), 3u);  // the block's tensor within its bound stays judged, and so does every other one
+  EXPECT_TRUE(contains(excused_line("packed/excused", e), "model.layers.2.mlp.gate.weight 3.00e-01")) << "";
+  EXPECT_EQ(excused_line("packed/excused", excuse_flipped_blocks({judge_bf16("x", 0.0, 0.0)}, prefixes)), "");
+}
+
+}  // namespace
+}  // namespace moetrain::cli::golden
