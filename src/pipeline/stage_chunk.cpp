@@ -218,7 +218,10 @@ std::vector<ChunkStep> StageChunk::plan_forward(int microbatch, const model::Mic
                        st.result.loss =
                            model_.head_forward(st.epilog, st.hidden, st.batch, st.loss_scale, observe_logits_);
                        if (hooks_ && !training) hooks_->after_forward(ModelPart::head());
-                       st.result.token_logprobs = model::token_logprobs_from_losses(st.epilog.losses, st.batch.targets);
+                       // Read back (a host wait on CUDA) only when someone looks: a forward alone, or an observer.
+                       if (!training || observe_)
+                         st.result.token_logprobs =
+                             model::token_logprobs_from_losses(st.epilog.losses, st.batch.targets);
                        if (observe_logits_) st.result.logits = st.epilog.logits;
                        st.hidden = Tensor();
                      }});

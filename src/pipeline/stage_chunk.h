@@ -45,8 +45,8 @@ struct ChunkForward {
   model::LossSum loss;  // the loss stage only: cross-entropy sum and counted targets
   // The auxiliary router losses of the chunk's MoE layers for this micro-batch: (global layer index, values).
   std::vector<std::pair<int64_t, model::RouterLossValues>> router_losses;
-  // The loss stage only: f32 [T] on the CPU, log p(target[t]) from the head's per-token losses (+0.0f where the
-  // target is ignored: model::token_logprobs_from_losses).
+  // The loss stage only, for a forward alone (loss scale 0) or under set_observe: f32 [T] on the CPU, log p(target[t])
+  // from the head's per-token losses (+0.0f where the target is ignored: model::token_logprobs_from_losses).
   Tensor token_logprobs;
   // With set_observe(true): the logits [T, V] (loss stage) and the router logits [T, E] of the chunk's MoE layers.
   Tensor logits;
