@@ -1,5 +1,5 @@
 // defines: `moetrain bench --config job.toml`: the training step of a job measured as the PyTorch
-// baseline measures it (DESIGN.md section 7): warm-up steps, then timed steps; prints tokens/s,
+// baseline measures it (docs/design.md section 7): warm-up steps, then timed steps; prints tokens/s,
 // model TFLOP/s, MFU, peak memory with a breakdown (weights, masters, optimizer state, gradients,
 // activations), and the device time by op family; writes the same as JSON with --out.
 #pragma once

@@ -16,7 +16,7 @@
 
 namespace moetrain::cli::golden {
 
-// Thresholds of the fp32 path (DESIGN.md section 5): relative error per tensor, the worst of a group decides.
+// Thresholds of the fp32 path (docs/design.md section 5): relative error per tensor, the worst of a group decides.
 struct Thresholds {
   double logits = 1e-5;
   double loss = 1e-5;

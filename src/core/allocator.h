@@ -1,6 +1,6 @@
 // defines: the allocation of tensor bytes per device, and the byte counters (live and peak) that
 // metrics report. The CPU allocator lives here; a backend registers its own for its device kind
-// once at start-up (setup_* in DESIGN.md section 4), so core never includes CUDA headers.
+// once at start-up (setup_* in docs/design.md section 4), so core never includes CUDA headers.
 #pragma once
 
 #include <cstddef>

@@ -1,5 +1,5 @@
 // defines: Communicator, the one interface every collective and point-to-point transfer goes
-// through (DESIGN.md section 4), with two backends: NCCL (one process per GPU) and in-process
+// through (docs/design.md section 4), with two backends: NCCL (one process per GPU) and in-process
 // (ranks are threads; CPU tests and the CPU demo). Also the argument checks both backends share.
 #pragma once
 

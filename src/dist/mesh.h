@@ -13,7 +13,7 @@
 //         sharded over it, and token counts summed over it)
 //
 // Process-wide state: one process per GPU calls setup_mesh once and reads mesh() everywhere
-// (DESIGN.md section 4). Thread ranks (the in-process backend, > 1 rank) share one process, so
+// (docs/design.md section 4). Thread ranks (the in-process backend, > 1 rank) share one process, so
 // they construct a Mesh each and pass it explicitly; setup_mesh refuses them.
 #pragma once
 

@@ -1,4 +1,4 @@
-// defines: ShardedTensor, one parameter under ZeRO-3 / FSDP2 sharding (DESIGN.md sections 1 and 3): its fp32
+// defines: ShardedTensor, one parameter under ZeRO-3 / FSDP2 sharding (docs/design.md sections 1 and 3): its fp32
 // master and gradient live only as this rank's 1/N shard; the full compute weight exists only between gather() and
 // release(), the full gradient only between begin_grad() and reduce_grad(), which reduce-scatters it into a shard.
 // The full tensors the model's blocks captured at construction stay valid handles throughout: their storage bytes

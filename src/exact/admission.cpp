@@ -1,4 +1,4 @@
-// defines: the exact-lane admission rules and the two-pass admit_exact (see admission.h and DESIGN.md section 6).
+// defines: the exact-lane admission rules and the two-pass admit_exact (see admission.h and docs/design.md section 6).
 #include "exact/admission.h"
 
 #include <algorithm>

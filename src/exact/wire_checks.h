@@ -1,4 +1,4 @@
-// defines: the exact-lane checks run on every scheduled forward (DESIGN.md section 6): the inter-stage wire tensor
+// defines: the exact-lane checks run on every scheduled forward (docs/design.md section 6): the inter-stage wire tensor
 // is bf16 [T, H] and contiguous, and the micro-batch's varlen metadata (cu_seqlens) is present and valid. They read
 // only host memory (the host copy of cu_seqlens, tensor metadata), never device memory. Each failure throws
 // moetrain::Error "exact: refused: <rule>: <where>: declared <x>, found <y>" naming the micro-batch and the entry.

@@ -74,7 +74,7 @@ struct CheckpointSection {
   bool resume = true;  // resume from the newest complete checkpoint in dir
 };
 
-// The mesh axes of DESIGN.md section 1 (dp is what remains of the world: world / (pp * cp * ep)).
+// The mesh axes of docs/design.md section 1 (dp is what remains of the world: world / (pp * cp * ep)).
 struct ParallelSection {
   int64_t pp = 1;                // pipeline ranks P (DualPipeV: 2P stages in a V)
   int64_t ep = 1;                // expert-parallel ranks
@@ -100,7 +100,7 @@ struct DistSection {
   int64_t timeout_s = 300;  // collectives and rendezvous give up (fail closed) after this many seconds
 };
 
-// Exact lanes (DESIGN.md section 6, docs/exact_lanes.md): byte-identical forward outputs whatever
+// Exact lanes (docs/design.md section 6, docs/exact_lanes.md): byte-identical forward outputs whatever
 // the pipeline cut, the packing and the padding, behind a fail-closed admission contract.
 struct ExactSection {
   bool enabled = false;

@@ -1,6 +1,6 @@
 // defines: MicroBatch, one flat run of tokens with its document boundaries. Packed is the general
 // case: a fixed window of B rows of T tokens is cu_seqlens = [0, T, 2T, ..., BT], so the same
-// kernels and numerics serve both (DESIGN.md section 4).
+// kernels and numerics serve both (docs/design.md section 4).
 #pragma once
 
 #include <cstdint>

@@ -2,7 +2,7 @@
 // family builds, and the epilog (final norm, LM head, cross-entropy), whose two forms (the fused, vocabulary-chunked
 // head and materialised logits) are chosen in one place, head_forward. The drivers that run it over micro-batches
 // live in pipeline/ (one layer driver for every executor). In exact mode (set_exact) the hidden state is rounded to
-// bf16 at every layer boundary (DESIGN.md section 6).
+// bf16 at every layer boundary (docs/design.md section 6).
 #pragma once
 
 #include <memory>
@@ -50,7 +50,7 @@ class CausalLm {
   Device device() const { return device_; }
   DType compute_dtype() const { return params_->compute_dtype(); }
 
-  // The exact program (DESIGN.md section 6): when on, the f32 hidden state is rounded to bf16
+  // The exact program (docs/design.md section 6): when on, the f32 hidden state is rounded to bf16
   // values after the embedding and after every decoder layer, i.e. at every boundary where a
   // pipeline may cut, so the wire between stages is the same program whatever the cut; within a
   // layer the math stays f32. The backward passes gradients straight through the rounding. A bf16

@@ -1,4 +1,4 @@
-// defines: the five-stage decoder-layer contract the pipeline engine sees (DESIGN.md section 4).
+// defines: the five-stage decoder-layer contract the pipeline engine sees (docs/design.md section 4).
 // Stage 1 (token mixing + router), stage 3 (experts), stage 5 (aggregate) belong to the layer; stages 2 (dispatch)
 // and 4 (combine) belong to the engine, which moves stage 1's rows to the ranks holding their experts and stage 3's
 // outputs back; without expert parallelism they pass through. Dense layers run their MLP as stage 3 on the normed

@@ -1,6 +1,6 @@
 // defines: cross-entropy over next-token targets with an ignore index. The per-token losses and
 // log-sum-exps are kept so that the loss sum and its count can be reduced in a fixed order and
-// the backward can be scaled by the global token count (DESIGN.md section 1).
+// the backward can be scaled by the global token count (docs/design.md section 1).
 #pragma once
 
 #include <cstdint>

@@ -13,7 +13,7 @@ namespace moetrain::pipeline {
 namespace {
 
 // The sequence length the attention core is costed at: its FLOPs grow with the context while every matmul's do
-// not, so the balance depends on it a little; 4096 is the workload of record (DESIGN.md section 7).
+// not, so the balance depends on it a little; 4096 is the workload of record (docs/design.md section 7).
 constexpr int64_t kNominalSeqLen = 4096;
 
 // Forward + backward FLOPs per token of decoder layer `layer` (model/flops.h, the trainer's MFU formula), the

@@ -1,5 +1,5 @@
 // defines: the data-parallel reductions of a training step: the global target count (so the loss
-// is the exact token mean over every rank's micro-batches, DESIGN.md section 1), the logged loss
+// is the exact token mean over every rank's micro-batches, docs/design.md section 1), the logged loss
 // sums, and the gradients. Each rank holds the whole model (replicated data parallelism); every
 // collective runs on the model device's stream.
 #pragma once

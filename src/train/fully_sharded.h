@@ -1,4 +1,4 @@
-// defines: FullyShardedModel, sharded data parallelism with ZeRO-3 / FSDP2 semantics (DESIGN.md section 3) over a
+// defines: FullyShardedModel, sharded data parallelism with ZeRO-3 / FSDP2 semantics (docs/design.md section 3) over a
 // model whose every rank held the same full values at start: parameters, gradients and AdamW state live as 1/N
 // shards (dist/sharded_parameters.h); an executor's hooks gather a part's weights just before it runs and free them
 // after, and reduce-scatter its gradients (fp32, summed) after each micro-batch's backward of that part. Non-expert

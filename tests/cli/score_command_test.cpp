@@ -388,7 +388,7 @@ const std::vector<Layout>& mesh_layouts() {
   return layouts;
 }
 
-// The gate of DESIGN.md section 6 through the command: the output FILE of score is the same bytes whatever the
+// The gate of docs/design.md section 6 through the command: the output FILE of score is the same bytes whatever the
 // mesh, pp in {1, 2, 4} x ep in {1, 2} (and data parallelism: more data ranks than micro-batches, padding
 // repeats), against one process at pp = 1.
 TEST(ScoreExact, OutputFileIsByteIdenticalForEveryPipelineAndExpertLayout) {

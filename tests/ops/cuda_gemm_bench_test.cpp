@@ -1,5 +1,5 @@
 // Kernel benchmark of the dense GEMMs (cuBLASLt, bf16 operands, f32 accumulation) on the workload of
-// record's shapes against the ceiling of DESIGN.md section 7 (800 TFLOP/s bf16 at 8192^3). DISABLED_
+// record's shapes against the ceiling of docs/design.md section 7 (800 TFLOP/s bf16 at 8192^3). DISABLED_
 // so it never runs as a test; run it with --gtest_also_run_disabled_tests --gtest_filter='CudaGemmBench.*'.
 #include <cstdio>
 

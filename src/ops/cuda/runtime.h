@@ -1,4 +1,4 @@
-// defines: the CUDA backend's process-wide set-up (DESIGN.md section 4: set once, read
+// defines: the CUDA backend's process-wide set-up (docs/design.md section 4: set once, read
 // everywhere): for one device, a compute stream, a stream-ordered allocator (CUDA memory pools)
 // registered with core's allocator registry, host<->device copies, and the cuBLASLt handle and
 // workspace. A build without CUDA reports no device and refuses set-up with a clear error.
