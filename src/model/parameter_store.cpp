@@ -38,6 +38,32 @@ ParamSpec single_piece_spec(std::string name, Shape shape, ParamRole role, int64
   return spec;
 }
 
+void attach_row_blocks(ParamSpec& spec, const std::vector<std::string>& hf_names) {
+  const int64_t cols = spec.shape.back(), rows = shape_numel(spec.shape) / cols;
+  const int64_t blocks = static_cast<int64_t>(hf_names.size());
+  MT_CHECK(blocks > 0 && rows % blocks == 0, "HF adapter: '{}' ({} rows) cannot be split into {} equal row blocks",
+           spec.name, rows, blocks);
+  const int64_t block_rows = rows / blocks;
+  for (int64_t b = 0; b < blocks; ++b)
+    spec.pieces.push_back({hf_names[static_cast<size_t>(b)], {block_rows, cols}, b * block_rows * cols, {}, {}});
+}
+
+void attach_hf_mlp_pieces(ParamSpec& spec, const std::string& hf_mlp, bool experts, bool gate_up) {
+  const int64_t count = experts ? spec.shape[0] : 1;
+  std::vector<std::string> names;
+  for (int64_t e = 0; e < count; ++e) {
+    const std::string hf = experts ? fmt::format("{}experts.{}.", hf_mlp, e) : hf_mlp;
+    if (gate_up) {
+      names.push_back(hf + "gate_proj.weight");
+      names.push_back(hf + "up_proj.weight");
+    } else {
+      names.push_back(hf + "down_proj.weight");
+    }
+  }
+  attach_row_blocks(spec, names);
+  if (experts) spec.hf_fused_name = hf_mlp + (gate_up ? "experts.gate_up_proj" : "experts.down_proj");
+}
+
 ParameterStore::ParameterStore(std::vector<ParamSpec> specs, Device device, DType compute_dtype)
     : specs_(std::move(specs)), compute_dtype_(compute_dtype) {
   MT_CHECK(compute_dtype == DType::F32 || (compute_dtype == DType::BF16 && device.is_cuda()),

@@ -54,6 +54,16 @@ struct ParamSpec {
 // A spec whose one HF piece is the whole tensor; matrices start N(0, std^2), vectors 1 (norm scales).
 ParamSpec single_piece_spec(std::string name, Shape shape, ParamRole role, int64_t layer, std::string hf_name);
 
+// Attaches HF pieces that split the spec, seen as [rows, last dim], into len(hf_names) equal consecutive blocks of
+// rows, in order: a fused gate_up [2I, H] from gate then up, an expert bank [E, 2I, H] from every expert's gate and up
+// in turn, [E, H, I] from every expert's down. The rows must divide evenly (checked, naming the spec).
+void attach_row_blocks(ParamSpec& spec, const std::vector<std::string>& hf_names);
+
+// The HF names most families give a gated MLP under `hf_mlp` ("model.layers.3.mlp."): gate_proj and up_proj (the
+// fused [2I, H], `gate_up`) or down_proj; for an expert bank (`experts`: [E, ...]) per expert under
+// "<hf_mlp>experts.<e>.", with transformers' fused in-memory name "<hf_mlp>experts.gate_up_proj" / "down_proj".
+void attach_hf_mlp_pieces(ParamSpec& spec, const std::string& hf_mlp, bool experts, bool gate_up);
+
 // The parameters are fp32 masters with fp32 gradients. With a bf16 compute dtype every matrix also
 // has a bf16 copy that the forward and backward read (`weight`); norms and other 1-D tensors are
 // read in fp32 (the kernels take their weights in f32). The copies follow the masters through

@@ -7,40 +7,6 @@
 
 namespace moetrain::model::families::qwen3 {
 
-namespace {
-
-HfPiece block(std::string hf_name, Shape hf_shape, int64_t offset) {
-  HfPiece piece;
-  piece.hf_name = std::move(hf_name);
-  piece.hf_shape = std::move(hf_shape);
-  piece.offset = offset;
-  return piece;
-}
-
-// [2I, H] = gate_proj [I, H] rows, then up_proj [I, H] rows; per expert e of a bank, at e * 2I * H.
-void attach_gate_up(ParamSpec& spec, const std::string& hf_mlp, bool experts) {
-  const int64_t rows = spec.shape[spec.shape.size() - 2] / 2, cols = spec.shape.back();
-  const int64_t count = experts ? spec.shape[0] : 1;
-  for (int64_t e = 0; e < count; ++e) {
-    const std::string hf = experts ? fmt::format("{}experts.{}.", hf_mlp, e) : hf_mlp;
-    spec.pieces.push_back(block(hf + "gate_proj.weight", {rows, cols}, e * 2 * rows * cols));
-    spec.pieces.push_back(block(hf + "up_proj.weight", {rows, cols}, e * 2 * rows * cols + rows * cols));
-  }
-  if (experts) spec.hf_fused_name = hf_mlp + "experts.gate_up_proj";
-}
-
-void attach_down(ParamSpec& spec, const std::string& hf_mlp, bool experts) {
-  const int64_t rows = spec.shape[spec.shape.size() - 2], cols = spec.shape.back();
-  const int64_t count = experts ? spec.shape[0] : 1;
-  for (int64_t e = 0; e < count; ++e) {
-    const std::string hf = experts ? fmt::format("{}experts.{}.", hf_mlp, e) : hf_mlp;
-    spec.pieces.push_back(block(hf + "down_proj.weight", {rows, cols}, e * rows * cols));
-  }
-  if (experts) spec.hf_fused_name = hf_mlp + "experts.down_proj";
-}
-
-}  // namespace
-
 std::string layer_prefix(int64_t layer) { return fmt::format("layers.{}.", layer); }
 
 void attach_layer_pieces(std::vector<ParamSpec>& specs, int64_t layer) {
@@ -50,7 +16,7 @@ void attach_layer_pieces(std::vector<ParamSpec>& specs, int64_t layer) {
     MT_CHECK(spec.name.rfind(prefix, 0) == 0 && spec.pieces.empty(),
              "qwen3 layout: parameter '{}' is not a fresh parameter of layer {}", spec.name, layer);
     const std::string local = spec.name.substr(prefix.size());
-    const auto whole = [&](const std::string& hf_name) { spec.pieces.push_back(block(hf + hf_name, spec.shape, 0)); };
+    const auto whole = [&](const std::string& hf_name) { spec.pieces.push_back({hf + hf_name, spec.shape, 0, {}, {}}); };
     if (local == "input_norm") {
       whole("input_layernorm.weight");
     } else if (local == "post_norm") {
@@ -60,9 +26,9 @@ void attach_layer_pieces(std::vector<ParamSpec>& specs, int64_t layer) {
     } else if (local == "router") {
       whole("mlp.gate.weight");
     } else if (local == "mlp.gate_up" || local == "experts.gate_up") {
-      attach_gate_up(spec, hf + "mlp.", local == "experts.gate_up");
+      attach_hf_mlp_pieces(spec, hf + "mlp.", local == "experts.gate_up", true);
     } else if (local == "mlp.down" || local == "experts.down") {
-      attach_down(spec, hf + "mlp.", local == "experts.down");
+      attach_hf_mlp_pieces(spec, hf + "mlp.", local == "experts.down", false);
     } else {
       MT_FAIL("qwen3 layout: no HF name for parameter '{}'", spec.name);
     }

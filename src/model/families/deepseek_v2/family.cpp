@@ -1,0 +1,195 @@
+// defines: the DeepSeek-V2 family: config.json's "deepseek_v2", its parameters and HF names, its layers (latent
+// attention; the dense MLP on the first first_k_dense_replace layers, then a softmax router over the routed experts
+// and the shared experts), FLOPs and certification.
+#include "model/families/deepseek_v2/family.h"
+
+#include <cmath>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "model/blocks/latent_attention.h"
+#include "model/blocks/pre_norm_layer.h"
+#include "model/families/deepseek_v2/config.h"
+
+namespace moetrain::model::families::deepseek_v2 {
+
+namespace {
+
+std::string layer_prefix(int64_t layer) { return fmt::format("layers.{}.", layer); }
+
+LatentAttentionOptions attention_options(const ModelConfig& g, const DeepseekV2Config& c) {
+  LatentAttentionOptions o;
+  o.hidden_size = g.hidden_size;
+  o.num_heads = c.num_attention_heads;
+  o.q_lora_rank = c.q_lora_rank;
+  o.kv_lora_rank = c.kv_lora_rank;
+  o.qk_nope_head_dim = c.qk_nope_head_dim;
+  o.qk_rope_head_dim = c.qk_rope_head_dim;
+  o.v_head_dim = c.v_head_dim;
+  o.lora_norm_eps = 1e-6f;  // transformers builds q_a_layernorm and kv_a_layernorm with its default eps
+  // transformers rotates the rope dims as complex pairs (2i, 2i + 1).
+  o.rope = ops::rope_default_params(static_cast<int>(c.qk_rope_head_dim), c.rope_theta);
+  o.rope.interleaved = true;
+  return o;
+}
+
+PreNormLayerOptions layer_options(const ModelConfig& g, const DeepseekV2Config& c, int64_t layer) {
+  PreNormLayerOptions o;
+  o.layer = layer;
+  o.moe_index = g.moe_index(layer);
+  o.hidden_size = g.hidden_size;
+  o.norm.eps = static_cast<float>(c.rms_norm_eps);
+  GatedMlpOptions mlp;
+  mlp.hidden_size = g.hidden_size;
+  if (!g.layer_is_moe(layer)) {
+    mlp.intermediate_size = c.intermediate_size;
+    o.dense_mlp = mlp;
+    return o;
+  }
+  MoeOptions moe;
+  moe.router.hidden_size = g.hidden_size;
+  moe.router.num_experts = g.num_experts;
+  moe.router.top_k = g.num_experts_per_tok;
+  moe.router.renormalize = false;  // transformers' DeepSeek-V2 router ignores norm_topk_prob
+  if (c.topk_method == "group_limited_greedy") {
+    moe.router.num_groups = c.n_group;
+    moe.router.topk_groups = c.topk_group;
+  }
+  moe.router.scaling_factor = c.routed_scaling_factor;
+  mlp.intermediate_size = c.moe_intermediate_size;
+  mlp.num_experts = g.num_experts;
+  mlp.role = ParamRole::ExpertBank;
+  moe.experts = mlp;
+  if (c.n_shared_experts > 0) {
+    SharedExpertOptions shared;
+    shared.hidden_size = g.hidden_size;
+    shared.intermediate_size = c.moe_intermediate_size * c.n_shared_experts;
+    moe.shared_expert = shared;
+  }
+  o.moe = moe;
+  return o;
+}
+
+// transformers' names for the parameters of decoder layer `layer`.
+void attach_layer_pieces(std::vector<ParamSpec>& specs, int64_t layer) {
+  const std::string prefix = layer_prefix(layer);
+  const std::string hf = fmt::format("model.layers.{}.", layer);
+  for (ParamSpec& spec : specs) {
+    MT_CHECK(spec.name.rfind(prefix, 0) == 0 && spec.pieces.empty(),
+             "deepseek_v2 layout: parameter '{}' is not a fresh parameter of layer {}", spec.name, layer);
+    const std::string local = spec.name.substr(prefix.size());
+    const auto whole = [&](const std::string& hf_name) { spec.pieces.push_back({hf + hf_name, spec.shape, 0, {}, {}}); };
+    if (local == "input_norm") {
+      whole("input_layernorm.weight");
+    } else if (local == "post_norm") {
+      whole("post_attention_layernorm.weight");
+    } else if (local == "attn.q_proj" || local == "attn.q_a_proj" || local == "attn.q_b_proj" ||
+               local == "attn.kv_b_proj" || local == "attn.o_proj") {
+      whole("self_attn." + local.substr(5) + ".weight");
+    } else if (local == "attn.kv_a_proj") {
+      whole("self_attn.kv_a_proj_with_mqa.weight");
+    } else if (local == "attn.q_a_norm") {
+      whole("self_attn.q_a_layernorm.weight");
+    } else if (local == "attn.kv_a_norm") {
+      whole("self_attn.kv_a_layernorm.weight");
+    } else if (local == "router") {
+      whole("mlp.gate.weight");
+    } else if (local == "mlp.gate_up" || local == "experts.gate_up") {
+      attach_hf_mlp_pieces(spec, hf + "mlp.", local == "experts.gate_up", true);
+    } else if (local == "mlp.down" || local == "experts.down") {
+      attach_hf_mlp_pieces(spec, hf + "mlp.", local == "experts.down", false);
+    } else if (local == "shared_expert.gate_up" || local == "shared_expert.down") {
+      attach_hf_mlp_pieces(spec, hf + "mlp.shared_experts.", false, local == "shared_expert.gate_up");
+    } else {
+      MT_FAIL("deepseek_v2 layout: no HF name for parameter '{}'", spec.name);
+    }
+  }
+}
+
+class DeepseekV2Family final : public Family {
+ public:
+  std::string name() const override { return "deepseek_v2"; }
+  std::vector<std::string> model_types() const override { return {"deepseek_v2"}; }
+
+  ModelConfig parse_config(const io::JsonFields& fields) const override {
+    ModelConfig g;
+    auto own = std::make_shared<DeepseekV2Config>();
+    parse_fields(fields, g, *own);
+    g.details = own;
+    return g;
+  }
+
+  std::string to_hf_config_json(const ModelConfig& g) const override {
+    nlohmann::json j = fields_json(g, g.family_config<DeepseekV2Config>());
+    j["architectures"] = nlohmann::json::array({"DeepseekV2ForCausalLM"});
+    j["model_type"] = "deepseek_v2";
+    return j.dump(2) + "\n";
+  }
+
+  std::vector<ParamSpec> param_specs(const ModelConfig& g) const override {
+    const DeepseekV2Config& c = g.family_config<DeepseekV2Config>();
+    std::vector<ParamSpec> specs = {
+        single_piece_spec("embed", {g.vocab_size, g.hidden_size}, ParamRole::Embedding, -1, "model.embed_tokens.weight")};
+    for (int64_t layer = 0; layer < g.num_hidden_layers; ++layer) {
+      const std::string prefix = layer_prefix(layer);
+      std::vector<ParamSpec> layer_specs = PreNormLayer::param_specs(
+          layer_options(g, c, layer), LatentAttention::param_specs(attention_options(g, c), prefix + "attn.", layer),
+          prefix);
+      attach_layer_pieces(layer_specs, layer);
+      for (ParamSpec& spec : layer_specs) specs.push_back(std::move(spec));
+    }
+    specs.push_back(single_piece_spec("final_norm", {g.hidden_size}, ParamRole::Norm, -1, "model.norm.weight"));
+    if (!g.tie_word_embeddings)
+      specs.push_back(
+          single_piece_spec("lm_head", {g.vocab_size, g.hidden_size}, ParamRole::Head, -1, "lm_head.weight"));
+    return specs;
+  }
+
+  std::unique_ptr<DecoderLayer> make_layer(const ModelConfig& g, ParameterStore& store,
+                                           int64_t layer) const override {
+    const DeepseekV2Config& c = g.family_config<DeepseekV2Config>();
+    const std::string prefix = layer_prefix(layer);
+    auto attention = std::make_unique<LatentAttention>(attention_options(g, c), store, prefix + "attn.");
+    return std::make_unique<PreNormLayer>(layer_options(g, c, layer), std::move(attention), store, prefix);
+  }
+
+  ops::RmsNormParams final_norm(const ModelConfig& g) const override {
+    ops::RmsNormParams norm;
+    norm.eps = static_cast<float>(g.family_config<DeepseekV2Config>().rms_norm_eps);
+    return norm;
+  }
+
+  LayerFlops layer_flops(const ModelConfig& g, int64_t layer, int64_t context) const override {
+    const DeepseekV2Config& c = g.family_config<DeepseekV2Config>();
+    const double h = double(g.hidden_size), nh = double(c.num_attention_heads);
+    const double qk = double(c.qk_nope_head_dim + c.qk_rope_head_dim), dv = double(c.v_head_dim);
+    const double rkv = double(c.kv_lora_rank);
+    LayerFlops f;
+    f.matmul_weights = (c.q_lora_rank > 0 ? h * double(c.q_lora_rank) + double(c.q_lora_rank) * nh * qk : h * nh * qk) +
+                       h * (rkv + double(c.qk_rope_head_dim)) + rkv * nh * (double(c.qk_nope_head_dim) + dv) +
+                       nh * dv * h;
+    f.attention_core = 2 * (double(context) / 2) * nh * (qk + dv);  // scores (qk) and values (dv), causal
+    if (g.layer_is_moe(layer)) {
+      f.matmul_weights += h * double(g.num_experts) +
+                          double(g.num_experts_per_tok + c.n_shared_experts) * 3 * h * double(c.moe_intermediate_size);
+    } else {
+      f.matmul_weights += 3 * h * double(c.intermediate_size);
+    }
+    return f;
+  }
+
+  ExactCertification exact_certification(const ModelConfig&) const override {
+    return {false, "its latent attention has no certified exact program on every backend yet"};
+  }
+};
+
+}  // namespace
+
+const Family& family() {
+  static const DeepseekV2Family instance;
+  return instance;
+}
+
+}  // namespace moetrain::model::families::deepseek_v2

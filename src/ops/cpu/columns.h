@@ -1,0 +1,15 @@
+// defines: the CPU reference of the column-block moves (ops/columns.h); arguments validated there.
+#pragma once
+
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace moetrain::ops::cpu {
+
+void copy_columns(const Tensor& dst, int64_t dst_col, const Tensor& src, int64_t src_col, int64_t width,
+                  int64_t repeat);
+void sum_repeated_columns(const Tensor& dst, int64_t dst_col, const Tensor& src, int64_t src_col, int64_t width,
+                          int64_t repeat);
+
+}  // namespace moetrain::ops::cpu
