@@ -4,12 +4,14 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
 #include "io/json_fields.h"
 #include "model/model_config.h"
+#include "ops/rope.h"
 
 namespace moetrain::model::families::deepseek_v2 {
 
@@ -25,6 +27,7 @@ struct DeepseekV2Config : FamilyConfig {
   int64_t qk_rope_head_dim = 0;
   int64_t v_head_dim = 0;
   double rope_theta = 10000.0;
+  std::optional<ops::YarnOptions> yarn;  // rope_type "yarn": its frequencies, and the softmax scale's mscale
   int64_t max_position_embeddings = 0;
   // Routing.
   int64_t n_shared_experts = 0;

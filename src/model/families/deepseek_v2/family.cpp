@@ -29,9 +29,12 @@ LatentAttentionOptions attention_options(const ModelConfig& g, const DeepseekV2C
   o.qk_rope_head_dim = c.qk_rope_head_dim;
   o.v_head_dim = c.v_head_dim;
   o.lora_norm_eps = 1e-6f;  // transformers builds q_a_layernorm and kv_a_layernorm with its default eps
-  // transformers rotates the rope dims as complex pairs (2i, 2i + 1).
-  o.rope = ops::rope_default_params(static_cast<int>(c.qk_rope_head_dim), c.rope_theta);
-  o.rope.interleaved = true;
+  const int rotary = static_cast<int>(c.qk_rope_head_dim);
+  o.rope = c.yarn ? ops::rope_yarn_params(rotary, c.rope_theta, *c.yarn) : ops::rope_default_params(rotary, c.rope_theta);
+  o.rope.interleaved = true;  // transformers rotates the rope dims as complex pairs (2i, 2i + 1)
+  // Under YaRN the softmax scale carries the temperature: 1 / sqrt(qk head dim) x mscale(factor, mscale_all_dim)^2.
+  const double scaling = 1.0 / std::sqrt(double(c.qk_nope_head_dim + c.qk_rope_head_dim));
+  o.softmax_scale = c.yarn ? ops::yarn_softmax_scale(scaling, *c.yarn) : scaling;
   return o;
 }
 
