@@ -1,7 +1,8 @@
-// defines: the public router ops: argument validation (shapes, dtypes, devices, top_k, index ranges) and dispatch
-// to the backend: the CPU reference (f32 or f64) or, for CUDA tensors, the CUDA kernels (f32).
+// defines: the public router ops: argument validation (shapes, dtypes, devices, top_k, groups, scaling factor, index
+// ranges) and dispatch to the backend: the CPU reference (f32 or f64) or, for CUDA tensors, the CUDA kernels (f32).
 #include "ops/router.h"
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -39,12 +40,33 @@ std::pair<int64_t, int64_t> check_router_shape(const Tensor& t, const RouterPara
              t.describe());
   }
   const int64_t experts = t.size(1);
-  MT_CHECK(params.top_k >= 1 && params.top_k <= experts, "{}: top_k ({}) must be in [1, E = {}]", op, params.top_k,
-           experts);
+  check_router_params(params, experts, op);
+  if (t.dtype() == DType::F32) {  // the f32 kernels multiply by the factor rounded to f32
+    const float factor = static_cast<float>(params.scaling_factor);
+    MT_CHECK(std::isfinite(factor) && factor > 0.0f, "{}: scaling_factor ({}) is not a finite positive f32 ({})", op,
+             params.scaling_factor, factor);
+  }
   return {t.size(0), experts};
 }
 
 }  // namespace
+
+void check_router_params(const RouterParams& params, int64_t experts, const std::string& what) {
+  MT_CHECK(params.top_k >= 1 && params.top_k <= experts, "{}: top_k ({}) must be in [1, E = {}]", what, params.top_k,
+           experts);
+  MT_CHECK(params.num_groups >= 1, "{}: num_groups ({}) must be at least 1", what, params.num_groups);
+  MT_CHECK(experts % params.num_groups == 0, "{}: E = {} is not divisible by num_groups ({})", what, experts,
+           params.num_groups);
+  MT_CHECK(params.topk_groups >= 1 && params.topk_groups <= params.num_groups,
+           "{}: topk_groups ({}) must be in [1, num_groups = {}]", what, params.topk_groups, params.num_groups);
+  const int64_t group_size = experts / params.num_groups;
+  const int64_t eligible = params.topk_groups * group_size;
+  MT_CHECK(params.top_k <= eligible,
+           "{}: top_k ({}) exceeds the experts of the kept groups: topk_groups ({}) x E / num_groups ({}) = {}", what,
+           params.top_k, params.topk_groups, group_size, eligible);
+  MT_CHECK(std::isfinite(params.scaling_factor) && params.scaling_factor > 0.0,
+           "{}: scaling_factor ({}) must be finite and > 0", what, params.scaling_factor);
+}
 
 void router_forward(Stream& stream, Tensor probs, Tensor topk_index, Tensor topk_weight, const Tensor& logits,
                     const RouterParams& params) {

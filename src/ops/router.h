@@ -1,6 +1,10 @@
-// defines: the MoE router after its linear projection: softmax over experts, top-k selection and
-// optional renormalisation of the selected weights, and the backward to the router logits.
+// defines: the MoE router after its linear projection: softmax over experts, top-k selection (greedy, or
+// group-limited as DeepSeek-V2's group_limited_greedy), optional renormalisation and scaling of the selected
+// weights, and the backward to the router logits.
 #pragma once
+
+#include <cstdint>
+#include <string>
 
 #include "core/device.h"
 #include "core/tensor.h"
@@ -10,15 +14,33 @@ namespace moetrain::ops {
 struct RouterParams {
   int top_k = 1;
   bool renormalize = false;  // divide the k selected probabilities by their sum (norm_topk_prob)
+  // Group-limited top-k (DeepSeek-V2's n_group / topk_group): the E experts form num_groups contiguous groups of
+  // E / num_groups; only the topk_groups best groups (by their largest probability) are eligible. With
+  // num_groups == 1 (topk_groups == 1 then means all groups) the selection is the plain greedy top-k.
+  int num_groups = 1;
+  int topk_groups = 1;
+  double scaling_factor = 1.0;  // multiplies the selected weights, after any renormalisation (routed_scaling_factor)
 };
 
-// logits [T, E] -> probs [T, E] (softmax), topk_index i32 [T, K] (descending probability; equal
-// probabilities pick the lower expert index first), topk_weight [T, K] (probabilities of the
-// selected experts, renormalised when asked).
+// Refuses, naming the value and prefixing `what`, a top_k outside [1, E], num_groups < 1 or not dividing E,
+// topk_groups outside [1, num_groups], a top_k over the topk_groups * E / num_groups experts of the kept groups, and
+// a scaling_factor that is not finite and > 0. The ops run it on every call; blocks run it when they are built.
+void check_router_params(const RouterParams& params, int64_t experts, const std::string& what);
+
+// logits [T, E] -> probs [T, E] (softmax), topk_index i32 [T, K], topk_weight [T, K].
+// Selection: with groups, a group's score is the largest probability in it; the topk_groups groups of the
+// highest scores are kept (equal scores pick the lower group index first) and the probabilities outside them are
+// masked to 0.0, as transformers' DeepSeek-V2 gate does (masked_fill(..., 0.0)). Then the top-k of the (masked)
+// scores in descending order; equal scores pick the lower expert index first. Because masked scores are 0.0, a
+// masked expert is selected only when fewer than K kept experts have a non-zero probability (the softmax
+// underflowed); its weight is then 0 and it carries no gradient. topk_weight holds the selected scores, divided by
+// their sum when renormalising, then multiplied by scaling_factor.
 void router_forward(Stream& stream, Tensor probs, Tensor topk_index, Tensor topk_weight, const Tensor& logits,
                     const RouterParams& params);
 // dlogits [T, E] from dtopk_weight [T, K] plus, when defined, dprobs [T, E] (a gradient on the full
-// probabilities, e.g. from the load-balance loss). The selection itself carries no gradient.
+// probabilities, e.g. from the load-balance loss), through the renormalisation, the scaling and the softmax. The
+// selection itself (group mask included) carries no gradient. probs, topk_index and topk_weight must be
+// router_forward's outputs for the same params (the group mask is recomputed from probs).
 void router_backward(Stream& stream, Tensor dlogits, const Tensor& dtopk_weight, const Tensor& dprobs,
                      const Tensor& probs, const Tensor& topk_index, const Tensor& topk_weight,
                      const RouterParams& params);

@@ -1,8 +1,11 @@
 // Tests for the CUDA router kernels (ops/cuda/router.*) through the public ops: forward against the CPU reference
-// (exact top-k indices on well-separated logits, ties to the lower expert index, with and without renormalisation,
-// expert counts that are and are not multiples of 32), backward against the CPU on identical inputs, bitwise
-// determinism, and the CUDA argument checks.
+// (exact top-k indices on well-separated logits, ties to the lower expert index and to the lower group index, with
+// and without renormalisation, greedy and group-limited with a scaling factor, E = 8 to 256 with top-1 to top-8,
+// expert counts that are and are not multiples of 32, more groups than lanes), the greedy path unchanged by
+// neutral group and scaling options, the masked-expert corner, backward against the CPU on identical inputs,
+// bitwise determinism, and the CUDA argument checks.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <numeric>
 #include <string>
@@ -68,29 +71,58 @@ bool same_bytes(const Tensor& a, const Tensor& b) {
   return a.nbytes() == b.nbytes() && std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0;
 }
 
-struct Shape3 {
-  int64_t tokens, experts, top_k;
+struct Case {
+  int64_t tokens, experts;
+  ops::RouterParams params;  // renormalize is varied by the tests
 };
 
-const Shape3 kShapes[] = {{1000, 8, 2}, {1000, 64, 6}, {777, 160, 8}, {3, 32, 1}, {1, 5, 5}};
+std::string describe(const Case& c, bool renormalize) {
+  const ops::RouterParams& p = c.params;
+  return "T=" + std::to_string(c.tokens) + " E=" + std::to_string(c.experts) + " K=" + std::to_string(p.top_k) +
+         " groups " + std::to_string(p.topk_groups) + "/" + std::to_string(p.num_groups) + " scale " +
+         std::to_string(p.scaling_factor) + (renormalize ? " renormalized" : "");
+}
+
+ops::RouterParams with_renormalize(ops::RouterParams p, bool renormalize) {
+  p.renormalize = renormalize;
+  return p;
+}
+
+const Case kCases[] = {
+    // greedy
+    {1000, 8, {2}},
+    {1000, 64, {6}},
+    {777, 160, {8}},
+    {3, 32, {1}},
+    {1, 5, {5}},
+    {500, 128, {8, false, 1, 1, 2.5}},
+    // group-limited, with and without a scaling factor (DeepSeek-V2: E = 160, 8 groups, 3 kept, top-6, 16)
+    {1000, 16, {3, false, 4, 2, 16.0}},
+    {1000, 64, {6, false, 8, 3, 1.0}},
+    {777, 160, {6, false, 8, 3, 16.0}},
+    {500, 128, {8, false, 8, 4, 2.5}},
+    {500, 256, {8, false, 8, 4, 2.5}},
+    {300, 128, {8, false, 64, 5, 1.0}},  // more groups than lanes, two experts each
+    {300, 96, {4, false, 96, 7, 0.5}},   // one expert per group
+    {7, 12, {8, false, 3, 2, 16.0}},     // top-k filling the kept groups
+};
 
 TEST(CudaRouter, ForwardMatchesCpuWithExactIndices) {
   MT_REQUIRE_GPU();
-  // probs / weights: f32 softmax over at most 160 experts; expf and the sum order differ from the CPU's by a few
+  // probs / weights: f32 softmax over at most 256 experts; expf and the sum order differ from the CPU's by a few
   // ulp, so 1e-6 relative.
   constexpr double kThreshold = 1e-6;
   Rng rng(11);
-  for (const Shape3& s : kShapes) {
+  for (const Case& c : kCases) {
     for (const bool renormalize : {false, true}) {
-      const ops::RouterParams params{static_cast<int>(s.top_k), renormalize};
-      const Tensor logits = separated_logits(s.tokens, s.experts, rng);
+      const ops::RouterParams params = with_renormalize(c.params, renormalize);
+      const Tensor logits = separated_logits(c.tokens, c.experts, rng);
       const Routed g = route(logits, params, gpu());
-      const Routed c = route(logits, params, Device::cpu());
-      const std::string what = "T=" + std::to_string(s.tokens) + " E=" + std::to_string(s.experts) +
-                               " K=" + std::to_string(s.top_k) + (renormalize ? " renormalized" : "");
-      EXPECT_EQ(g.topk_index.to_vector<int32_t>(), c.topk_index.to_vector<int32_t>()) << what << ": topk_index";
-      const double probs_err = relative_error(g.probs, c.probs);
-      const double weight_err = relative_error(g.topk_weight, c.topk_weight);
+      const Routed cpu = route(logits, params, Device::cpu());
+      const std::string what = describe(c, renormalize);
+      EXPECT_EQ(g.topk_index.to_vector<int32_t>(), cpu.topk_index.to_vector<int32_t>()) << what << ": topk_index";
+      const double probs_err = relative_error(g.probs, cpu.probs);
+      const double weight_err = relative_error(g.topk_weight, cpu.topk_weight);
       EXPECT_LT(probs_err, kThreshold) << what << ": probs relative error " << probs_err;
       EXPECT_LT(weight_err, kThreshold) << what << ": topk_weight relative error " << weight_err;
     }
@@ -107,24 +139,83 @@ TEST(CudaRouter, EqualProbabilitiesPickTheLowerExpertFirst) {
   EXPECT_EQ(g.topk_index.to_vector<int32_t>(), route(logits, params, Device::cpu()).topk_index.to_vector<int32_t>());
 }
 
+TEST(CudaRouter, EqualGroupScoresPickTheLowerGroupFirst) {
+  MT_REQUIRE_GPU();
+  // Three groups of two (tests/ops/router_test.cpp's hand case): token 0 ties all three groups, token 1 is all
+  // equal, token 2 ties groups 1 and 2 above group 0.
+  const Tensor logits =
+      Tensor::from_vector<float>({1, 3, 3, 0, 2, 3, /**/ 0, 0, 0, 0, 0, 0, /**/ 0, 1, 2, 0, 2, 1}, {3, 6});
+  const ops::RouterParams one{2, false, 3, 1, 1.0}, two{3, false, 3, 2, 1.0};
+  EXPECT_EQ(route(logits, one, gpu()).topk_index.to_vector<int32_t>(), (std::vector<int32_t>{1, 0, 0, 1, 2, 3}));
+  EXPECT_EQ(route(logits, two, gpu()).topk_index.to_vector<int32_t>(),
+            (std::vector<int32_t>{1, 2, 0, 0, 1, 2, 2, 4, 5}));
+  // 40 groups of one expert, all equal: more groups than lanes, the kept ones are the lowest.
+  const Tensor flat = Tensor::zeros({1, 40}, DType::F32);
+  EXPECT_EQ(route(flat, {3, false, 40, 35, 1.0}, gpu()).topk_index.to_vector<int32_t>(),
+            (std::vector<int32_t>{0, 1, 2}));
+}
+
+// Neutral options (every group kept, a factor of 1) leave the greedy kernels' bytes as they are, and a power-of-two
+// factor scales the weights exactly.
+TEST(CudaRouter, NeutralGroupAndScalingOptionsAreTheGreedyBytes) {
+  MT_REQUIRE_GPU();
+  Rng rng(15);
+  const Tensor logits = random_tensor({999, 64}, DType::F32, rng, 2.0);
+  const Tensor dw = random_tensor({999, 6}, DType::F32, rng), dprobs = random_tensor({999, 64}, DType::F32, rng);
+  for (const bool renormalize : {false, true}) {
+    const ops::RouterParams greedy{6, renormalize};
+    const Routed a = route(logits, greedy, gpu());
+    const Tensor da = route_backward(a, dw, dprobs, greedy, gpu());
+    for (const ops::RouterParams& neutral :
+         {ops::RouterParams{6, renormalize, 8, 8, 1.0}, ops::RouterParams{6, renormalize, 64, 64, 1.0}}) {
+      const Routed b = route(logits, neutral, gpu());
+      EXPECT_TRUE(same_bytes(a.probs, b.probs));
+      EXPECT_TRUE(same_bytes(a.topk_index, b.topk_index));
+      EXPECT_TRUE(same_bytes(a.topk_weight, b.topk_weight));
+      EXPECT_TRUE(same_bytes(da, route_backward(b, dw, dprobs, neutral, gpu())));
+    }
+    const Routed scaled = route(logits, {6, renormalize, 1, 1, 16.0}, gpu());
+    std::vector<float> expected = a.topk_weight.to_vector<float>();
+    for (float& w : expected) w *= 16.0f;
+    EXPECT_EQ(scaled.topk_weight.to_vector<float>(), expected);
+    EXPECT_TRUE(same_bytes(a.topk_index, scaled.topk_index));
+  }
+}
+
+// One kept group whose second expert underflows to 0: a masked expert wins the tie at 0 with weight 0 and no
+// gradient, as on the CPU.
+TEST(CudaRouter, MaskedExpertAtAZeroTieMatchesCpu) {
+  MT_REQUIRE_GPU();
+  const Tensor logits = Tensor::from_vector<float>({50, 50, 120, 0}, {1, 4});
+  const ops::RouterParams params{2, false, 2, 1, 2.0};
+  const Routed g = route(logits, params, gpu()), c = route(logits, params, Device::cpu());
+  EXPECT_EQ(g.topk_index.to_vector<int32_t>(), (std::vector<int32_t>{2, 0}));
+  EXPECT_EQ(g.topk_weight.to_vector<float>()[1], 0.0f);
+  EXPECT_LT(relative_error(g.topk_weight, c.topk_weight), 1e-6);
+  const Tensor dw = Tensor::from_vector<float>({0.75f, -1.5f}, {1, 2});
+  const Tensor dg = route_backward(c, dw, Tensor(), params, gpu()),
+               dc = route_backward(c, dw, Tensor(), params, Device::cpu());
+  EXPECT_LT(relative_error(dg, dc), 1e-6);
+  EXPECT_NEAR(dg.to_vector<float>()[0], dc.to_vector<float>()[0], 1e-6 * std::abs(dc.to_vector<float>()[0]));
+}
+
 TEST(CudaRouter, BackwardMatchesCpuOnTheSameInputs) {
   MT_REQUIRE_GPU();
-  // Both backends get the CPU forward's probs / selection: the differences are rounding in sums over at most 160
+  // Both backends get the CPU forward's probs / selection: the differences are rounding in sums over at most 256
   // experts (fused multiply-adds and a warp tree on the GPU), ~1e-7 relative.
   constexpr double kThreshold = 1e-6;
   Rng rng(12);
-  for (const Shape3& s : kShapes) {
+  for (const Case& c : kCases) {
     for (const bool renormalize : {false, true}) {
       for (const bool with_dprobs : {false, true}) {
-        const ops::RouterParams params{static_cast<int>(s.top_k), renormalize};
-        const Routed r = route(separated_logits(s.tokens, s.experts, rng), params, Device::cpu());
-        const Tensor dw = random_tensor({s.tokens, s.top_k}, DType::F32, rng);
-        const Tensor dprobs = with_dprobs ? random_tensor({s.tokens, s.experts}, DType::F32, rng) : Tensor();
+        const ops::RouterParams params = with_renormalize(c.params, renormalize);
+        const Routed r = route(separated_logits(c.tokens, c.experts, rng), params, Device::cpu());
+        const Tensor dw = random_tensor({c.tokens, params.top_k}, DType::F32, rng);
+        const Tensor dprobs = with_dprobs ? random_tensor({c.tokens, c.experts}, DType::F32, rng) : Tensor();
         const Tensor g = route_backward(r, dw, dprobs, params, gpu());
-        const Tensor c = route_backward(r, dw, dprobs, params, Device::cpu());
-        const double err = relative_error(g, c);
-        EXPECT_LT(err, kThreshold) << "T=" << s.tokens << " E=" << s.experts << " K=" << s.top_k
-                                   << (renormalize ? " renormalized" : "") << (with_dprobs ? " with dprobs" : "")
+        const Tensor cpu = route_backward(r, dw, dprobs, params, Device::cpu());
+        const double err = relative_error(g, cpu);
+        EXPECT_LT(err, kThreshold) << describe(c, renormalize) << (with_dprobs ? " with dprobs" : "")
                                    << ": dlogits relative error " << err;
       }
     }
@@ -134,15 +225,16 @@ TEST(CudaRouter, BackwardMatchesCpuOnTheSameInputs) {
 TEST(CudaRouter, RepeatedRunsAreBitwiseIdentical) {
   MT_REQUIRE_GPU();
   Rng rng(13);
-  const ops::RouterParams params{6, true};
-  const Tensor logits = random_tensor({999, 64}, DType::F32, rng);
-  const Routed a = route(logits, params, gpu()), b = route(logits, params, gpu());
-  EXPECT_TRUE(same_bytes(a.probs, b.probs)) << "probs";
-  EXPECT_TRUE(same_bytes(a.topk_index, b.topk_index)) << "topk_index";
-  EXPECT_TRUE(same_bytes(a.topk_weight, b.topk_weight)) << "topk_weight";
-  const Tensor dw = random_tensor({999, 6}, DType::F32, rng), dprobs = random_tensor({999, 64}, DType::F32, rng);
-  EXPECT_TRUE(same_bytes(route_backward(a, dw, dprobs, params, gpu()), route_backward(a, dw, dprobs, params, gpu())))
-      << "dlogits";
+  for (const ops::RouterParams& params : {ops::RouterParams{6, true}, ops::RouterParams{6, true, 8, 3, 16.0}}) {
+    const Tensor logits = random_tensor({999, 64}, DType::F32, rng);
+    const Routed a = route(logits, params, gpu()), b = route(logits, params, gpu());
+    EXPECT_TRUE(same_bytes(a.probs, b.probs)) << "probs";
+    EXPECT_TRUE(same_bytes(a.topk_index, b.topk_index)) << "topk_index";
+    EXPECT_TRUE(same_bytes(a.topk_weight, b.topk_weight)) << "topk_weight";
+    const Tensor dw = random_tensor({999, 6}, DType::F32, rng), dprobs = random_tensor({999, 64}, DType::F32, rng);
+    EXPECT_TRUE(same_bytes(route_backward(a, dw, dprobs, params, gpu()), route_backward(a, dw, dprobs, params, gpu())))
+        << "dlogits";
+  }
 }
 
 TEST(CudaRouter, RejectsNonF32AndMixedDevices) {
@@ -161,6 +253,18 @@ TEST(CudaRouter, RejectsNonF32AndMixedDevices) {
   Tensor index_cpu = Tensor::empty({4, 2}, DType::I32);
   expect_error([&] { ops::router_forward(s, probs, index_cpu, weight, logits.to(gpu()), params); },
                "expected topk_index on cuda:0");
+  // The group scores live in shared memory: at most 1024 groups on CUDA (the CPU takes any).
+  const Tensor wide = random_tensor({2, 2048}, DType::F32, rng);
+  const ops::RouterParams many{1, false, 2048, 1, 1.0};
+  Tensor wide_probs = Tensor::empty({2, 2048}, DType::F32, gpu());
+  Tensor one_index = Tensor::empty({2, 1}, DType::I32, gpu()), one_weight = Tensor::empty({2, 1}, DType::F32, gpu());
+  expect_error([&] { ops::router_forward(s, wide_probs, one_index, one_weight, wide.to(gpu()), many); },
+               "router_forward: num_groups (2048) exceeds the CUDA kernel's 1024");
+  expect_error(
+      [&] {
+        ops::router_forward(s, probs, index, weight, logits.to(gpu()), {2, false, 3, 1, 1.0});
+      },
+      "router_forward: E = 8 is not divisible by num_groups (3)");
 }
 
 }  // namespace

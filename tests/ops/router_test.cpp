@@ -1,16 +1,21 @@
-// Tests for ops/router: softmax and top-k selection (hand case with ties, direct computation), backward against
-// finite differences with and without renormalisation and with a gradient on the full probabilities, per-token
-// independence, and argument checks.
+// Tests for ops/router: softmax and top-k selection (hand cases with ties between experts and between groups,
+// the routing written out here, greedy and group-limited), the greedy path bit for bit the previous reference, the
+// scaling factor, the masked-expert corner, backward against f64 finite differences (renormalisation, scaling,
+// group mask, a gradient on the full probabilities), per-token independence, every argument refusal, and the
+// DeepSeek-V2 gate of transformers itself (tests/data/deepseek_v2_router).
 #include "ops/router.h"
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
+#include <set>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "io/safetensors.h"
 #include "testing/test_data.h"
 
 namespace moetrain {
@@ -31,6 +36,13 @@ Routed route(const Tensor& logits, const ops::RouterParams& params) {
   return r;
 }
 
+Tensor route_backward(const Routed& r, const Tensor& dtopk_weight, const Tensor& dprobs,
+                      const ops::RouterParams& params) {
+  Tensor dlogits = Tensor::empty(r.probs.shape(), r.probs.dtype());
+  ops::router_backward(Stream::cpu(), dlogits, dtopk_weight, dprobs, r.probs, r.topk_index, r.topk_weight, params);
+  return dlogits;
+}
+
 template <typename F>
 void expect_error(F&& f, const std::string& needle) {
   try {
@@ -41,8 +53,17 @@ void expect_error(F&& f, const std::string& needle) {
   }
 }
 
+double at(const Tensor& t, int64_t i) {
+  return t.dtype() == DType::F64 ? t.data<double>()[i] : static_cast<double>(t.data<float>()[i]);
+}
+
+template <typename T>
+bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.to_vector<T>() == b.to_vector<T>();
+}
+
 // Logits whose experts are at least `gap` apart within each token (a shuffled ladder plus small noise), so a
-// finite-difference step never changes the top-k selection.
+// finite-difference step never changes the top-k selection nor the kept groups.
 Tensor separated_logits(int64_t tokens, int64_t experts, double gap, Rng& rng) {
   Tensor t = Tensor::empty({tokens, experts}, DType::F64);
   std::vector<int64_t> order(static_cast<size_t>(experts));
@@ -57,6 +78,74 @@ Tensor separated_logits(int64_t tokens, int64_t experts, double gap, Rng& rng) {
     }
   }
   return t;
+}
+
+// The routing written out independently of the op: probabilities are an f64 softmax of the logits; the order is
+// judged on the op's own probabilities (ties cannot be judged from f64 values): groups by their largest
+// probability (a stable sort keeps equal groups in index order), the scores outside the kept groups 0, experts by a
+// stable sort of those scores; weights are the f64 scores, divided by their sum when renormalising, times the
+// factor. `changed` counts the tokens whose experts differ from the plain top-k (the group mask mattered).
+struct Expected {
+  Tensor probs, weights;  // f64
+  std::vector<int32_t> index;
+  int changed = 0;
+};
+
+Expected expected_routing(const Tensor& logits, const Tensor& op_probs, const ops::RouterParams& p) {
+  const int64_t tokens = logits.size(0), experts = logits.size(1), k = p.top_k;
+  const int64_t size = experts / p.num_groups;
+  Expected x{Tensor::empty({tokens, experts}, DType::F64), Tensor::empty({tokens, k}, DType::F64), {}, 0};
+  for (int64_t t = 0; t < tokens; ++t) {
+    double z = 0.0, max = -INFINITY;
+    for (int64_t e = 0; e < experts; ++e) max = std::max(max, at(logits, t * experts + e));
+    for (int64_t e = 0; e < experts; ++e) z += std::exp(at(logits, t * experts + e) - max);
+    double* prob = x.probs.data<double>() + t * experts;
+    for (int64_t e = 0; e < experts; ++e) prob[e] = std::exp(at(logits, t * experts + e) - max) / z;
+
+    std::vector<double> op(static_cast<size_t>(experts));  // the op's probabilities, exactly
+    for (int64_t e = 0; e < experts; ++e) op[static_cast<size_t>(e)] = at(op_probs, t * experts + e);
+    std::vector<double> group_score(static_cast<size_t>(p.num_groups), 0.0);
+    for (int64_t e = 0; e < experts; ++e) {
+      double& s = group_score[static_cast<size_t>(e / size)];
+      s = std::max(s, op[static_cast<size_t>(e)]);
+    }
+    std::vector<int> groups(static_cast<size_t>(p.num_groups));
+    std::iota(groups.begin(), groups.end(), 0);
+    std::stable_sort(groups.begin(), groups.end(),
+                     [&](int a, int b) { return group_score[size_t(a)] > group_score[size_t(b)]; });
+    std::vector<bool> kept(static_cast<size_t>(p.num_groups), false);
+    for (int i = 0; i < p.topk_groups; ++i) kept[static_cast<size_t>(groups[static_cast<size_t>(i)])] = true;
+    std::vector<double> masked = op;
+    for (int64_t e = 0; e < experts; ++e) {
+      if (!kept[static_cast<size_t>(e / size)]) masked[static_cast<size_t>(e)] = 0.0;
+    }
+
+    const auto top = [&](const std::vector<double>& score) {
+      std::vector<int32_t> order(static_cast<size_t>(experts));
+      std::iota(order.begin(), order.end(), 0);
+      std::stable_sort(order.begin(), order.end(),
+                       [&](int32_t a, int32_t b) { return score[size_t(a)] > score[size_t(b)]; });
+      order.resize(static_cast<size_t>(k));
+      return order;
+    };
+    const std::vector<int32_t> chosen = top(masked), greedy = top(op);
+    if (std::set<int32_t>(chosen.begin(), chosen.end()) != std::set<int32_t>(greedy.begin(), greedy.end())) {
+      ++x.changed;
+    }
+    double selected = 0.0;
+    std::vector<double> w(static_cast<size_t>(k));
+    for (int64_t s = 0; s < k; ++s) {
+      const int32_t e = chosen[static_cast<size_t>(s)];
+      w[static_cast<size_t>(s)] = kept[static_cast<size_t>(e / size)] ? prob[e] : 0.0;
+      selected += w[static_cast<size_t>(s)];
+    }
+    for (int64_t s = 0; s < k; ++s) {
+      x.weights.data<double>()[t * k + s] =
+          w[static_cast<size_t>(s)] / (p.renormalize ? selected : 1.0) * p.scaling_factor;
+      x.index.push_back(chosen[static_cast<size_t>(s)]);
+    }
+  }
+  return x;
 }
 
 TEST(Router, ForwardHandCaseBreaksTiesByLowerExpertIndex) {
@@ -76,61 +165,240 @@ TEST(Router, ForwardHandCaseBreaksTiesByLowerExpertIndex) {
   }
 }
 
+// Three groups of two experts. Token 0: every group's score is p(3) (bitwise equal), so the lower groups are kept;
+// token 1: all equal; token 2: groups 1 and 2 tie above group 0, so one kept group is group 1.
+TEST(Router, EqualGroupScoresPickTheLowerGroupIndex) {
+  for (const DType dtype : {DType::F32, DType::F64}) {
+    const Tensor logits = Tensor::from_vector<double>({1, 3, 3, 0, 2, 3,  //
+                                                       0, 0, 0, 0, 0, 0,  //
+                                                       0, 1, 2, 0, 2, 1},
+                                                      {3, 6})
+                              .to(dtype);
+    const Routed one = route(logits, {2, false, 3, 1, 1.0});
+    EXPECT_EQ(one.topk_index.to_vector<int32_t>(), (std::vector<int32_t>{1, 0, 0, 1, 2, 3}));
+    const Routed two = route(logits, {3, false, 3, 2, 1.0});
+    EXPECT_EQ(two.topk_index.to_vector<int32_t>(), (std::vector<int32_t>{1, 2, 0, 0, 1, 2, 2, 4, 5}));
+    // Token 0, two groups kept: experts 1 and 2 tie at p(3) (lower index first), then expert 0 at p(1).
+    const Expected x = expected_routing(logits, two.probs, {3, false, 3, 2, 1.0});
+    EXPECT_EQ(two.topk_index.to_vector<int32_t>(), x.index);
+    EXPECT_LT(relative_error(two.topk_weight, x.weights), 1e-6);
+  }
+}
+
+struct GroupCase {
+  int64_t experts;
+  ops::RouterParams params;
+};
+
+const GroupCase kGroupCases[] = {
+    {16, {3, false, 4, 2, 16.0}}, {16, {3, true, 4, 2, 16.0}},  {12, {2, false, 3, 1, 2.5}},
+    {64, {6, true, 8, 3, 1.0}},   {128, {8, false, 8, 4, 2.5}}, {8, {2, true, 4, 1, 0.5}},
+};
+
+TEST(Router, GroupLimitedForwardMatchesTheRoutingWrittenOut) {
+  Rng rng(21);
+  for (const DType dtype : {DType::F32, DType::F64}) {
+    for (const GroupCase& c : kGroupCases) {
+      const Tensor logits = random_tensor({40, c.experts}, dtype, rng, 2.0);
+      const Routed r = route(logits, c.params);
+      const Expected x = expected_routing(logits, r.probs, c.params);
+      const std::string what = "E=" + std::to_string(c.experts) + " K=" + std::to_string(c.params.top_k) + " groups " +
+                               std::to_string(c.params.topk_groups) + "/" + std::to_string(c.params.num_groups) + " " +
+                               std::string(dtype_name(dtype));
+      EXPECT_GT(x.changed, 0) << what << ": the group mask changed no selection";
+      EXPECT_EQ(r.topk_index.to_vector<int32_t>(), x.index) << what;
+      const double bound = dtype == DType::F32 ? 1e-6 : 1e-12;
+      EXPECT_LT(relative_error(r.probs, x.probs), bound) << what;
+      EXPECT_LT(relative_error(r.topk_weight, x.weights), bound) << what;
+    }
+  }
+}
+
 TEST(Router, ForwardMatchesDirectSoftmaxAndStableSelection) {
   const int64_t tokens = 9, experts = 8, top_k = 3;
   Rng rng(4);
   const Tensor logits = random_tensor({tokens, experts}, DType::F32, rng, 2.0);
   for (bool renormalize : {false, true}) {
-    const Routed r = route(logits, {static_cast<int>(top_k), renormalize});
-    Tensor probs = Tensor::empty({tokens, experts}, DType::F64);
-    Tensor weights = Tensor::empty({tokens, top_k}, DType::F64);
-    for (int64_t t = 0; t < tokens; ++t) {
-      const float* l = logits.data<float>() + t * experts;
-      double* p = probs.data<double>() + t * experts;
-      double z = 0.0;
-      for (int64_t e = 0; e < experts; ++e) z += std::exp(static_cast<double>(l[e]));
-      for (int64_t e = 0; e < experts; ++e) p[e] = std::exp(static_cast<double>(l[e])) / z;
-      // The op's own probabilities decide the order (ties cannot be judged from f64 values).
-      const float* op = r.probs.data<float>() + t * experts;
-      std::vector<int32_t> order(static_cast<size_t>(experts));
-      std::iota(order.begin(), order.end(), 0);
-      std::stable_sort(order.begin(), order.end(), [op](int32_t a, int32_t b) { return op[a] > op[b]; });
-      double selected = 0.0;
-      for (int64_t k = 0; k < top_k; ++k) {
-        EXPECT_EQ(r.topk_index.data<int32_t>()[t * top_k + k], order[static_cast<size_t>(k)]) << "token " << t;
-        selected += p[order[static_cast<size_t>(k)]];
+    const ops::RouterParams params{static_cast<int>(top_k), renormalize};
+    const Routed r = route(logits, params);
+    const Expected x = expected_routing(logits, r.probs, params);
+    EXPECT_EQ(x.changed, 0);
+    EXPECT_EQ(r.topk_index.to_vector<int32_t>(), x.index);
+    EXPECT_LT(relative_error(r.probs, x.probs), 1e-6);
+    EXPECT_LT(relative_error(r.topk_weight, x.weights), 1e-6);
+  }
+}
+
+// The router reference before group-limited top-k and the scaling factor, kept verbatim (one thread): the greedy
+// path must still produce these bytes.
+template <typename T>
+void previous_forward(const Tensor& probs, const Tensor& topk_index, const Tensor& topk_weight, const Tensor& logits,
+                      int64_t top_k, bool renormalize) {
+  const int64_t tokens = logits.size(0), experts = logits.size(1);
+  std::vector<int32_t> order(static_cast<size_t>(experts));
+  for (int64_t t = 0; t < tokens; ++t) {
+    const T* l = logits.data<T>() + t * experts;
+    T* p = probs.data<T>() + t * experts;
+    const T max = *std::max_element(l, l + experts);
+    T sum = T(0);
+    for (int64_t e = 0; e < experts; ++e) {
+      p[e] = std::exp(l[e] - max);
+      sum += p[e];
+    }
+    for (int64_t e = 0; e < experts; ++e) p[e] /= sum;
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + top_k, order.end(),
+                      [p](int32_t a, int32_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
+    int32_t* index = topk_index.data<int32_t>() + t * top_k;
+    T* weight = topk_weight.data<T>() + t * top_k;
+    T selected = T(0);
+    for (int64_t s = 0; s < top_k; ++s) {
+      index[s] = order[static_cast<size_t>(s)];
+      weight[s] = p[index[s]];
+      selected += weight[s];
+    }
+    if (renormalize) {
+      for (int64_t s = 0; s < top_k; ++s) weight[s] /= selected;
+    }
+  }
+}
+
+template <typename T>
+void previous_backward(const Tensor& dlogits, const Tensor& dtopk_weight, const Tensor& dprobs, const Tensor& probs,
+                       const Tensor& topk_index, const Tensor& topk_weight, int64_t top_k, bool renormalize) {
+  const int64_t tokens = probs.size(0), experts = probs.size(1);
+  std::vector<T> dp(static_cast<size_t>(experts)), dw_raw(static_cast<size_t>(top_k));
+  for (int64_t t = 0; t < tokens; ++t) {
+    const T* p = probs.data<T>() + t * experts;
+    const int32_t* index = topk_index.data<int32_t>() + t * top_k;
+    const T* dw = dtopk_weight.data<T>() + t * top_k;
+    if (renormalize) {
+      const T* w_norm = topk_weight.data<T>() + t * top_k;
+      T selected = T(0);
+      T inner = T(0);
+      for (int64_t s = 0; s < top_k; ++s) {
+        selected += p[index[s]];
+        inner += dw[s] * w_norm[s];
       }
-      for (int64_t k = 0; k < top_k; ++k) {
-        weights.data<double>()[t * top_k + k] = p[order[static_cast<size_t>(k)]] / (renormalize ? selected : 1.0);
+      for (int64_t s = 0; s < top_k; ++s) dw_raw[static_cast<size_t>(s)] = (dw[s] - inner) / selected;
+    } else {
+      std::copy(dw, dw + top_k, dw_raw.begin());
+    }
+    for (int64_t e = 0; e < experts; ++e) {
+      dp[static_cast<size_t>(e)] = dprobs.defined() ? dprobs.data<T>()[t * experts + e] : T(0);
+    }
+    for (int64_t s = 0; s < top_k; ++s) dp[static_cast<size_t>(index[s])] += dw_raw[static_cast<size_t>(s)];
+    T inner = T(0);
+    for (int64_t e = 0; e < experts; ++e) inner += p[e] * dp[static_cast<size_t>(e)];
+    T* dl = dlogits.data<T>() + t * experts;
+    for (int64_t e = 0; e < experts; ++e) dl[e] = p[e] * (dp[static_cast<size_t>(e)] - inner);
+  }
+}
+
+template <typename T>
+void expect_greedy_is_the_previous_reference(DType dtype) {
+  const int64_t tokens = 33, experts = 24, top_k = 4;
+  Rng rng(5);
+  for (const bool renormalize : {false, true}) {
+    const Tensor logits = random_tensor({tokens, experts}, dtype, rng, 2.0);
+    const Tensor dw = random_tensor({tokens, top_k}, dtype, rng);
+    const Tensor dprobs = random_tensor({tokens, experts}, dtype, rng);
+    Routed old{Tensor::empty({tokens, experts}, dtype), Tensor::empty({tokens, top_k}, DType::I32),
+               Tensor::empty({tokens, top_k}, dtype)};
+    previous_forward<T>(old.probs, old.topk_index, old.topk_weight, logits, top_k, renormalize);
+    // Plain greedy, and every group kept (the mask is the identity) in groups of 6 and of 1.
+    for (const ops::RouterParams& params : {ops::RouterParams{4, renormalize}, ops::RouterParams{4, renormalize, 4, 4},
+                                            ops::RouterParams{4, renormalize, 24, 24, 1.0}}) {
+      const std::string what = std::string(dtype_name(dtype)) + (renormalize ? " renormalized" : "") + " groups " +
+                               std::to_string(params.num_groups);
+      const Routed now = route(logits, params);
+      EXPECT_TRUE(same_bits<T>(now.probs, old.probs)) << what;
+      EXPECT_EQ(now.topk_index.to_vector<int32_t>(), old.topk_index.to_vector<int32_t>()) << what;
+      EXPECT_TRUE(same_bits<T>(now.topk_weight, old.topk_weight)) << what;
+      for (const Tensor& d : {Tensor(), dprobs}) {
+        Tensor expected = Tensor::empty({tokens, experts}, dtype);
+        previous_backward<T>(expected, dw, d, old.probs, old.topk_index, old.topk_weight, top_k, renormalize);
+        EXPECT_TRUE(same_bits<T>(route_backward(now, dw, d, params), expected))
+            << what << (d.defined() ? " with dprobs" : "");
       }
     }
-    EXPECT_LT(relative_error(r.probs, probs), 1e-6);
-    EXPECT_LT(relative_error(r.topk_weight, weights), 1e-6);
   }
+}
+
+TEST(Router, GreedyPathIsBitwiseThePreviousReference) {
+  expect_greedy_is_the_previous_reference<float>(DType::F32);
+  expect_greedy_is_the_previous_reference<double>(DType::F64);
+}
+
+// Renormalisation comes first, then the factor: a power of two scales the weights exactly.
+TEST(Router, ScalingFactorMultipliesTheSelectedWeightsAfterRenormalisation) {
+  Rng rng(6);
+  const Tensor logits = random_tensor({20, 16}, DType::F32, rng, 2.0);
+  for (const bool renormalize : {false, true}) {
+    for (const int groups : {1, 4}) {
+      const Routed plain = route(logits, {3, renormalize, groups, groups == 1 ? 1 : 2, 1.0});
+      const Routed scaled = route(logits, {3, renormalize, groups, groups == 1 ? 1 : 2, 16.0});
+      EXPECT_EQ(scaled.topk_index.to_vector<int32_t>(), plain.topk_index.to_vector<int32_t>());
+      EXPECT_TRUE(same_bits<float>(scaled.probs, plain.probs));
+      std::vector<float> expected = plain.topk_weight.to_vector<float>();
+      for (float& w : expected) w *= 16.0f;
+      EXPECT_EQ(scaled.topk_weight.to_vector<float>(), expected);
+      if (renormalize) {
+        for (int64_t t = 0; t < 20; ++t) {
+          double sum = 0.0;
+          for (int64_t s = 0; s < 3; ++s) sum += scaled.topk_weight.data<float>()[t * 3 + s];
+          EXPECT_NEAR(sum, 16.0, 16.0 * 1e-6) << "token " << t;
+        }
+      }
+    }
+  }
+}
+
+// Only one group is kept and one of its two experts underflows to probability 0 in f32, so the second selection
+// ties at 0 between it and the masked experts of group 0: the lower index wins, a masked expert, whose weight is
+// the masked score 0 and which carries no gradient (its probability exp(-70) is not 0, so a gradient would show).
+TEST(Router, MaskedExpertIsSelectedOnlyAtAZeroTieWithZeroWeightAndNoGradient) {
+  const Tensor logits = Tensor::from_vector<float>({50, 50, 120, 0}, {1, 4});
+  const ops::RouterParams params{2, false, 2, 1, 2.0};
+  const Routed r = route(logits, params);
+  const std::vector<float> p = r.probs.to_vector<float>();
+  ASSERT_GT(p[0], 0.0f);
+  ASSERT_EQ(p[3], 0.0f);
+  EXPECT_EQ(r.topk_index.to_vector<int32_t>(), (std::vector<int32_t>{2, 0}));
+  EXPECT_EQ(r.topk_weight.to_vector<float>(), (std::vector<float>{2.0f * p[2], 0.0f}));
+
+  const Tensor dw = Tensor::from_vector<float>({0.75f, -1.5f}, {1, 2});
+  const std::vector<float> dl = route_backward(r, dw, Tensor(), params).to_vector<float>();
+  // dp = (0, 0, c dw_0, 0): dlogits_e = p_e (dp_e - p_2 c dw_0).
+  const double inner = double(p[2]) * 2.0 * 0.75;
+  const std::vector<double> expected{-double(p[0]) * inner, -double(p[1]) * inner, double(p[2]) * (1.5 - inner), 0.0};
+  for (size_t e = 0; e < 4; ++e) EXPECT_NEAR(dl[e], expected[e], 1e-6 * std::abs(expected[e]) + 1e-40) << e;
 }
 
 TEST(Router, TokenResultsDoNotDependOnOtherTokens) {
   Rng rng(8);
   const Tensor logits = random_tensor({12, 6}, DType::F32, rng);
-  const Routed all = route(logits, {2, true});
-  const Routed part = route(logits.slice(4, 9).clone(), {2, true});
-  EXPECT_EQ(all.probs.slice(4, 9).clone().to_vector<float>(), part.probs.to_vector<float>());
-  EXPECT_EQ(all.topk_index.slice(4, 9).clone().to_vector<int32_t>(), part.topk_index.to_vector<int32_t>());
-  EXPECT_EQ(all.topk_weight.slice(4, 9).clone().to_vector<float>(), part.topk_weight.to_vector<float>());
+  for (const ops::RouterParams& params : {ops::RouterParams{2, true}, ops::RouterParams{2, true, 3, 2, 2.5}}) {
+    const Routed all = route(logits, params);
+    const Routed part = route(logits.slice(4, 9).clone(), params);
+    EXPECT_EQ(all.probs.slice(4, 9).clone().to_vector<float>(), part.probs.to_vector<float>());
+    EXPECT_EQ(all.topk_index.slice(4, 9).clone().to_vector<int32_t>(), part.topk_index.to_vector<int32_t>());
+    EXPECT_EQ(all.topk_weight.slice(4, 9).clone().to_vector<float>(), part.topk_weight.to_vector<float>());
+  }
 }
 
 // loss = dot(topk_weight, Rw) (+ dot(probs, Rp) when with_dprobs); dlogits must match central differences.
-void expect_backward_matches_finite_differences(bool renormalize, bool with_dprobs) {
-  const int64_t tokens = 5, experts = 6;
-  const ops::RouterParams params{3, renormalize};
-  Rng rng(renormalize * 2 + with_dprobs + 30);
+void expect_backward_matches_finite_differences(const ops::RouterParams& params, int64_t experts, bool with_dprobs) {
+  const int64_t tokens = 8;
+  Rng rng(params.renormalize * 2 + with_dprobs + (params.num_groups - 1) * 4 + 30);
   Tensor logits = separated_logits(tokens, experts, 0.5, rng);
   const Tensor rw = random_tensor({tokens, params.top_k}, DType::F64, rng);
   const Tensor rp = random_tensor({tokens, experts}, DType::F64, rng);
   const Routed r = route(logits, params);
-  Tensor dlogits = Tensor::empty({tokens, experts}, DType::F64);
-  ops::router_backward(Stream::cpu(), dlogits, rw, with_dprobs ? rp : Tensor(), r.probs, r.topk_index, r.topk_weight,
-                       params);
+  if (params.topk_groups < params.num_groups) {
+    EXPECT_GT(expected_routing(logits, r.probs, params).changed, 0) << "the group mask changed no selection";
+  }
+  const Tensor dlogits = route_backward(r, rw, with_dprobs ? rp : Tensor(), params);
   const std::vector<int32_t> selection = r.topk_index.to_vector<int32_t>();
   const auto loss = [&] {
     const Routed now = route(logits, params);
@@ -140,15 +408,32 @@ void expect_backward_matches_finite_differences(bool renormalize, bool with_dpro
   testing::expect_gradients_match(loss, {{"logits", logits, dlogits}});
 }
 
-TEST(Router, BackwardMatchesFiniteDifferences) { expect_backward_matches_finite_differences(false, false); }
+TEST(Router, BackwardMatchesFiniteDifferences) { expect_backward_matches_finite_differences({3, false}, 6, false); }
 
 TEST(Router, BackwardWithRenormalizeMatchesFiniteDifferences) {
-  expect_backward_matches_finite_differences(true, false);
+  expect_backward_matches_finite_differences({3, true}, 6, false);
 }
 
 TEST(Router, BackwardWithDprobsMatchesFiniteDifferences) {
-  expect_backward_matches_finite_differences(false, true);
-  expect_backward_matches_finite_differences(true, true);
+  expect_backward_matches_finite_differences({3, false}, 6, true);
+  expect_backward_matches_finite_differences({3, true}, 6, true);
+}
+
+TEST(Router, BackwardWithScalingFactorMatchesFiniteDifferences) {
+  for (const bool renormalize : {false, true}) {
+    for (const bool with_dprobs : {false, true}) {
+      expect_backward_matches_finite_differences({3, renormalize, 1, 1, 2.5}, 6, with_dprobs);
+    }
+  }
+}
+
+TEST(Router, BackwardWithGroupMaskMatchesFiniteDifferences) {
+  for (const bool renormalize : {false, true}) {
+    for (const bool with_dprobs : {false, true}) {
+      expect_backward_matches_finite_differences({3, renormalize, 4, 2, 2.5}, 12, with_dprobs);
+      expect_backward_matches_finite_differences({2, renormalize, 3, 1, 1.0}, 12, with_dprobs);
+    }
+  }
 }
 
 TEST(Router, RejectsBadArguments) {
@@ -204,6 +489,93 @@ TEST(Router, RejectsBadArguments) {
         ops::router_backward(s, dlogits, dweight, Tensor(), probs, bad_index, weight, {2, false});
       },
       "router_backward: topk_index[2, 1] = 5 is outside [0, E = 5)");
+}
+
+TEST(Router, RejectsBadGroupsAndScalingFactorNamingTheValue) {
+  Stream& s = Stream::cpu();
+  Rng rng(9);
+  const Tensor logits = random_tensor({4, 12}, DType::F32, rng);
+  const auto forward = [&](const ops::RouterParams& params, const Tensor& l) {
+    Tensor probs = Tensor::empty({4, 12}, l.dtype()), index = Tensor::empty({4, params.top_k}, DType::I32),
+           weight = Tensor::empty({4, params.top_k}, l.dtype());
+    ops::router_forward(s, probs, index, weight, l, params);
+  };
+  const auto refused = [&](const ops::RouterParams& params, const std::string& needle) {
+    expect_error([&] { forward(params, logits); }, needle);
+  };
+  refused({2, false, 0, 1, 1.0}, "router_forward: num_groups (0) must be at least 1");
+  refused({2, false, -3, 1, 1.0}, "router_forward: num_groups (-3) must be at least 1");
+  refused({2, false, 5, 1, 1.0}, "router_forward: E = 12 is not divisible by num_groups (5)");
+  refused({2, false, 4, 0, 1.0}, "router_forward: topk_groups (0) must be in [1, num_groups = 4]");
+  refused({2, false, 4, 5, 1.0}, "router_forward: topk_groups (5) must be in [1, num_groups = 4]");
+  refused({2, false, 1, 2, 1.0}, "router_forward: topk_groups (2) must be in [1, num_groups = 1]");
+  refused({4, false, 4, 1, 1.0},
+          "router_forward: top_k (4) exceeds the experts of the kept groups: topk_groups (1) x E / num_groups (3) = 3");
+  refused({7, false, 4, 2, 1.0},
+          "router_forward: top_k (7) exceeds the experts of the kept groups: topk_groups (2) x E / num_groups (3) = 6");
+  refused({2, false, 1, 1, 0.0}, "router_forward: scaling_factor (0) must be finite and > 0");
+  refused({2, false, 1, 1, -1.5}, "router_forward: scaling_factor (-1.5) must be finite and > 0");
+  refused({2, false, 1, 1, std::numeric_limits<double>::quiet_NaN()},
+          "router_forward: scaling_factor (nan) must be finite and > 0");
+  refused({2, false, 1, 1, std::numeric_limits<double>::infinity()},
+          "router_forward: scaling_factor (inf) must be finite and > 0");
+  // Finite and positive in f64 but not once rounded to f32: refused for f32 logits only.
+  refused({2, false, 1, 1, 1e300}, "router_forward: scaling_factor (1e+300) is not a finite positive f32 (inf)");
+  refused({2, false, 1, 1, 1e-50}, "router_forward: scaling_factor (1e-50) is not a finite positive f32 (0)");
+  forward({2, false, 1, 1, 1e300}, logits.to(DType::F64));
+  // The limits themselves are accepted: top_k filling the kept groups, every group kept, one expert per group.
+  forward({6, false, 4, 2, 1.0}, logits);
+  forward({2, false, 4, 4, 1.0}, logits);
+  forward({3, false, 12, 3, 1.0}, logits);
+
+  // The backward checks the same parameters.
+  const Routed r = route(logits, {2, false});
+  const Tensor dweight = random_tensor({4, 2}, DType::F32, rng);
+  expect_error(
+      [&] {
+        route_backward(r, dweight, Tensor(), {2, false, 5, 1, 1.0});
+      },
+      "router_backward: E = 12 is not divisible by num_groups (5)");
+  expect_error(
+      [&] {
+        route_backward(r, dweight, Tensor(), {2, false, 1, 1, -2.0});
+      },
+      "router_backward: scaling_factor (-2) must be finite and > 0");
+  // And the check on its own, as blocks run it when they are built.
+  expect_error(
+      [&] {
+        ops::check_router_params({2, false, 4, 3, 1.0}, 10, "router block");
+      },
+      "router block: E = 10 is not divisible by num_groups (4)");
+}
+
+// transformers 5.17's DeepSeek-V2 gate (group_limited_greedy, E = 16 in 4 groups, 2 kept, top-3, factor 16) on 64
+// seeded tokens (tests/data/deepseek_v2_router/make_gate_fixture.py). Its topk is unsorted, so each token's experts
+// are compared as a set, and each weight with the weight of the same expert. Its boundaries are at least 0.5%
+// apart (kth vs (k+1)th score, and groups), far above the f32 softmax's few-ulp differences.
+TEST(Router, MatchesTransformersDeepseekV2Gate) {
+  const io::SafetensorsFile file =
+      io::SafetensorsFile::open(testing::test_data_path("deepseek_v2_router/gate.safetensors"));
+  const Tensor logits = file.tensor("logits").clone();
+  const Tensor hf_index = file.tensor("topk_idx"), hf_weight = file.tensor("topk_weight");
+  const int64_t tokens = logits.size(0), k = hf_index.size(1);
+  ASSERT_EQ(logits.size(1), 16);
+  ASSERT_EQ(k, 3);
+  ASSERT_NE(file.metadata().at("tokens_changed_by_the_group_mask"), "0");
+  const Routed r = route(logits, {3, false, 4, 2, 16.0});
+  const std::vector<int32_t> ours = r.topk_index.to_vector<int32_t>();
+  const std::vector<float> our_weight = r.topk_weight.to_vector<float>();
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t s = 0; s < k; ++s) {
+      const int64_t e = hf_index.data<int64_t>()[t * k + s];
+      const float w = hf_weight.data<float>()[t * k + s];
+      const auto begin = ours.begin() + t * k, end = begin + k;
+      const auto found = std::find(begin, end, static_cast<int32_t>(e));
+      ASSERT_NE(found, end) << "token " << t << ": transformers selects expert " << e;
+      const float mine = our_weight[static_cast<size_t>(found - ours.begin())];
+      EXPECT_NEAR(mine, w, 1e-6 * std::abs(w)) << "token " << t << " expert " << e;
+    }
+  }
 }
 
 }  // namespace

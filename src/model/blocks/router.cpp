@@ -1,4 +1,4 @@
-// defines: the router block's parameter, forward and split backward.
+// defines: the router block's parameter, forward and split backward; its options are checked when it is built.
 #include "model/blocks/router.h"
 
 #include "core/error.h"
@@ -23,13 +23,17 @@ Router::Router(const RouterOptions& options, ParameterStore& store, const std::s
   MT_CHECK(options.score == RouterScore::Softmax, "router block: sigmoid scores are not supported yet");
   MT_CHECK(!options.topk_before_softmax, "router block: top-k before the softmax is not supported yet");
   MT_CHECK(!options.bias, "router block: a router bias is not supported yet");
-  MT_CHECK(options.num_groups == 1 && options.topk_groups == 1,
-           "router block: group-limited top-k ({} groups, {} kept) is not supported yet", options.num_groups,
-           options.topk_groups);
-  MT_CHECK(options.scaling_factor == 1.0, "router block: a routed scaling factor ({}) is not supported yet",
-           options.scaling_factor);
+  // int64 options into the op's int parameters: both group counts are in [1, E] when valid.
+  MT_CHECK(options.num_groups >= 1 && options.num_groups <= options.num_experts,
+           "router block: num_groups ({}) must be in [1, E = {}]", options.num_groups, options.num_experts);
+  MT_CHECK(options.topk_groups >= 1 && options.topk_groups <= options.num_groups,
+           "router block: topk_groups ({}) must be in [1, num_groups = {}]", options.topk_groups, options.num_groups);
   params_.top_k = static_cast<int>(options.top_k);
   params_.renormalize = options.renormalize;
+  params_.num_groups = static_cast<int>(options.num_groups);
+  params_.topk_groups = static_cast<int>(options.topk_groups);
+  params_.scaling_factor = options.scaling_factor;
+  ops::check_router_params(params_, options.num_experts, "router block");
   w_ = store.weight(prefix + "router");
   g_ = store.grad(prefix + "router");
 }
@@ -51,7 +55,7 @@ RoutingMetadata Router::forward(RouterRecord& r, const Tensor& x) const {
 }
 
 Tensor Router::backward_input(RouterRecord& r, const RoutingMetadata& m, const Tensor& d_topk_weight,
-                                   const Tensor& d_probs, const Tensor& d_logits_extra) const {
+                              const Tensor& d_probs, const Tensor& d_logits_extra) const {
   Stream& s = default_stream(r.x.device());
   r.d_logits = Tensor::empty(m.logits.shape(), m.logits.dtype(), m.logits.device());
   ops::router_backward(s, r.d_logits, d_topk_weight, d_probs, m.probs, m.topk_index, m.topk_weight, params_);

@@ -1,8 +1,8 @@
 // defines: Router, the MoE router block driven by RouterOptions: the router projection, scores, top-k selection and
 // the routing metadata (plan, weights, probabilities) that stage 1 produces and stage 5 consumes as one named
-// struct. The options leave room for the other families' routers: sigmoid scores, top-k before the softmax
-// (GPT-OSS), a projection bias, group-limited top-k (DeepSeek-V2), a routed scaling factor; the ones this build
-// does not run yet are refused by name when the block is built. It knows no HF names.
+// struct. It runs softmax scores with greedy or group-limited top-k (DeepSeek-V2), renormalisation and a routed
+// scaling factor (ops/router.h); the options left for the other families' routers (sigmoid scores, top-k before
+// the softmax as GPT-OSS, a projection bias) are refused by name when the block is built. It knows no HF names.
 #pragma once
 
 #include <string>
@@ -24,10 +24,10 @@ struct RouterOptions {
   RouterScore score = RouterScore::Softmax;
   bool topk_before_softmax = false;  // top-k over the logits, then a softmax over the k kept
   bool bias = false;                 // a bias on the router projection
-  int64_t num_groups = 1;            // group-limited top-k: experts in num_groups groups,
+  int64_t num_groups = 1;            // group-limited top-k: experts in num_groups contiguous groups,
   int64_t topk_groups = 1;           // of which the topk_groups best (by their best score) are kept
   bool renormalize = false;          // divide the k selected weights by their sum (norm_topk_prob)
-  double scaling_factor = 1.0;       // multiplies the selected weights (routed_scaling_factor)
+  double scaling_factor = 1.0;       // multiplies the selected weights, after renormalisation (routed_scaling_factor)
 };
 
 struct RoutingMetadata {

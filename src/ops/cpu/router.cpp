@@ -14,10 +14,36 @@ namespace moetrain::ops::cpu {
 
 namespace {
 
+// Whether the group mask of group-limited top-k can remove an expert (with every group kept it is the identity).
+bool masks_groups(const RouterParams& params) { return params.topk_groups < params.num_groups; }
+
+// The group mask of one token: kept[g] = 1 for the topk_groups groups of the largest scores, a group's score being
+// the largest probability in it; descending score, equal scores by ascending group index (a strict total order, so
+// the kept set is unique). The scratch vectors hold num_groups entries.
+template <typename T>
+void keep_groups(const T* p, int64_t experts, const RouterParams& params, std::vector<T>& group_score,
+                 std::vector<int32_t>& group_order, std::vector<char>& kept) {
+  const int64_t size = experts / params.num_groups;
+  for (int64_t g = 0; g < params.num_groups; ++g) {
+    group_score[static_cast<size_t>(g)] = *std::max_element(p + g * size, p + (g + 1) * size);
+  }
+  std::iota(group_order.begin(), group_order.end(), 0);
+  std::partial_sort(group_order.begin(), group_order.begin() + params.topk_groups, group_order.end(),
+                    [&group_score](int32_t a, int32_t b) {
+                      const T sa = group_score[static_cast<size_t>(a)], sb = group_score[static_cast<size_t>(b)];
+                      return sa > sb || (sa == sb && a < b);
+                    });
+  std::fill(kept.begin(), kept.end(), char{0});
+  for (int64_t i = 0; i < params.topk_groups; ++i) kept[static_cast<size_t>(group_order[static_cast<size_t>(i)])] = 1;
+}
+
 template <typename T>
 void forward_impl(const Tensor& probs, const Tensor& topk_index, const Tensor& topk_weight, const Tensor& logits,
                   const RouterParams& params) {
   const int64_t tokens = logits.size(0), experts = logits.size(1), top_k = params.top_k;
+  const int64_t groups = params.num_groups, group_size = experts / groups;
+  const bool masking = masks_groups(params);
+  const T scale = static_cast<T>(params.scaling_factor);
   const T* lp = logits.data<T>();
   T* pp = probs.data<T>();
   int32_t* ip = topk_index.data<int32_t>();
@@ -25,6 +51,10 @@ void forward_impl(const Tensor& probs, const Tensor& topk_index, const Tensor& t
 #pragma omp parallel
   {
     std::vector<int32_t> order(static_cast<size_t>(experts));
+    std::vector<T> masked(masking ? static_cast<size_t>(experts) : 0);  // the scores after the group mask
+    std::vector<T> group_score(static_cast<size_t>(groups));
+    std::vector<int32_t> group_order(static_cast<size_t>(groups));
+    std::vector<char> kept(static_cast<size_t>(groups));
 #pragma omp for
     for (int64_t t = 0; t < tokens; ++t) {
       const T* l = lp + t * experts;
@@ -37,22 +67,36 @@ void forward_impl(const Tensor& probs, const Tensor& topk_index, const Tensor& t
       }
       for (int64_t e = 0; e < experts; ++e) p[e] /= sum;
 
-      // Descending probability, equal probabilities by ascending expert index: a strict total order, so the
-      // selection is unique.
+      // The scores the selection ranks: the probabilities, or with a group mask the probabilities of the kept
+      // groups and 0.0 elsewhere (transformers' masked_fill value).
+      const T* score = p;
+      if (masking) {
+        keep_groups(p, experts, params, group_score, group_order, kept);
+        for (int64_t e = 0; e < experts; ++e) {
+          masked[static_cast<size_t>(e)] = kept[static_cast<size_t>(e / group_size)] ? p[e] : T(0);
+        }
+        score = masked.data();
+      }
+
+      // Descending score, equal scores by ascending expert index: a strict total order, so the selection is
+      // unique.
       std::iota(order.begin(), order.end(), 0);
-      std::partial_sort(order.begin(), order.begin() + top_k, order.end(),
-                        [p](int32_t a, int32_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
+      std::partial_sort(order.begin(), order.begin() + top_k, order.end(), [score](int32_t a, int32_t b) {
+        return score[a] > score[b] || (score[a] == score[b] && a < b);
+      });
       int32_t* index = ip + t * top_k;
       T* weight = wp + t * top_k;
       T selected = T(0);
       for (int64_t s = 0; s < top_k; ++s) {
         index[s] = order[static_cast<size_t>(s)];
-        weight[s] = p[index[s]];
+        weight[s] = score[index[s]];
         selected += weight[s];
       }
       if (params.renormalize) {
         for (int64_t s = 0; s < top_k; ++s) weight[s] /= selected;
       }
+      // x * 1 == x exactly: without a factor the weights are the unscaled ones bit for bit.
+      for (int64_t s = 0; s < top_k; ++s) weight[s] *= scale;
     }
   }
 }
@@ -61,6 +105,9 @@ template <typename T>
 void backward_impl(const Tensor& dlogits, const Tensor& dtopk_weight, const Tensor& dprobs, const Tensor& probs,
                    const Tensor& topk_index, const Tensor& topk_weight, const RouterParams& params) {
   const int64_t tokens = probs.size(0), experts = probs.size(1), top_k = params.top_k;
+  const int64_t groups = params.num_groups, group_size = experts / groups;
+  const bool masking = masks_groups(params);
+  const T scale = static_cast<T>(params.scaling_factor);
   T* dlp = dlogits.data<T>();
   const T* dwp = dtopk_weight.data<T>();
   const T* dpp = dprobs.defined() ? dprobs.data<T>() : nullptr;
@@ -69,29 +116,46 @@ void backward_impl(const Tensor& dlogits, const Tensor& dtopk_weight, const Tens
   const T* wp = topk_weight.data<T>();
 #pragma omp parallel
   {
-    std::vector<T> dp(static_cast<size_t>(experts));    // gradient on the probabilities of one token
-    std::vector<T> dw_raw(static_cast<size_t>(top_k));  // gradient on the selected probabilities before renorm.
+    std::vector<T> dp(static_cast<size_t>(experts));              // gradient on the probabilities of one token
+    std::vector<T> dw_raw(static_cast<size_t>(top_k));            // gradient on the selected probabilities
+    std::vector<char> live(static_cast<size_t>(top_k), char{1});  // the slot's expert is in a kept group
+    std::vector<T> group_score(static_cast<size_t>(groups));
+    std::vector<int32_t> group_order(static_cast<size_t>(groups));
+    std::vector<char> kept(static_cast<size_t>(groups));
 #pragma omp for
     for (int64_t t = 0; t < tokens; ++t) {
       const T* p = pp + t * experts;
       const int32_t* index = ip + t * top_k;
       const T* dw = dwp + t * top_k;
+      // A slot whose expert the group mask removed holds the constant 0.0 (forward's masked score): no gradient.
+      if (masking) {
+        keep_groups(p, experts, params, group_score, group_order, kept);
+        for (int64_t s = 0; s < top_k; ++s)
+          live[static_cast<size_t>(s)] = kept[static_cast<size_t>(index[s] / group_size)];
+      }
       if (params.renormalize) {
-        // w'_k = w_k / S: dw_k = (dw'_k - sum_j dw'_j w'_j) / S.
-        const T* w_norm = wp + t * top_k;
+        // w_k = c p_k / S over the live slots: dp_k = (c dw_k - sum_j dw_j w_j) / S.
+        const T* w = wp + t * top_k;
         T selected = T(0);
         T inner = T(0);
         for (int64_t s = 0; s < top_k; ++s) {
+          if (!live[static_cast<size_t>(s)]) continue;
           selected += p[index[s]];
-          inner += dw[s] * w_norm[s];
+          inner += dw[s] * w[s];
         }
-        for (int64_t s = 0; s < top_k; ++s) dw_raw[static_cast<size_t>(s)] = (dw[s] - inner) / selected;
+        for (int64_t s = 0; s < top_k; ++s) {
+          dw_raw[static_cast<size_t>(s)] = live[static_cast<size_t>(s)] ? (scale * dw[s] - inner) / selected : T(0);
+        }
       } else {
-        std::copy(dw, dw + top_k, dw_raw.begin());
+        // w_k = c p_k: dp_k = c dw_k.
+        for (int64_t s = 0; s < top_k; ++s)
+          dw_raw[static_cast<size_t>(s)] = live[static_cast<size_t>(s)] ? scale * dw[s] : T(0);
       }
 
       for (int64_t e = 0; e < experts; ++e) dp[static_cast<size_t>(e)] = dpp ? dpp[t * experts + e] : T(0);
-      for (int64_t s = 0; s < top_k; ++s) dp[static_cast<size_t>(index[s])] += dw_raw[static_cast<size_t>(s)];
+      for (int64_t s = 0; s < top_k; ++s) {
+        if (live[static_cast<size_t>(s)]) dp[static_cast<size_t>(index[s])] += dw_raw[static_cast<size_t>(s)];
+      }
 
       // Softmax backward: dlogits_e = p_e * (dp_e - sum_e' p_e' dp_e').
       T inner = T(0);

@@ -1,5 +1,6 @@
-// defines: the CPU reference of the MoE router (ops/router.h): softmax over experts, top-k with ties to the lower
-// expert index, optional renormalisation, and the backward to the logits.
+// defines: the CPU reference of the MoE router (ops/router.h): softmax over experts, the group mask of
+// group-limited top-k (ties to the lower group index), top-k with ties to the lower expert index, optional
+// renormalisation, the scaling factor, and the backward to the logits.
 #pragma once
 
 #include "core/tensor.h"

@@ -1,5 +1,6 @@
-// defines: the CUDA kernels' launchers of the MoE router (ops/router.h): softmax over experts, top-k selection and
-// renormalisation forward, and the backward to the logits; one warp per token.
+// defines: the CUDA kernels' launchers of the MoE router (ops/router.h): softmax over experts, greedy or
+// group-limited top-k selection, renormalisation and scaling forward, and the backward to the logits; one warp per
+// token.
 #pragma once
 
 #include "core/device.h"
@@ -11,8 +12,9 @@ namespace moetrain::ops::cuda {
 // The arguments are validated by ops::router_forward / ops::router_backward; every float tensor is f32 (the
 // router's softmax and its selection run in f32 whatever the model's compute dtype). Every reduction over experts
 // or slots has a fixed order (lane-strided partial sums, then a butterfly over the warp), so a token's routing
-// never depends on the other tokens. The selection compares the probabilities as stored: descending probability,
-// equal probabilities by ascending expert index (the CPU rule).
+// never depends on the other tokens. The selection compares the probabilities as stored: descending score, equal
+// scores by ascending expert index, and with a group mask equal group scores by ascending group index (the CPU
+// rules). num_groups is at most 1024 here (the group scores live in shared memory).
 void router_forward(const Stream& stream, const Tensor& probs, const Tensor& topk_index, const Tensor& topk_weight,
                     const Tensor& logits, const RouterParams& params);
 // dprobs may be undefined. topk_index's values must be in [0, E) (the caller's contract: the device cannot report

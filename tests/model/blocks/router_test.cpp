@@ -1,13 +1,15 @@
 // Tests for the router block (model/blocks/router.*): its logits, probabilities, top-k, weights and routing plan
-// are bitwise ops::router_forward on linear_forward's logits (with and without renormalisation) and agree with a
-// softmax and a selection written out here; its input and weight gradients are bitwise ops::router_backward and the
-// linear backward (with and without the load-balance and z-loss gradients); the options it does not run are
-// refused by name.
+// are bitwise ops::router_forward on linear_forward's logits (greedy, renormalised, scaled, group-limited) and agree
+// with a softmax, a group mask and a selection written out here; its input and weight gradients are bitwise
+// ops::router_backward and the linear backward (with and without the load-balance and z-loss gradients); the options
+// it does not run, and group or scaling options the op would refuse, are refused by name when it is built.
 #include "model/blocks/router.h"
 
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <ostream>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -33,29 +35,56 @@ using testing::random_tensor;
 
 constexpr int64_t kHidden = 12, kExperts = 6, kTopK = 2, kTokens = 9;
 
-RouterOptions router_options(bool renormalize) {
+struct RouterCase {
+  const char* name;
+  bool renormalize;
+  int64_t num_groups, topk_groups;
+  double scaling_factor;
+};
+
+// Six experts; the group-limited cases keep one of three groups of two, so top-2 is the best group's pair (with two
+// kept groups top-2 never differs from the plain top-2: the ops tests hold that case, with larger K).
+const RouterCase kCases[] = {
+    {"Plain", false, 1, 1, 1.0},
+    {"Renormalized", true, 1, 1, 1.0},
+    {"Scaled", false, 1, 1, 2.5},
+    {"GroupLimited", false, 3, 1, 1.0},
+    {"GroupLimitedRenormalizedScaled", true, 3, 1, 16.0},
+};
+
+void PrintTo(const RouterCase& c, std::ostream* os) { *os << c.name; }
+
+RouterOptions router_options(const RouterCase& c) {
   RouterOptions o;
   o.hidden_size = kHidden;
   o.num_experts = kExperts;
   o.top_k = kTopK;
-  o.renormalize = renormalize;
+  o.renormalize = c.renormalize;
+  o.num_groups = c.num_groups;
+  o.topk_groups = c.topk_groups;
+  o.scaling_factor = c.scaling_factor;
   return o;
+}
+
+ops::RouterParams op_params(const RouterOptions& o) {
+  return {static_cast<int>(o.top_k), o.renormalize, static_cast<int>(o.num_groups), static_cast<int>(o.topk_groups),
+          o.scaling_factor};
 }
 
 struct OpsRouting {
   Tensor logits, probs, topk_index, topk_weight;
 };
 
-OpsRouting ops_routing(const Tensor& x, const Tensor& w, bool renormalize) {
+OpsRouting ops_routing(const Tensor& x, const Tensor& w, const RouterOptions& o) {
   Stream& s = Stream::cpu();
   OpsRouting r{Tensor::empty({kTokens, kExperts}, DType::F32), Tensor::empty({kTokens, kExperts}, DType::F32),
                Tensor::empty({kTokens, kTopK}, DType::I32), Tensor::empty({kTokens, kTopK}, DType::F32)};
   ops::linear_forward(s, r.logits, x, w);
-  ops::router_forward(s, r.probs, r.topk_index, r.topk_weight, r.logits, {static_cast<int>(kTopK), renormalize});
+  ops::router_forward(s, r.probs, r.topk_index, r.topk_weight, r.logits, op_params(o));
   return r;
 }
 
-class RouterBlock : public ::testing::TestWithParam<bool> {
+class RouterBlock : public ::testing::TestWithParam<RouterCase> {
  protected:
   void SetUp() override {
     options = router_options(GetParam());
@@ -75,7 +104,7 @@ TEST_P(RouterBlock, ForwardIsBitwiseRouterForwardOnLinearLogits) {
   RouterRecord record;
   const RoutingMetadata m = router.forward(record, x);
   ASSERT_TRUE(m.defined());
-  const OpsRouting ref = ops_routing(x, store->param("layers.1.router"), options.renormalize);
+  const OpsRouting ref = ops_routing(x, store->param("layers.1.router"), options);
   EXPECT_EQ(values(m.logits), values(ref.logits));
   EXPECT_EQ(values(m.probs), values(ref.probs));
   EXPECT_EQ(m.topk_index.to_vector<int32_t>(), ref.topk_index.to_vector<int32_t>());
@@ -90,14 +119,17 @@ TEST_P(RouterBlock, ForwardIsBitwiseRouterForwardOnLinearLogits) {
 }
 
 // The routing itself, written out in f64 from the block's logits: probabilities are the softmax (1e-6 relative is
-// f32 rounding with margin), the k experts are those of the k largest probabilities in descending order, and the
-// weights are their probabilities, divided by their sum when renormalising.
-TEST_P(RouterBlock, ForwardSelectsTheLargestSoftmaxProbabilities) {
+// f32 rounding with margin); the kept groups are those of the largest best probabilities (equal ones in group
+// order), the k experts those of the k largest probabilities in the kept groups in descending order, and the
+// weights their probabilities, divided by their sum when renormalising, times the scaling factor.
+TEST_P(RouterBlock, ForwardSelectsTheLargestSoftmaxProbabilitiesOfTheKeptGroups) {
   const Router router(options, *store, "layers.1.");
   RouterRecord record;
   const RoutingMetadata m = router.forward(record, x);
   const std::vector<float> logits = values(m.logits), probs = values(m.probs), weights = values(m.topk_weight);
   const std::vector<int32_t> index = m.topk_index.to_vector<int32_t>();
+  const int64_t size = kExperts / options.num_groups;
+  int changed = 0;  // tokens whose experts differ from the plain top-k
   for (int64_t t = 0; t < kTokens; ++t) {
     std::vector<double> p(static_cast<size_t>(kExperts));
     double max = -INFINITY, sum = 0.0;
@@ -109,19 +141,41 @@ TEST_P(RouterBlock, ForwardSelectsTheLargestSoftmaxProbabilities) {
     for (double& v : p) v /= sum;
     for (int64_t e = 0; e < kExperts; ++e)
       EXPECT_NEAR(probs[static_cast<size_t>(t * kExperts + e)], p[static_cast<size_t>(e)], 1e-6) << "token " << t;
-    std::vector<int32_t> order(static_cast<size_t>(kExperts));
+    std::vector<double> best(static_cast<size_t>(options.num_groups), 0.0);
+    for (int64_t e = 0; e < kExperts; ++e) {
+      best[static_cast<size_t>(e / size)] = std::max(best[static_cast<size_t>(e / size)], p[static_cast<size_t>(e)]);
+    }
+    std::vector<int64_t> groups(static_cast<size_t>(options.num_groups));
+    std::iota(groups.begin(), groups.end(), 0);
+    std::stable_sort(groups.begin(), groups.end(),
+                     [&](int64_t a, int64_t b) { return best[size_t(a)] > best[size_t(b)]; });
+    groups.resize(static_cast<size_t>(options.topk_groups));
+    std::vector<int32_t> candidates, order(static_cast<size_t>(kExperts));
+    for (int32_t e = 0; e < kExperts; ++e) {
+      if (std::find(groups.begin(), groups.end(), e / size) != groups.end()) candidates.push_back(e);
+    }
+    const auto by_probability = [&](int32_t a, int32_t b) { return p[size_t(a)] > p[size_t(b)]; };
+    std::stable_sort(candidates.begin(), candidates.end(), by_probability);
     std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return p[size_t(a)] > p[size_t(b)]; });
+    std::stable_sort(order.begin(), order.end(), by_probability);
+    if (std::set<int32_t>(candidates.begin(), candidates.begin() + kTopK) !=
+        std::set<int32_t>(order.begin(), order.begin() + kTopK)) {
+      ++changed;
+    }
     double selected = 0.0;
     for (int64_t k = 0; k < kTopK; ++k) {
-      EXPECT_EQ(index[static_cast<size_t>(t * kTopK + k)], order[static_cast<size_t>(k)]) << "token " << t;
-      selected += p[static_cast<size_t>(order[static_cast<size_t>(k)])];
+      EXPECT_EQ(index[static_cast<size_t>(t * kTopK + k)], candidates[static_cast<size_t>(k)]) << "token " << t;
+      selected += p[static_cast<size_t>(candidates[static_cast<size_t>(k)])];
     }
     for (int64_t k = 0; k < kTopK; ++k) {
-      const double expected =
-          p[static_cast<size_t>(order[static_cast<size_t>(k)])] / (options.renormalize ? selected : 1.0);
-      EXPECT_NEAR(weights[static_cast<size_t>(t * kTopK + k)], expected, 1e-6) << "token " << t;
+      const double expected = p[static_cast<size_t>(candidates[static_cast<size_t>(k)])] /
+                              (options.renormalize ? selected : 1.0) * options.scaling_factor;
+      EXPECT_NEAR(weights[static_cast<size_t>(t * kTopK + k)], expected, 1e-6 * options.scaling_factor)
+          << "token " << t;
     }
+  }
+  if (options.topk_groups < options.num_groups) {
+    EXPECT_GT(changed, 0) << "the group mask changed no selection";
   }
 }
 
@@ -130,11 +184,10 @@ struct OpsBackward {
 };
 
 OpsBackward ops_backward(const Tensor& x, const Tensor& w, const OpsRouting& r, const Tensor& d_topk_weight,
-                         const Tensor& d_probs, const Tensor& d_logits_extra, bool renormalize) {
+                         const Tensor& d_probs, const Tensor& d_logits_extra, const RouterOptions& o) {
   Stream& s = Stream::cpu();
   Tensor d_logits = Tensor::empty({kTokens, kExperts}, DType::F32);
-  ops::router_backward(s, d_logits, d_topk_weight, d_probs, r.probs, r.topk_index, r.topk_weight,
-                       {static_cast<int>(kTopK), renormalize});
+  ops::router_backward(s, d_logits, d_topk_weight, d_probs, r.probs, r.topk_index, r.topk_weight, op_params(o));
   if (d_logits_extra.defined()) ops::accumulate(s, d_logits, d_logits_extra);
   OpsBackward b{Tensor::empty(x.shape(), DType::F32), Tensor::zeros(w.shape(), DType::F32)};
   ops::linear_backward_input(s, b.dx, d_logits, w);
@@ -142,8 +195,7 @@ OpsBackward ops_backward(const Tensor& x, const Tensor& w, const OpsRouting& r, 
   return b;
 }
 
-void expect_backward_is_the_ops(const Router& router, const ParameterStore& store, const Tensor& x, bool renormalize,
-                                bool with_extras) {
+void expect_backward_is_the_ops(const Router& router, const ParameterStore& store, const Tensor& x, bool with_extras) {
   Rng rng(43);
   const Tensor d_topk_weight = random_tensor({kTokens, kTopK}, DType::F32, rng);
   const Tensor d_probs = with_extras ? random_tensor({kTokens, kExperts}, DType::F32, rng, 0.1) : Tensor();
@@ -155,27 +207,26 @@ void expect_backward_is_the_ops(const Router& router, const ParameterStore& stor
 
   const Tensor w = store.param("layers.1.router");
   const OpsBackward ref =
-      ops_backward(x, w, ops_routing(x, w, renormalize), d_topk_weight, d_probs, d_logits_extra, renormalize);
+      ops_backward(x, w, ops_routing(x, w, router.options()), d_topk_weight, d_probs, d_logits_extra, router.options());
   EXPECT_EQ(values(dx), values(ref.dx));
   EXPECT_EQ(values(store.grad("layers.1.router")), values(ref.g_w));
 }
 
 TEST_P(RouterBlock, BackwardIsBitwiseRouterBackwardThenTheLinearBackward) {
   const Router router(options, *store, "layers.1.");
-  expect_backward_is_the_ops(router, *store, x, options.renormalize, /*with_extras=*/false);
+  expect_backward_is_the_ops(router, *store, x, /*with_extras=*/false);
 }
 
 TEST_P(RouterBlock, BackwardAddsTheLoadBalanceAndZLossGradients) {
   const Router router(options, *store, "layers.1.");
-  expect_backward_is_the_ops(router, *store, x, options.renormalize, /*with_extras=*/true);
+  expect_backward_is_the_ops(router, *store, x, /*with_extras=*/true);
 }
 
-INSTANTIATE_TEST_SUITE_P(Renormalize, RouterBlock, ::testing::Bool(), [](const ::testing::TestParamInfo<bool>& info) {
-  return info.param ? std::string("Renormalized") : std::string("Plain");
-});
+INSTANTIATE_TEST_SUITE_P(Options, RouterBlock, ::testing::ValuesIn(kCases),
+                         [](const ::testing::TestParamInfo<RouterCase>& info) { return std::string(info.param.name); });
 
 TEST(RouterBlockSpecs, OneRouterMatrixOfRoleRouterInItsLayer) {
-  const auto specs = Router::param_specs(router_options(true), "layers.4.", 4);
+  const auto specs = Router::param_specs(router_options(kCases[1]), "layers.4.", 4);
   ASSERT_EQ(specs.size(), 1u);
   EXPECT_EQ(specs[0].name, "layers.4.router");
   EXPECT_EQ(specs[0].shape, (Shape{kExperts, kHidden}));
@@ -186,7 +237,7 @@ TEST(RouterBlockSpecs, OneRouterMatrixOfRoleRouterInItsLayer) {
 // Builds the router with one option changed on a store holding its parameter, so that only the refusal can make
 // construction fail.
 std::string refusal(void (*change)(RouterOptions&)) {
-  RouterOptions o = router_options(true);
+  RouterOptions o = router_options(kCases[1]);
   change(o);
   ParameterStore store(with_whole_pieces(Router::param_specs(o, "", 0)));
   return error_message([&] { Router router(o, store, ""); });
@@ -207,16 +258,33 @@ TEST(RouterBlockOptions, RefusesRouterBiasByName) {
   EXPECT_TRUE(contains(m, "router bias")) << m;
 }
 
-TEST(RouterBlockOptions, RefusesGroupLimitedTopKByNameWithItsGroups) {
-  std::string m = refusal([](RouterOptions& o) { o.num_groups = 3, o.topk_groups = 2; });
-  EXPECT_TRUE(contains(m, "group-limited top-k (3 groups, 2 kept)")) << m;
-  m = refusal([](RouterOptions& o) { o.num_groups = 2; });
-  EXPECT_TRUE(contains(m, "group-limited top-k (2 groups, 1 kept)")) << m;
+// Group-limited top-k and the scaling factor run (RouterBlock above); values the op would refuse are refused when
+// the block is built, naming them.
+TEST(RouterBlockOptions, RefusesInvalidGroupsByNameWithTheirValues) {
+  std::string m = refusal([](RouterOptions& o) { o.num_groups = 4; });
+  EXPECT_TRUE(contains(m, "router block: E = 6 is not divisible by num_groups (4)")) << m;
+  m = refusal([](RouterOptions& o) { o.num_groups = 0; });
+  EXPECT_TRUE(contains(m, "router block: num_groups (0) must be in [1, E = 6]")) << m;
+  m = refusal([](RouterOptions& o) { o.num_groups = int64_t{1} << 40; });
+  EXPECT_TRUE(contains(m, "router block: num_groups (1099511627776) must be in [1, E = 6]")) << m;
+  m = refusal([](RouterOptions& o) { o.num_groups = 2, o.topk_groups = 3; });
+  EXPECT_TRUE(contains(m, "router block: topk_groups (3) must be in [1, num_groups = 2]")) << m;
+  m = refusal([](RouterOptions& o) { o.num_groups = 3, o.topk_groups = 0; });
+  EXPECT_TRUE(contains(m, "router block: topk_groups (0) must be in [1, num_groups = 3]")) << m;
+  m = refusal([](RouterOptions& o) { o.num_groups = 6, o.topk_groups = 1; });
+  EXPECT_TRUE(contains(m,
+                       "router block: top_k (2) exceeds the experts of the kept groups: topk_groups (1) x E / "
+                       "num_groups (1) = 1"))
+      << m;
 }
 
-TEST(RouterBlockOptions, RefusesScalingFactorByNameWithItsValue) {
-  const std::string m = refusal([](RouterOptions& o) { o.scaling_factor = 2.5; });
-  EXPECT_TRUE(contains(m, "routed scaling factor (2.5)")) << m;
+TEST(RouterBlockOptions, RefusesScalingFactorThatIsNotFinitePositiveWithItsValue) {
+  std::string m = refusal([](RouterOptions& o) { o.scaling_factor = 0.0; });
+  EXPECT_TRUE(contains(m, "router block: scaling_factor (0) must be finite and > 0")) << m;
+  m = refusal([](RouterOptions& o) { o.scaling_factor = -2.5; });
+  EXPECT_TRUE(contains(m, "router block: scaling_factor (-2.5) must be finite and > 0")) << m;
+  m = refusal([](RouterOptions& o) { o.scaling_factor = INFINITY; });
+  EXPECT_TRUE(contains(m, "router block: scaling_factor (inf) must be finite and > 0")) << m;
 }
 
 TEST(RouterBlockOptions, RefusesTopKOutsideOneToExperts) {
