@@ -10,8 +10,6 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
-#include <map>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -19,12 +17,11 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/score_command.h"
-#include "dist/inprocess_communicator.h"
-#include "dist/mesh.h"
 #include "io/job_config.h"
 #include "io/safetensors.h"
 #include "model/model_config.h"
 #include "pipeline/plain_executor.h"
+#include "testing/layout_runs.h"
 #include "testing/test_data.h"
 #include "train/trainer.h"
 
@@ -69,72 +66,12 @@ io::JobConfig job() {
   return c;
 }
 
-struct LayoutRun {
-  std::vector<double> losses, grad_norms;
-  std::map<std::string, std::vector<float>> params;  // the parameters this replica's ranks own, by name
-};
+using testing::expect_bitwise;
+using testing::expect_close;
+using testing::LayoutRun;
 
-LayoutRun result_of(Trainer& trainer, const TrainSummary& summary) {
-  LayoutRun r{summary.losses, summary.grad_norms, {}};
-  const auto& specs = trainer.model().params().specs();
-  const std::vector<Tensor> params = trainer.full_parameters();
-  for (size_t i = 0; i < specs.size(); ++i)
-    if (trainer.owns_parameter(i)) r.params[specs[i].name] = params[i].to_vector<float>();
-  return r;
-}
-
-LayoutRun run_single(const io::JobConfig& config) {
-  Trainer trainer(config);
-  const TrainSummary summary = trainer.run();
-  return result_of(trainer, summary);
-}
-
-// pp x ep thread ranks; the first replica (ep rank 0) assembled from its pp ranks.
-LayoutRun run_mesh(const io::JobConfig& config, int pp, int ep) {
-  const int world = pp * ep;
-  const int64_t experts = model::load_model_config(config.model.config).num_experts;
-  LayoutRun whole;
-  std::mutex mu;
-  dist::run_local_ranks(world, [&](dist::Communicator& comm) {
-    dist::Mesh mesh(comm.split(0, comm.rank(), "world"), dist::resolve_mesh(world, pp, 1, ep, experts));
-    Trainer trainer(config, &mesh);
-    const TrainSummary summary = trainer.run();
-    LayoutRun mine = result_of(trainer, summary);
-    if (mesh.coord().ep != 0) return;
-    std::lock_guard lock(mu);
-    whole.losses = mine.losses;
-    whole.grad_norms = mine.grad_norms;
-    for (auto& [name, values] : mine.params) whole.params.emplace(name, std::move(values));
-  });
-  return whole;
-}
-
-void expect_bitwise(const LayoutRun& got, const LayoutRun& want, const std::string& where) {
-  EXPECT_EQ(got.losses, want.losses) << where;
-  EXPECT_EQ(got.grad_norms, want.grad_norms) << where;
-  ASSERT_EQ(got.params.size(), want.params.size()) << where;
-  for (const auto& [name, values] : want.params) {
-    const auto it = got.params.find(name);
-    ASSERT_NE(it, got.params.end()) << where << ": " << name;
-    EXPECT_TRUE(it->second == values) << where << ": " << name << " differs";
-  }
-}
-
-// ep ranks each run their own micro-batches; the gradients meet in a sum over ep in another fp32 order.
-void expect_close(const LayoutRun& got, const LayoutRun& want, const std::string& where) {
-  ASSERT_EQ(got.losses.size(), want.losses.size()) << where;
-  for (size_t i = 0; i < want.losses.size(); ++i) {
-    EXPECT_NEAR(got.losses[i], want.losses[i], 1e-5 * std::abs(want.losses[i])) << where << " step " << i + 1;
-    EXPECT_NEAR(got.grad_norms[i], want.grad_norms[i], 1e-5 * std::abs(want.grad_norms[i])) << where;
-  }
-  ASSERT_EQ(got.params.size(), want.params.size()) << where;
-  for (const auto& [name, values] : want.params) {
-    const std::vector<float>& other = got.params.at(name);
-    const Tensor a = Tensor::from_vector(other, {int64_t(other.size())});
-    const Tensor b = Tensor::from_vector(values, {int64_t(values.size())});
-    EXPECT_LT(testing::relative_error(a, b), 1e-5) << where << ": " << name;
-  }
-}
+LayoutRun run_single(const io::JobConfig& config) { return testing::run_one_rank(config); }
+LayoutRun run_mesh(const io::JobConfig& config, int pp, int ep) { return testing::run_layout(config, pp, ep); }
 
 const LayoutRun& one_rank() {
   static const LayoutRun run = run_single(job());

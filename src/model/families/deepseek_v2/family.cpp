@@ -183,9 +183,10 @@ class DeepseekV2Family final : public Family {
     return f;
   }
 
-  ExactCertification exact_certification(const ModelConfig&) const override {
-    return {false, "its latent attention has no certified exact program on every backend yet"};
-  }
+  // Latent attention is built from the same batch-invariant ops as Qwen3's attention (projections, norms, rope,
+  // column moves, attention per document): the CPU's exact program holds. CUDA is refused by the admission's device
+  // rule, which names the kernels without a batch-invariant variant.
+  ExactCertification exact_certification(const ModelConfig&) const override { return {true, ""}; }
 };
 
 }  // namespace

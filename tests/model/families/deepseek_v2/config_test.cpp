@@ -120,11 +120,9 @@ TEST(DeepseekV2Config, RefusesEveryValueItDoesNotRun) {
   expect_error(missing, {"kv_lora_rank", "missing"});
 }
 
-TEST(DeepseekV2Config, IsNotCertifiedForExactModeYet) {
+TEST(DeepseekV2Config, IsCertifiedForExactMode) {
   const ModelConfig c = parse(golden_json());
-  const ExactCertification cert = c.family->exact_certification(c);
-  EXPECT_FALSE(cert.certified);
-  EXPECT_NE(cert.reason.find("latent attention"), std::string::npos);
+  EXPECT_TRUE(c.family->exact_certification(c).certified);
 }
 
 }  // namespace

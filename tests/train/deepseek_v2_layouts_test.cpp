@@ -1,0 +1,154 @@
+// Tests that DeepSeek-V2 trains and scores alike on every layout (thread ranks, f32 on the CPU, synthetic data,
+// router losses on, clipping active): the golden config grown to 8 layers with a q LoRA, group-limited top-k (4
+// groups, 2 kept) and a routed scaling factor, so every part of the family runs. pp = 2 and 4 train like one rank
+// bit for bit; ep = 2 within the fp32 summation-order tolerance, pp = 2 x ep = 2 like ep = 2 bit for bit, ZeRO-3 over
+// two data ranks within the tolerance; in exact mode score's output file is the same bytes for pp in {1, 2, 4} x ep
+// in {1, 2}, and a packed row gives its documents' bytes.
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "cli/score_command.h"
+#include "io/job_config.h"
+#include "io/json_fields.h"
+#include "io/safetensors.h"
+#include "testing/layout_runs.h"
+#include "testing/test_data.h"
+
+namespace moetrain::train {
+namespace {
+
+using testing::expect_bitwise;
+using testing::expect_close;
+using testing::LayoutRun;
+
+std::string config_path() {
+  static const std::string path = [] {
+    const std::string dir = testing::make_temp_dir("deepseek_v2_layouts");
+    nlohmann::json config = io::read_json_object(testing::test_data_path("golden/deepseek_v2/config.json"));
+    config["num_hidden_layers"] = 8;
+    config["q_lora_rank"] = 24;
+    config["topk_method"] = "group_limited_greedy";
+    config["n_group"] = 4;
+    config["topk_group"] = 2;
+    config["routed_scaling_factor"] = 2.5;
+    std::ofstream(dir + "/config.json") << config.dump(2);
+    return dir + "/config.json";
+  }();
+  return path;
+}
+
+io::JobConfig job() {
+  io::JobConfig c;
+  c.model.config = config_path();
+  c.model.init = "random";
+  c.data.mode = "synthetic";
+  c.train.steps = 3;
+  c.train.seq_len = 16;
+  c.train.micro_batch = 2;
+  c.train.global_batch = 16;  // 8 micro-batches: 2P for pp = 4
+  c.optim.lr = 1e-3;
+  c.optim.clip_grad_norm = 0.5;
+  c.loss.load_balance_coef = 0.01;
+  c.loss.z_loss_coef = 0.001;
+  c.parallel.sharding = "none";
+  c.metrics.console_every = 0;
+  return c;
+}
+
+const LayoutRun& one_rank() {
+  static const LayoutRun run = testing::run_one_rank(job());
+  return run;
+}
+
+TEST(DeepseekV2Layouts, PipelineTrainsLikeOneRankBitwise) {
+  for (size_t s = 0; s < one_rank().grad_norms.size(); ++s)
+    EXPECT_GT(one_rank().grad_norms[s], job().optim.clip_grad_norm) << "step " << s + 1 << " should clip";
+  expect_bitwise(testing::run_layout(job(), 2, 1), one_rank(), "pp=2");
+  expect_bitwise(testing::run_layout(job(), 4, 1), one_rank(), "pp=4");
+}
+
+TEST(DeepseekV2Layouts, ExpertAndDataParallelTrainAlike) {
+  const LayoutRun ep2 = testing::run_layout(job(), 1, 2);
+  expect_close(ep2, one_rank(), "ep=2 against one rank");
+  expect_bitwise(testing::run_layout(job(), 2, 2), ep2, "pp=2 x ep=2 against ep=2");
+  io::JobConfig sharded = job();
+  sharded.parallel.sharding = "full";
+  expect_close(testing::run_layout(sharded, 1, 1, 2), one_rank(), "ZeRO-3 over dp=2 against one rank");
+}
+
+std::vector<int32_t> tokens(int64_t n, uint64_t salt, int64_t vocab) {
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i)
+    ids[static_cast<size_t>(i)] = static_cast<int32_t>((i * i * 13 + i * 5 + salt * 71 + 3) % vocab);
+  return ids;
+}
+
+std::string read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+std::string job_file(const std::string& dir) {
+  const std::string path = dir + "/job.toml";
+  std::ofstream(path) << "[model]\nconfig = \"" << config_path()
+                      << "\"\ninit = \"random\"\n[data]\nmode = \"synthetic\"\n[train]\nsteps = 1\nseq_len = 32\n"
+                         "micro_batch = 2\nseed = 1234\n";
+  return path;
+}
+
+std::string score(const std::string& dir, const std::string& input, int pp, int ep) {
+  cli::ScoreOptions options;
+  options.config_path = dir + "/job.toml";
+  options.input = input;
+  options.out = dir + "/out_" + std::to_string(pp) + "_" + std::to_string(ep) + ".safetensors";
+  options.overrides = {"exact.enabled=true", "parallel.pp=" + std::to_string(pp), "parallel.ep=" + std::to_string(ep)};
+  if (pp * ep > 1) options.overrides.push_back("dist.local_ranks=" + std::to_string(pp * ep));
+  EXPECT_EQ(cli::run_score(options), 0) << "pp " << pp << " x ep " << ep;
+  return options.out;
+}
+
+TEST(DeepseekV2Layouts, ExactScoreFileIsTheSameBytesOnEveryLayout) {
+  const std::string dir = testing::make_temp_dir("deepseek_v2_exact_layouts");
+  job_file(dir);
+  const std::string input = dir + "/in.safetensors";
+  io::write_safetensors(input, {{"input_ids", Tensor::from_vector(tokens(4 * 20, 11, 512), {4, 20})},
+                                {"cu_seqlens", Tensor::from_vector<int32_t>({0, 7, 20, 33, 40, 60, 71, 80}, {8})}});
+  const std::string reference = read_bytes(score(dir, input, 1, 1));
+  ASSERT_FALSE(reference.empty());
+  for (const auto& [pp, ep] : std::vector<std::pair<int, int>>{{1, 2}, {2, 1}, {2, 2}, {4, 1}, {4, 2}})
+    EXPECT_TRUE(read_bytes(score(dir, input, pp, ep)) == reference)
+        << "pp " << pp << " x ep " << ep << ": the score file differs from one process";
+}
+
+TEST(DeepseekV2Layouts, ExactPackedRowGivesEachDocumentsBytes) {
+  const std::string dir = testing::make_temp_dir("deepseek_v2_exact_packed");
+  const io::JobConfig config = io::load_job_config(job_file(dir), {"exact.enabled=true"});
+  auto model = cli::load_model_for_job(config);
+  model->set_exact(true);
+  const std::vector<int32_t> ids = tokens(32, 6, 512);
+  cli::ScoreInput packed;
+  packed.input_ids = Tensor::from_vector(ids, {1, 32});
+  packed.cu_seqlens = Tensor::from_vector<int32_t>({0, 13, 32}, {3});
+  const Tensor together = cli::score_logprobs(*model, packed, 1, true);
+  const std::vector<std::pair<int32_t, int32_t>> docs = {{0, 13}, {13, 32}};
+  for (const auto& [begin, end] : docs) {
+    cli::ScoreInput alone;
+    alone.input_ids = Tensor::from_vector(std::vector<int32_t>(ids.begin() + begin, ids.begin() + end), {1, end - begin});
+    alone.cu_seqlens = Tensor::from_vector<int32_t>({0, end - begin}, {2});
+    const Tensor by_itself = cli::score_logprobs(*model, alone, 1, true);
+    EXPECT_EQ(std::memcmp(together.data<float>() + begin, by_itself.data<float>(),
+                          static_cast<size_t>(end - begin - 1) * sizeof(float)),
+              0)
+        << "document [" << begin << ", " << end << ")";
+  }
+}
+
+}  // namespace
+}  // namespace moetrain::train
