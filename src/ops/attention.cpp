@@ -1,6 +1,6 @@
 // defines: the public attention ops: argument validation (shapes, dtypes, devices, cu_seqlens) and dispatch to
-// the backend: the CPU reference (f32 or f64) or, for CUDA tensors, cuDNN's fused SDPA (bf16, hd == hdv in
-// {64, 128}, max_seqlen known, no sliding window) or else our CUDA kernels (f32 or bf16, lse in f32).
+// the backend: the CPU reference (f32 or f64) or, for CUDA tensors, cuDNN's fused SDPA (bf16, (hd, hdv) in (64, 64),
+// (128, 128) or (192, 128), max_seqlen known, no sliding window) or else our CUDA kernels (f32 or bf16, lse in f32).
 #include "ops/attention.h"
 
 #include <cstdint>

@@ -12,8 +12,8 @@ struct AttentionParams {
   float softmax_scale = 1.0f;  // usually 1 / sqrt(head dim)
   bool causal = true;
   int sliding_window = 0;  // 0: unlimited; w > 0: a query sees the w most recent keys (itself included)
-  // Host-known length of the longest document in cu_seqlens (0 = unknown). On CUDA, bf16 calls with hd == hdv in
-  // {64, 128}, max_seqlen > 0 and no sliding window run on cuDNN's fused SDPA (ops/cuda/attention_cudnn.h), which
+  // Host-known length of the longest document in cu_seqlens (0 = unknown). On CUDA, bf16 calls with (hd, hdv) in
+  // (64, 64), (128, 128), (192, 128), max_seqlen > 0 and no sliding window run on cuDNN's fused SDPA (ops/cuda/attention_cudnn.h), which
   // needs it to size its graphs; every other call runs on our own kernels. Must be >= the longest document (checked
   // on the CPU; on CUDA a longer document traps the device, since the host cannot read cu_seqlens there).
   //

@@ -320,7 +320,7 @@ TEST(ExactAdmission, RefusesAHeadMissingFromTheLastStage) {
 class UncertifiedFamily final : public model::Family {
  public:
   std::string name() const override { return "uncertified"; }
-  std::vector<std::string> model_types() const override { return {"deepseek_v2"}; }
+  std::vector<std::string> model_types() const override { return {"uncertified_family"}; }
   model::ModelConfig parse_config(const io::JsonFields&) const override { return {}; }
   std::string to_hf_config_json(const model::ModelConfig&) const override { return "{}"; }
   std::vector<model::ParamSpec> param_specs(const model::ModelConfig&) const override { return {}; }
@@ -339,13 +339,14 @@ TEST(ExactAdmission, RefusesAnUncertifiedModelFamily) {
   static const UncertifiedFamily uncertified;
   model::ModelConfig c = tiny_moe();
   c.family = &uncertified;
-  c.model_type = "deepseek_v2";
+  c.model_type = "uncertified_family";
   ExactDeclaration d = good_declaration();
-  d.model_type = "deepseek_v2";
+  d.model_type = "uncertified_family";
   const std::string message = refusal(d, c, even_partition(2));
-  EXPECT_CONTAINS(message,
-                  "exact: refused: model family: declared a family certified for exact mode (qwen3, "
-                  "qwen3_moe), found 'deepseek_v2': its layers have no batch-invariant exact program");
+  std::string certified;
+  for (const std::string& t : certified_model_types()) certified += (certified.empty() ? "" : ", ") + t;
+  EXPECT_CONTAINS(message, "exact: refused: model family: declared a family certified for exact mode (" + certified +
+                               "), found 'uncertified_family': its layers have no batch-invariant exact program");
 }
 
 TEST(ExactAdmission, RefusesADeclaredFamilyOtherThanTheConfigs) {

@@ -55,6 +55,8 @@ struct Case {
   std::vector<int32_t> cu;
   bool causal = true;
   int64_t max_seqlen = 0;  // 0: the longest document
+  int64_t hdv = 0;         // the value head dim; 0: hd
+  int64_t value_dim() const { return hdv > 0 ? hdv : hd; }
 };
 
 ops::AttentionParams params_of(const Case& c) {
@@ -77,8 +79,8 @@ Inputs random_inputs(const Case& c, uint64_t seed) {
   Rng rng(seed);
   const int64_t tokens = c.cu.back();
   Inputs in{random_tensor({tokens, c.nh, c.hd}, DType::F32, rng), random_tensor({tokens, c.nkv, c.hd}, DType::F32, rng),
-            random_tensor({tokens, c.nkv, c.hd}, DType::F32, rng),
-            random_tensor({tokens, c.nh, c.hd}, DType::F32, rng)};
+            random_tensor({tokens, c.nkv, c.value_dim()}, DType::F32, rng),
+            random_tensor({tokens, c.nh, c.value_dim()}, DType::F32, rng)};
   for (Tensor* t : {&in.q, &in.k, &in.v, &in.dout}) *t = testing::rounded_to_bf16(*t);
   return in;
 }
@@ -89,11 +91,11 @@ Results run_attention(const Inputs& in, const Case& c, const ops::AttentionParam
   const Tensor q = put(in.q), k = put(in.k), v = put(in.v), dout = put(in.dout);
   const Tensor cu = cu_tensor(c.cu).to(device);
   const int64_t tokens = c.cu.back();
-  Tensor out = Tensor::empty({tokens, c.nh, c.hd}, dtype, device);
+  Tensor out = Tensor::empty({tokens, c.nh, c.value_dim()}, dtype, device);
   Tensor lse = Tensor::empty({tokens, c.nh}, device.is_cuda() ? DType::F32 : dtype, device);
   Tensor dq = Tensor::empty({tokens, c.nh, c.hd}, dtype, device);
   Tensor dk = Tensor::empty({tokens, c.nkv, c.hd}, dtype, device);
-  Tensor dv = Tensor::empty({tokens, c.nkv, c.hd}, dtype, device);
+  Tensor dv = Tensor::empty({tokens, c.nkv, c.value_dim()}, dtype, device);
   Stream& s = default_stream(device);
   ops::attention_forward(s, out, lse, q, k, v, cu, params);
   ops::attention_backward(s, dq, dk, dv, dout, q, k, v, out, lse, cu, params);
@@ -126,6 +128,8 @@ std::vector<Case> reference_cases() {
       {"three_documents_gqa32_4_hd128", 32, 4, 128, {0, 1, 200, 457}},
       {"mha4_hd64_max_seqlen_above_longest", 4, 4, 64, {0, 130, 131, 333}, true, 300},
       {"non_causal_gqa4_2_hd64", 4, 2, 64, mixed, false},
+      // DeepSeek-V2's latent attention: q/k head dim 192 (128 + 64 rope), value head dim 128, a head per kv head.
+      {"mixed_documents_mla4_hd192_hdv128", 4, 4, 192, mixed, true, 0, 128},
   };
 }
 
@@ -237,7 +241,7 @@ TEST(CudaAttentionCudnn, RejectsMaxSeqlenOutsideItsRange) {
     const DType dtype = device.is_cuda() ? DType::BF16 : DType::F32;
     const Tensor q = in.q.to(dtype).to(device), k = in.k.to(dtype).to(device), v = in.v.to(dtype).to(device);
     const Tensor cu = cu_tensor(c.cu).to(device);
-    Tensor out = Tensor::empty({tokens, c.nh, c.hd}, dtype, device);
+    Tensor out = Tensor::empty({tokens, c.nh, c.value_dim()}, dtype, device);
     Tensor lse = Tensor::empty({tokens, c.nh}, device.is_cuda() ? DType::F32 : dtype, device);
     Stream& s = default_stream(device);
     ops::AttentionParams params = params_of(c);

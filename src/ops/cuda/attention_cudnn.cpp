@@ -89,15 +89,15 @@ struct GraphKey {
   int device = 0;
   bool backward = false;
   int64_t batch = 0, seq = 0, tokens = 0;  // tokens: the backward's packed-token bucket (0 in the forward)
-  int64_t nh = 0, nkv = 0, hd = 0;
+  int64_t nh = 0, nkv = 0, hd = 0, hdv = 0;  // hd: of q and k; hdv: of v and the output
   bool causal = true;
   auto operator<=>(const GraphKey&) const = default;
 };
 
 std::string describe(const GraphKey& key) {
-  return fmt::format("{} B={} S={}{} nh={} nkv={} hd={} {} bf16", key.backward ? "backward" : "forward", key.batch,
-                     key.seq, key.backward ? fmt::format(" T<={}", key.tokens) : std::string(), key.nh, key.nkv, key.hd,
-                     key.causal ? "causal" : "non-causal");
+  return fmt::format("{} B={} S={}{} nh={} nkv={} hd={} hdv={} {} bf16", key.backward ? "backward" : "forward",
+                     key.batch, key.seq, key.backward ? fmt::format(" T<={}", key.tokens) : std::string(), key.nh,
+                     key.nkv, key.hd, key.hdv, key.causal ? "causal" : "non-causal");
 }
 
 // A built graph and the tensor attributes its variant pack is keyed by.
@@ -121,7 +121,7 @@ std::shared_ptr<SdpaGraph> build_graph(const GraphKey& key, cudnnHandle_t handle
   graph.set_io_data_type(fe::DataType_t::BFLOAT16)
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
       .set_compute_data_type(fe::DataType_t::FLOAT);
-  const int64_t b = key.batch, s = key.seq, d = key.hd;
+  const int64_t b = key.batch, s = key.seq, d = key.hd, dv = key.hdv;
 
   const char* offset_names[kOffsetRows] = {"offset_q", "offset_k", "offset_v", "offset_o", "offset_stats"};
   for (int r = 0; r < kOffsetRows; ++r) {
@@ -131,11 +131,11 @@ std::shared_ptr<SdpaGraph> build_graph(const GraphKey& key, cudnnHandle_t handle
                                      .set_stride({1, 1, 1, 1})
                                      .set_data_type(fe::DataType_t::INT64));
   }
-  const auto thd = [&](const char* name, int64_t heads, const TensorAttr& offset) {
+  const auto thd = [&](const char* name, int64_t heads, int64_t dim, const TensorAttr& offset) {
     return graph.tensor(fe::graph::Tensor_attributes()
                             .set_name(name)
-                            .set_dim({b, heads, s, d})
-                            .set_stride({s * heads * d, d, heads * d, 1})
+                            .set_dim({b, heads, s, dim})
+                            .set_stride({s * heads * dim, dim, heads * dim, 1})
                             .set_ragged_offset(offset));
   };
   const auto seq_lens = [&](const char* name) {
@@ -145,9 +145,9 @@ std::shared_ptr<SdpaGraph> build_graph(const GraphKey& key, cudnnHandle_t handle
                             .set_stride({1, 1, 1, 1})
                             .set_data_type(fe::DataType_t::INT32));
   };
-  g->q = thd("q", key.nh, g->offsets[0]);
-  g->k = thd("k", key.nkv, g->offsets[1]);
-  g->v = thd("v", key.nkv, g->offsets[2]);
+  g->q = thd("q", key.nh, d, g->offsets[0]);
+  g->k = thd("k", key.nkv, d, g->offsets[1]);
+  g->v = thd("v", key.nkv, dv, g->offsets[2]);
   g->seq_q = seq_lens("seq_len_q");
   g->seq_kv = seq_lens("seq_len_kv");
   g->scale = graph.tensor(fe::graph::Tensor_attributes()
@@ -176,8 +176,8 @@ std::shared_ptr<SdpaGraph> build_graph(const GraphKey& key, cudnnHandle_t handle
     }
     auto [o, stats] = graph.sdpa(g->q, g->k, g->v, options);
     o->set_output(true)
-        .set_dim({b, key.nh, s, d})
-        .set_stride({s * key.nh * d, d, key.nh * d, 1})
+        .set_dim({b, key.nh, s, dv})
+        .set_stride({s * key.nh * dv, dv, key.nh * dv, 1})
         .set_ragged_offset(g->offsets[3]);
     MT_CHECK(stats != nullptr, "cuDNN SDPA ({}): the forward graph produced no softmax statistics", what);
     stats->set_output(true)
@@ -188,8 +188,8 @@ std::shared_ptr<SdpaGraph> build_graph(const GraphKey& key, cudnnHandle_t handle
     g->o = o;
     g->stats = stats;
   } else {
-    g->o = thd("o", key.nh, g->offsets[3]);
-    g->dout = thd("dout", key.nh, g->offsets[3]);
+    g->o = thd("o", key.nh, dv, g->offsets[3]);
+    g->dout = thd("dout", key.nh, dv, g->offsets[3]);
     g->stats = graph.tensor(fe::graph::Tensor_attributes()
                                 .set_name("stats")
                                 .set_dim(stats_dim)
@@ -210,7 +210,7 @@ std::shared_ptr<SdpaGraph> build_graph(const GraphKey& key, cudnnHandle_t handle
     if (key.causal) {
       options.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
     }
-    auto [dq, dk, dv] = graph.sdpa_backward(g->q, g->k, g->v, g->o, g->dout, g->stats, options);
+    auto [dq, dk, dv_out] = graph.sdpa_backward(g->q, g->k, g->v, g->o, g->dout, g->stats, options);
     dq->set_output(true)
         .set_dim({b, key.nh, s, d})
         .set_stride({s * key.nh * d, d, key.nh * d, 1})
@@ -219,13 +219,13 @@ std::shared_ptr<SdpaGraph> build_graph(const GraphKey& key, cudnnHandle_t handle
         .set_dim({b, key.nkv, s, d})
         .set_stride({s * key.nkv * d, d, key.nkv * d, 1})
         .set_ragged_offset(g->offsets[1]);
-    dv->set_output(true)
-        .set_dim({b, key.nkv, s, d})
-        .set_stride({s * key.nkv * d, d, key.nkv * d, 1})
+    dv_out->set_output(true)
+        .set_dim({b, key.nkv, s, dv})
+        .set_stride({s * key.nkv * dv, dv, key.nkv * dv, 1})
         .set_ragged_offset(g->offsets[2]);
     g->dq = dq;
     g->dk = dk;
-    g->dv = dv;
+    g->dv = dv_out;
   }
 
   check_fe(graph.validate(), "validate", what);
@@ -249,16 +249,17 @@ std::shared_ptr<SdpaGraph> cached_graph(const GraphKey& key, cudnnHandle_t handl
 }
 
 struct Extents {
-  int64_t tokens, nh, nkv, hd, docs, batch, seq;
+  int64_t tokens, nh, nkv, hd, hdv, docs, batch, seq;
 };
 
 Extents extents_of(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens,
                    const AttentionParams& params, const char* op) {
   MT_CHECK(cudnn_attention_supports(q.dtype(), q.size(2), v.size(2), params),
-           "{} (cuDNN): expected bf16 with hd == hdv in {{64, 128}}, max_seqlen > 0 and no sliding window but found "
+           "{} (cuDNN): expected bf16 with (hd, hdv) in (64, 64), (128, 128) or (192, 128), max_seqlen > 0 and no "
+           "sliding window but found "
            "q {}, v {}, max_seqlen {}, sliding_window {}",
            op, q.describe(), v.describe(), params.max_seqlen, params.sliding_window);
-  Extents e{q.size(0), q.size(1), k.size(1), q.size(2), cu_seqlens.numel() - 1, 0, 0};
+  Extents e{q.size(0), q.size(1), k.size(1), q.size(2), v.size(2), cu_seqlens.numel() - 1, 0, 0};
   MT_CHECK(e.docs >= 1, "{} (cuDNN): cu_seqlens needs at least 2 entries but found {}", op, cu_seqlens.describe());
   // cuDNN's ragged offsets are i64 and its sequence lengths i32.
   MT_CHECK(params.max_seqlen <= (int64_t{1} << 30),
@@ -282,7 +283,7 @@ RaggedTables ragged_tables(const Stream& stream, const Extents& e, const Tensor&
   RaggedTables t;
   t.seq_lens = Tensor::empty({e.batch}, DType::I32, device);
   t.offsets = Tensor::empty({kOffsetRows, (e.batch + 2) / 2 * 2}, DType::I64, device);
-  const RaggedMultipliers m{e.nh * e.hd, e.nkv * e.hd, e.nkv * e.hd, e.nh * e.hd, e.nh};
+  const RaggedMultipliers m{e.nh * e.hd, e.nkv * e.hd, e.nkv * e.hdv, e.nh * e.hdv, e.nh};
   fill_ragged_tables(stream, t.seq_lens, t.offsets, cu_seqlens, e.batch, e.seq, m);
   return t;
 }
@@ -311,8 +312,9 @@ void execute(const Stream& stream, const GraphKey& key, const SdpaGraph& g, Vari
 }  // namespace
 
 bool cudnn_attention_supports(DType dtype, int64_t hd, int64_t hdv, const AttentionParams& params) {
-  return dtype == DType::BF16 && (hd == 64 || hd == 128) && hdv == hd && params.max_seqlen > 0 &&
-         params.sliding_window == 0;
+  // Equal head dims of 64 or 128 (Qwen3, GPT-OSS), and DeepSeek-V2's latent attention: q/k 192 (128 + 64 rope), v 128.
+  const bool dims = ((hd == 64 || hd == 128) && hdv == hd) || (hd == 192 && hdv == 128);
+  return dtype == DType::BF16 && dims && params.max_seqlen > 0 && params.sliding_window == 0;
 }
 
 int64_t cudnn_attention_graphs_built() { return g_graphs_built.load(); }
@@ -323,7 +325,7 @@ void cudnn_attention_forward(const Stream& stream, const Tensor& out, const Tens
   constexpr const char* op = "attention_forward";
   const Extents e = extents_of(q, k, v, cu_seqlens, params, op);
   const Device device = q.device();
-  const GraphKey key{device.index, false, e.batch, e.seq, 0, e.nh, e.nkv, e.hd, params.causal};
+  const GraphKey key{device.index, false, e.batch, e.seq, 0, e.nh, e.nkv, e.hd, e.hdv, params.causal};
   const std::shared_ptr<SdpaGraph> g = cached_graph(key, handle_for(device).handle);
   const RaggedTables tables = ragged_tables(stream, e, cu_seqlens, device);
   float scale = params.softmax_scale;
@@ -340,7 +342,7 @@ void cudnn_attention_backward(const Stream& stream, const Tensor& dq, const Tens
   const Extents e = extents_of(q, k, v, cu_seqlens, params, op);
   const Device device = q.device();
   const int64_t token_bucket = std::max(kMinSeqBucket, next_power_of_two(e.tokens));
-  const GraphKey key{device.index, true, e.batch, e.seq, token_bucket, e.nh, e.nkv, e.hd, params.causal};
+  const GraphKey key{device.index, true, e.batch, e.seq, token_bucket, e.nh, e.nkv, e.hd, e.hdv, params.causal};
   const std::shared_ptr<SdpaGraph> g = cached_graph(key, handle_for(device).handle);
   const RaggedTables tables = ragged_tables(stream, e, cu_seqlens, device);
   float scale = params.softmax_scale;
