@@ -101,6 +101,47 @@ TEST(CudaRope, ForwardAndBackwardMatchCpu) {
   }
 }
 
+// YaRN's frequencies and attention factor (ops::rope_yarn_params) through the same kernels: DeepSeek-V2's shape
+// (64 interleaved rope dims of 192, factor 40, mscale 1 / mscale_all_dim 0.8 so the cos / sin factor is not 1) and
+// GPT-OSS's (64 rotate-half dims, factor 32, truncate off), at long-context positions.
+TEST(CudaRope, YarnMatchesCpu) {
+  MT_REQUIRE_GPU();
+  ops::YarnOptions deepseek;
+  deepseek.factor = 40;
+  deepseek.original_max_position_embeddings = 4096;
+  deepseek.mscale = 1.0;
+  deepseek.mscale_all_dim = 0.8;
+  ops::YarnOptions gpt_oss;
+  gpt_oss.factor = 32;
+  gpt_oss.original_max_position_embeddings = 4096;
+  gpt_oss.truncate = false;
+  struct YarnCase {
+    Shape shape;
+    ops::RopeParams params;
+  };
+  ops::RopeParams ds = ops::rope_yarn_params(64, 10000.0, deepseek);
+  ds.interleaved = true;
+  const std::vector<YarnCase> cases = {{{300, 16, 192}, ds}, {{300, 8, 64}, ops::rope_yarn_params(64, 150000.0, gpt_oss)}};
+  for (const YarnCase& c : cases) {
+    Rng rng(61);
+    const Tensor x = random_tensor(c.shape, DType::F32, rng);
+    const Tensor positions = make_positions(c.shape[0], rng);
+    for (bool backward : {false, true}) {
+      Tensor want = Tensor::empty(c.shape, DType::F32);
+      Tensor got = Tensor::empty(c.shape, DType::F32, Device::cuda(0));
+      if (backward) {
+        ops::rope_backward(Stream::cpu(), want, x, positions, c.params);
+        ops::rope_backward(gpu(), got, on_gpu(x), on_gpu(positions), c.params);
+      } else {
+        ops::rope_forward(Stream::cpu(), want, x, positions, c.params);
+        ops::rope_forward(gpu(), got, on_gpu(x), on_gpu(positions), c.params);
+      }
+      EXPECT_LT(relative_error(host_f32(got), want), kF32Tolerance)
+          << shape_str(c.shape) << (backward ? " backward" : " forward");
+    }
+  }
+}
+
 TEST(CudaRope, Bf16MatchesCpuOnTheRoundedValues) {
   MT_REQUIRE_GPU();
   for (const Case& c : kCases) {
