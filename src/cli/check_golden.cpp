@@ -15,9 +15,9 @@
 #include "core/error.h"
 #include "io/safetensors.h"
 #include "model/causal_lm.h"
-#include "pipeline/plain_executor.h"
 #include "ops/cuda/runtime.h"
 #include "ops/optim.h"
+#include "pipeline/plain_executor.h"
 #include "train/optimizer.h"
 
 namespace moetrain::cli {
@@ -105,9 +105,10 @@ void run_forward_backward_case(Report& report, const std::string& label, const s
   const bool dumped_router_logits = prefix.empty() && ref.contains("router_logits.0");
   if (model.config().is_moe() && !dumped_router_logits && shadow == nullptr) {
     if (prefix.empty())
-      report.info(fmt::format("{:<28} the dump has no router logits for this family: routing is judged through the "
-                              "logits and gradients",
-                              label + "/router_logits"));
+      report.info(
+          fmt::format("{:<28} the dump has no router logits for this family: routing is judged through the "
+                      "logits and gradients",
+                      label + "/router_logits"));
   } else if (model.config().is_moe()) {
     std::vector<Tensor> reference;
     if (dumped_router_logits) {
@@ -119,7 +120,8 @@ void run_forward_backward_case(Report& report, const std::string& label, const s
       pipeline::forward_only(*shadow, {batch}, &f32);
       reference = f32.router_logits[0];
     }
-    const std::string source = dumped_router_logits ? "" : " (against our f32 path: the dump has no router logits here)";
+    const std::string source =
+        dumped_router_logits ? "" : " (against our f32 path: the dump has no router logits here)";
     std::vector<std::pair<std::string, double>> errors;
     for (size_t i = 0; i < observed.router_logits[0].size(); ++i) {
       errors.emplace_back(fmt::format("{}router_logits.{}", prefix, i),

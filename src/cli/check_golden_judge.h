@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "io/safetensors.h"
 #include "model/model_config.h"
 #include "model/parameter_store.h"
-#include "io/safetensors.h"
 
 namespace moetrain::cli::golden {
 

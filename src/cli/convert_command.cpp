@@ -7,9 +7,9 @@
 
 #include "core/error.h"
 #include "core/log.h"
-#include "model/model_config.h"
 #include "io/safetensors.h"
 #include "model/causal_lm.h"
+#include "model/model_config.h"
 #include "train/checkpoint.h"
 
 namespace moetrain::cli {

@@ -1,6 +1,6 @@
 // defines: ExpertParallelPlan, expert parallelism's stage 2 (dispatch) and stage 4 (combine) of one MoE layer for
-// one micro-batch (docs/design.md section 3), and their backwards, as all-to-all-v over the ep communicator. Every ep rank
-// holds the whole expert bank's weights but computes only its E / ep consecutive experts: dispatch sends each
+// one micro-batch (docs/design.md section 3), and their backwards, as all-to-all-v over the ep communicator. Every ep
+// rank holds the whole expert bank's weights but computes only its E / ep consecutive experts: dispatch sends each
 // expert-ordered row to the rank owning its expert, combine brings the expert outputs back in the original order.
 //
 // Row orders. A rank's dispatched rows are expert-ordered (rank q's experts are one contiguous block of them), so the

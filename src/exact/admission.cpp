@@ -208,9 +208,9 @@ void check_model_family(const ExactDeclaration& declaration, const model::ModelC
                         std::vector<Violation>& out) {
   constexpr const char* rule = "model family";
   const std::string certified = join(certified_model_types(), ", ");
-  const model::ExactCertification cert =
-      config.family != nullptr ? config.family->exact_certification(config)
-                               : model::ExactCertification{false, "the config names no family"};
+  const model::ExactCertification cert = config.family != nullptr
+                                             ? config.family->exact_certification(config)
+                                             : model::ExactCertification{false, "the config names no family"};
   if (!cert.certified) {
     refuse(out, rule, fmt::format("a family certified for exact mode ({})", certified),
            fmt::format("'{}': {}", config.model_type,

@@ -1,6 +1,6 @@
-// defines: the exact-lane admission contract of docs/design.md section 6, checked before anything runs. Pass 1 runs every
-// rule on every stage and collects ALL violations (one Error lists them); only when none is found does pass 2 mark
-// the stages and log one line per stage. Each rule is its own function so each has its own refusal test.
+// defines: the exact-lane admission contract of docs/design.md section 6, checked before anything runs. Pass 1 runs
+// every rule on every stage and collects ALL violations (one Error lists them); only when none is found does pass 2
+// mark the stages and log one line per stage. Each rule is its own function so each has its own refusal test.
 #pragma once
 
 #include <cstdint>

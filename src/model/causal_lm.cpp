@@ -83,12 +83,14 @@ Tensor token_logprobs_from_losses(const Tensor& losses, const Tensor& targets) {
 
 Tensor CausalLm::embed_forward(const MicroBatch& batch) const {
   Tensor hidden = Tensor::empty({batch.num_tokens(), config_.hidden_size}, params_->compute_dtype(), device_);
-  ops::embedding_forward(default_stream(device_), hidden, batch.input_ids, params_->weight(params_->find_role(ParamRole::Embedding)->name));
+  ops::embedding_forward(default_stream(device_), hidden, batch.input_ids,
+                         params_->weight(params_->find_role(ParamRole::Embedding)->name));
   return hidden;
 }
 
 void CausalLm::embed_backward(const MicroBatch& batch, const Tensor& d_hidden) const {
-  ops::embedding_backward_weight(default_stream(device_), params_->grad(params_->find_role(ParamRole::Embedding)->name), d_hidden, batch.input_ids);
+  ops::embedding_backward_weight(default_stream(device_), params_->grad(params_->find_role(ParamRole::Embedding)->name),
+                                 d_hidden, batch.input_ids);
 }
 
 namespace {

@@ -23,8 +23,8 @@ namespace moetrain::model {
 // Per-token forward FLOPs of one decoder layer: 2 x the matmul weights a token touches, and the attention core's
 // FLOPs at a given context (its score and value products).
 struct LayerFlops {
-  double matmul_weights = 0.0;   // weights of every matmul a token goes through (projections, router, top-k experts)
-  double attention_core = 0.0;   // forward FLOPs of the attention core for one token
+  double matmul_weights = 0.0;  // weights of every matmul a token goes through (projections, router, top-k experts)
+  double attention_core = 0.0;  // forward FLOPs of the attention core for one token
 };
 
 // What the exact contract (exact/admission.h) may certify for a family.

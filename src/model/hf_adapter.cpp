@@ -65,8 +65,8 @@ void check_pieces_tile(const std::vector<HfPiece>& pieces, const Shape& shape, c
   bool all_contiguous = true;
   for (const HfPiece& piece : pieces) {
     MT_CHECK(piece.offset >= 0 && piece.last_element() < total,
-             "parameter store: piece '{}' of '{}' spans elements [{}, {}] outside its {} elements", piece.hf_name,
-             what, piece.offset, piece.last_element(), total);
+             "parameter store: piece '{}' of '{}' spans elements [{}, {}] outside its {} elements", piece.hf_name, what,
+             piece.offset, piece.last_element(), total);
     covered += piece.numel();
     all_contiguous = all_contiguous && piece.contiguous();
   }
@@ -102,7 +102,8 @@ void check_pieces_tile(const std::vector<HfPiece>& pieces, const Shape& shape, c
 Tensor extract_piece(const Tensor& whole, const HfPiece& piece) {
   expect_dtype(whole, DType::F32, "HF adapter: internal tensor");
   MT_CHECK(whole.device().is_cpu() && whole.is_contiguous(), "HF adapter: extract_piece needs a contiguous CPU tensor");
-  if (piece.contiguous()) return whole.view({-1}).slice(piece.offset, piece.offset + piece.numel()).clone().view(piece.hf_shape);
+  if (piece.contiguous())
+    return whole.view({-1}).slice(piece.offset, piece.offset + piece.numel()).clone().view(piece.hf_shape);
   Tensor out = Tensor::empty(piece.hf_shape, DType::F32);
   float* dst = out.data<float>();
   const float* src = whole.data<float>();

@@ -31,6 +31,7 @@ ModelConfig config_from_json(const nlohmann::json& root, const std::string& sour
   config.family = &family;
   config.model_type = model_type;
   config.source = source;
+  config.hf_source_json = root.dump();
   MT_CHECK(static_cast<int64_t>(config.moe_layers.size()) == config.num_hidden_layers,
            "{}: family '{}' described {} layers' routing for {} decoder layers", source, family.name(),
            config.moe_layers.size(), config.num_hidden_layers);
@@ -54,7 +55,13 @@ ModelConfig load_model_config(const std::string& path) {
 
 std::string model_config_to_json(const ModelConfig& config) {
   MT_CHECK(config.family != nullptr, "model config of '{}' has no family", config.model_type);
-  return config.family->to_hf_config_json(config);
+  const std::string written = config.family->to_hf_config_json(config);
+  if (config.hf_source_json.empty()) return written;
+  nlohmann::json out = io::parse_json_object(written, "the family's config.json");
+  const nlohmann::json source = io::parse_json_object(config.hf_source_json, config.source);
+  for (const auto& [key, value] : source.items())
+    if (!out.contains(key)) out[key] = value;
+  return out.dump(2) + "\n";
 }
 
 }  // namespace moetrain::model

@@ -36,6 +36,9 @@ struct ModelConfig {
   std::vector<bool> moe_layers;  // per decoder layer: whether it routes to the expert bank
 
   std::shared_ptr<const FamilyConfig> details;
+  // config.json as it was read (empty for a config built in code): the writer keeps the fields the engine does not
+  // use (bos / eos / pad token ids, output_router_logits, ...) so an export means what its source meant.
+  std::string hf_source_json;
 
   bool is_moe() const { return num_experts > 0; }
   bool layer_is_moe(int64_t layer) const {
@@ -60,7 +63,8 @@ struct ModelConfig {
 ModelConfig parse_model_config(const std::string& json_text, const std::string& source);
 // Reads a config.json path, or a model folder holding one.
 ModelConfig load_model_config(const std::string& path);
-// The config.json that transformers would read back as the same model (for HF export).
+// The config.json that transformers would read back as the same model (for HF export): the family's fields, plus
+// every other field of the config.json it was read from.
 std::string model_config_to_json(const ModelConfig& config);
 
 }  // namespace moetrain::model

@@ -87,7 +87,8 @@ void resolve_all(std::vector<RouterLossValues>& values) {
                                       [&](const RouterLossValues* v) { return v->on_device.device() == device; });
   if (one_device) {
     Tensor gathered = Tensor::empty({static_cast<int64_t>(pending.size()), 2}, DType::F32, device);
-    for (size_t i = 0; i < pending.size(); ++i) gathered.select(static_cast<int64_t>(i)).copy_from(pending[i]->on_device);
+    for (size_t i = 0; i < pending.size(); ++i)
+      gathered.select(static_cast<int64_t>(i)).copy_from(pending[i]->on_device);
     const std::vector<float> host = gathered.to(Device::cpu()).to_vector<float>();
     for (size_t i = 0; i < pending.size(); ++i) {
       pending[i]->load_balance = host[2 * i];

@@ -18,7 +18,7 @@ struct StageChunk::LayerState {
   model::Dispatch dispatch;                    // stage 1's rows until stage 2 took them
   Tensor dispatched, expert_out, combined;     // forward: rows after stage 2, after stage 3, after stage 4
   Tensor group_offsets;                        // stage 3's rows per expert (the plan's local offsets with ep)
-  ExpertExchange plan;  // defined when the layer's rows cross the ep ranks (forward to backward)
+  ExpertExchange plan;                         // defined when the layer's rows cross the ep ranks (forward to backward)
   Tensor d_combined, d_expert_out, d_dispatched_local, d_dispatched;
   bool exchange_in_flight = false;  // an exchange was queued on the communication stream; compute has not waited
 };
@@ -30,11 +30,11 @@ struct StageChunk::MicroBatchState {
   model::MicroBatch batch;  // the records (attention, epilog) point into it: the state never moves
   std::vector<LayerState> layers;
   model::EpilogRecord epilog;
-  Tensor hidden;   // the activation flowing through the forward steps
-  Tensor grad;     // the gradient flowing through the backward steps
-  Tensor d_embed;  // embedding stage: the gradient of its output, kept for the weight pass
-  double loss_scale = 0.0;            // what the head's forward was given
-  bool head_backward_begun = false;   // hooks: before_backward(head) ran (a fused head's forward needs it)
+  Tensor hidden;                     // the activation flowing through the forward steps
+  Tensor grad;                       // the gradient flowing through the backward steps
+  Tensor d_embed;                    // embedding stage: the gradient of its output, kept for the weight pass
+  double loss_scale = 0.0;           // what the head's forward was given
+  bool head_backward_begun = false;  // hooks: before_backward(head) ran (a fused head's forward needs it)
   bool weight_done = false;
   ChunkForward result;
 };

@@ -1,5 +1,5 @@
-// defines: the exact lanes of a job (docs/design.md section 6, docs/exact_lanes.md): the admission contract declared for
-// the job's model, device, losses and partition, and the checks every scheduled forward of a pipeline runs on its
+// defines: the exact lanes of a job (docs/design.md section 6, docs/exact_lanes.md): the admission contract declared
+// for the job's model, device, losses and partition, and the checks every scheduled forward of a pipeline runs on its
 // wire. `train` and `score` both use them, so that exact.enabled means the same program in either.
 #pragma once
 

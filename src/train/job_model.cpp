@@ -1,8 +1,8 @@
 // defines: the model a job runs (job_model.h).
 #include "train/job_model.h"
 
-#include "ops/cuda/runtime.h"
 #include "core/device.h"
+#include "ops/cuda/runtime.h"
 
 namespace moetrain::train {
 

@@ -442,8 +442,7 @@ double Trainer::train_step(int64_t step) {
     model_->params().zero_grads();
   }
   // Under pipeline parallelism every pp rank passes the step's micro-batches; only pp rank 0 reads their tokens.
-  model::StepLoss loss = executor_          ? executor_->run_step(batches, targets)
-                                            : plain_->run_step(batches, targets);
+  model::StepLoss loss = executor_ ? executor_->run_step(batches, targets) : plain_->run_step(batches, targets);
   if (sharded_) sharded_->finish_step();  // the last gradient reductions are done before anything reads them
   reduce_across_ranks(loss);
   check_health();

@@ -125,9 +125,8 @@ class Trainer {
   pipeline::Partition partition_;
   std::unique_ptr<pipeline::DualPipeVExecutor> executor_;
   std::unique_ptr<pipeline::PlainExecutor> plain_;  // pp = 1 without the DualPipeV schedule (ep, ZeRO-3 or one rank)
-  std::unique_ptr<FullyShardedModel> sharded_;  // ZeRO-3 (parallel.sharding); the plain executor runs its hooks
-  std::vector<bool> owned_;                     // per parameter; empty: this rank owns every parameter
+  std::unique_ptr<FullyShardedModel> sharded_;      // ZeRO-3 (parallel.sharding); the plain executor runs its hooks
+  std::vector<bool> owned_;                         // per parameter; empty: this rank owns every parameter
 };
-
 
 }  // namespace moetrain::train

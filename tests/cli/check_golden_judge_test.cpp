@@ -13,9 +13,9 @@
 #include <gtest/gtest.h>
 
 #include "core/error.h"
-#include "model/model_config.h"
 #include "io/safetensors.h"
 #include "model/causal_lm.h"
+#include "model/model_config.h"
 #include "testing/test_data.h"
 
 namespace moetrain::cli::golden {

@@ -19,10 +19,18 @@ using pipeline::Partition;
 using pipeline::StageLayers;
 
 model::ModelConfig tiny_moe(int64_t layers = 8) {
-  const nlohmann::json config = {{"model_type", "qwen3_moe"}, {"vocab_size", 64},       {"hidden_size", 16},
-                                 {"num_hidden_layers", layers}, {"num_attention_heads", 2}, {"num_key_value_heads", 1},
-                                 {"head_dim", 8},              {"intermediate_size", 32}, {"rms_norm_eps", 1e-6},
-                                 {"num_experts", 4},           {"num_experts_per_tok", 2}, {"moe_intermediate_size", 8}};
+  const nlohmann::json config = {{"model_type", "qwen3_moe"},
+                                 {"vocab_size", 64},
+                                 {"hidden_size", 16},
+                                 {"num_hidden_layers", layers},
+                                 {"num_attention_heads", 2},
+                                 {"num_key_value_heads", 1},
+                                 {"head_dim", 8},
+                                 {"intermediate_size", 32},
+                                 {"rms_norm_eps", 1e-6},
+                                 {"num_experts", 4},
+                                 {"num_experts_per_tok", 2},
+                                 {"moe_intermediate_size", 8}};
   return model::parse_model_config(config.dump(), "test/config.json");
 }
 
@@ -141,9 +149,9 @@ TEST(ExactAdmission, AcceptsUnevenCutsOnLayerBoundaries) {
 }
 
 TEST(ExactAdmission, AcceptsDenseQwen3) {
-  const nlohmann::json config = {{"model_type", "qwen3"}, {"vocab_size", 64},         {"hidden_size", 16},
+  const nlohmann::json config = {{"model_type", "qwen3"},  {"vocab_size", 64},         {"hidden_size", 16},
                                  {"num_hidden_layers", 8}, {"num_attention_heads", 2}, {"num_key_value_heads", 1},
-                                 {"head_dim", 8},          {"intermediate_size", 32}, {"rms_norm_eps", 1e-6}};
+                                 {"head_dim", 8},          {"intermediate_size", 32},  {"rms_norm_eps", 1e-6}};
   const model::ModelConfig c = model::parse_model_config(config.dump(), "test/config.json");
   ExactDeclaration d = good_declaration();
   d.model_type = "qwen3";

@@ -9,9 +9,9 @@
 
 #include "core/error.h"
 #include "model/causal_lm.h"
-#include "pipeline/plain_executor.h"
 #include "ops/elementwise.h"
 #include "ops/loss.h"
+#include "pipeline/plain_executor.h"
 #include "testing/test_data.h"
 
 namespace moetrain::model {

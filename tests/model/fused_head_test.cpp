@@ -1,5 +1,5 @@
-// Tests for the fused LM head (CausalLm::head_forward with a head chunk, over ops/linear_cross_entropy.h) at the model level:
-// forward_backward and forward_only with the vocabulary in several chunks give the unfused head's losses and
+// Tests for the fused LM head (CausalLm::head_forward with a head chunk, over ops/linear_cross_entropy.h) at the model
+// level: forward_backward and forward_only with the vocabulary in several chunks give the unfused head's losses and
 // gradients, one chunk gives the same bytes, observing the logits keeps the materialised path, and the split
 // backward calls hold the loss scale the forward used.
 #include <cmath>

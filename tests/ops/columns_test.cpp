@@ -80,15 +80,15 @@ TEST(Columns, Bf16SumsInF32AndRoundsOnce) {
 TEST(Columns, RefusesBadArguments) {
   const Tensor a = Tensor::zeros({4, 6}, DType::F32);
   Tensor b = Tensor::zeros({4, 6}, DType::F32);
-  EXPECT_THROW(copy_columns(cpu(), b, 3, a, 0, 4), Error);       // past dst's columns
-  EXPECT_THROW(copy_columns(cpu(), b, 0, a, 4, 3), Error);       // past src's columns
-  EXPECT_THROW(copy_columns(cpu(), b, 0, a, 0, 2, 2), Error);    // rows(dst) != rows(src) x 2
-  EXPECT_THROW(copy_columns(cpu(), b, -1, a, 0, 2), Error);      // negative column
+  EXPECT_THROW(copy_columns(cpu(), b, 3, a, 0, 4), Error);     // past dst's columns
+  EXPECT_THROW(copy_columns(cpu(), b, 0, a, 4, 3), Error);     // past src's columns
+  EXPECT_THROW(copy_columns(cpu(), b, 0, a, 0, 2, 2), Error);  // rows(dst) != rows(src) x 2
+  EXPECT_THROW(copy_columns(cpu(), b, -1, a, 0, 2), Error);    // negative column
   Tensor i32 = Tensor::zeros({4, 6}, DType::I32);
-  EXPECT_THROW(copy_columns(cpu(), i32, 0, a, 0, 2), Error);     // dtypes differ
+  EXPECT_THROW(copy_columns(cpu(), i32, 0, a, 0, 2), Error);  // dtypes differ
   EXPECT_THROW(sum_repeated_columns(cpu(), i32, 0, Tensor::zeros({8, 6}, DType::I32), 0, 2, 2), Error);  // not float
   EXPECT_THROW(sum_repeated_columns(cpu(), b, 0, a, 0, 2, 2), Error);  // rows(src) != rows(dst) x 2
-  EXPECT_NO_THROW(copy_columns(cpu(), b, 2, a, 0, 0));                  // an empty block
+  EXPECT_NO_THROW(copy_columns(cpu(), b, 2, a, 0, 0));                 // an empty block
 }
 
 }  // namespace

@@ -121,7 +121,8 @@ TEST(CudaRope, YarnMatchesCpu) {
   };
   ops::RopeParams ds = ops::rope_yarn_params(64, 10000.0, deepseek);
   ds.interleaved = true;
-  const std::vector<YarnCase> cases = {{{300, 16, 192}, ds}, {{300, 8, 64}, ops::rope_yarn_params(64, 150000.0, gpt_oss)}};
+  const std::vector<YarnCase> cases = {{{300, 16, 192}, ds},
+                                       {{300, 8, 64}, ops::rope_yarn_params(64, 150000.0, gpt_oss)}};
   for (const YarnCase& c : cases) {
     Rng rng(61);
     const Tensor x = random_tensor(c.shape, DType::F32, rng);

@@ -24,11 +24,11 @@
 #include "core/rng.h"
 #include "dist/inprocess_communicator.h"
 #include "dist/mesh.h"
-#include "model/model_config.h"
 #include "model/causal_lm.h"
-#include "pipeline/plain_executor.h"
+#include "model/model_config.h"
 #include "model/router_loss.h"
 #include "pipeline/partition.h"
+#include "pipeline/plain_executor.h"
 #include "pipeline/stage_chunk.h"
 #include "testing/executor_fixtures.h"
 #include "testing/test_data.h"
@@ -217,7 +217,7 @@ TEST(PipelineExecutor, ChunkHoldsRecordsFromForwardToBackwardWeight) {
   EXPECT_THROW(last.backward_weight(0), Error);                 // already freed
   first.forward(1, batches[1], Tensor(), 0.5);
   EXPECT_THROW(first.forward(1, batches[1], Tensor(), 0.5), Error);  // twice
-  EXPECT_THROW(first.backward_weight(1), Error);                // before its backward_input
+  EXPECT_THROW(first.backward_weight(1), Error);                     // before its backward_input
 }
 
 TEST(PipelineExecutor, RefusesFewerMicroBatchesThanStages) {

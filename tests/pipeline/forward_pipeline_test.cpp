@@ -20,10 +20,10 @@
 #include "core/error.h"
 #include "dist/inprocess_communicator.h"
 #include "dist/mesh.h"
-#include "model/model_config.h"
 #include "model/causal_lm.h"
-#include "pipeline/plain_executor.h"
+#include "model/model_config.h"
 #include "pipeline/partition.h"
+#include "pipeline/plain_executor.h"
 #include "testing/executor_fixtures.h"
 #include "testing/test_data.h"
 

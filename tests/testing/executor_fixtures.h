@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "core/rng.h"
-#include "model/model_config.h"
 #include "model/causal_lm.h"
+#include "model/model_config.h"
 #include "model/router_loss.h"
 
 namespace moetrain::pipeline::fixtures {

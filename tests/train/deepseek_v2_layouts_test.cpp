@@ -140,7 +140,8 @@ TEST(DeepseekV2Layouts, ExactPackedRowGivesEachDocumentsBytes) {
   const std::vector<std::pair<int32_t, int32_t>> docs = {{0, 13}, {13, 32}};
   for (const auto& [begin, end] : docs) {
     cli::ScoreInput alone;
-    alone.input_ids = Tensor::from_vector(std::vector<int32_t>(ids.begin() + begin, ids.begin() + end), {1, end - begin});
+    alone.input_ids =
+        Tensor::from_vector(std::vector<int32_t>(ids.begin() + begin, ids.begin() + end), {1, end - begin});
     alone.cu_seqlens = Tensor::from_vector<int32_t>({0, end - begin}, {2});
     const Tensor by_itself = cli::score_logprobs(*model, alone, 1, true);
     EXPECT_EQ(std::memcmp(together.data<float>() + begin, by_itself.data<float>(),

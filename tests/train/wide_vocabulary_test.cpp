@@ -109,8 +109,8 @@ std::vector<int32_t> tokens(int64_t n, uint64_t salt) {
 
 std::string job_file(const std::string& dir) {
   const std::string path = dir + "/job.toml";
-  std::ofstream(path) << "[model]\nconfig = \"" << wide_config_path() << "\"\ninit = \"random\"\nhead_chunk = "
-                      << kHeadChunk
+  std::ofstream(path) << "[model]\nconfig = \"" << wide_config_path()
+                      << "\"\ninit = \"random\"\nhead_chunk = " << kHeadChunk
                       << "\n[data]\nmode = \"synthetic\"\n[train]\nsteps = 1\nseq_len = 32\nmicro_batch = 2\n"
                          "seed = 1234\n";
   return path;
@@ -161,7 +161,8 @@ TEST(WideVocabulary, ExactScoreFileIsTheSameBytesOnEveryLayout) {
     options.config_path = job_path;
     options.input = input;
     options.out = dir + "/out_" + std::to_string(pp) + "_" + std::to_string(ep) + ".safetensors";
-    options.overrides = {"exact.enabled=true", "parallel.pp=" + std::to_string(pp), "parallel.ep=" + std::to_string(ep)};
+    options.overrides = {"exact.enabled=true", "parallel.pp=" + std::to_string(pp),
+                         "parallel.ep=" + std::to_string(ep)};
     if (pp * ep > 1) options.overrides.push_back("dist.local_ranks=" + std::to_string(pp * ep));
     ASSERT_EQ(cli::run_score(options), 0) << "pp " << pp << " x ep " << ep;
     const std::string bytes = read_bytes(options.out);

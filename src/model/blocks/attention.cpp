@@ -70,10 +70,11 @@ std::vector<ParamSpec> GqaAttention::param_specs(const AttentionOptions& o, cons
 GqaAttention::GqaAttention(const AttentionOptions& options, ParameterStore& store, const std::string& prefix)
     : options_(options) {
   refuse_unsupported(options);
-  MT_CHECK(options.num_heads > 0 && options.num_kv_heads > 0 && options.num_heads % options.num_kv_heads == 0 &&
-               options.head_dim > 0,
-           "attention block: {} heads over {} kv heads of dim {}: expected positive sizes, heads a multiple of kv heads",
-           options.num_heads, options.num_kv_heads, options.head_dim);
+  MT_CHECK(
+      options.num_heads > 0 && options.num_kv_heads > 0 && options.num_heads % options.num_kv_heads == 0 &&
+          options.head_dim > 0,
+      "attention block: {} heads over {} kv heads of dim {}: expected positive sizes, heads a multiple of kv heads",
+      options.num_heads, options.num_kv_heads, options.head_dim);
   MT_CHECK(options.rope.rotary_dim % 2 == 0 && options.rope.rotary_dim <= options.head_dim,
            "attention block: rotary dim {} must be even and at most the head dim {}", options.rope.rotary_dim,
            options.head_dim);

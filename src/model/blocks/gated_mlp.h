@@ -22,8 +22,8 @@ struct GatedMlpOptions {
   int64_t intermediate_size = 0;
   int64_t num_experts = 0;  // 0: one dense MLP; E > 0: an expert bank of E MLPs
   GatedActivation activation = GatedActivation::SwiGlu;
-  bool bias = false;                   // biases on gate_up and down (GPT-OSS; not run yet: refused)
-  ParamRole role = ParamRole::Dense;   // Dense, SharedExpert, or ExpertBank for a bank
+  bool bias = false;                  // biases on gate_up and down (GPT-OSS; not run yet: refused)
+  ParamRole role = ParamRole::Dense;  // Dense, SharedExpert, or ExpertBank for a bank
 };
 
 struct MlpRecord {

@@ -15,14 +15,14 @@ namespace moetrain::model {
 namespace {
 
 struct LatentRecord final : MixerRecord {
-  Tensor x;                     // [T, H] block input (already normed)
-  Tensor qa, rstd_qa, qa_n;     // q LoRA: [T, r_q] before and after its norm
-  Tensor q;                     // [T, nh, qk] the projection, transformers' [nope | rope] per head
-  Tensor ckv;                   // [T, r_kv + dr] compressed latent and rotary key
+  Tensor x;                      // [T, H] block input (already normed)
+  Tensor qa, rstd_qa, qa_n;      // q LoRA: [T, r_q] before and after its norm
+  Tensor q;                      // [T, nh, qk] the projection, transformers' [nope | rope] per head
+  Tensor ckv;                    // [T, r_kv + dr] compressed latent and rotary key
   Tensor kv_lat, rstd_kv, kv_n;  // [T, r_kv] the latent before and after its norm
-  Tensor kv;                    // [T, nh, nope + v] expanded keys and values
-  Tensor Q, K, V;               // what attention saw: [T, nh, qk] in [rope | nope] (rotated), [T, nh, v]
-  Tensor attn, lse;             // [T, nh, v], [T, nh]
+  Tensor kv;                     // [T, nh, nope + v] expanded keys and values
+  Tensor Q, K, V;                // what attention saw: [T, nh, qk] in [rope | nope] (rotated), [T, nh, v]
+  Tensor attn, lse;              // [T, nh, v], [T, nh]
   const MicroBatch* batch = nullptr;
   // Kept by backward_input for backward_weight.
   Tensor d_out, dq, d_qa_n, d_qa, dkv, d_kv_n, d_ckv;

@@ -76,8 +76,8 @@ std::vector<ParamSpec> PreNormLayer::param_specs(const PreNormLayerOptions& o, s
   return specs;
 }
 
-PreNormLayer::PreNormLayer(const PreNormLayerOptions& options, std::unique_ptr<TokenMixer> mixer,
-                           ParameterStore& store, const std::string& prefix)
+PreNormLayer::PreNormLayer(const PreNormLayerOptions& options, std::unique_ptr<TokenMixer> mixer, ParameterStore& store,
+                           const std::string& prefix)
     : options_(options),
       mixer_(std::move(mixer)),
       router_(options.moe ? std::make_unique<Router>(options.moe->router, store, prefix) : nullptr),
@@ -86,8 +86,7 @@ PreNormLayer::PreNormLayer(const PreNormLayerOptions& options, std::unique_ptr<T
                          : nullptr),
       mlp_(ffn_options(options), store, prefix + (options.moe ? "experts." : "mlp.")) {
   MT_CHECK(mixer_ != nullptr, "decoder layer {}: no token mixer", options.layer);
-  MT_CHECK(!options.moe || options.moe_index >= 0, "decoder layer {}: an MoE layer needs its MoE index",
-           options.layer);
+  MT_CHECK(!options.moe || options.moe_index >= 0, "decoder layer {}: an MoE layer needs its MoE index", options.layer);
   w_input_norm_ = store.weight(prefix + "input_norm"), g_input_norm_ = store.grad(prefix + "input_norm");
   w_post_norm_ = store.weight(prefix + "post_norm"), g_post_norm_ = store.grad(prefix + "post_norm");
 }

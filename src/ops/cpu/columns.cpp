@@ -36,7 +36,8 @@ void copy_columns(const Tensor& dst, int64_t dst_col, const Tensor& src, int64_t
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
     std::memcpy(d + (static_cast<size_t>(r * dst_cols + dst_col)) * esize,
-                s + (static_cast<size_t>((r / repeat) * src_cols + src_col)) * esize, static_cast<size_t>(width) * esize);
+                s + (static_cast<size_t>((r / repeat) * src_cols + src_col)) * esize,
+                static_cast<size_t>(width) * esize);
   }
 }
 

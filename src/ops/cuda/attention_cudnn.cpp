@@ -88,7 +88,7 @@ HandleSlot& handle_for(Device device) {
 struct GraphKey {
   int device = 0;
   bool backward = false;
-  int64_t batch = 0, seq = 0, tokens = 0;  // tokens: the backward's packed-token bucket (0 in the forward)
+  int64_t batch = 0, seq = 0, tokens = 0;    // tokens: the backward's packed-token bucket (0 in the forward)
   int64_t nh = 0, nkv = 0, hd = 0, hdv = 0;  // hd: of q and k; hdv: of v and the output
   bool causal = true;
   auto operator<=>(const GraphKey&) const = default;

@@ -81,8 +81,8 @@ void copy_columns(const Stream& stream, const Tensor& dst, int64_t dst_col, cons
   MT_FAIL("copy_columns (CUDA): elements of {} bytes are not supported", dtype_size(dst.dtype()));
 }
 
-void sum_repeated_columns(const Stream& stream, const Tensor& dst, int64_t dst_col, const Tensor& src,
-                          int64_t src_col, int64_t width, int64_t repeat) {
+void sum_repeated_columns(const Stream& stream, const Tensor& dst, int64_t dst_col, const Tensor& src, int64_t src_col,
+                          int64_t width, int64_t repeat) {
   if (dst.dtype() == DType::BF16) {
     launch_sum<__nv_bfloat16>(stream, dst, dst_col, src, src_col, width, repeat);
     return;

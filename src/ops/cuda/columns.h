@@ -10,7 +10,7 @@ namespace moetrain::ops::cuda {
 
 void copy_columns(const Stream& stream, const Tensor& dst, int64_t dst_col, const Tensor& src, int64_t src_col,
                   int64_t width, int64_t repeat);
-void sum_repeated_columns(const Stream& stream, const Tensor& dst, int64_t dst_col, const Tensor& src,
-                          int64_t src_col, int64_t width, int64_t repeat);
+void sum_repeated_columns(const Stream& stream, const Tensor& dst, int64_t dst_col, const Tensor& src, int64_t src_col,
+                          int64_t width, int64_t repeat);
 
 }  // namespace moetrain::ops::cuda

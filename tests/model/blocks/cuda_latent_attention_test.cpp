@@ -10,12 +10,12 @@
 #include <gtest/gtest.h>
 
 #include "core/rng.h"
+#include "model/blocks/block_testing.h"
 #include "model/blocks/latent_attention.h"
 #include "ops/rope.h"
 #include "testing/cuda_compare.h"
 #include "testing/gpu.h"
 #include "testing/test_data.h"
-#include "model/blocks/block_testing.h"
 
 namespace moetrain::model {
 namespace {

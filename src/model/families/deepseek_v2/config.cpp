@@ -26,7 +26,8 @@ ops::YarnOptions parse_yarn(const io::JsonFields& rope, const io::JsonFields& to
              source, field);
     y.factor = double(max_positions) / double(y.original_max_position_embeddings);
   }
-  const double beta_fast = rope.number_opt("beta_fast").value_or(0.0), beta_slow = rope.number_opt("beta_slow").value_or(0.0);
+  const double beta_fast = rope.number_opt("beta_fast").value_or(0.0),
+               beta_slow = rope.number_opt("beta_slow").value_or(0.0);
   if (beta_fast != 0.0) y.beta_fast = beta_fast;
   if (beta_slow != 0.0) y.beta_slow = beta_slow;
   y.mscale = rope.number_opt("mscale").value_or(0.0);
@@ -45,8 +46,8 @@ void parse_rope(const io::JsonFields& f, DeepseekV2Config& c) {
     std::string type = "default";
     for (const char* key : {"rope_type", "type"})
       if (const std::optional<std::string> t = rope->string_opt(key)) type = *t;
-    MT_CHECK(type == "default" || type == "yarn", "{}: {}.rope_type '{}' is not supported for deepseek_v2 (default, yarn)",
-             source, field, type);
+    MT_CHECK(type == "default" || type == "yarn",
+             "{}: {}.rope_type '{}' is not supported for deepseek_v2 (default, yarn)", source, field, type);
     if (type == "yarn") c.yarn = parse_yarn(*rope, f, field);
     if (const std::optional<double> t = rope->number_opt("rope_theta")) {
       MT_CHECK(!theta || *theta == *t, "{}: rope_theta is {} at the top level but {} in {}", source, *theta, *t, field);
@@ -75,12 +76,15 @@ void parse_fields(const io::JsonFields& f, ModelConfig& g, DeepseekV2Config& c) 
   c.qk_nope_head_dim = f.require_int("qk_nope_head_dim");
   c.qk_rope_head_dim = f.require_int("qk_rope_head_dim");
   c.v_head_dim = f.require_int("v_head_dim");
-  for (const auto& [value, name] : {std::pair{g.vocab_size, "vocab_size"}, {g.hidden_size, "hidden_size"},
+  for (const auto& [value, name] : {std::pair{g.vocab_size, "vocab_size"},
+                                    {g.hidden_size, "hidden_size"},
                                     {g.num_hidden_layers, "num_hidden_layers"},
                                     {c.num_attention_heads, "num_attention_heads"},
                                     {c.intermediate_size, "intermediate_size"},
-                                    {c.moe_intermediate_size, "moe_intermediate_size"}, {c.kv_lora_rank, "kv_lora_rank"},
-                                    {c.qk_nope_head_dim, "qk_nope_head_dim"}, {c.qk_rope_head_dim, "qk_rope_head_dim"},
+                                    {c.moe_intermediate_size, "moe_intermediate_size"},
+                                    {c.kv_lora_rank, "kv_lora_rank"},
+                                    {c.qk_nope_head_dim, "qk_nope_head_dim"},
+                                    {c.qk_rope_head_dim, "qk_rope_head_dim"},
                                     {c.v_head_dim, "v_head_dim"}})
     f.check_positive(value, name);
   MT_CHECK(c.q_lora_rank >= 0, "{}: q_lora_rank must be null or positive but is {}", source, c.q_lora_rank);
@@ -112,17 +116,18 @@ void parse_fields(const io::JsonFields& f, ModelConfig& g, DeepseekV2Config& c) 
   c.first_k_dense_replace = f.int_opt("first_k_dense_replace").value_or(0);
   f.check_positive(g.num_experts, "n_routed_experts");
   f.check_positive(g.num_experts_per_tok, "num_experts_per_tok");
-  MT_CHECK(g.num_experts_per_tok <= g.num_experts, "{}: num_experts_per_tok ({}) exceeds n_routed_experts ({})",
-           source, g.num_experts_per_tok, g.num_experts);
+  MT_CHECK(g.num_experts_per_tok <= g.num_experts, "{}: num_experts_per_tok ({}) exceeds n_routed_experts ({})", source,
+           g.num_experts_per_tok, g.num_experts);
   MT_CHECK(c.n_shared_experts >= 0, "{}: n_shared_experts must not be negative but is {}", source, c.n_shared_experts);
   MT_CHECK(c.first_k_dense_replace >= 0 && c.first_k_dense_replace <= g.num_hidden_layers,
            "{}: first_k_dense_replace ({}) must be in [0, num_hidden_layers = {}]", source, c.first_k_dense_replace,
            g.num_hidden_layers);
   const int64_t freq = f.int_opt("moe_layer_freq").value_or(1);
-  MT_CHECK(freq == 1,
-           "{}: moe_layer_freq {} is not supported (transformers 5.17 makes every layer from first_k_dense_replace on an "
-           "MoE layer, which is moe_layer_freq 1)",
-           source, freq);
+  MT_CHECK(
+      freq == 1,
+      "{}: moe_layer_freq {} is not supported (transformers 5.17 makes every layer from first_k_dense_replace on an "
+      "MoE layer, which is moe_layer_freq 1)",
+      source, freq);
   c.topk_method = f.string_opt("topk_method").value_or("greedy");
   MT_CHECK(c.topk_method == "greedy" || c.topk_method == "group_limited_greedy",
            "{}: topk_method '{}' is not supported (greedy, group_limited_greedy)", source, c.topk_method);

@@ -30,7 +30,8 @@ LatentAttentionOptions attention_options(const ModelConfig& g, const DeepseekV2C
   o.v_head_dim = c.v_head_dim;
   o.lora_norm_eps = 1e-6f;  // transformers builds q_a_layernorm and kv_a_layernorm with its default eps
   const int rotary = static_cast<int>(c.qk_rope_head_dim);
-  o.rope = c.yarn ? ops::rope_yarn_params(rotary, c.rope_theta, *c.yarn) : ops::rope_default_params(rotary, c.rope_theta);
+  o.rope =
+      c.yarn ? ops::rope_yarn_params(rotary, c.rope_theta, *c.yarn) : ops::rope_default_params(rotary, c.rope_theta);
   o.rope.interleaved = true;  // transformers rotates the rope dims as complex pairs (2i, 2i + 1)
   // Under YaRN the softmax scale carries the temperature: 1 / sqrt(qk head dim) x mscale(factor, mscale_all_dim)^2.
   const double scaling = 1.0 / std::sqrt(double(c.qk_nope_head_dim + c.qk_rope_head_dim));
@@ -83,7 +84,9 @@ void attach_layer_pieces(std::vector<ParamSpec>& specs, int64_t layer) {
     MT_CHECK(spec.name.rfind(prefix, 0) == 0 && spec.pieces.empty(),
              "deepseek_v2 layout: parameter '{}' is not a fresh parameter of layer {}", spec.name, layer);
     const std::string local = spec.name.substr(prefix.size());
-    const auto whole = [&](const std::string& hf_name) { spec.pieces.push_back({hf + hf_name, spec.shape, 0, {}, {}}); };
+    const auto whole = [&](const std::string& hf_name) {
+      spec.pieces.push_back({hf + hf_name, spec.shape, 0, {}, {}});
+    };
     if (local == "input_norm") {
       whole("input_layernorm.weight");
     } else if (local == "post_norm") {
@@ -133,8 +136,8 @@ class DeepseekV2Family final : public Family {
 
   std::vector<ParamSpec> param_specs(const ModelConfig& g) const override {
     const DeepseekV2Config& c = g.family_config<DeepseekV2Config>();
-    std::vector<ParamSpec> specs = {
-        single_piece_spec("embed", {g.vocab_size, g.hidden_size}, ParamRole::Embedding, -1, "model.embed_tokens.weight")};
+    std::vector<ParamSpec> specs = {single_piece_spec("embed", {g.vocab_size, g.hidden_size}, ParamRole::Embedding, -1,
+                                                      "model.embed_tokens.weight")};
     for (int64_t layer = 0; layer < g.num_hidden_layers; ++layer) {
       const std::string prefix = layer_prefix(layer);
       std::vector<ParamSpec> layer_specs = PreNormLayer::param_specs(
@@ -150,8 +153,7 @@ class DeepseekV2Family final : public Family {
     return specs;
   }
 
-  std::unique_ptr<DecoderLayer> make_layer(const ModelConfig& g, ParameterStore& store,
-                                           int64_t layer) const override {
+  std::unique_ptr<DecoderLayer> make_layer(const ModelConfig& g, ParameterStore& store, int64_t layer) const override {
     const DeepseekV2Config& c = g.family_config<DeepseekV2Config>();
     const std::string prefix = layer_prefix(layer);
     auto attention = std::make_unique<LatentAttention>(attention_options(g, c), store, prefix + "attn.");

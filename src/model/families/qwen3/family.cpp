@@ -49,8 +49,7 @@ class Qwen3Family final : public Family {
     return model_param_specs(g, c, [&](int64_t layer) { return layer_options(g, c, layer); });
   }
 
-  std::unique_ptr<DecoderLayer> make_layer(const ModelConfig& g, ParameterStore& store,
-                                           int64_t layer) const override {
+  std::unique_ptr<DecoderLayer> make_layer(const ModelConfig& g, ParameterStore& store, int64_t layer) const override {
     const Qwen3Config& c = g.family_config<Qwen3Config>();
     return make_pre_norm_layer(g, c, store, layer_options(g, c, layer));
   }

@@ -16,7 +16,9 @@ void attach_layer_pieces(std::vector<ParamSpec>& specs, int64_t layer) {
     MT_CHECK(spec.name.rfind(prefix, 0) == 0 && spec.pieces.empty(),
              "qwen3 layout: parameter '{}' is not a fresh parameter of layer {}", spec.name, layer);
     const std::string local = spec.name.substr(prefix.size());
-    const auto whole = [&](const std::string& hf_name) { spec.pieces.push_back({hf + hf_name, spec.shape, 0, {}, {}}); };
+    const auto whole = [&](const std::string& hf_name) {
+      spec.pieces.push_back({hf + hf_name, spec.shape, 0, {}, {}});
+    };
     if (local == "input_norm") {
       whole("input_layernorm.weight");
     } else if (local == "post_norm") {
@@ -74,7 +76,7 @@ LayerFlops attention_flops(const ModelConfig& g, const Qwen3Config& c, int64_t c
   const double nh = double(c.num_attention_heads), nkv = double(c.num_key_value_heads);
   LayerFlops f;
   f.matmul_weights = h * (nh + 2 * nkv) * hd + nh * hd * h;  // q, k, v, o projections
-  f.attention_core = 4 * (double(context) / 2) * nh * hd;     // causal: a token sees half the context on average
+  f.attention_core = 4 * (double(context) / 2) * nh * hd;    // causal: a token sees half the context on average
   return f;
 }
 

@@ -65,8 +65,7 @@ class Qwen3MoeFamily final : public Family {
     return qwen3::model_param_specs(g, c, [&](int64_t layer) { return layer_options(g, c, layer); });
   }
 
-  std::unique_ptr<DecoderLayer> make_layer(const ModelConfig& g, ParameterStore& store,
-                                           int64_t layer) const override {
+  std::unique_ptr<DecoderLayer> make_layer(const ModelConfig& g, ParameterStore& store, int64_t layer) const override {
     const Qwen3MoeConfig& c = g.family_config<Qwen3MoeConfig>();
     return qwen3::make_pre_norm_layer(g, c, store, layer_options(g, c, layer));
   }

@@ -19,9 +19,7 @@ namespace {
 using families::deepseek_v2::DeepseekV2Config;
 using nlohmann::json;
 
-json golden_json() {
-  return io::read_json_object(testing::test_data_path("golden/deepseek_v2/config.json"));
-}
+json golden_json() { return io::read_json_object(testing::test_data_path("golden/deepseek_v2/config.json")); }
 
 ModelConfig parse(const json& j) { return parse_model_config(j.dump(), "test/config.json"); }
 const DeepseekV2Config& ds(const ModelConfig& c) { return c.family_config<DeepseekV2Config>(); }
@@ -59,8 +57,9 @@ TEST(DeepseekV2Config, JsonRoundTripGivesBackTheConfig) {
   j["n_group"] = 4;
   j["topk_group"] = 2;
   j["routed_scaling_factor"] = 16.0;
-  j["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 10000.0}, {"factor", 40.0},
-                          {"original_max_position_embeddings", 4096}, {"mscale", 0.707}, {"mscale_all_dim", 0.707}};
+  j["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 10000.0},
+                          {"factor", 40.0},      {"original_max_position_embeddings", 4096},
+                          {"mscale", 0.707},     {"mscale_all_dim", 0.707}};
   const ModelConfig c = parse(j);
   const ModelConfig back = parse_model_config(model_config_to_json(c), "written");
   EXPECT_EQ(back.moe_layers, c.moe_layers);
@@ -112,9 +111,9 @@ TEST(DeepseekV2Config, RefusesEveryValueItDoesNotRun) {
   expect_error(with("rope_parameters", json{{"rope_type", "linear"}, {"factor", 2.0}}), {"rope_type", "'linear'"});
   expect_error(with("rope_parameters", json{{"rope_type", "yarn"}, {"factor", 4.0}}),
                {"original_max_position_embeddings"});
-  expect_error(with("rope_parameters",
-                    json{{"rope_type", "yarn"}, {"factor", 0.5}, {"original_max_position_embeddings", 4096}}),
-               {"factor"});
+  expect_error(
+      with("rope_parameters", json{{"rope_type", "yarn"}, {"factor", 0.5}, {"original_max_position_embeddings", 4096}}),
+      {"factor"});
   json missing = golden_json();
   missing.erase("kv_lora_rank");
   expect_error(missing, {"kv_lora_rank", "missing"});

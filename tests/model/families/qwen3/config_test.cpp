@@ -246,6 +246,22 @@ TEST(ModelConfig, JsonWriterUsesTransformersNames) {
   EXPECT_FALSE(jd.contains("num_experts"));
 }
 
+TEST(ModelConfig, JsonWriterKeepsTheSourceFieldsTheEngineDoesNotUse) {
+  json j = small_moe_json();
+  j["bos_token_id"] = 100000;
+  j["eos_token_id"] = 100001;
+  j["pad_token_id"] = nullptr;
+  j["output_router_logits"] = true;
+  j["dtype"] = "bfloat16";
+  const json written = json::parse(model_config_to_json(parse(j)));
+  EXPECT_EQ(written.at("bos_token_id"), 100000);
+  EXPECT_EQ(written.at("eos_token_id"), 100001);
+  EXPECT_TRUE(written.at("pad_token_id").is_null());
+  EXPECT_EQ(written.at("output_router_logits"), true);
+  EXPECT_EQ(written.at("dtype"), "float32") << "the engine's fields win: the export's weights are f32";
+  EXPECT_EQ(written.at("num_experts"), 4);
+}
+
 TEST(ModelConfig, RejectsMissingRequiredField) {
   for (const char* field : {"vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                             "intermediate_size", "rms_norm_eps", "moe_intermediate_size", "num_experts_per_tok"}) {
