@@ -21,6 +21,16 @@ int64_t ModelConfig::moe_index(int64_t layer) const {
   return index;
 }
 
+void parse_model_shape(const io::JsonFields& f, ModelConfig& g) {
+  g.vocab_size = f.require_int("vocab_size");
+  g.hidden_size = f.require_int("hidden_size");
+  g.num_hidden_layers = f.require_int("num_hidden_layers");
+  f.check_positive(g.vocab_size, "vocab_size");
+  f.check_positive(g.hidden_size, "hidden_size");
+  f.check_positive(g.num_hidden_layers, "num_hidden_layers");
+  g.tie_word_embeddings = f.bool_opt("tie_word_embeddings").value_or(false);
+}
+
 namespace {
 
 ModelConfig config_from_json(const nlohmann::json& root, const std::string& source) {

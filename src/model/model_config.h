@@ -11,6 +11,10 @@
 
 #include "core/error.h"
 
+namespace moetrain::io {
+class JsonFields;
+}  // namespace moetrain::io
+
 namespace moetrain::model {
 
 class Family;
@@ -57,6 +61,10 @@ struct ModelConfig {
     return *typed;
   }
 };
+
+// The fields every family shares, read by each family's parser: vocab_size, hidden_size and num_hidden_layers
+// (required, positive) and tie_word_embeddings (default false).
+void parse_model_shape(const io::JsonFields& fields, ModelConfig& config);
 
 // Parses config.json text; `source` names the file in errors. The family of its model_type parses the rest and
 // refuses, by name, every value it does not support.

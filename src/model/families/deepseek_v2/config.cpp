@@ -64,9 +64,7 @@ void parse_rope(const io::JsonFields& f, DeepseekV2Config& c) {
 
 void parse_fields(const io::JsonFields& f, ModelConfig& g, DeepseekV2Config& c) {
   const std::string& source = f.source();
-  g.vocab_size = f.require_int("vocab_size");
-  g.hidden_size = f.require_int("hidden_size");
-  g.num_hidden_layers = f.require_int("num_hidden_layers");
+  parse_model_shape(f, g);
   c.num_attention_heads = f.require_int("num_attention_heads");
   c.intermediate_size = f.require_int("intermediate_size");
   c.moe_intermediate_size = f.require_int("moe_intermediate_size");
@@ -76,10 +74,7 @@ void parse_fields(const io::JsonFields& f, ModelConfig& g, DeepseekV2Config& c) 
   c.qk_nope_head_dim = f.require_int("qk_nope_head_dim");
   c.qk_rope_head_dim = f.require_int("qk_rope_head_dim");
   c.v_head_dim = f.require_int("v_head_dim");
-  for (const auto& [value, name] : {std::pair{g.vocab_size, "vocab_size"},
-                                    {g.hidden_size, "hidden_size"},
-                                    {g.num_hidden_layers, "num_hidden_layers"},
-                                    {c.num_attention_heads, "num_attention_heads"},
+  for (const auto& [value, name] : {std::pair{c.num_attention_heads, "num_attention_heads"},
                                     {c.intermediate_size, "intermediate_size"},
                                     {c.moe_intermediate_size, "moe_intermediate_size"},
                                     {c.kv_lora_rank, "kv_lora_rank"},
@@ -155,7 +150,6 @@ void parse_fields(const io::JsonFields& f, ModelConfig& g, DeepseekV2Config& c) 
   MT_CHECK(!f.bool_opt("mlp_bias").value_or(false), "{}: mlp_bias = true is not supported for deepseek_v2", source);
   const std::string act = f.string_opt("hidden_act").value_or("silu");
   MT_CHECK(act == "silu", "{}: hidden_act '{}' is not supported for deepseek_v2 (only 'silu')", source, act);
-  g.tie_word_embeddings = f.bool_opt("tie_word_embeddings").value_or(false);
 
   g.moe_layers.assign(static_cast<size_t>(g.num_hidden_layers), false);
   for (int64_t layer = c.first_k_dense_replace; layer < g.num_hidden_layers; ++layer)

@@ -57,15 +57,10 @@ int64_t rotary_dim(const Qwen3Config& c) {
 
 void parse_shared_fields(const io::JsonFields& f, ModelConfig& g, Qwen3Config& c) {
   const std::string& source = f.source();
-  g.vocab_size = f.require_int("vocab_size");
-  g.hidden_size = f.require_int("hidden_size");
-  g.num_hidden_layers = f.require_int("num_hidden_layers");
+  parse_model_shape(f, g);
   c.num_attention_heads = f.require_int("num_attention_heads");
   c.intermediate_size = f.require_int("intermediate_size");
   c.rms_norm_eps = f.require_number("rms_norm_eps");
-  f.check_positive(g.vocab_size, "vocab_size");
-  f.check_positive(g.hidden_size, "hidden_size");
-  f.check_positive(g.num_hidden_layers, "num_hidden_layers");
   f.check_positive(c.num_attention_heads, "num_attention_heads");
   f.check_positive(c.intermediate_size, "intermediate_size");
   MT_CHECK(c.rms_norm_eps > 0.0, "{}: rms_norm_eps must be positive but is {}", source, c.rms_norm_eps);
@@ -91,7 +86,6 @@ void parse_shared_fields(const io::JsonFields& f, ModelConfig& g, Qwen3Config& c
            "{}: use_sliding_window = true is not supported for qwen3 / qwen3_moe", source);
   const std::string act = f.string_opt("hidden_act").value_or("silu");
   MT_CHECK(act == "silu", "{}: hidden_act '{}' is not supported for qwen3 / qwen3_moe (only 'silu')", source, act);
-  g.tie_word_embeddings = f.bool_opt("tie_word_embeddings").value_or(false);
   c.max_position_embeddings = f.int_opt("max_position_embeddings").value_or(0);
   MT_CHECK(c.max_position_embeddings >= 0, "{}: max_position_embeddings must not be negative but is {}", source,
            c.max_position_embeddings);
