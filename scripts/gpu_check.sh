@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # defines: the batch of GPU checks run on the GPU machine in one call: the CUDA op parity tests
-# (every Cuda* test of every test binary), check-golden on the GPU, and a short GPU training run of
+# (every Cuda* test of every test binary), check-golden on the GPU for every family's dump in tests/data/golden, in f32
+# and bf16, and a short GPU training run of
 # the tiny example (bf16 compute) whose loss curve docs/training.md compares with the CPU's. Binaries are built on the development machine
 # (scripts/build.sh) and carried along; logs go to $RESULTS_DIR (default /tmp/moetrain_gpu).
 set -uo pipefail
@@ -9,9 +10,10 @@ out="${RESULTS_DIR:-/tmp/moetrain_gpu}"
 mkdir -p "$out"
 export MOETRAIN_TEST_DATA="$PWD/tests/data"
 status=0
+moetrain="${MOETRAIN:-./build/src/moetrain}"  # MOETRAIN, TEST_BINARIES: binaries carried elsewhere
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
 
-for binary in build/tests/*_tests; do
+for binary in "${TEST_BINARIES:-build/tests}"/*_tests; do
   [[ -x "$binary" ]] || continue
   name=$(basename "$binary")
   if "$binary" --gtest_filter='Cuda*' --gtest_brief=1 >"$out/$name.log" 2>&1; then
@@ -21,11 +23,16 @@ for binary in build/tests/*_tests; do
   fi
 done
 
-for family in qwen3 qwen3_moe; do
+for dir in tests/data/golden/*/; do
+  family=$(basename "$dir")
   for dtype in f32 bf16; do
-    ./build/src/moetrain check-golden --device cuda --dtype $dtype --model tests/data/golden/$family \
-      --reference tests/data/golden/$family/reference.safetensors >"$out/golden_${family}_$dtype.log" 2>&1 || status=1
-    tail -n 24 "$out/golden_${family}_$dtype.log"  # bf16 on qwen3_moe: ~20 lines
+    if "$moetrain" check-golden --device cuda --dtype $dtype --model "$dir" --reference "$dir/reference.safetensors" \
+      >"$out/golden_${family}_$dtype.log" 2>&1; then
+      echo "check-golden $family cuda $dtype: ok"
+    else
+      echo "check-golden $family cuda $dtype: FAILED"; grep -E "FAIL|error" "$out/golden_${family}_$dtype.log" | head -20
+      status=1
+    fi
   done
 done
 
@@ -36,9 +43,9 @@ data=runs/data/licenses
 if [[ ! -f $data.idx ]]; then
   data="$out/data/licenses"; mkdir -p "$out/data"
   mapfile -t texts < <(find /usr/share/common-licenses -type f | sort)
-  ./build/src/moetrain data prepare --text "${texts[@]}" --output "$data" >/dev/null
+  "$moetrain" data prepare --text "${texts[@]}" --output "$data" >/dev/null
 fi
-./build/src/moetrain train --config examples/tiny_moe/job.toml --model.device=cuda --model.compute_dtype=bf16 \
+"$moetrain" train --config examples/tiny_moe/job.toml --model.device=cuda --model.compute_dtype=bf16 \
   --train.steps=$steps --data.path="$data" --checkpoint.dir= --metrics.jsonl="$out/tiny_cuda_bf16.jsonl" \
   --metrics.console_every=25 >"$out/tiny_cuda_bf16.log" 2>&1 || { echo "tiny cuda: FAILED"; tail -5 "$out/tiny_cuda_bf16.log"; status=1; }
 grep -E "step [0-9]+/" "$out/tiny_cuda_bf16.log" | tail -3

@@ -63,14 +63,28 @@ ModelConfig load_model_config(const std::string& path) {
   return config_from_json(io::read_json_object(file.string()), file.string());
 }
 
+namespace {
+
+// Source fields an export must not carry over: the export is a float checkpoint (never quantised), and the family's
+// rope_parameters supersede the legacy spellings transformers 4 configs use (rope_scaling, a top-level rope_theta),
+// which transformers 5 would otherwise read as a second description of the rope.
+bool superseded_on_export(const std::string& key, const nlohmann::json& written) {
+  if (key == "quantization_config") return true;
+  return written.contains("rope_parameters") && (key == "rope_scaling" || key == "rope_theta");
+}
+
+}  // namespace
+
 std::string model_config_to_json(const ModelConfig& config) {
   MT_CHECK(config.family != nullptr, "model config of '{}' has no family", config.model_type);
   const std::string written = config.family->to_hf_config_json(config);
   if (config.hf_source_json.empty()) return written;
   nlohmann::json out = io::parse_json_object(written, "the family's config.json");
   const nlohmann::json source = io::parse_json_object(config.hf_source_json, config.source);
-  for (const auto& [key, value] : source.items())
-    if (!out.contains(key)) out[key] = value;
+  for (const auto& [key, value] : source.items()) {
+    if (out.contains(key) || superseded_on_export(key, out)) continue;
+    out[key] = value;
+  }
   return out.dump(2) + "\n";
 }
 

@@ -1,5 +1,5 @@
-// Tests for `moetrain check-golden`: every case passes on the golden fixtures of qwen3, qwen3_moe and
-// deepseek_v2 (the engine's fp32 CPU math against transformers 5.17), the bf16 judgement (against
+// Tests for `moetrain check-golden`: every case passes on the golden fixtures of qwen3, qwen3_moe,
+// deepseek_v2 and gpt_oss (the engine's fp32 CPU math against transformers 5.17), the bf16 judgement (against
 // transformers' own bf16 error) runs end to end on the CPU over an f32 run, and bad arguments or a
 // dump without the bf16 yardstick fail closed.
 #include "cli/check_golden.h"
@@ -61,7 +61,7 @@ TEST_P(CheckGoldenFamily, Bf16JudgementPassesTheF32Path) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Golden, CheckGoldenFamily, ::testing::Values("qwen3", "qwen3_moe", "deepseek_v2"));
+INSTANTIATE_TEST_SUITE_P(Golden, CheckGoldenFamily, ::testing::Values("qwen3", "qwen3_moe", "deepseek_v2", "gpt_oss"));
 
 // The qwen3 reference rewritten without the tensors for which `drop` says true.
 std::string reference_without(const std::string& tag, bool (*drop)(const std::string&)) {

@@ -2,12 +2,14 @@
 #include "model/blocks/attention.h"
 
 #include <cmath>
+#include <limits>
 
 #include <fmt/format.h>
 
 #include "core/device.h"
 #include "core/error.h"
 #include "model/precision.h"
+#include "ops/bias.h"
 #include "ops/elementwise.h"
 #include "ops/gemm.h"
 
@@ -20,10 +22,10 @@ struct AttentionRecord final : MixerRecord {
   Tensor q, k, v;         // projections before the q/k norm: [T, nh, hd], [T, nkv, hd], [T, nkv, hd]
   Tensor rstd_q, rstd_k;  // [T * nh], [T * nkv] (qk_norm)
   Tensor q_rot, k_rot;    // after norm and rope: what attention saw
-  Tensor attn, lse;       // attention output [T, nh, hd] and its log-sum-exp [T, nh]
+  Tensor attn, lse;       // attention output [T, nh, hd] and its log-sum-exp [T, nh] (with the sinks when on)
   const MicroBatch* batch = nullptr;
   // Kept by backward_input for backward_weight.
-  Tensor d_out, d_q_normed, d_k_normed, d_q, d_k, d_v;
+  Tensor d_out, d_attn, d_q_normed, d_k_normed, d_q, d_k, d_v;
 };
 
 AttentionRecord& as_attention(MixerRecord& record) {
@@ -33,12 +35,17 @@ AttentionRecord& as_attention(MixerRecord& record) {
 }
 
 void refuse_unsupported(const AttentionOptions& o) {
-  MT_CHECK(!o.qkv_bias, "attention block: q/k/v biases (qkv_bias) are not supported yet");
-  MT_CHECK(!o.output_bias, "attention block: an output projection bias (output_bias) is not supported yet");
   MT_CHECK(!o.output_gate, "attention block: the sigmoid output gate is not supported yet");
-  MT_CHECK(!o.sinks, "attention block: attention sinks are not supported yet");
-  MT_CHECK(o.sliding_window == 0, "attention block: a sliding window ({} tokens) is not supported yet",
-           o.sliding_window);
+  MT_CHECK(o.sliding_window >= 0 && o.sliding_window <= std::numeric_limits<int>::max(),
+           "attention block: sliding_window must be in [0, 2^31) (0: the whole document) but is {}", o.sliding_window);
+}
+
+// The bias of a projection's output rows, if it has one.
+void add_bias(Stream& s, const Tensor& y, const Tensor& bias) {
+  if (bias.defined()) ops::bias_add(s, y, bias);
+}
+void bias_grad(Stream& s, const Tensor& g_bias, const Tensor& dy) {
+  if (g_bias.defined()) ops::bias_backward(s, g_bias, dy);
 }
 
 }  // namespace
@@ -56,6 +63,10 @@ std::vector<ParamSpec> GqaAttention::param_specs(const AttentionOptions& o, cons
     spec.init = spec.is_matrix() ? ParamInit::Normal : ParamInit::Ones;
     specs.push_back(std::move(spec));
   };
+  const auto add_vector = [&](const char* name, int64_t size, ParamInit init) {
+    add(name, {size}, ParamRole::Dense);
+    specs.back().init = init;
+  };
   add("q_proj", {q_rows, h}, ParamRole::Dense);
   add("k_proj", {kv_rows, h}, ParamRole::Dense);
   add("v_proj", {kv_rows, h}, ParamRole::Dense);
@@ -64,6 +75,13 @@ std::vector<ParamSpec> GqaAttention::param_specs(const AttentionOptions& o, cons
     add("q_norm", {hd}, ParamRole::Norm);
     add("k_norm", {hd}, ParamRole::Norm);
   }
+  if (o.qkv_bias) {
+    add_vector("q_bias", q_rows, ParamInit::Zeros);
+    add_vector("k_bias", kv_rows, ParamInit::Zeros);
+    add_vector("v_bias", kv_rows, ParamInit::Zeros);
+  }
+  if (o.output_bias) add_vector("o_bias", h, ParamInit::Zeros);
+  if (o.sinks) add_vector("sinks", o.num_heads, ParamInit::Zeros);  // 0: the sink starts as one more zero logit
   return specs;
 }
 
@@ -82,6 +100,7 @@ GqaAttention::GqaAttention(const AttentionOptions& options, ParameterStore& stor
   rope_ = options.rope;
   attention_.softmax_scale = static_cast<float>(
       options.softmax_scale > 0.0 ? options.softmax_scale : 1.0 / std::sqrt(double(options.head_dim)));
+  attention_.sliding_window = static_cast<int>(options.sliding_window);
   w_q_ = store.weight(prefix + "q_proj"), g_q_ = store.grad(prefix + "q_proj");
   w_k_ = store.weight(prefix + "k_proj"), g_k_ = store.grad(prefix + "k_proj");
   w_v_ = store.weight(prefix + "v_proj"), g_v_ = store.grad(prefix + "v_proj");
@@ -90,6 +109,13 @@ GqaAttention::GqaAttention(const AttentionOptions& options, ParameterStore& stor
     w_q_norm_ = store.weight(prefix + "q_norm"), g_q_norm_ = store.grad(prefix + "q_norm");
     w_k_norm_ = store.weight(prefix + "k_norm"), g_k_norm_ = store.grad(prefix + "k_norm");
   }
+  if (options.qkv_bias) {
+    w_q_bias_ = store.weight(prefix + "q_bias"), g_q_bias_ = store.grad(prefix + "q_bias");
+    w_k_bias_ = store.weight(prefix + "k_bias"), g_k_bias_ = store.grad(prefix + "k_bias");
+    w_v_bias_ = store.weight(prefix + "v_bias"), g_v_bias_ = store.grad(prefix + "v_bias");
+  }
+  if (options.output_bias) w_o_bias_ = store.weight(prefix + "o_bias"), g_o_bias_ = store.grad(prefix + "o_bias");
+  if (options.sinks) w_sinks_ = store.weight(prefix + "sinks"), g_sinks_ = store.grad(prefix + "sinks");
 }
 
 std::unique_ptr<MixerRecord> GqaAttention::new_record() const { return std::make_unique<AttentionRecord>(); }
@@ -116,6 +142,9 @@ Tensor GqaAttention::forward(MixerRecord& record, const Tensor& x, const MicroBa
   ops::linear_forward(s, r.q.view({T, -1}), x, w_q_);
   ops::linear_forward(s, r.k.view({T, -1}), x, w_k_);
   ops::linear_forward(s, r.v.view({T, -1}), x, w_v_);
+  add_bias(s, r.q.view({T, -1}), w_q_bias_);
+  add_bias(s, r.k.view({T, -1}), w_k_bias_);
+  add_bias(s, r.v.view({T, -1}), w_v_bias_);
 
   if (options_.qk_norm) {
     r.rstd_q = Tensor::empty({T * nh}, statistics_dtype(dt), dev);
@@ -136,9 +165,13 @@ Tensor GqaAttention::forward(MixerRecord& record, const Tensor& x, const MicroBa
   r.attn = Tensor::empty({T, nh, hd}, dt, dev);
   r.lse = Tensor::empty({T, nh}, statistics_dtype(dt), dev);
   ops::attention_forward(s, r.attn, r.lse, r.q_rot, r.k_rot, r.v, batch.cu_seqlens, attention_for(batch));
+  // The sinks rescale each (token, head) from its log-sum-exp; the backward below then runs the plain attention
+  // backward on the rescaled output and log-sum-exp, which is the exact gradient of the softmax with the sink.
+  if (options_.sinks) ops::attention_sinks_forward(s, r.attn, r.lse, w_sinks_);
 
   Tensor out = Tensor::empty({T, options_.hidden_size}, dt, dev);
   ops::linear_forward(s, out, r.attn.view({T, -1}), w_o_);
+  add_bias(s, out, w_o_bias_);
   return out;
 }
 
@@ -151,6 +184,7 @@ Tensor GqaAttention::backward_input(MixerRecord& record, const Tensor& d_out) co
   r.d_out = d_out;
   Tensor d_attn = Tensor::empty({T, options_.num_heads, options_.head_dim}, dt, dev);
   ops::linear_backward_input(s, d_attn.view({T, -1}), d_out, w_o_);
+  r.d_attn = d_attn;
 
   Tensor d_q_rot = Tensor::empty(r.q.shape(), dt, dev);
   Tensor d_k_rot = Tensor::empty(r.k.shape(), dt, dev);
@@ -191,6 +225,11 @@ void GqaAttention::backward_weight(MixerRecord& record) const {
   ops::linear_backward_weight(s, g_q_, r.d_q.view({T, -1}), r.x);
   ops::linear_backward_weight(s, g_k_, r.d_k.view({T, -1}), r.x);
   ops::linear_backward_weight(s, g_v_, r.d_v.view({T, -1}), r.x);
+  bias_grad(s, g_o_bias_, r.d_out);
+  bias_grad(s, g_q_bias_, r.d_q.view({T, -1}));
+  bias_grad(s, g_k_bias_, r.d_k.view({T, -1}));
+  bias_grad(s, g_v_bias_, r.d_v.view({T, -1}));
+  if (options_.sinks) ops::attention_sinks_backward(s, g_sinks_, r.d_attn, r.attn, r.lse, w_sinks_);
   if (options_.qk_norm) {
     ops::rmsnorm_backward_weight(s, g_q_norm_, r.d_q_normed, r.q, r.rstd_q);
     ops::rmsnorm_backward_weight(s, g_k_norm_, r.d_k_normed, r.k, r.rstd_k);

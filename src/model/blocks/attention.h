@@ -1,8 +1,9 @@
 // defines: GqaAttention, grouped-query self-attention as a token mixer, driven by AttentionOptions: q/k/v
-// projections, optional per-head RMSNorm of q and k, rotary embedding on the first rotary_dim dims, causal
-// attention within packed documents, output projection. The options leave room for what the other families need
-// (q/k/v and output biases, a sigmoid output gate, attention sinks, a sliding window); options this build does not
-// run yet are refused by name when the block is built. It knows no HF names: the family maps its parameters.
+// projections (optionally biased), optional per-head RMSNorm of q and k, rotary embedding on the first rotary_dim
+// dims, causal attention within packed documents (optionally over a sliding window, optionally with a learned sink
+// logit per head in every softmax denominator), output projection (optionally biased). The sigmoid output gate
+// (Qwen3.5) is not run yet and is refused by name when the block is built. It knows no HF names: the family maps its
+// parameters.
 #pragma once
 
 #include <memory>
@@ -28,19 +29,19 @@ struct AttentionOptions {
   float norm_eps = 1e-6f;
   ops::RopeParams rope;  // on the first rope.rotary_dim dims of each head (0: no rope); default or YaRN frequencies
   double softmax_scale = 0.0;  // 0: 1 / sqrt(head_dim)
-  // Not run yet (refused when set): biases on q/k/v and o, q_proj emitting a sigmoid output gate (Qwen3.5), a
-  // learned sink logit per head (GPT-OSS), attention to the last sliding_window keys only (0: the whole document).
-  bool qkv_bias = false;
-  bool output_bias = false;
-  bool output_gate = false;
+  bool qkv_bias = false;     // biases on the q, k and v projections (GPT-OSS)
+  bool output_bias = false;  // a bias on the output projection (GPT-OSS)
+  // A learned logit per query head that joins every softmax denominator with a zero value (GPT-OSS's sinks).
   bool sinks = false;
-  int64_t sliding_window = 0;
+  int64_t sliding_window = 0;  // a query sees its last sliding_window keys, itself included (0: the whole document)
+  bool output_gate = false;    // q_proj also emits a sigmoid output gate (Qwen3.5): not run yet, refused
 };
 
 class GqaAttention final : public TokenMixer {
  public:
-  // Parameters "<prefix>{q_proj,k_proj,v_proj,o_proj}" ([rows, H] matrices) and, with qk_norm,
-  // "<prefix>{q_norm,k_norm}" ([head_dim]); role Dense / Norm, in decoder layer `layer`. No HF pieces.
+  // Parameters "<prefix>{q_proj,k_proj,v_proj,o_proj}" ([rows, H] matrices); with qk_norm "<prefix>{q_norm,k_norm}"
+  // ([head_dim], role Norm); with the biases "<prefix>{q_bias,k_bias,v_bias}" and "<prefix>o_bias" ([rows]); with
+  // sinks "<prefix>sinks" ([num_heads]). In decoder layer `layer`; no HF pieces.
   static std::vector<ParamSpec> param_specs(const AttentionOptions& options, const std::string& prefix, int64_t layer);
 
   GqaAttention(const AttentionOptions& options, ParameterStore& store, const std::string& prefix);
@@ -57,8 +58,8 @@ class GqaAttention final : public TokenMixer {
   ops::RmsNormParams qk_norm_;
   ops::RopeParams rope_;
   ops::AttentionParams attention_;
-  Tensor w_q_, w_k_, w_v_, w_o_, w_q_norm_, w_k_norm_;
-  Tensor g_q_, g_k_, g_v_, g_o_, g_q_norm_, g_k_norm_;
+  Tensor w_q_, w_k_, w_v_, w_o_, w_q_norm_, w_k_norm_, w_q_bias_, w_k_bias_, w_v_bias_, w_o_bias_, w_sinks_;
+  Tensor g_q_, g_k_, g_v_, g_o_, g_q_norm_, g_k_norm_, g_q_bias_, g_k_bias_, g_v_bias_, g_o_bias_, g_sinks_;
 };
 
 }  // namespace moetrain::model

@@ -3,6 +3,7 @@
 
 #include "core/error.h"
 #include "ops/activation.h"
+#include "ops/bias.h"
 #include "ops/gemm.h"
 #include "ops/grouped_gemm.h"
 
@@ -15,9 +16,15 @@ std::vector<ParamSpec> GatedMlp::param_specs(const GatedMlpOptions& o, const std
     gate_up.insert(gate_up.begin(), o.num_experts);
     down.insert(down.begin(), o.num_experts);
   }
-  std::vector<ParamSpec> specs(2);
+  std::vector<ParamSpec> specs(o.bias ? 4 : 2);
   specs[0].name = prefix + "gate_up", specs[0].shape = gate_up;
   specs[1].name = prefix + "down", specs[1].shape = down;
+  if (o.bias) {
+    // The bias of each output row: gate_up [.., 2I, H] -> [.., 2I], down [.., H, I] -> [.., H].
+    specs[2].name = prefix + "gate_up_bias", specs[2].shape = Shape(gate_up.begin(), gate_up.end() - 1);
+    specs[3].name = prefix + "down_bias", specs[3].shape = Shape(down.begin(), down.end() - 1);
+    specs[2].init = specs[3].init = ParamInit::Zeros;
+  }
   for (ParamSpec& spec : specs) {
     spec.role = o.role;
     spec.layer = layer;
@@ -27,14 +34,56 @@ std::vector<ParamSpec> GatedMlp::param_specs(const GatedMlpOptions& o, const std
 
 GatedMlp::GatedMlp(const GatedMlpOptions& options, ParameterStore& store, const std::string& prefix)
     : options_(options) {
-  MT_CHECK(options.activation == GatedActivation::SwiGlu,
-           "gated MLP: the clamped SwiGLU activation is not supported yet");
-  MT_CHECK(!options.bias, "gated MLP: biases on gate_up and down are not supported yet");
+  clamped_.alpha = options.swiglu_alpha;
+  clamped_.limit = options.swiglu_limit;
+  if (options.activation == GatedActivation::ClampedSwiGlu) ops::check_clamped_swiglu_params(clamped_, "gated MLP");
   MT_CHECK((options.num_experts > 0) == (options.role == ParamRole::ExpertBank),
            "gated MLP: {} experts with role '{}': an expert bank (E > 0) has the role 'expert bank', a dense MLP not",
            options.num_experts, param_role_name(options.role));
   w_gate_up_ = store.weight(prefix + "gate_up"), g_gate_up_ = store.grad(prefix + "gate_up");
   w_down_ = store.weight(prefix + "down"), g_down_ = store.grad(prefix + "down");
+  if (options.bias) {
+    w_gate_up_bias_ = store.weight(prefix + "gate_up_bias"), g_gate_up_bias_ = store.grad(prefix + "gate_up_bias");
+    w_down_bias_ = store.weight(prefix + "down_bias"), g_down_bias_ = store.grad(prefix + "down_bias");
+  }
+}
+
+void GatedMlp::activation_forward(const Tensor& act, const Tensor& gate_up) const {
+  Stream& s = default_stream(gate_up.device());
+  if (options_.activation == GatedActivation::ClampedSwiGlu) {
+    ops::clamped_swiglu_forward(s, act, gate_up, clamped_);
+  } else {
+    ops::swiglu_forward(s, act, gate_up);
+  }
+}
+
+void GatedMlp::activation_backward(const Tensor& d_gate_up, const Tensor& d_act, const Tensor& gate_up) const {
+  Stream& s = default_stream(gate_up.device());
+  if (options_.activation == GatedActivation::ClampedSwiGlu) {
+    ops::clamped_swiglu_backward(s, d_gate_up, d_act, gate_up, clamped_);
+  } else {
+    ops::swiglu_backward(s, d_gate_up, d_act, gate_up);
+  }
+}
+
+void GatedMlp::add_bias(const Tensor& y, const Tensor& bias, const Tensor& group_offsets) const {
+  if (!bias.defined()) return;
+  Stream& s = default_stream(y.device());
+  if (is_expert_bank()) {
+    ops::grouped_bias_add(s, y, bias, group_offsets);
+  } else {
+    ops::bias_add(s, y, bias);
+  }
+}
+
+void GatedMlp::bias_grad(const Tensor& g_bias, const Tensor& dy, const Tensor& group_offsets) const {
+  if (!g_bias.defined()) return;
+  Stream& s = default_stream(dy.device());
+  if (is_expert_bank()) {
+    ops::grouped_bias_backward(s, g_bias, dy, group_offsets);
+  } else {
+    ops::bias_backward(s, g_bias, dy);
+  }
 }
 
 Tensor GatedMlp::forward(MlpRecord& r, const Tensor& x, const Tensor& group_offsets) const {
@@ -50,13 +99,17 @@ Tensor GatedMlp::forward(MlpRecord& r, const Tensor& x, const Tensor& group_offs
   Tensor y = Tensor::empty({rows, w_down_.size(-2)}, x.dtype(), x.device());
   if (is_expert_bank()) {
     ops::grouped_linear_forward(s, r.gate_up, x, w_gate_up_, group_offsets);
-    ops::swiglu_forward(s, r.act, r.gate_up);
-    ops::grouped_linear_forward(s, y, r.act, w_down_, group_offsets);
   } else {
     ops::linear_forward(s, r.gate_up, x, w_gate_up_);
-    ops::swiglu_forward(s, r.act, r.gate_up);
+  }
+  add_bias(r.gate_up, w_gate_up_bias_, group_offsets);
+  activation_forward(r.act, r.gate_up);
+  if (is_expert_bank()) {
+    ops::grouped_linear_forward(s, y, r.act, w_down_, group_offsets);
+  } else {
     ops::linear_forward(s, y, r.act, w_down_);
   }
+  add_bias(y, w_down_bias_, group_offsets);
   return y;
 }
 
@@ -68,11 +121,13 @@ Tensor GatedMlp::backward_input(MlpRecord& r, const Tensor& d_y) const {
   Tensor dx = Tensor::empty(r.x.shape(), d_y.dtype(), d_y.device());
   if (is_expert_bank()) {
     ops::grouped_linear_backward_input(s, d_act, d_y, w_down_, r.group_offsets);
-    ops::swiglu_backward(s, r.d_gate_up, d_act, r.gate_up);
-    ops::grouped_linear_backward_input(s, dx, r.d_gate_up, w_gate_up_, r.group_offsets);
   } else {
     ops::linear_backward_input(s, d_act, d_y, w_down_);
-    ops::swiglu_backward(s, r.d_gate_up, d_act, r.gate_up);
+  }
+  activation_backward(r.d_gate_up, d_act, r.gate_up);
+  if (is_expert_bank()) {
+    ops::grouped_linear_backward_input(s, dx, r.d_gate_up, w_gate_up_, r.group_offsets);
+  } else {
     ops::linear_backward_input(s, dx, r.d_gate_up, w_gate_up_);
   }
   return dx;
@@ -87,6 +142,8 @@ void GatedMlp::backward_weight(MlpRecord& r) const {
     ops::linear_backward_weight(s, g_down_, r.d_y, r.act);
     ops::linear_backward_weight(s, g_gate_up_, r.d_gate_up, r.x);
   }
+  bias_grad(g_down_bias_, r.d_y, r.group_offsets);
+  bias_grad(g_gate_up_bias_, r.d_gate_up, r.group_offsets);
   r = MlpRecord{};
 }
 

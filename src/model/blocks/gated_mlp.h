@@ -1,7 +1,8 @@
-// defines: GatedMlp, the gated MLP y = down(act(gate(x)) * up(x)), as one dense MLP (a dense layer's stage 3, a
+// defines: GatedMlp, the gated MLP y = down(act(gate(x), up(x))), as one dense MLP (a dense layer's stage 3, a
 // shared expert) or as a bank of experts run as grouped GEMMs over expert-ordered rows (an MoE layer's stage 3).
 // gate and up are fused into one [2I, H] weight per MLP (gate rows first), down is [H, I]; an expert bank stacks
-// them into [E, 2I, H] and [E, H, I]. It knows no HF names: the family maps its parameters.
+// them into [E, 2I, H] and [E, H, I]; optional biases [2I] and [H] ([E, 2I], [E, H]) follow each projection. The
+// activation is SwiGLU or GPT-OSS's clamped SwiGLU. It knows no HF names: the family maps its parameters.
 #pragma once
 
 #include <string>
@@ -9,12 +10,13 @@
 
 #include "core/tensor.h"
 #include "model/parameter_store.h"
+#include "ops/activation.h"
 
 namespace moetrain::model {
 
 enum class GatedActivation : uint8_t {
   SwiGlu,         // silu(gate) * up
-  ClampedSwiGlu,  // GPT-OSS: (up + 1) * gate * sigmoid(alpha * gate) with clamps (not run yet: refused)
+  ClampedSwiGlu,  // GPT-OSS: (up + 1) * gate * sigmoid(alpha * gate), gate clamped <= limit, up to [-limit, limit]
 };
 
 struct GatedMlpOptions {
@@ -22,7 +24,9 @@ struct GatedMlpOptions {
   int64_t intermediate_size = 0;
   int64_t num_experts = 0;  // 0: one dense MLP; E > 0: an expert bank of E MLPs
   GatedActivation activation = GatedActivation::SwiGlu;
-  bool bias = false;                  // biases on gate_up and down (GPT-OSS; not run yet: refused)
+  float swiglu_alpha = 1.702f;        // ClampedSwiGlu's alpha and limit
+  float swiglu_limit = 7.0f;
+  bool bias = false;                  // biases on gate_up and down (GPT-OSS)
   ParamRole role = ParamRole::Dense;  // Dense, SharedExpert, or ExpertBank for a bank
 };
 
@@ -37,7 +41,8 @@ struct MlpRecord {
 
 class GatedMlp {
  public:
-  // "<prefix>gate_up" and "<prefix>down" of decoder layer `layer`, with the options' role. No HF pieces.
+  // "<prefix>gate_up" and "<prefix>down" of decoder layer `layer`, with the options' role, and with biases
+  // "<prefix>gate_up_bias" and "<prefix>down_bias" (zeros at init). No HF pieces.
   static std::vector<ParamSpec> param_specs(const GatedMlpOptions& options, const std::string& prefix, int64_t layer);
 
   GatedMlp(const GatedMlpOptions& options, ParameterStore& store, const std::string& prefix);
@@ -49,8 +54,16 @@ class GatedMlp {
   void backward_weight(MlpRecord& record) const;
 
  private:
+  void activation_forward(const Tensor& act, const Tensor& gate_up) const;
+  void activation_backward(const Tensor& d_gate_up, const Tensor& d_act, const Tensor& gate_up) const;
+  // y += the bias of its projection (per group of rows for an expert bank); nothing without biases.
+  void add_bias(const Tensor& y, const Tensor& bias, const Tensor& group_offsets) const;
+  void bias_grad(const Tensor& g_bias, const Tensor& dy, const Tensor& group_offsets) const;
+
   GatedMlpOptions options_;
+  ops::ClampedSwigluParams clamped_;
   Tensor w_gate_up_, w_down_, g_gate_up_, g_down_;
+  Tensor w_gate_up_bias_, w_down_bias_, g_gate_up_bias_, g_down_bias_;
 };
 
 }  // namespace moetrain::model

@@ -3,6 +3,7 @@
 
 #include "core/error.h"
 #include "model/precision.h"
+#include "ops/bias.h"
 #include "ops/elementwise.h"
 #include "ops/gemm.h"
 
@@ -14,15 +15,18 @@ std::vector<ParamSpec> Router::param_specs(const RouterOptions& o, const std::st
   spec.shape = {o.num_experts, o.hidden_size};
   spec.role = ParamRole::Router;
   spec.layer = layer;
-  return {spec};
+  if (!o.bias) return {spec};
+  ParamSpec bias = spec;
+  bias.name = prefix + "router_bias";
+  bias.shape = {o.num_experts};
+  bias.init = ParamInit::Zeros;
+  return {spec, bias};
 }
 
 Router::Router(const RouterOptions& options, ParameterStore& store, const std::string& prefix) : options_(options) {
   MT_CHECK(options.num_experts > 0 && options.top_k > 0 && options.top_k <= options.num_experts,
            "router block: top-{} of {} experts: expected 0 < k <= E", options.top_k, options.num_experts);
   MT_CHECK(options.score == RouterScore::Softmax, "router block: sigmoid scores are not supported yet");
-  MT_CHECK(!options.topk_before_softmax, "router block: top-k before the softmax is not supported yet");
-  MT_CHECK(!options.bias, "router block: a router bias is not supported yet");
   // int64 options into the op's int parameters: both group counts are in [1, E] when valid.
   MT_CHECK(options.num_groups >= 1 && options.num_groups <= options.num_experts,
            "router block: num_groups ({}) must be in [1, E = {}]", options.num_groups, options.num_experts);
@@ -33,9 +37,11 @@ Router::Router(const RouterOptions& options, ParameterStore& store, const std::s
   params_.num_groups = static_cast<int>(options.num_groups);
   params_.topk_groups = static_cast<int>(options.topk_groups);
   params_.scaling_factor = options.scaling_factor;
+  params_.topk_before_softmax = options.topk_before_softmax;
   ops::check_router_params(params_, options.num_experts, "router block");
   w_ = store.weight(prefix + "router");
   g_ = store.grad(prefix + "router");
+  if (options.bias) w_bias_ = store.weight(prefix + "router_bias"), g_bias_ = store.grad(prefix + "router_bias");
 }
 
 RoutingMetadata Router::forward(RouterRecord& r, const Tensor& x) const {
@@ -49,6 +55,7 @@ RoutingMetadata Router::forward(RouterRecord& r, const Tensor& x) const {
   m.topk_index = Tensor::empty({T, params_.top_k}, DType::I32, x.device());
   m.topk_weight = Tensor::empty({T, params_.top_k}, route_dtype, x.device());
   ops::linear_forward(s, m.logits, x, w_);
+  if (w_bias_.defined()) ops::bias_add(s, m.logits, w_bias_);
   ops::router_forward(s, m.probs, m.topk_index, m.topk_weight, m.logits, params_);
   m.plan = ops::make_routing_plan(s, m.topk_index, options_.num_experts);
   return m;
@@ -60,6 +67,7 @@ Tensor Router::backward_input(RouterRecord& r, const RoutingMetadata& m, const T
   r.d_logits = Tensor::empty(m.logits.shape(), m.logits.dtype(), m.logits.device());
   ops::router_backward(s, r.d_logits, d_topk_weight, d_probs, m.probs, m.topk_index, m.topk_weight, params_);
   if (d_logits_extra.defined()) ops::accumulate(s, r.d_logits, d_logits_extra);
+  if (g_bias_.defined()) ops::bias_backward(s, g_bias_, r.d_logits);  // from the f32 gradient, before any rounding
   if (r.d_logits.dtype() != r.x.dtype()) {  // the GEMMs take operands of one dtype
     Tensor rounded = Tensor::empty(r.d_logits.shape(), r.x.dtype(), r.x.device());
     ops::cast(s, rounded, r.d_logits);

@@ -1,8 +1,8 @@
 // defines: Router, the MoE router block driven by RouterOptions: the router projection, scores, top-k selection and
 // the routing metadata (plan, weights, probabilities) that stage 1 produces and stage 5 consumes as one named
 // struct. It runs softmax scores with greedy or group-limited top-k (DeepSeek-V2), renormalisation and a routed
-// scaling factor (ops/router.h); the options left for the other families' routers (sigmoid scores, top-k before
-// the softmax as GPT-OSS, a projection bias) are refused by name when the block is built. It knows no HF names.
+// scaling factor, or GPT-OSS's top-k over the logits then a softmax over the k kept (ops/router.h), with an optional
+// bias on the projection; sigmoid scores are refused by name when the block is built. It knows no HF names.
 #pragma once
 
 #include <string>
@@ -46,7 +46,8 @@ struct RouterRecord {
 
 class Router {
  public:
-  // "<prefix>router" [E, H], role Router, in decoder layer `layer`. No HF pieces.
+  // "<prefix>router" [E, H] and, with a bias, "<prefix>router_bias" [E] (zeros at init); role Router, in decoder layer
+  // `layer`. No HF pieces.
   static std::vector<ParamSpec> param_specs(const RouterOptions& options, const std::string& prefix, int64_t layer);
 
   Router(const RouterOptions& options, ParameterStore& store, const std::string& prefix);
@@ -63,7 +64,7 @@ class Router {
  private:
   RouterOptions options_;
   ops::RouterParams params_;
-  Tensor w_, g_;
+  Tensor w_, g_, w_bias_, g_bias_;
 };
 
 }  // namespace moetrain::model

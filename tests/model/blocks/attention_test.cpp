@@ -1,8 +1,9 @@
 // Tests for the GQA attention block (model/blocks/attention.*) on three packed documents: its forward, input
 // gradient and weight gradients are bitwise those of the CPU ops composed by hand (q/k norm on and off, partial and
-// full rotary, a given softmax scale); that composition's gradients in f64 match central differences and the
-// block's f32 results match it; a packed document gives what it gives alone; and every option the block does not
-// run is refused by name.
+// full rotary, a given softmax scale; GPT-OSS's biases, sinks and a sliding window shorter than a document); that
+// composition's gradients in f64 match central differences (the sinks' and biases' included) and the block's f32
+// results match it; a packed document gives what it gives alone; and every option the block does not run is refused
+// by name.
 #include "model/blocks/attention.h"
 
 #include <cmath>
@@ -17,6 +18,7 @@
 #include "model/batch.h"
 #include "model/blocks/block_testing.h"
 #include "ops/attention.h"
+#include "ops/bias.h"
 #include "ops/elementwise.h"
 #include "ops/gemm.h"
 #include "ops/norm.h"
@@ -38,12 +40,14 @@ constexpr int64_t kHidden = 16, kHeads = 4, kKvHeads = 2, kHeadDim = 8;
 // Three documents, one of a single token: 4 + 1 + 4 tokens.
 const std::vector<int32_t> kCuSeqlens{0, 4, 5, 9};
 constexpr int64_t kTokens = 9;
+constexpr int64_t kWindow = 3;  // shorter than two of the documents, longer than the third
 
 struct AttentionCase {
   const char* name;
   bool qk_norm;
   int rotary_dim;        // 0: no rope; < head dim: partial rotary
   double softmax_scale;  // 0: the block's default 1 / sqrt(hd)
+  bool gpt_oss = false;  // biases on q, k, v and o, a sink per head, a sliding window of kWindow
 };
 
 void PrintTo(const AttentionCase& c, std::ostream* os) { *os << c.name; }
@@ -59,6 +63,8 @@ AttentionOptions options_for(const AttentionCase& c) {
   // theta 100: positions up to 3 turn the low-frequency pairs by a visible angle too.
   if (c.rotary_dim > 0) o.rope = ops::rope_default_params(c.rotary_dim, 100.0);
   o.softmax_scale = c.softmax_scale;
+  o.qkv_bias = o.output_bias = o.sinks = c.gpt_oss;
+  o.sliding_window = c.gpt_oss ? kWindow : 0;
   return o;
 }
 
@@ -81,14 +87,30 @@ Tensor positions_of(const std::vector<int32_t>& cu) {
 // ---- The block's computation written directly with the CPU ops, in the dtype of its inputs (f32 or f64). ----
 
 struct Weights {
-  Tensor q, k, v, o, q_norm, k_norm;
+  Tensor q, k, v, o, q_norm, k_norm, q_bias, k_bias, v_bias, o_bias, sinks;
 };
 
-Weights weights_of(const ParameterStore& store, bool qk_norm, DType dtype) {
+Weights weights_of(const ParameterStore& store, const AttentionOptions& o, DType dtype) {
   const auto get = [&](const char* name) { return store.param(std::string("attn.") + name).to(dtype); };
-  Weights w{get("q_proj"), get("k_proj"), get("v_proj"), get("o_proj"), Tensor(), Tensor()};
-  if (qk_norm) w.q_norm = get("q_norm"), w.k_norm = get("k_norm");
+  Weights w;
+  w.q = get("q_proj"), w.k = get("k_proj"), w.v = get("v_proj"), w.o = get("o_proj");
+  if (o.qk_norm) w.q_norm = get("q_norm"), w.k_norm = get("k_norm");
+  if (o.qkv_bias) w.q_bias = get("q_bias"), w.k_bias = get("k_bias"), w.v_bias = get("v_bias");
+  if (o.output_bias) w.o_bias = get("o_bias");
+  if (o.sinks) w.sinks = get("sinks");
   return w;
+}
+
+void add_bias(const Tensor& y, const Tensor& bias) {
+  if (bias.defined()) ops::bias_add(Stream::cpu(), y, bias);
+}
+
+// The gradient of a bias from zero (undefined without the bias).
+Tensor bias_grad(const Tensor& bias, const Tensor& dy) {
+  if (!bias.defined()) return Tensor();
+  Tensor g = Tensor::zeros(bias.shape(), bias.dtype());
+  ops::bias_backward(Stream::cpu(), g, dy);
+  return g;
 }
 
 struct Forward {
@@ -102,6 +124,7 @@ struct Forward {
 ops::AttentionParams attention_params(const AttentionOptions& o) {
   ops::AttentionParams p;
   p.softmax_scale = static_cast<float>(o.softmax_scale > 0.0 ? o.softmax_scale : 1.0 / std::sqrt(double(o.head_dim)));
+  p.sliding_window = static_cast<int>(o.sliding_window);
   return p;
 }
 
@@ -117,6 +140,9 @@ Forward reference_forward(const AttentionOptions& o, const Weights& w, const Ten
   ops::linear_forward(s, f.q.view({T, -1}), x, w.q);
   ops::linear_forward(s, f.k.view({T, -1}), x, w.k);
   ops::linear_forward(s, f.v.view({T, -1}), x, w.v);
+  add_bias(f.q.view({T, -1}), w.q_bias);
+  add_bias(f.k.view({T, -1}), w.k_bias);
+  add_bias(f.v.view({T, -1}), w.v_bias);
   if (o.qk_norm) {
     ops::RmsNormParams norm;
     norm.eps = o.norm_eps;
@@ -142,13 +168,15 @@ Forward reference_forward(const AttentionOptions& o, const Weights& w, const Ten
   f.attn = Tensor::empty({T, o.num_heads, o.head_dim}, dt);
   f.lse = Tensor::empty({T, o.num_heads}, dt);
   ops::attention_forward(s, f.attn, f.lse, f.q_rot, f.k_rot, f.v, cu, attention_params(o));
+  if (o.sinks) ops::attention_sinks_forward(s, f.attn, f.lse, w.sinks);
   f.out = Tensor::empty({T, o.hidden_size}, dt);
   ops::linear_forward(s, f.out, f.attn.view({T, -1}), w.o);
+  add_bias(f.out, w.o_bias);
   return f;
 }
 
 struct Gradients {
-  Tensor dx, q, k, v, o, q_norm, k_norm;  // weight gradients from zero
+  Tensor dx, q, k, v, o, q_norm, k_norm, q_bias, k_bias, v_bias, o_bias, sinks;  // weight gradients from zero
 };
 
 Gradients reference_backward(const AttentionOptions& o, const Weights& w, const Forward& f, const Tensor& x,
@@ -162,6 +190,11 @@ Gradients reference_backward(const AttentionOptions& o, const Weights& w, const 
   Tensor d_v = Tensor::empty(f.v.shape(), dt);
   ops::attention_backward(s, d_q_rot, d_k_rot, d_v, d_attn, f.q_rot, f.k_rot, f.v, f.attn, f.lse, cu,
                           attention_params(o));
+  Gradients g;
+  if (o.sinks) {
+    g.sinks = Tensor::zeros(w.sinks.shape(), dt);
+    ops::attention_sinks_backward(s, g.sinks, d_attn, f.attn, f.lse, w.sinks);
+  }
   Tensor d_q_normed = d_q_rot, d_k_normed = d_k_rot;
   if (o.rope.rotary_dim > 0) {
     d_q_normed = Tensor::empty(f.q.shape(), dt);
@@ -169,7 +202,6 @@ Gradients reference_backward(const AttentionOptions& o, const Weights& w, const 
     ops::rope_backward(s, d_q_normed, d_q_rot, positions, o.rope);
     ops::rope_backward(s, d_k_normed, d_k_rot, positions, o.rope);
   }
-  Gradients g;
   Tensor d_q = d_q_normed, d_k = d_k_normed;
   if (o.qk_norm) {
     ops::RmsNormParams norm;
@@ -199,7 +231,25 @@ Gradients reference_backward(const AttentionOptions& o, const Weights& w, const 
   ops::linear_backward_weight(s, g.q, d_q.view({T, -1}), x);
   ops::linear_backward_weight(s, g.k, d_k.view({T, -1}), x);
   ops::linear_backward_weight(s, g.v, d_v.view({T, -1}), x);
+  g.o_bias = bias_grad(w.o_bias, d_out);
+  g.q_bias = bias_grad(w.q_bias, d_q.view({T, -1}));
+  g.k_bias = bias_grad(w.k_bias, d_k.view({T, -1}));
+  g.v_bias = bias_grad(w.v_bias, d_v.view({T, -1}));
   return g;
+}
+
+// The optional parameters of the GPT-OSS options, as (name, gradient of the reference, weight) triples.
+struct OptionalParam {
+  const char* name;
+  Tensor weight, grad;
+};
+std::vector<OptionalParam> optional_params(const Weights& w, const Gradients& g) {
+  std::vector<OptionalParam> out;
+  for (const OptionalParam& p : {OptionalParam{"q_bias", w.q_bias, g.q_bias}, OptionalParam{"k_bias", w.k_bias, g.k_bias},
+                                 OptionalParam{"v_bias", w.v_bias, g.v_bias}, OptionalParam{"o_bias", w.o_bias, g.o_bias},
+                                 OptionalParam{"sinks", w.sinks, g.sinks}})
+    if (p.weight.defined()) out.push_back(p);
+  return out;
 }
 
 // ---- The block. ----
@@ -242,7 +292,7 @@ TEST_P(GqaAttentionBlock, ForwardAndEveryGradientAreBitwiseTheOpsComposedByHand)
 
   const Tensor positions = positions_of(kCuSeqlens);
   const Tensor cu = Tensor::from_vector(kCuSeqlens, {4});
-  const Weights w = weights_of(*store, options.qk_norm, DType::F32);
+  const Weights w = weights_of(*store, options, DType::F32);
   const Forward f = reference_forward(options, w, x, positions, cu);
   const Gradients g = reference_backward(options, w, f, x, d_out, positions, cu);
 
@@ -256,6 +306,7 @@ TEST_P(GqaAttentionBlock, ForwardAndEveryGradientAreBitwiseTheOpsComposedByHand)
     EXPECT_EQ(values(grad("q_norm")), values(g.q_norm));
     EXPECT_EQ(values(grad("k_norm")), values(g.k_norm));
   }
+  for (const OptionalParam& p : optional_params(w, g)) EXPECT_EQ(values(grad(p.name)), values(p.grad)) << p.name;
 }
 
 // The composition by hand is what the block is held to, so its derivative is checked on its own: in f64 every
@@ -266,7 +317,7 @@ TEST_P(GqaAttentionBlock, ForwardAndEveryGradientAreBitwiseTheOpsComposedByHand)
 TEST_P(GqaAttentionBlock, GradientsMatchFiniteDifferencesInF64AndTheBlockMatchesThemInF32) {
   const Tensor positions = positions_of(kCuSeqlens);
   const Tensor cu = Tensor::from_vector(kCuSeqlens, {4});
-  Weights w = weights_of(*store, options.qk_norm, DType::F64);
+  Weights w = weights_of(*store, options, DType::F64);
   const Tensor x64 = x.to(DType::F64), d_out64 = d_out.to(DType::F64);
   const Forward f = reference_forward(options, w, x64, positions, cu);
   const Gradients g = reference_backward(options, w, f, x64, d_out64, positions, cu);
@@ -277,6 +328,7 @@ TEST_P(GqaAttentionBlock, GradientsMatchFiniteDifferencesInF64AndTheBlockMatches
     inputs.push_back({"q_norm", w.q_norm, g.q_norm});
     inputs.push_back({"k_norm", w.k_norm, g.k_norm});
   }
+  for (const OptionalParam& p : optional_params(w, g)) inputs.push_back({p.name, p.weight, p.grad});
   testing::expect_gradients_match(loss, inputs);
 
   const GqaAttention block(options, *store, "attn.");
@@ -293,6 +345,8 @@ TEST_P(GqaAttentionBlock, GradientsMatchFiniteDifferencesInF64AndTheBlockMatches
     EXPECT_LT(relative_error(grad("q_norm"), g.q_norm), kF32);
     EXPECT_LT(relative_error(grad("k_norm"), g.k_norm), kF32);
   }
+  for (const OptionalParam& p : optional_params(w, g))
+    EXPECT_LT(relative_error(grad(p.name), p.grad), kF32) << p.name;
 }
 
 // Each document attends only to itself and its positions restart: its rows of the packed output, input gradient
@@ -337,7 +391,8 @@ INSTANTIATE_TEST_SUITE_P(Options, GqaAttentionBlock,
                          ::testing::Values(AttentionCase{"QkNormPartialRotary", true, 4, 0.0},
                                            AttentionCase{"NoQkNormPartialRotary", false, 4, 0.0},
                                            AttentionCase{"QkNormFullRotaryGivenScale", true, 8, 0.2},
-                                           AttentionCase{"NoQkNormNoRope", false, 0, 0.0}),
+                                           AttentionCase{"NoQkNormNoRope", false, 0, 0.0},
+                                           AttentionCase{"GptOssBiasesSinksWindow", false, 8, 0.0, true}),
                          [](const ::testing::TestParamInfo<AttentionCase>& info) { return info.param.name; });
 
 TEST(GqaAttentionBlockSpecs, NameEveryWeightWithItsShapeRoleAndLayer) {
@@ -372,29 +427,14 @@ std::string refusal(void (*change)(AttentionOptions&)) {
   return error_message([&] { GqaAttention block(o, store, "attn."); });
 }
 
-TEST(GqaAttentionBlockOptions, RefusesQkvBiasByName) {
-  const std::string m = refusal([](AttentionOptions& o) { o.qkv_bias = true; });
-  EXPECT_TRUE(contains(m, "q/k/v") && contains(m, "bias")) << m;
-}
-
-TEST(GqaAttentionBlockOptions, RefusesOutputBiasByName) {
-  const std::string m = refusal([](AttentionOptions& o) { o.output_bias = true; });
-  EXPECT_TRUE(contains(m, "output") && contains(m, "bias")) << m;
-}
-
 TEST(GqaAttentionBlockOptions, RefusesOutputGateByName) {
   const std::string m = refusal([](AttentionOptions& o) { o.output_gate = true; });
   EXPECT_TRUE(contains(m, "output gate")) << m;
 }
 
-TEST(GqaAttentionBlockOptions, RefusesSinksByName) {
-  const std::string m = refusal([](AttentionOptions& o) { o.sinks = true; });
-  EXPECT_TRUE(contains(m, "sinks")) << m;
-}
-
-TEST(GqaAttentionBlockOptions, RefusesSlidingWindowByNameWithItsSize) {
-  const std::string m = refusal([](AttentionOptions& o) { o.sliding_window = 128; });
-  EXPECT_TRUE(contains(m, "sliding window (128 tokens)")) << m;
+TEST(GqaAttentionBlockOptions, RefusesANegativeSlidingWindow) {
+  const std::string m = refusal([](AttentionOptions& o) { o.sliding_window = -2; });
+  EXPECT_TRUE(contains(m, "sliding_window") && contains(m, "-2")) << m;
 }
 
 TEST(GqaAttentionBlockOptions, RefusesOddRotaryDimAndHeadsNotAMultipleOfKvHeads) {

@@ -1,9 +1,10 @@
 // Tests for the gated MLP block (model/blocks/gated_mlp.*): a dense MLP is bitwise the CPU ops composed by hand and
 // its output is down(silu(gate) * up) with the gate rows first; an expert bank (one expert with no rows) is bitwise
-// each expert run alone as a dense MLP on its rows, and the empty expert's gradients stay zero; the options it does
-// not run are refused by name.
+// each expert run alone as a dense MLP on its rows, and the empty expert's gradients stay zero; GPT-OSS's bank (biases,
+// the clamped SwiGLU) likewise, with its output checked against the formula written out; bad options are refused.
 #include "model/blocks/gated_mlp.h"
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <string>
@@ -14,6 +15,7 @@
 #include "core/rng.h"
 #include "model/blocks/block_testing.h"
 #include "ops/activation.h"
+#include "ops/bias.h"
 #include "ops/gemm.h"
 #include "testing/test_data.h"
 
@@ -43,29 +45,48 @@ GatedMlpOptions bank_options(int64_t experts) {
   return o;
 }
 
-// A dense gated MLP written with the CPU ops; weight gradients from zero.
+// A dense gated MLP written with the CPU ops; weight gradients from zero. With biases (defined b_gate_up, b_down) and
+// `clamped`, GPT-OSS's expert.
 struct DenseReference {
-  Tensor y, dx, g_gate_up, g_down;
+  Tensor y, dx, g_gate_up, g_down, g_gate_up_bias, g_down_bias;
 };
 
-DenseReference dense_reference(const Tensor& x, const Tensor& d_y, const Tensor& w_gate_up, const Tensor& w_down) {
+DenseReference dense_reference(const Tensor& x, const Tensor& d_y, const Tensor& w_gate_up, const Tensor& w_down,
+                               const Tensor& b_gate_up = Tensor(), const Tensor& b_down = Tensor(),
+                               const ops::ClampedSwigluParams* clamped = nullptr) {
   Stream& s = Stream::cpu();
   const int64_t rows = x.size(0), width = w_down.size(1), hidden = w_down.size(0);
   DenseReference r;
   Tensor gate_up = Tensor::empty({rows, 2 * width}, DType::F32), act = Tensor::empty({rows, width}, DType::F32);
   r.y = Tensor::empty({rows, hidden}, DType::F32);
   ops::linear_forward(s, gate_up, x, w_gate_up);
-  ops::swiglu_forward(s, act, gate_up);
+  if (b_gate_up.defined()) ops::bias_add(s, gate_up, b_gate_up);
+  if (clamped) {
+    ops::clamped_swiglu_forward(s, act, gate_up, *clamped);
+  } else {
+    ops::swiglu_forward(s, act, gate_up);
+  }
   ops::linear_forward(s, r.y, act, w_down);
+  if (b_down.defined()) ops::bias_add(s, r.y, b_down);
   Tensor d_act = Tensor::empty(act.shape(), DType::F32), d_gate_up = Tensor::empty(gate_up.shape(), DType::F32);
   r.dx = Tensor::empty(x.shape(), DType::F32);
   ops::linear_backward_input(s, d_act, d_y, w_down);
-  ops::swiglu_backward(s, d_gate_up, d_act, gate_up);
+  if (clamped) {
+    ops::clamped_swiglu_backward(s, d_gate_up, d_act, gate_up, *clamped);
+  } else {
+    ops::swiglu_backward(s, d_gate_up, d_act, gate_up);
+  }
   ops::linear_backward_input(s, r.dx, d_gate_up, w_gate_up);
   r.g_gate_up = Tensor::zeros(w_gate_up.shape(), DType::F32);
   r.g_down = Tensor::zeros(w_down.shape(), DType::F32);
   ops::linear_backward_weight(s, r.g_down, d_y, act);
   ops::linear_backward_weight(s, r.g_gate_up, d_gate_up, x);
+  if (b_gate_up.defined()) {
+    r.g_gate_up_bias = Tensor::zeros(b_gate_up.shape(), DType::F32);
+    r.g_down_bias = Tensor::zeros(b_down.shape(), DType::F32);
+    ops::bias_backward(s, r.g_down_bias, d_y);
+    ops::bias_backward(s, r.g_gate_up_bias, d_gate_up);
+  }
   return r;
 }
 
@@ -182,24 +203,121 @@ TEST(GatedMlpBlock, GroupOffsetsMustBeGivenExactlyToAnExpertBank) {
   EXPECT_TRUE(contains(m, "group offsets are missing for an expert MLP")) << m;
 }
 
+GatedMlpOptions gpt_oss_bank_options(int64_t experts) {
+  GatedMlpOptions o = bank_options(experts);
+  o.activation = GatedActivation::ClampedSwiGlu;
+  o.swiglu_limit = 0.5f;  // small, so that random pre-activations cross the clamps on both sides
+  o.bias = true;
+  return o;
+}
+
+// GPT-OSS's bank: the bias specs ([E, 2I], [E, H], zeros at init, in the bank's role), and the same per-expert
+// bitwise composition as above with the biases and the clamped SwiGLU; the empty expert's bias gradients stay zero.
+TEST(GatedMlpBlock, BiasedClampedBankIsEachExpertAsADenseMlpOnItsRows) {
+  const int64_t experts = 3;
+  const std::vector<int32_t> offsets{0, 4, 4, 9};
+  const int64_t rows = offsets.back();
+  const GatedMlpOptions o = gpt_oss_bank_options(experts);
+  const auto specs = GatedMlp::param_specs(o, "experts.", 1);
+  ASSERT_EQ(specs.size(), 4u);
+  EXPECT_EQ(specs[2].name, "experts.gate_up_bias");
+  EXPECT_EQ(specs[2].shape, (Shape{experts, 2 * kWidth}));
+  EXPECT_EQ(specs[3].name, "experts.down_bias");
+  EXPECT_EQ(specs[3].shape, (Shape{experts, kHidden}));
+  for (size_t i = 2; i < 4; ++i) {
+    EXPECT_EQ(specs[i].role, ParamRole::ExpertBank);
+    EXPECT_EQ(specs[i].init, ParamInit::Zeros);
+  }
+  ParameterStore store(with_whole_pieces(specs));
+  fill_random(store, 41, 0.4);
+  Rng rng(42);
+  const Tensor x = random_tensor({rows, kHidden}, DType::F32, rng),
+               d_y = random_tensor({rows, kHidden}, DType::F32, rng);
+  const GatedMlp mlp(o, store, "experts.");
+  MlpRecord record;
+  const Tensor y = mlp.forward(record, x, Tensor::from_vector(offsets, {experts + 1}));
+  const Tensor dx = mlp.backward_input(record, d_y);
+  mlp.backward_weight(record);
+
+  ops::ClampedSwigluParams clamped;
+  clamped.alpha = o.swiglu_alpha;
+  clamped.limit = o.swiglu_limit;
+  const auto param = [&](const char* name) { return store.param(std::string("experts.") + name); };
+  const auto grad = [&](const char* name) { return store.grad(std::string("experts.") + name); };
+  for (int64_t e = 0; e < experts; ++e) {
+    const int32_t begin = offsets[static_cast<size_t>(e)], end = offsets[static_cast<size_t>(e) + 1];
+    if (begin == end) {
+      for (const char* name : {"gate_up", "down", "gate_up_bias", "down_bias"})
+        for (float v : values(grad(name).select(e).clone())) ASSERT_EQ(v, 0.0f) << "empty expert " << e << " " << name;
+      continue;
+    }
+    const DenseReference ref =
+        dense_reference(x.slice(begin, end).clone(), d_y.slice(begin, end).clone(), param("gate_up").select(e).clone(),
+                        param("down").select(e).clone(), param("gate_up_bias").select(e).clone(),
+                        param("down_bias").select(e).clone(), &clamped);
+    EXPECT_EQ(values(y.slice(begin, end).clone()), values(ref.y)) << "expert " << e;
+    EXPECT_EQ(values(dx.slice(begin, end).clone()), values(ref.dx)) << "expert " << e;
+    EXPECT_EQ(values(grad("gate_up").select(e).clone()), values(ref.g_gate_up)) << "expert " << e;
+    EXPECT_EQ(values(grad("down").select(e).clone()), values(ref.g_down)) << "expert " << e;
+    EXPECT_EQ(values(grad("gate_up_bias").select(e).clone()), values(ref.g_gate_up_bias)) << "expert " << e;
+    EXPECT_EQ(values(grad("down_bias").select(e).clone()), values(ref.g_down_bias)) << "expert " << e;
+  }
+}
+
+// transformers' GptOssExperts written out in f64 for one expert: gate_up = x W + b (gate rows first here), gate
+// clamped above at the limit, up to [-limit, limit], y = ((up + 1) * gate * sigmoid(alpha * gate)) Wd + bd. 1e-5
+// relative is f32 rounding with margin; a clamp on the wrong side or a missing "+ 1" changes y by O(1).
+TEST(GatedMlpBlock, ClampedBankOutputIsTheGptOssFormula) {
+  const GatedMlpOptions o = gpt_oss_bank_options(1);
+  ParameterStore store(with_whole_pieces(GatedMlp::param_specs(o, "experts.", 0)));
+  fill_random(store, 43, 0.4);
+  Rng rng(44);
+  const int64_t rows = 6;
+  const Tensor x = random_tensor({rows, kHidden}, DType::F32, rng);
+  const GatedMlp mlp(o, store, "experts.");
+  MlpRecord record;
+  const Tensor y = mlp.forward(record, x, Tensor::from_vector<int32_t>({0, static_cast<int32_t>(rows)}, {2}));
+  const std::vector<float> xs = values(x), wgu = values(store.param("experts.gate_up")),
+                           bgu = values(store.param("experts.gate_up_bias")), wd = values(store.param("experts.down")),
+                           bd = values(store.param("experts.down_bias"));
+  const double limit = o.swiglu_limit, alpha = o.swiglu_alpha;
+  std::vector<double> expected(static_cast<size_t>(rows * kHidden), 0.0);
+  int clamped = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    std::vector<double> act(static_cast<size_t>(kWidth));
+    for (int64_t i = 0; i < kWidth; ++i) {
+      double gate = bgu[static_cast<size_t>(i)], up = bgu[static_cast<size_t>(kWidth + i)];
+      for (int64_t h = 0; h < kHidden; ++h) {
+        gate += double(wgu[static_cast<size_t>(i * kHidden + h)]) * xs[static_cast<size_t>(r * kHidden + h)];
+        up += double(wgu[static_cast<size_t>((kWidth + i) * kHidden + h)]) * xs[static_cast<size_t>(r * kHidden + h)];
+      }
+      clamped += (gate > limit) + (std::abs(up) > limit);
+      gate = std::min(gate, limit);
+      up = std::clamp(up, -limit, limit);
+      act[static_cast<size_t>(i)] = (up + 1.0) * gate / (1.0 + std::exp(-alpha * gate));
+    }
+    for (int64_t h = 0; h < kHidden; ++h) {
+      double sum = bd[static_cast<size_t>(h)];
+      for (int64_t i = 0; i < kWidth; ++i) sum += double(wd[static_cast<size_t>(h * kWidth + i)]) * act[static_cast<size_t>(i)];
+      expected[static_cast<size_t>(r * kHidden + h)] = sum;
+    }
+  }
+  EXPECT_GT(clamped, 0) << "the inputs should cross the clamps";
+  EXPECT_LT(testing::relative_error(y, Tensor::from_vector(expected, {rows, kHidden})), 1e-5);
+}
+
 // Builds the MLP on a store holding its parameters, so that only the refusal can make construction fail.
 std::string refusal(const GatedMlpOptions& o) {
   ParameterStore store(with_whole_pieces(GatedMlp::param_specs(o, "mlp.", 0)));
   return error_message([&] { GatedMlp mlp(o, store, "mlp."); });
 }
 
-TEST(GatedMlpBlockOptions, RefusesClampedActivationByName) {
+TEST(GatedMlpBlockOptions, RefusesAClampedSwigluWithABadLimit) {
   GatedMlpOptions o = dense_options();
   o.activation = GatedActivation::ClampedSwiGlu;
+  o.swiglu_limit = -1.0f;
   const std::string m = refusal(o);
-  EXPECT_TRUE(contains(m, "clamped SwiGLU")) << m;
-}
-
-TEST(GatedMlpBlockOptions, RefusesBiasByName) {
-  GatedMlpOptions o = bank_options(2);
-  o.bias = true;
-  const std::string m = refusal(o);
-  EXPECT_TRUE(contains(m, "biases on gate_up and down")) << m;
+  EXPECT_TRUE(contains(m, "gated MLP") && contains(m, "limit")) << m;
 }
 
 TEST(GatedMlpBlockOptions, RefusesARoleThatDoesNotMatchDenseOrBank) {

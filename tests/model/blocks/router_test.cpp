@@ -1,8 +1,9 @@
 // Tests for the router block (model/blocks/router.*): its logits, probabilities, top-k, weights and routing plan
 // are bitwise ops::router_forward on linear_forward's logits (greedy, renormalised, scaled, group-limited) and agree
 // with a softmax, a group mask and a selection written out here; its input and weight gradients are bitwise
-// ops::router_backward and the linear backward (with and without the load-balance and z-loss gradients); the options
-// it does not run, and group or scaling options the op would refuse, are refused by name when it is built.
+// ops::router_backward and the linear backward (with and without the load-balance and z-loss gradients); GPT-OSS's
+// biased top-k-then-softmax router likewise; sigmoid scores, and group or scaling options the op would refuse, are
+// refused by name when it is built.
 #include "model/blocks/router.h"
 
 #include <algorithm>
@@ -17,6 +18,7 @@
 
 #include "core/rng.h"
 #include "model/blocks/block_testing.h"
+#include "ops/bias.h"
 #include "ops/elementwise.h"
 #include "ops/gemm.h"
 #include "ops/permute.h"
@@ -248,14 +250,74 @@ TEST(RouterBlockOptions, RefusesSigmoidScoresByName) {
   EXPECT_TRUE(contains(m, "sigmoid scores")) << m;
 }
 
-TEST(RouterBlockOptions, RefusesTopKBeforeSoftmaxByName) {
-  const std::string m = refusal([](RouterOptions& o) { o.topk_before_softmax = true; });
-  EXPECT_TRUE(contains(m, "top-k before the softmax")) << m;
-}
+// GPT-OSS's router: a biased projection, the top-k of the logits (descending), their softmax as the weights, and the
+// full softmax as the probabilities the balance losses read. The logits are bitwise linear + bias; the selection and
+// weights agree with the formula written out in f64 (1e-6: f32 rounding with margin); the gradients (input, weight,
+// bias) are bitwise router_backward and the linear and bias backwards.
+TEST(RouterBlockGptOss, BiasedTopKThenSoftmaxIsTheFormulaAndItsGradientsAreTheOps) {
+  RouterOptions o = router_options(kCases[0]);
+  o.topk_before_softmax = true;
+  o.bias = true;
+  const auto specs = Router::param_specs(o, "layers.1.", 1);
+  ASSERT_EQ(specs.size(), 2u);
+  EXPECT_EQ(specs[1].name, "layers.1.router_bias");
+  EXPECT_EQ(specs[1].shape, (Shape{kExperts}));
+  EXPECT_EQ(specs[1].role, ParamRole::Router);
+  EXPECT_EQ(specs[1].init, ParamInit::Zeros);
+  ParameterStore store(with_whole_pieces(specs));
+  fill_random(store, 51, 0.5);
+  Rng rng(52);
+  const Tensor x = random_tensor({kTokens, kHidden}, DType::F32, rng);
+  const Router router(o, store, "layers.1.");
+  RouterRecord record;
+  const RoutingMetadata m = router.forward(record, x);
 
-TEST(RouterBlockOptions, RefusesRouterBiasByName) {
-  const std::string m = refusal([](RouterOptions& o) { o.bias = true; });
-  EXPECT_TRUE(contains(m, "router bias")) << m;
+  Stream& s = Stream::cpu();
+  const Tensor w = store.param("layers.1.router"), b = store.param("layers.1.router_bias");
+  Tensor logits = Tensor::empty({kTokens, kExperts}, DType::F32);
+  ops::linear_forward(s, logits, x, w);
+  ops::bias_add(s, logits, b);
+  EXPECT_EQ(values(m.logits), values(logits));
+  const std::vector<float> z = values(logits), probs = values(m.probs), weights = values(m.topk_weight);
+  const std::vector<int32_t> index = m.topk_index.to_vector<int32_t>();
+  for (int64_t t = 0; t < kTokens; ++t) {
+    std::vector<int32_t> order(static_cast<size_t>(kExperts));
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t c) {
+      return z[static_cast<size_t>(t * kExperts + a)] > z[static_cast<size_t>(t * kExperts + c)];
+    });
+    double max_all = -INFINITY, sum_all = 0.0, sum_kept = 0.0;
+    for (int64_t e = 0; e < kExperts; ++e) max_all = std::max(max_all, double(z[static_cast<size_t>(t * kExperts + e)]));
+    for (int64_t e = 0; e < kExperts; ++e) sum_all += std::exp(z[static_cast<size_t>(t * kExperts + e)] - max_all);
+    for (int64_t e = 0; e < kExperts; ++e) {
+      EXPECT_NEAR(probs[static_cast<size_t>(t * kExperts + e)],
+                  std::exp(z[static_cast<size_t>(t * kExperts + e)] - max_all) / sum_all, 1e-6);
+    }
+    const double top = z[static_cast<size_t>(t * kExperts + order[0])];
+    for (int64_t k = 0; k < kTopK; ++k) sum_kept += std::exp(z[static_cast<size_t>(t * kExperts + order[size_t(k)])] - top);
+    for (int64_t k = 0; k < kTopK; ++k) {
+      EXPECT_EQ(index[static_cast<size_t>(t * kTopK + k)], order[static_cast<size_t>(k)]) << "token " << t;
+      EXPECT_NEAR(weights[static_cast<size_t>(t * kTopK + k)],
+                  std::exp(z[static_cast<size_t>(t * kExperts + order[size_t(k)])] - top) / sum_kept, 1e-6);
+    }
+  }
+
+  const Tensor d_topk_weight = random_tensor({kTokens, kTopK}, DType::F32, rng);
+  const Tensor d_probs = random_tensor({kTokens, kExperts}, DType::F32, rng, 0.1);
+  const Tensor dx = router.backward_input(record, m, d_topk_weight, d_probs, Tensor());
+  router.backward_weight(record);
+  ops::RouterParams params = op_params(o);
+  params.topk_before_softmax = true;
+  Tensor d_logits = Tensor::empty({kTokens, kExperts}, DType::F32);
+  ops::router_backward(s, d_logits, d_topk_weight, d_probs, m.probs, m.topk_index, m.topk_weight, params);
+  Tensor ref_dx = Tensor::empty(x.shape(), DType::F32), ref_gw = Tensor::zeros(w.shape(), DType::F32),
+         ref_gb = Tensor::zeros(b.shape(), DType::F32);
+  ops::linear_backward_input(s, ref_dx, d_logits, w);
+  ops::linear_backward_weight(s, ref_gw, d_logits, x);
+  ops::bias_backward(s, ref_gb, d_logits);
+  EXPECT_EQ(values(dx), values(ref_dx));
+  EXPECT_EQ(values(store.grad("layers.1.router")), values(ref_gw));
+  EXPECT_EQ(values(store.grad("layers.1.router_bias")), values(ref_gb));
 }
 
 // Group-limited top-k and the scaling factor run (RouterBlock above); values the op would refuse are refused when

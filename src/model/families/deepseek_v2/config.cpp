@@ -4,38 +4,11 @@
 #include <optional>
 
 #include "core/error.h"
+#include "model/rope_fields.h"
 
 namespace moetrain::model::families::deepseek_v2 {
 
 namespace {
-
-// YaRN's fields as transformers' _compute_yarn_parameters reads them (ops/rope.h, YarnOptions): factor null means
-// max_position_embeddings / original_max_position_embeddings; a 0 or null beta means its default.
-ops::YarnOptions parse_yarn(const io::JsonFields& rope, const io::JsonFields& top, const std::string& field) {
-  const std::string& source = rope.source();
-  ops::YarnOptions y;
-  const std::optional<int64_t> original = rope.int_opt("original_max_position_embeddings");
-  MT_CHECK(original.has_value(), "{}: {}.original_max_position_embeddings is required for a yarn rope", source, field);
-  y.original_max_position_embeddings = *original;
-  if (const std::optional<double> factor = rope.number_opt("factor")) {
-    y.factor = *factor;
-  } else {
-    const int64_t max_positions = top.int_opt("max_position_embeddings").value_or(0);
-    MT_CHECK(max_positions > 0 && y.original_max_position_embeddings > 0,
-             "{}: {}.factor is null and max_position_embeddings / original_max_position_embeddings cannot stand in",
-             source, field);
-    y.factor = double(max_positions) / double(y.original_max_position_embeddings);
-  }
-  const double beta_fast = rope.number_opt("beta_fast").value_or(0.0),
-               beta_slow = rope.number_opt("beta_slow").value_or(0.0);
-  if (beta_fast != 0.0) y.beta_fast = beta_fast;
-  if (beta_slow != 0.0) y.beta_slow = beta_slow;
-  y.mscale = rope.number_opt("mscale").value_or(0.0);
-  y.mscale_all_dim = rope.number_opt("mscale_all_dim").value_or(0.0);
-  y.attention_factor = rope.number_opt("attention_factor");
-  y.truncate = rope.bool_opt("truncate").value_or(true);
-  return y;
-}
 
 void parse_rope(const io::JsonFields& f, DeepseekV2Config& c) {
   const std::string& source = f.source();
@@ -48,7 +21,7 @@ void parse_rope(const io::JsonFields& f, DeepseekV2Config& c) {
       if (const std::optional<std::string> t = rope->string_opt(key)) type = *t;
     MT_CHECK(type == "default" || type == "yarn",
              "{}: {}.rope_type '{}' is not supported for deepseek_v2 (default, yarn)", source, field, type);
-    if (type == "yarn") c.yarn = parse_yarn(*rope, f, field);
+    if (type == "yarn") c.yarn = parse_yarn_fields(*rope, f, field);
     if (const std::optional<double> t = rope->number_opt("rope_theta")) {
       MT_CHECK(!theta || *theta == *t, "{}: rope_theta is {} at the top level but {} in {}", source, *theta, *t, field);
       theta = t;
@@ -174,16 +147,7 @@ nlohmann::json fields_json(const ModelConfig& g, const DeepseekV2Config& c) {
   j["v_head_dim"] = c.v_head_dim;
   j["head_dim"] = c.qk_rope_head_dim;
   nlohmann::json rope = {{"rope_theta", c.rope_theta}, {"rope_type", c.yarn ? "yarn" : "default"}};
-  if (c.yarn) {
-    rope["factor"] = c.yarn->factor;
-    rope["original_max_position_embeddings"] = c.yarn->original_max_position_embeddings;
-    rope["beta_fast"] = c.yarn->beta_fast;
-    rope["beta_slow"] = c.yarn->beta_slow;
-    rope["mscale"] = c.yarn->mscale;
-    rope["mscale_all_dim"] = c.yarn->mscale_all_dim;
-    if (c.yarn->attention_factor) rope["attention_factor"] = *c.yarn->attention_factor;
-    rope["truncate"] = c.yarn->truncate;
-  }
+  if (c.yarn) add_yarn_fields(rope, *c.yarn);
   j["rope_parameters"] = rope;
   if (c.max_position_embeddings > 0) j["max_position_embeddings"] = c.max_position_embeddings;
   j["n_routed_experts"] = g.num_experts;

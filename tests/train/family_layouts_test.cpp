@@ -1,12 +1,16 @@
-// Tests that DeepSeek-V2 trains and scores alike on every layout (thread ranks, f32 on the CPU, synthetic data,
-// router losses on, clipping active): the golden config grown to 8 layers with a q LoRA, group-limited top-k (4
-// groups, 2 kept) and a routed scaling factor, so every part of the family runs. pp = 2 and 4 train like one rank
-// bit for bit; ep = 2 within the fp32 summation-order tolerance, pp = 2 x ep = 2 like ep = 2 bit for bit, ZeRO-3 over
-// two data ranks within the tolerance; in exact mode score's output file is the same bytes for pp in {1, 2, 4} x ep
-// in {1, 2}, and a packed row gives its documents' bytes.
+// Tests that the MoE families beyond Qwen3 train and score alike on every layout (thread ranks, f32 on the CPU,
+// synthetic data, router losses on, clipping active), each on its golden config grown so that every part of the
+// family runs:
+// - DeepSeek-V2: 8 layers with a q LoRA, group-limited top-k (4 groups, 2 kept) and a routed scaling factor;
+// - GPT-OSS: 8 layers alternating a sliding window of 8 (shorter than the rows) and full attention, with its biases,
+//   sinks, YaRN, biased top-k-then-softmax router and clamped SwiGLU experts.
+// pp = 2 and 4 train like one rank bit for bit; ep = 2 within the fp32 summation-order tolerance, pp = 2 x ep = 2
+// like ep = 2 bit for bit, ZeRO-3 over two data ranks within the tolerance; in exact mode score's output file is the
+// same bytes for pp in {1, 2, 4} x ep in {1, 2}, and a packed row gives its documents' bytes.
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -28,25 +32,31 @@ using testing::expect_bitwise;
 using testing::expect_close;
 using testing::LayoutRun;
 
-std::string config_path() {
-  static const std::string path = [] {
-    const std::string dir = testing::make_temp_dir("deepseek_v2_layouts");
-    nlohmann::json config = io::read_json_object(testing::test_data_path("golden/deepseek_v2/config.json"));
-    config["num_hidden_layers"] = 8;
+// The family's golden config.json, grown as the header says; written once per family.
+std::string config_path(const std::string& family) {
+  static std::map<std::string, std::string> paths;
+  if (auto it = paths.find(family); it != paths.end()) return it->second;
+  const std::string dir = testing::make_temp_dir(family + "_layouts");
+  nlohmann::json config = io::read_json_object(testing::test_data_path("golden/" + family + "/config.json"));
+  config["num_hidden_layers"] = 8;
+  if (family == "deepseek_v2") {
     config["q_lora_rank"] = 24;
     config["topk_method"] = "group_limited_greedy";
     config["n_group"] = 4;
     config["topk_group"] = 2;
     config["routed_scaling_factor"] = 2.5;
-    std::ofstream(dir + "/config.json") << config.dump(2);
-    return dir + "/config.json";
-  }();
-  return path;
+  } else {
+    config["layer_types"] = nlohmann::json::array();
+    for (int layer = 0; layer < 8; ++layer)
+      config["layer_types"].push_back(layer % 2 == 0 ? "sliding_attention" : "full_attention");
+  }
+  std::ofstream(dir + "/config.json") << config.dump(2);
+  return paths[family] = dir + "/config.json";
 }
 
-io::JobConfig job() {
+io::JobConfig family_job(const std::string& family) {
   io::JobConfig c;
-  c.model.config = config_path();
+  c.model.config = config_path(family);
   c.model.init = "random";
   c.data.mode = "synthetic";
   c.train.steps = 3;
@@ -62,19 +72,25 @@ io::JobConfig job() {
   return c;
 }
 
-const LayoutRun& one_rank() {
-  static const LayoutRun run = testing::run_one_rank(job());
-  return run;
-}
+class FamilyLayouts : public ::testing::TestWithParam<const char*> {
+ protected:
+  std::string family() const { return GetParam(); }
+  io::JobConfig job() const { return family_job(family()); }
+  const LayoutRun& one_rank() const {
+    static std::map<std::string, LayoutRun> runs;
+    if (!runs.count(family())) runs.emplace(family(), testing::run_one_rank(job()));
+    return runs.at(family());
+  }
+};
 
-TEST(DeepseekV2Layouts, PipelineTrainsLikeOneRankBitwise) {
+TEST_P(FamilyLayouts, PipelineTrainsLikeOneRankBitwise) {
   for (size_t s = 0; s < one_rank().grad_norms.size(); ++s)
     EXPECT_GT(one_rank().grad_norms[s], job().optim.clip_grad_norm) << "step " << s + 1 << " should clip";
   expect_bitwise(testing::run_layout(job(), 2, 1), one_rank(), "pp=2");
   expect_bitwise(testing::run_layout(job(), 4, 1), one_rank(), "pp=4");
 }
 
-TEST(DeepseekV2Layouts, ExpertAndDataParallelTrainAlike) {
+TEST_P(FamilyLayouts, ExpertAndDataParallelTrainAlike) {
   const LayoutRun ep2 = testing::run_layout(job(), 1, 2);
   expect_close(ep2, one_rank(), "ep=2 against one rank");
   expect_bitwise(testing::run_layout(job(), 2, 2), ep2, "pp=2 x ep=2 against ep=2");
@@ -95,9 +111,9 @@ std::string read_bytes(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
-std::string job_file(const std::string& dir) {
+std::string job_file(const std::string& dir, const std::string& family) {
   const std::string path = dir + "/job.toml";
-  std::ofstream(path) << "[model]\nconfig = \"" << config_path()
+  std::ofstream(path) << "[model]\nconfig = \"" << config_path(family)
                       << "\"\ninit = \"random\"\n[data]\nmode = \"synthetic\"\n[train]\nsteps = 1\nseq_len = 32\n"
                          "micro_batch = 2\nseed = 1234\n";
   return path;
@@ -114,9 +130,9 @@ std::string score(const std::string& dir, const std::string& input, int pp, int 
   return options.out;
 }
 
-TEST(DeepseekV2Layouts, ExactScoreFileIsTheSameBytesOnEveryLayout) {
-  const std::string dir = testing::make_temp_dir("deepseek_v2_exact_layouts");
-  job_file(dir);
+TEST_P(FamilyLayouts, ExactScoreFileIsTheSameBytesOnEveryLayout) {
+  const std::string dir = testing::make_temp_dir(family() + "_exact_layouts");
+  job_file(dir, family());
   const std::string input = dir + "/in.safetensors";
   io::write_safetensors(input, {{"input_ids", Tensor::from_vector(tokens(4 * 20, 11, 512), {4, 20})},
                                 {"cu_seqlens", Tensor::from_vector<int32_t>({0, 7, 20, 33, 40, 60, 71, 80}, {8})}});
@@ -127,9 +143,9 @@ TEST(DeepseekV2Layouts, ExactScoreFileIsTheSameBytesOnEveryLayout) {
         << "pp " << pp << " x ep " << ep << ": the score file differs from one process";
 }
 
-TEST(DeepseekV2Layouts, ExactPackedRowGivesEachDocumentsBytes) {
-  const std::string dir = testing::make_temp_dir("deepseek_v2_exact_packed");
-  const io::JobConfig config = io::load_job_config(job_file(dir), {"exact.enabled=true"});
+TEST_P(FamilyLayouts, ExactPackedRowGivesEachDocumentsBytes) {
+  const std::string dir = testing::make_temp_dir(family() + "_exact_packed");
+  const io::JobConfig config = io::load_job_config(job_file(dir, family()), {"exact.enabled=true"});
   auto model = cli::load_model_for_job(config);
   model->set_exact(true);
   const std::vector<int32_t> ids = tokens(32, 6, 512);
@@ -150,6 +166,8 @@ TEST(DeepseekV2Layouts, ExactPackedRowGivesEachDocumentsBytes) {
         << "document [" << begin << ", " << end << ")";
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Families, FamilyLayouts, ::testing::Values("deepseek_v2", "gpt_oss"));
 
 }  // namespace
 }  // namespace moetrain::train
