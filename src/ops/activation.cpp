@@ -1,8 +1,9 @@
-// defines: the public SwiGLU ops: argument validation (gate_up [N, 2I] with an even width, matching y / dy
-// [N, I], one float dtype, contiguity, devices) and dispatch to the backend of the stream's device: the CPU
-// reference, or the CUDA kernels.
+// defines: the public SwiGLU ops, plain and clamped: argument validation (gate_up [N, 2I] with an even width, matching
+// y / dy [N, I], one float dtype, contiguity, devices, the clamped activation's alpha and limit) and dispatch to the
+// backend of the stream's device: the CPU reference, or the CUDA kernels.
 #include "ops/activation.h"
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 
@@ -32,6 +33,12 @@ int64_t check_gate_up(const Tensor& gate_up, const Stream& stream, const char* o
              "{}: expected gate_up in f32 or f64 but found {}", op, gate_up.describe());
   }
   return gate_up.size(1) / 2;
+}
+
+void check_clamped_params(const ClampedSwigluParams& params, const char* op) {
+  MT_CHECK(std::isfinite(params.alpha), "{}: alpha ({}) must be finite", op, params.alpha);
+  MT_CHECK(std::isfinite(params.limit) && params.limit > 0.0f, "{}: limit ({}) must be finite and > 0", op,
+           params.limit);
 }
 
 }  // namespace
@@ -65,6 +72,40 @@ void swiglu_backward(Stream& stream, Tensor dgate_up, const Tensor& dy, const Te
   }
 #endif
   cpu::swiglu_backward(dgate_up, dy, gate_up);
+}
+
+void clamped_swiglu_forward(Stream& stream, Tensor y, const Tensor& gate_up, const ClampedSwigluParams& params) {
+  OpScope profile(stream, "activation");
+  constexpr const char* op = "clamped_swiglu_forward";
+  check_stream_backend(stream, op);
+  check_clamped_params(params, op);
+  const int64_t width = check_gate_up(gate_up, stream, op);
+  check_argument(y, {gate_up.size(0), width}, gate_up.dtype(), stream, op, "y [N, I]");
+#if MOETRAIN_HAS_CUDA
+  if (gate_up.device().is_cuda()) {
+    cuda::clamped_swiglu_forward(stream, y, gate_up, params);
+    return;
+  }
+#endif
+  cpu::clamped_swiglu_forward(y, gate_up, params);
+}
+
+void clamped_swiglu_backward(Stream& stream, Tensor dgate_up, const Tensor& dy, const Tensor& gate_up,
+                             const ClampedSwigluParams& params) {
+  OpScope profile(stream, "activation");
+  constexpr const char* op = "clamped_swiglu_backward";
+  check_stream_backend(stream, op);
+  check_clamped_params(params, op);
+  const int64_t width = check_gate_up(gate_up, stream, op);
+  check_argument(dy, {gate_up.size(0), width}, gate_up.dtype(), stream, op, "dy [N, I]");
+  check_argument(dgate_up, gate_up.shape(), gate_up.dtype(), stream, op, "dgate_up [N, 2I]");
+#if MOETRAIN_HAS_CUDA
+  if (gate_up.device().is_cuda()) {
+    cuda::clamped_swiglu_backward(stream, dgate_up, dy, gate_up, params);
+    return;
+  }
+#endif
+  cpu::clamped_swiglu_backward(dgate_up, dy, gate_up, params);
 }
 
 }  // namespace moetrain::ops

@@ -1,5 +1,6 @@
-// defines: the public router ops: argument validation (shapes, dtypes, devices, top_k, groups, scaling factor, index
-// ranges) and dispatch to the backend: the CPU reference (f32 or f64) or, for CUDA tensors, the CUDA kernels (f32).
+// defines: the public router ops: argument validation (shapes, dtypes, devices, top_k, groups, scaling factor, the
+// top-k-before-softmax combinations, index ranges) and dispatch to the backend: the CPU reference (f32 or f64) or, for
+// CUDA tensors, the CUDA kernels (f32).
 #include "ops/router.h"
 
 #include <cmath>
@@ -66,6 +67,15 @@ void check_router_params(const RouterParams& params, int64_t experts, const std:
            params.top_k, params.topk_groups, group_size, eligible);
   MT_CHECK(std::isfinite(params.scaling_factor) && params.scaling_factor > 0.0,
            "{}: scaling_factor ({}) must be finite and > 0", what, params.scaling_factor);
+  if (params.topk_before_softmax) {
+    MT_CHECK(!params.renormalize,
+             "{}: topk_before_softmax takes no renormalize (the softmax over the k kept already sums to 1)", what);
+    MT_CHECK(params.scaling_factor == 1.0, "{}: topk_before_softmax takes no scaling_factor but found {} (expected 1)",
+             what, params.scaling_factor);
+    MT_CHECK(params.num_groups == 1,
+             "{}: topk_before_softmax takes no group-limited selection but found num_groups = {} (expected 1)", what,
+             params.num_groups);
+  }
 }
 
 void router_forward(Stream& stream, Tensor probs, Tensor topk_index, Tensor topk_weight, const Tensor& logits,

@@ -1,11 +1,13 @@
-// Tests for the CUDA SwiGLU kernels (ops/cuda/activation.*) through the public ops: forward and backward against the
-// CPU reference in f32 and bf16 (odd widths, one element, large rows), determinism and argument checks. Run on a GPU;
-// skipped elsewhere.
+// Tests for the CUDA SwiGLU kernels (ops/cuda/activation.*) through the public ops, plain and clamped (GPT-OSS):
+// forward and backward against the CPU reference in f32 and bf16 (odd widths, one element, large rows; for the clamped
+// one inputs exactly at, just beyond and far beyond the limits), the exact zero gradient at and beyond the limits,
+// determinism and argument checks. Run on a GPU; skipped elsewhere.
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -115,6 +117,144 @@ TEST(CudaSwiglu, RejectsDtypesWithoutACudaKernelAndMixedDevices) {
         ops::swiglu_forward(gpu(), y, Tensor::zeros({2, 8}, DType::F32));
       },
       {"swiglu_forward", "gate_up", "stream's device cuda:0", "on cpu"});
+}
+
+// gate_up drawn from N(0, 6^2) (a quarter beyond +-7) with every fifth entry replaced by an edge value: exactly
+// +-limit, the next bf16 beyond 7 (7.03125, so the edges survive the bf16 rounding), far beyond, and 0.
+Tensor clamped_inputs(const Shape& shape, Rng& rng) {
+  Tensor t = random_tensor(shape, DType::F32, rng, 6.0);
+  const float edges[] = {7.0f, -7.0f, 7.03125f, -7.03125f, 20.0f, -20.0f, 0.0f};
+  float* v = t.data<float>();
+  for (int64_t i = 0; i < t.numel(); i += 5) v[i] = edges[(i / 5) % 7];
+  return t;
+}
+
+const ops::ClampedSwigluParams kGptOss{};
+const ops::ClampedSwigluParams kOther{1.0f, 3.0f};
+
+TEST(CudaClampedSwiglu, F32MatchesCpu) {
+  MT_REQUIRE_GPU();
+  for (const ops::ClampedSwigluParams& params : {kGptOss, kOther}) {
+    for (const Shape& shape : kShapes) {
+      SCOPED_TRACE(shape_str(shape) + " limit " + std::to_string(params.limit));
+      Rng rng(64);
+      const int64_t rows = shape[0], width = shape[1] / 2;
+      const Tensor gate_up = clamped_inputs(shape, rng);
+      const Tensor dy = random_tensor({rows, width}, DType::F32, rng);
+      Tensor y_cpu = Tensor::empty({rows, width}, DType::F32);
+      ops::clamped_swiglu_forward(Stream::cpu(), y_cpu, gate_up, params);
+      Tensor y_gpu = Tensor::empty({rows, width}, DType::F32, Device::cuda(0));
+      ops::clamped_swiglu_forward(gpu(), y_gpu, on_gpu(gate_up), params);
+      Tensor d_cpu = Tensor::empty(shape, DType::F32);
+      ops::clamped_swiglu_backward(Stream::cpu(), d_cpu, dy, gate_up, params);
+      Tensor d_gpu = Tensor::empty(shape, DType::F32, Device::cuda(0));
+      ops::clamped_swiglu_backward(gpu(), d_gpu, on_gpu(dy), on_gpu(gate_up), params);
+      const double e_y = relative_error(host_f32(y_gpu), y_cpu);
+      const double e_d = relative_error(host_f32(d_gpu), d_cpu);
+      EXPECT_LT(e_y, kF32Tolerance) << "y";
+      EXPECT_LT(e_d, kF32Tolerance) << "dgate_up";
+      // The clamps' branches compare the same input values on both backends: the zeros are at the same places.
+      const std::vector<float> dc = d_cpu.to_vector<float>(), dg = host_f32(d_gpu).to_vector<float>();
+      for (size_t i = 0; i < dc.size(); ++i) {
+        if (dc[i] == 0.0f) {
+          EXPECT_EQ(dg[i], 0.0f) << "element " << i;
+        }
+      }
+      std::printf("clamped swiglu f32 %s: rel err y %.2e dgate_up %.2e\n", shape_str(shape).c_str(), e_y, e_d);
+    }
+  }
+}
+
+TEST(CudaClampedSwiglu, Bf16MatchesCpuOnTheRoundedValues) {
+  MT_REQUIRE_GPU();
+  for (const Shape& shape : kShapes) {
+    SCOPED_TRACE(shape_str(shape));
+    Rng rng(65);
+    const int64_t rows = shape[0], width = shape[1] / 2;
+    const Tensor gate_up16 = clamped_inputs(shape, rng).to(DType::BF16);
+    const Tensor dy16 = random_tensor({rows, width}, DType::F32, rng).to(DType::BF16);
+    Tensor y_cpu = Tensor::empty({rows, width}, DType::F32);
+    ops::clamped_swiglu_forward(Stream::cpu(), y_cpu, gate_up16.to(DType::F32), kGptOss);
+    Tensor y_gpu = Tensor::empty({rows, width}, DType::BF16, Device::cuda(0));
+    ops::clamped_swiglu_forward(gpu(), y_gpu, on_gpu(gate_up16), kGptOss);
+    Tensor d_cpu = Tensor::empty(shape, DType::F32);
+    ops::clamped_swiglu_backward(Stream::cpu(), d_cpu, dy16.to(DType::F32), gate_up16.to(DType::F32), kGptOss);
+    Tensor d_gpu = Tensor::empty(shape, DType::BF16, Device::cuda(0));
+    ops::clamped_swiglu_backward(gpu(), d_gpu, on_gpu(dy16), on_gpu(gate_up16), kGptOss);
+    EXPECT_LT(relative_error(host_f32(y_gpu), y_cpu), kBf16Tolerance) << "y";
+    EXPECT_LT(relative_error(host_f32(d_gpu), d_cpu), kBf16Tolerance) << "dgate_up";
+  }
+}
+
+// One row: gate at +limit, just beyond, far beyond, -limit, far below (no lower clamp on gate), just inside; up at
+// +-limit and beyond, and just inside, with gate 1. The gradient is exactly 0 at and beyond a limit (torch 2.15's clamp
+// backward) and passes elsewhere, in f32 and bf16 (6.96875 is the bf16 just inside 7).
+TEST(CudaClampedSwiglu, GradientIsZeroAtAndBeyondTheLimits) {
+  MT_REQUIRE_GPU();
+  const std::vector<float> gate{7.0f, 7.03125f, 20.0f, -7.0f, -20.0f, 6.96875f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f};
+  const std::vector<float> up{0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 7.0f, -7.0f, 7.03125f, -9.0f, -6.96875f};
+  const size_t n = gate.size();
+  std::vector<float> gu = gate;
+  gu.insert(gu.end(), up.begin(), up.end());
+  const Tensor gate_up = Tensor::from_vector(gu, {1, static_cast<int64_t>(2 * n)});
+  const Tensor dy = Tensor::from_vector(std::vector<float>(n, 1.5f), {1, static_cast<int64_t>(n)});
+  Tensor d_cpu = Tensor::empty({1, static_cast<int64_t>(2 * n)}, DType::F32);
+  ops::clamped_swiglu_backward(Stream::cpu(), d_cpu, dy, gate_up, kGptOss);
+  const std::vector<float> dc = d_cpu.to_vector<float>();
+  const std::vector<size_t> zero{0, 1, 2, n + 6, n + 7, n + 8, n + 9};
+  const std::vector<size_t> passes{3, 4, 5, n + 5, n + 10};
+  for (const DType dtype : {DType::F32, DType::BF16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    Tensor d_gpu = Tensor::empty({1, static_cast<int64_t>(2 * n)}, dtype, Device::cuda(0));
+    ops::clamped_swiglu_backward(gpu(), d_gpu, on_gpu(dy.to(dtype)), on_gpu(gate_up.to(dtype)), kGptOss);
+    const std::vector<float> dg = host_f32(d_gpu).to_vector<float>();
+    for (const size_t i : zero) {
+      EXPECT_EQ(dc[i], 0.0f) << "cpu element " << i;
+      EXPECT_EQ(dg[i], 0.0f) << "gpu element " << i;
+    }
+    // bf16 stores the f32 result rounded to 8 significant bits (2^-9 relative); f32 within a few ulp.
+    const double bound = dtype == DType::F32 ? kF32Tolerance : 4e-3;
+    for (const size_t i : passes) {
+      EXPECT_NE(dg[i], 0.0f) << "gpu element " << i;
+      EXPECT_NEAR(dg[i], dc[i], bound * std::abs(dc[i])) << "element " << i;
+    }
+  }
+}
+
+TEST(CudaClampedSwiglu, RepeatedRunsGiveIdenticalBits) {
+  MT_REQUIRE_GPU();
+  Rng rng(66);
+  const Tensor gate_up = on_gpu(clamped_inputs({512, 2880}, rng).to(DType::BF16));
+  const Tensor dy = on_gpu(random_tensor({512, 1440}, DType::F32, rng).to(DType::BF16));
+  Tensor first = Tensor::empty({512, 2880}, DType::BF16, Device::cuda(0));
+  Tensor second = Tensor::empty({512, 2880}, DType::BF16, Device::cuda(0));
+  ops::clamped_swiglu_backward(gpu(), first, dy, gate_up, kGptOss);
+  ops::clamped_swiglu_backward(gpu(), second, dy, gate_up, kGptOss);
+  EXPECT_TRUE(same_bytes(first, second));
+}
+
+TEST(CudaClampedSwiglu, RejectsF64AndBadParamsOnCuda) {
+  MT_REQUIRE_GPU();
+  const Device cuda = Device::cuda(0);
+  Tensor y64 = Tensor::zeros({2, 4}, DType::F64, cuda);
+  expect_error_containing(
+      [&] {
+        ops::clamped_swiglu_forward(gpu(), y64, Tensor::zeros({2, 8}, DType::F64, cuda), {});
+      },
+      {"clamped_swiglu_forward", "gate_up", "f32 or bf16", "f64"});
+  Tensor y = Tensor::zeros({2, 4}, DType::F32, cuda);
+  Tensor d = Tensor::zeros({2, 8}, DType::F32, cuda);
+  const Tensor gate_up = Tensor::zeros({2, 8}, DType::F32, cuda);
+  expect_error_containing(
+      [&] {
+        ops::clamped_swiglu_forward(gpu(), y, gate_up, {1.702f, -1.0f});
+      },
+      {"clamped_swiglu_forward", "limit (-1) must be finite and > 0"});
+  expect_error_containing(
+      [&] {
+        ops::clamped_swiglu_backward(gpu(), d, y, gate_up, {std::numeric_limits<float>::infinity(), 7.0f});
+      },
+      {"clamped_swiglu_backward", "alpha (inf) must be finite"});
 }
 
 }  // namespace

@@ -3,7 +3,8 @@
 // and without renormalisation, greedy and group-limited with a scaling factor, E = 8 to 256 with top-1 to top-8,
 // expert counts that are and are not multiples of 32, more groups than lanes), the greedy path unchanged by
 // neutral group and scaling options, the masked-expert corner, backward against the CPU on identical inputs,
-// bitwise determinism, and the CUDA argument checks.
+// bitwise determinism, the CUDA argument checks, and GPT-OSS's top-k over the logits with a softmax over the k kept
+// (exact indices on any logits, ties, logits that round to equal probabilities, backward with and without dprobs).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -265,6 +266,128 @@ TEST(CudaRouter, RejectsNonF32AndMixedDevices) {
         ops::router_forward(s, probs, index, weight, logits.to(gpu()), {2, false, 3, 1, 1.0});
       },
       "router_forward: E = 8 is not divisible by num_groups (3)");
+}
+
+ops::RouterParams topk_then_softmax(int top_k) {
+  ops::RouterParams p{top_k};
+  p.topk_before_softmax = true;
+  return p;
+}
+
+// Logits from N(0, 2^2), or (coarse) rounded to multiples of 0.5 so that many tie.
+Tensor gpt_oss_logits(int64_t tokens, int64_t experts, bool coarse, Rng& rng) {
+  Tensor t = random_tensor({tokens, experts}, DType::F32, rng, 2.0);
+  if (coarse) {
+    float* p = t.data<float>();
+    for (int64_t i = 0; i < t.numel(); ++i) p[i] = std::round(p[i] * 2.0f) / 2.0f;
+  }
+  return t;
+}
+
+struct TopkCase {
+  int64_t tokens, experts;
+  int top_k;
+};
+
+// GPT-OSS: 32 experts top-4 (20b), 128 top-4 (120b); others for the lane layout and k.
+const TopkCase kTopkCases[] = {{1000, 32, 4}, {777, 128, 4}, {500, 8, 1}, {300, 160, 8}, {3, 5, 5}, {64, 33, 2}};
+
+TEST(CudaRouter, TopkBeforeSoftmaxMatchesCpuWithExactIndices) {
+  MT_REQUIRE_GPU();
+  // The selection ranks the logits themselves, identical inputs on both backends: the indices agree exactly on any
+  // logits, ties included. probs / weights: f32 softmaxes over at most 160 terms, expf and the sum order differing
+  // from the CPU's by a few ulp: 1e-6 relative.
+  constexpr double kThreshold = 1e-6;
+  Rng rng(16);
+  for (const TopkCase& c : kTopkCases) {
+    for (const bool coarse : {false, true}) {
+      const std::string what = "T=" + std::to_string(c.tokens) + " E=" + std::to_string(c.experts) +
+                               " K=" + std::to_string(c.top_k) + (coarse ? " with ties" : "");
+      const ops::RouterParams params = topk_then_softmax(c.top_k);
+      const Tensor logits = gpt_oss_logits(c.tokens, c.experts, coarse, rng);
+      const Routed g = route(logits, params, gpu());
+      const Routed cpu = route(logits, params, Device::cpu());
+      EXPECT_EQ(g.topk_index.to_vector<int32_t>(), cpu.topk_index.to_vector<int32_t>()) << what << ": topk_index";
+      const double probs_err = relative_error(g.probs, cpu.probs);
+      const double weight_err = relative_error(g.topk_weight, cpu.topk_weight);
+      EXPECT_LT(probs_err, kThreshold) << what << ": probs relative error " << probs_err;
+      EXPECT_LT(weight_err, kThreshold) << what << ": topk_weight relative error " << weight_err;
+    }
+  }
+}
+
+TEST(CudaRouter, TopkBeforeSoftmaxTiesAndUnderflowedProbabilities) {
+  MT_REQUIRE_GPU();
+  // Equal logits pick the lower expert first (tests/ops/router_test.cpp's hand case).
+  const Tensor ties = Tensor::from_vector<float>({1, 3, 3, 0, /**/ 2, 0, 2, 2, /**/ 0, 0, 0, 0}, {3, 4});
+  const Routed g = route(ties, topk_then_softmax(3), gpu());
+  EXPECT_EQ(g.topk_index.to_vector<int32_t>(), (std::vector<int32_t>{1, 2, 0, 0, 2, 3, 0, 1, 2}));
+  EXPECT_LT(relative_error(g.topk_weight, route(ties, topk_then_softmax(3), Device::cpu()).topk_weight), 1e-6);
+  // 1000 and the next f32 above both have probability 0 beside 2000: the logits decide, expert 1 before expert 0.
+  const Tensor under = Tensor::from_vector<float>({1000.0f, std::nextafter(1000.0f, 2000.0f), 2000.0f}, {1, 3});
+  const Routed u = route(under, topk_then_softmax(2), gpu());
+  EXPECT_EQ(u.topk_index.to_vector<int32_t>(), (std::vector<int32_t>{2, 1}));
+  EXPECT_EQ(u.topk_weight.to_vector<float>(), (std::vector<float>{1.0f, 0.0f}));
+}
+
+TEST(CudaRouter, TopkBeforeSoftmaxBackwardMatchesCpuOnTheSameInputs) {
+  MT_REQUIRE_GPU();
+  // Both backends get the CPU forward's outputs: the differences are the rounding of sums over at most 160 experts
+  // and 8 slots (a warp tree and fused multiply-adds on the GPU), ~1e-7 relative.
+  constexpr double kThreshold = 1e-6;
+  Rng rng(17);
+  for (const TopkCase& c : kTopkCases) {
+    for (const bool with_dprobs : {false, true}) {
+      const ops::RouterParams params = topk_then_softmax(c.top_k);
+      const Routed r = route(gpt_oss_logits(c.tokens, c.experts, false, rng), params, Device::cpu());
+      const Tensor dw = random_tensor({c.tokens, params.top_k}, DType::F32, rng);
+      const Tensor dprobs = with_dprobs ? random_tensor({c.tokens, c.experts}, DType::F32, rng) : Tensor();
+      const Tensor g = route_backward(r, dw, dprobs, params, gpu());
+      const Tensor cpu = route_backward(r, dw, dprobs, params, Device::cpu());
+      const double err = relative_error(g, cpu);
+      EXPECT_LT(err, kThreshold) << "E=" << c.experts << " K=" << c.top_k << (with_dprobs ? " with dprobs" : "")
+                                 << ": dlogits relative error " << err;
+      if (!with_dprobs) {
+        // Only the selected logits receive a gradient, on both backends.
+        const std::vector<float> gv = g.to_vector<float>(), cv = cpu.to_vector<float>();
+        for (size_t i = 0; i < gv.size(); ++i) {
+          if (cv[i] == 0.0f) {
+            EXPECT_EQ(gv[i], 0.0f) << "element " << i;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaRouter, TopkBeforeSoftmaxRepeatedRunsAreBitwiseIdentical) {
+  MT_REQUIRE_GPU();
+  Rng rng(18);
+  const ops::RouterParams params = topk_then_softmax(4);
+  const Tensor logits = gpt_oss_logits(999, 128, true, rng);
+  const Routed a = route(logits, params, gpu()), b = route(logits, params, gpu());
+  EXPECT_TRUE(same_bytes(a.probs, b.probs)) << "probs";
+  EXPECT_TRUE(same_bytes(a.topk_index, b.topk_index)) << "topk_index";
+  EXPECT_TRUE(same_bytes(a.topk_weight, b.topk_weight)) << "topk_weight";
+  const Tensor dw = random_tensor({999, 4}, DType::F32, rng), dprobs = random_tensor({999, 128}, DType::F32, rng);
+  EXPECT_TRUE(same_bytes(route_backward(a, dw, dprobs, params, gpu()), route_backward(a, dw, dprobs, params, gpu())))
+      << "dlogits";
+}
+
+TEST(CudaRouter, TopkBeforeSoftmaxRefusesRenormalizeOnCuda) {
+  MT_REQUIRE_GPU();
+  Rng rng(19);
+  ops::RouterParams params = topk_then_softmax(2);
+  params.renormalize = true;
+  Tensor probs = Tensor::empty({4, 8}, DType::F32, gpu());
+  Tensor index = Tensor::empty({4, 2}, DType::I32, gpu());
+  Tensor weight = Tensor::empty({4, 2}, DType::F32, gpu());
+  expect_error(
+      [&] {
+        ops::router_forward(default_stream(gpu()), probs, index, weight,
+                            random_tensor({4, 8}, DType::F32, rng).to(gpu()), params);
+      },
+      "router_forward: topk_before_softmax takes no renormalize");
 }
 
 }  // namespace

@@ -1,8 +1,9 @@
 // Tests for ops/router: softmax and top-k selection (hand cases with ties between experts and between groups,
 // the routing written out here, greedy and group-limited), the greedy path bit for bit the previous reference, the
 // scaling factor, the masked-expert corner, backward against f64 finite differences (renormalisation, scaling,
-// group mask, a gradient on the full probabilities), per-token independence, every argument refusal, and the
-// DeepSeek-V2 gate of transformers itself (tests/data/deepseek_v2_router).
+// group mask, a gradient on the full probabilities), per-token independence, every argument refusal, the
+// DeepSeek-V2 gate of transformers itself (tests/data/deepseek_v2_router), and GPT-OSS's top-k over the logits with a
+// softmax over the k kept (formula, ties, logits that round to equal probabilities, backward, refusals).
 #include "ops/router.h"
 
 #include <algorithm>
@@ -378,7 +379,8 @@ TEST(Router, MaskedExpertIsSelectedOnlyAtAZeroTieWithZeroWeightAndNoGradient) {
 TEST(Router, TokenResultsDoNotDependOnOtherTokens) {
   Rng rng(8);
   const Tensor logits = random_tensor({12, 6}, DType::F32, rng);
-  for (const ops::RouterParams& params : {ops::RouterParams{2, true}, ops::RouterParams{2, true, 3, 2, 2.5}}) {
+  for (const ops::RouterParams& params : {ops::RouterParams{2, true}, ops::RouterParams{2, true, 3, 2, 2.5},
+                                          ops::RouterParams{2, false, 1, 1, 1.0, true}}) {
     const Routed all = route(logits, params);
     const Routed part = route(logits.slice(4, 9).clone(), params);
     EXPECT_EQ(all.probs.slice(4, 9).clone().to_vector<float>(), part.probs.to_vector<float>());
@@ -576,6 +578,158 @@ TEST(Router, MatchesTransformersDeepseekV2Gate) {
       EXPECT_NEAR(mine, w, 1e-6 * std::abs(w)) << "token " << t << " expert " << e;
     }
   }
+}
+
+// GPT-OSS's router written out: probs the f64 softmax of all logits, the selection a stable sort of the logits
+// (equal logits keep index order), the weights the f64 softmax of the k selected logits.
+Expected expected_topk_then_softmax(const Tensor& logits, int64_t k) {
+  const int64_t tokens = logits.size(0), experts = logits.size(1);
+  Expected x{Tensor::empty({tokens, experts}, DType::F64), Tensor::empty({tokens, k}, DType::F64), {}, 0};
+  for (int64_t t = 0; t < tokens; ++t) {
+    std::vector<double> l(static_cast<size_t>(experts));
+    for (int64_t e = 0; e < experts; ++e) l[static_cast<size_t>(e)] = at(logits, t * experts + e);
+    const double max = *std::max_element(l.begin(), l.end());
+    double z = 0.0;
+    for (const double v : l) z += std::exp(v - max);
+    for (int64_t e = 0; e < experts; ++e) x.probs.data<double>()[t * experts + e] = std::exp(l[size_t(e)] - max) / z;
+    std::vector<int32_t> order(static_cast<size_t>(experts));
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return l[size_t(a)] > l[size_t(b)]; });
+    double zk = 0.0;
+    for (int64_t s = 0; s < k; ++s) zk += std::exp(l[size_t(order[size_t(s)])] - max);
+    for (int64_t s = 0; s < k; ++s) {
+      x.index.push_back(order[static_cast<size_t>(s)]);
+      x.weights.data<double>()[t * k + s] = std::exp(l[size_t(order[size_t(s)])] - max) / zk;
+    }
+  }
+  return x;
+}
+
+ops::RouterParams topk_then_softmax(int top_k) {
+  ops::RouterParams p{top_k};
+  p.topk_before_softmax = true;
+  return p;
+}
+
+TEST(Router, TopkBeforeSoftmaxMatchesTheTransformersFormula) {
+  Rng rng(50);
+  for (const DType dtype : {DType::F32, DType::F64}) {
+    for (const int64_t experts : {8, 32, 128}) {
+      for (const int k : {1, 4}) {
+        const std::string what =
+            std::string(dtype_name(dtype)) + " E=" + std::to_string(experts) + " K=" + std::to_string(k);
+        const Tensor logits = random_tensor({40, experts}, dtype, rng, 2.0);
+        const Routed r = route(logits, topk_then_softmax(k));
+        const Expected x = expected_topk_then_softmax(logits, k);
+        EXPECT_EQ(r.topk_index.to_vector<int32_t>(), x.index) << what;
+        // f32: exp and a sum over at most 128 terms, a few ulp; f64 likewise at its precision.
+        const double bound = dtype == DType::F32 ? 1e-6 : 1e-12;
+        EXPECT_LT(relative_error(r.probs, x.probs), bound) << what;
+        EXPECT_LT(relative_error(r.topk_weight, x.weights), bound) << what;
+        // The k-softmax equals the renormalised top-k probabilities in exact arithmetic.
+        const Routed renormalized = route(logits, {k, true});
+        EXPECT_EQ(renormalized.topk_index.to_vector<int32_t>(), x.index) << what;
+        EXPECT_LT(relative_error(r.topk_weight, renormalized.topk_weight), bound) << what;
+      }
+    }
+  }
+}
+
+TEST(Router, TopkBeforeSoftmaxBreaksTiesByLowerExpertIndex) {
+  for (const DType dtype : {DType::F32, DType::F64}) {
+    const Tensor logits = Tensor::from_vector<double>({1, 3, 3, 0,  //
+                                                       2, 0, 2, 2,  //
+                                                       0, 0, 0, 0},
+                                                      {3, 4})
+                              .to(dtype);
+    const Routed r = route(logits, topk_then_softmax(3));
+    EXPECT_EQ(r.topk_index.to_vector<int32_t>(), (std::vector<int32_t>{1, 2, 0, 0, 2, 3, 0, 1, 2}));
+    const double w = 1.0 / (2.0 + std::exp(-2.0));
+    const Tensor want = Tensor::from_vector<double>(
+        {w, w, w * std::exp(-2.0), 1.0 / 3, 1.0 / 3, 1.0 / 3, 1.0 / 3, 1.0 / 3, 1.0 / 3}, {3, 3});
+    // A few roundings per weight (exp, a sum of three, a division): 1e-6 in f32, 1e-15 in f64.
+    EXPECT_LT(relative_error(r.topk_weight, want), dtype == DType::F32 ? 1e-6 : 1e-15);
+  }
+}
+
+// 1000 and the next f32 above it both underflow to probability 0 beside 2000: ranking the probabilities would tie
+// and pick expert 0, ranking the logits (transformers' topk on router_logits) picks expert 1.
+TEST(Router, TopkBeforeSoftmaxRanksTheLogitsNotTheRoundedProbabilities) {
+  const float above = std::nextafter(1000.0f, 2000.0f);
+  const Tensor logits = Tensor::from_vector<float>({1000.0f, above, 2000.0f}, {1, 3});
+  const Routed r = route(logits, topk_then_softmax(2));
+  ASSERT_EQ(r.probs.to_vector<float>()[0], 0.0f);
+  ASSERT_EQ(r.probs.to_vector<float>()[1], 0.0f);
+  EXPECT_EQ(r.topk_index.to_vector<int32_t>(), (std::vector<int32_t>{2, 1}));
+  EXPECT_EQ(r.topk_weight.to_vector<float>(), (std::vector<float>{1.0f, 0.0f}));
+  EXPECT_EQ(route(logits, {2, true}).topk_index.to_vector<int32_t>(), (std::vector<int32_t>{2, 0}));
+}
+
+TEST(Router, TopkBeforeSoftmaxBackwardMatchesFiniteDifferences) {
+  for (const bool with_dprobs : {false, true}) {
+    expect_backward_matches_finite_differences(topk_then_softmax(3), 6, with_dprobs);
+    expect_backward_matches_finite_differences(topk_then_softmax(1), 5, with_dprobs);
+    expect_backward_matches_finite_differences(topk_then_softmax(8), 8, with_dprobs);  // every expert kept
+  }
+}
+
+// Without dprobs only the selected logits receive a gradient; the k-softmax gradient sums to 0 over them.
+TEST(Router, TopkBeforeSoftmaxGradientReachesOnlyTheSelectedLogits) {
+  Rng rng(51);
+  const Tensor logits = random_tensor({7, 16}, DType::F64, rng, 2.0);
+  const ops::RouterParams params = topk_then_softmax(4);
+  const Routed r = route(logits, params);
+  const Tensor dl = route_backward(r, random_tensor({7, 4}, DType::F64, rng), Tensor(), params);
+  const std::vector<int32_t> index = r.topk_index.to_vector<int32_t>();
+  for (int64_t t = 0; t < 7; ++t) {
+    double sum = 0.0;
+    for (int64_t e = 0; e < 16; ++e) {
+      const double v = dl.data<double>()[t * 16 + e];
+      const bool selected = std::find(index.begin() + t * 4, index.begin() + t * 4 + 4, e) != index.begin() + t * 4 + 4;
+      if (!selected) {
+        EXPECT_EQ(v, 0.0) << "token " << t << " expert " << e;
+      }
+      sum += v;
+    }
+    // Zero in exact arithmetic; four terms of size up to |dw| (< 10) each rounded once in f64.
+    EXPECT_NEAR(sum, 0.0, 1e-13) << "token " << t;
+  }
+}
+
+TEST(Router, TopkBeforeSoftmaxRefusesRenormalizeScalingAndGroups) {
+  ops::RouterParams p = topk_then_softmax(2);
+  p.renormalize = true;
+  expect_error([&] { ops::check_router_params(p, 8, "router block"); },
+               "router block: topk_before_softmax takes no renormalize");
+  p = topk_then_softmax(2);
+  p.scaling_factor = 2.5;
+  expect_error([&] { ops::check_router_params(p, 8, "router block"); },
+               "router block: topk_before_softmax takes no scaling_factor but found 2.5 (expected 1)");
+  p = topk_then_softmax(2);
+  p.num_groups = 4;
+  p.topk_groups = 4;  // every group kept: still refused, groups have no meaning here
+  expect_error([&] { ops::check_router_params(p, 8, "router block"); },
+               "router block: topk_before_softmax takes no group-limited selection but found num_groups = 4 "
+               "(expected 1)");
+  ops::check_router_params(topk_then_softmax(2), 8, "router block");
+
+  // The ops run the same checks, forward and backward.
+  Rng rng(52);
+  const Tensor logits = random_tensor({3, 8}, DType::F32, rng);
+  Tensor probs = Tensor::empty({3, 8}, DType::F32), index = Tensor::empty({3, 2}, DType::I32),
+         weight = Tensor::empty({3, 2}, DType::F32);
+  ops::RouterParams bad = topk_then_softmax(2);
+  bad.renormalize = true;
+  expect_error([&] { ops::router_forward(Stream::cpu(), probs, index, weight, logits, bad); },
+               "router_forward: topk_before_softmax takes no renormalize");
+  const Routed r = route(logits, topk_then_softmax(2));
+  bad = topk_then_softmax(2);
+  bad.scaling_factor = 16.0;
+  expect_error(
+      [&] {
+        route_backward(r, random_tensor({3, 2}, DType::F32, rng), Tensor(), bad);
+      },
+      "router_backward: topk_before_softmax takes no scaling_factor but found 16 (expected 1)");
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
-// defines: the CPU reference of SwiGLU (ops/activation.h): y = silu(gate) * up over gate_up [N, 2I], rows in
-// parallel.
+// defines: the CPU reference of SwiGLU (ops/activation.h): y = silu(gate) * up over gate_up [N, 2I], and GPT-OSS's
+// clamped variant, rows in parallel.
 #pragma once
 
 #include "core/tensor.h"
@@ -11,5 +11,11 @@ namespace moetrain::ops::cpu {
 void swiglu_forward(const Tensor& y, const Tensor& gate_up);
 // Column j of gate and of up are read before either gradient is written, so dgate_up may alias gate_up.
 void swiglu_backward(const Tensor& dgate_up, const Tensor& dy, const Tensor& gate_up);
+
+// Validated by ops::clamped_swiglu_*; f32 or f64 (alpha and limit are used as the f32 values given, widened for f64).
+// The backward may alias dgate_up with gate_up, as swiglu_backward.
+void clamped_swiglu_forward(const Tensor& y, const Tensor& gate_up, const ClampedSwigluParams& params);
+void clamped_swiglu_backward(const Tensor& dgate_up, const Tensor& dy, const Tensor& gate_up,
+                             const ClampedSwigluParams& params);
 
 }  // namespace moetrain::ops::cpu

@@ -1,5 +1,6 @@
 // defines: the CPU router reference. One thread per token; every reduction over experts or slots runs in
-// ascending order, so a token's routing never depends on the other tokens of the batch.
+// ascending order, so a token's routing never depends on the other tokens of the batch. GPT-OSS's
+// top-k-before-softmax ranks the logits themselves and softmaxes the k kept.
 #include "ops/cpu/router.h"
 
 #include <algorithm>
@@ -67,6 +68,25 @@ void forward_impl(const Tensor& probs, const Tensor& topk_index, const Tensor& t
       }
       for (int64_t e = 0; e < experts; ++e) p[e] /= sum;
 
+      int32_t* index = ip + t * top_k;
+      T* weight = wp + t * top_k;
+      if (params.topk_before_softmax) {
+        // GPT-OSS: the top-k of the logits (descending, equal logits by ascending expert index), then a softmax over
+        // the k kept, shifted by the largest (slot 0), its sum in slot order.
+        std::iota(order.begin(), order.end(), 0);
+        std::partial_sort(order.begin(), order.begin() + top_k, order.end(),
+                          [l](int32_t a, int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
+        for (int64_t s = 0; s < top_k; ++s) index[s] = order[static_cast<size_t>(s)];
+        const T top = l[index[0]];
+        T kept_sum = T(0);
+        for (int64_t s = 0; s < top_k; ++s) {
+          weight[s] = std::exp(l[index[s]] - top);
+          kept_sum += weight[s];
+        }
+        for (int64_t s = 0; s < top_k; ++s) weight[s] /= kept_sum;
+        continue;
+      }
+
       // The scores the selection ranks: the probabilities, or with a group mask the probabilities of the kept
       // groups and 0.0 elsewhere (transformers' masked_fill value).
       const T* score = p;
@@ -84,8 +104,6 @@ void forward_impl(const Tensor& probs, const Tensor& topk_index, const Tensor& t
       std::partial_sort(order.begin(), order.begin() + top_k, order.end(), [score](int32_t a, int32_t b) {
         return score[a] > score[b] || (score[a] == score[b] && a < b);
       });
-      int32_t* index = ip + t * top_k;
-      T* weight = wp + t * top_k;
       T selected = T(0);
       for (int64_t s = 0; s < top_k; ++s) {
         index[s] = order[static_cast<size_t>(s)];
@@ -127,6 +145,24 @@ void backward_impl(const Tensor& dlogits, const Tensor& dtopk_weight, const Tens
       const T* p = pp + t * experts;
       const int32_t* index = ip + t * top_k;
       const T* dw = dwp + t * top_k;
+      if (params.topk_before_softmax) {
+        // The full softmax's gradient of dprobs (0 without it), then the k-softmax's into the selected logits:
+        // w_s (dw_s - sum_s' w_s' dw_s').
+        T* dl = dlp + t * experts;
+        if (dpp != nullptr) {
+          const T* d = dpp + t * experts;
+          T inner = T(0);
+          for (int64_t e = 0; e < experts; ++e) inner += p[e] * d[e];
+          for (int64_t e = 0; e < experts; ++e) dl[e] = p[e] * (d[e] - inner);
+        } else {
+          for (int64_t e = 0; e < experts; ++e) dl[e] = T(0);
+        }
+        const T* w = wp + t * top_k;
+        T inner_w = T(0);
+        for (int64_t s = 0; s < top_k; ++s) inner_w += w[s] * dw[s];
+        for (int64_t s = 0; s < top_k; ++s) dl[index[s]] += w[s] * (dw[s] - inner_w);
+        continue;
+      }
       // A slot whose expert the group mask removed holds the constant 0.0 (forward's masked score): no gradient.
       if (masking) {
         keep_groups(p, experts, params, group_score, group_order, kept);

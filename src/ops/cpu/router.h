@@ -1,6 +1,7 @@
 // defines: the CPU reference of the MoE router (ops/router.h): softmax over experts, the group mask of
 // group-limited top-k (ties to the lower group index), top-k with ties to the lower expert index, optional
-// renormalisation, the scaling factor, and the backward to the logits.
+// renormalisation, the scaling factor, GPT-OSS's top-k over the logits with a softmax over the k kept, and the
+// backward to the logits.
 #pragma once
 
 #include "core/tensor.h"

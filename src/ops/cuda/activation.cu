@@ -1,5 +1,7 @@
 // defines: the CUDA SwiGLU kernels: silu(g) = g / (1 + exp(-g)), d silu / dg = sigmoid(g) * (1 + g * (1 - sigmoid(g))),
-// one thread per (row, column) of y, each reading its gate and up element.
+// one thread per (row, column) of y, each reading its gate and up element. The clamped variant (GPT-OSS):
+// g = min(gate, limit), u = clamp(up, -limit, limit), y = (u + 1) * g * sigmoid(g * alpha), the gradient passing the
+// clamps strictly inside, min < x < max (torch 2.15's clamp backward: 0 at the limit itself).
 #include "ops/cuda/activation.h"
 
 #include <cstdint>
@@ -53,6 +55,50 @@ __global__ void backward_kernel(T* dgate_up, const T* dy, const T* gate_up, int6
   }
 }
 
+// min(x, limit) and clamp(x, -limit, limit) as torch writes them (a NaN stays NaN, unlike fminf).
+__device__ __forceinline__ float clamp_max(float x, float limit) { return x > limit ? limit : x; }
+__device__ __forceinline__ float clamp_both(float x, float limit) {
+  return x < -limit ? -limit : (x > limit ? limit : x);
+}
+
+template <typename T>
+__global__ void clamped_forward_kernel(T* y, const T* gate_up, int64_t rows, int64_t width, float alpha, float limit) {
+  const int64_t total = rows * width;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride) {
+    const int64_t n = i / width;
+    const int64_t j = i % width;
+    const T* gate = gate_up + n * 2 * width;
+    const float g = clamp_max(load_float(gate + j), limit);
+    const float u = clamp_both(load_float(gate + width + j), limit);
+    const float glu = g * (1.0f / (1.0f + expf(-(g * alpha))));
+    store_float(y + i, (u + 1.0f) * glu);
+  }
+}
+
+template <typename T>
+__global__ void clamped_backward_kernel(T* dgate_up, const T* dy, const T* gate_up, int64_t rows, int64_t width,
+                                        float alpha, float limit) {
+  const int64_t total = rows * width;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride) {
+    const int64_t n = i / width;
+    const int64_t j = i % width;
+    const T* gate = gate_up + n * 2 * width;
+    T* dgate = dgate_up + n * 2 * width;
+    const float gate_in = load_float(gate + j);
+    const float up_in = load_float(gate + width + j);
+    const float d = load_float(dy + i);
+    const float g = clamp_max(gate_in, limit);
+    const float u = clamp_both(up_in, limit);
+    const float sigmoid = 1.0f / (1.0f + expf(-(g * alpha)));
+    const float glu = g * sigmoid;
+    const float dglu = sigmoid * (1.0f + alpha * g * (1.0f - sigmoid));
+    store_float(dgate + j, gate_in < limit ? d * (u + 1.0f) * dglu : 0.0f);
+    store_float(dgate + width + j, (up_in > -limit && up_in < limit) ? d * glu : 0.0f);
+  }
+}
+
 unsigned blocks_for(int64_t n) {
   const int64_t blocks = (n + kThreads - 1) / kThreads;
   return static_cast<unsigned>(blocks < kMaxBlocks ? blocks : kMaxBlocks);
@@ -97,6 +143,51 @@ void swiglu_backward(const Stream& stream, const Tensor& dgate_up, const Tensor&
           static_cast<const __nv_bfloat16*>(gate_up.raw_data()), rows, width);
       break;
     default: MT_FAIL("swiglu_backward (CUDA): expected gate_up in f32 or bf16 but found {}", gate_up.describe());
+  }
+  MT_CUDA_CHECK(cudaGetLastError());
+}
+
+void clamped_swiglu_forward(const Stream& stream, const Tensor& y, const Tensor& gate_up,
+                            const ClampedSwigluParams& params) {
+  const int64_t rows = gate_up.size(0);
+  const int64_t width = gate_up.size(1) / 2;
+  if (rows * width == 0) return;
+  const auto cu_stream = static_cast<cudaStream_t>(stream_handle(stream));
+  switch (gate_up.dtype()) {
+    case DType::F32:
+      clamped_forward_kernel<<<blocks_for(rows * width), kThreads, 0, cu_stream>>>(
+          static_cast<float*>(y.raw_data()), static_cast<const float*>(gate_up.raw_data()), rows, width, params.alpha,
+          params.limit);
+      break;
+    case DType::BF16:
+      clamped_forward_kernel<<<blocks_for(rows * width), kThreads, 0, cu_stream>>>(
+          static_cast<__nv_bfloat16*>(y.raw_data()), static_cast<const __nv_bfloat16*>(gate_up.raw_data()), rows, width,
+          params.alpha, params.limit);
+      break;
+    default: MT_FAIL("clamped_swiglu_forward (CUDA): expected gate_up in f32 or bf16 but found {}", gate_up.describe());
+  }
+  MT_CUDA_CHECK(cudaGetLastError());
+}
+
+void clamped_swiglu_backward(const Stream& stream, const Tensor& dgate_up, const Tensor& dy, const Tensor& gate_up,
+                             const ClampedSwigluParams& params) {
+  const int64_t rows = gate_up.size(0);
+  const int64_t width = gate_up.size(1) / 2;
+  if (rows * width == 0) return;
+  const auto cu_stream = static_cast<cudaStream_t>(stream_handle(stream));
+  switch (gate_up.dtype()) {
+    case DType::F32:
+      clamped_backward_kernel<<<blocks_for(rows * width), kThreads, 0, cu_stream>>>(
+          static_cast<float*>(dgate_up.raw_data()), static_cast<const float*>(dy.raw_data()),
+          static_cast<const float*>(gate_up.raw_data()), rows, width, params.alpha, params.limit);
+      break;
+    case DType::BF16:
+      clamped_backward_kernel<<<blocks_for(rows * width), kThreads, 0, cu_stream>>>(
+          static_cast<__nv_bfloat16*>(dgate_up.raw_data()), static_cast<const __nv_bfloat16*>(dy.raw_data()),
+          static_cast<const __nv_bfloat16*>(gate_up.raw_data()), rows, width, params.alpha, params.limit);
+      break;
+    default:
+      MT_FAIL("clamped_swiglu_backward (CUDA): expected gate_up in f32 or bf16 but found {}", gate_up.describe());
   }
   MT_CUDA_CHECK(cudaGetLastError());
 }

@@ -1,8 +1,9 @@
-// defines: the CUDA kernels of the SwiGLU ops (ops/activation.h): one thread per output element.
+// defines: the CUDA kernels of the SwiGLU ops (ops/activation.h), plain and clamped: one thread per output element.
 #pragma once
 
 #include "core/device.h"
 #include "core/tensor.h"
+#include "ops/activation.h"
 
 namespace moetrain::ops::cuda {
 
@@ -11,5 +12,11 @@ namespace moetrain::ops::cuda {
 // ops/cpu/activation.cpp's with expf (CUDA's expf is within 2 ulp, the CPU's std::exp within 1).
 void swiglu_forward(const Stream& stream, const Tensor& y, const Tensor& gate_up);
 void swiglu_backward(const Stream& stream, const Tensor& dgate_up, const Tensor& dy, const Tensor& gate_up);
+
+// The clamped variant (GPT-OSS), validated by ops::clamped_swiglu_*; the formulas of ops/cpu/activation.cpp in f32.
+void clamped_swiglu_forward(const Stream& stream, const Tensor& y, const Tensor& gate_up,
+                            const ClampedSwigluParams& params);
+void clamped_swiglu_backward(const Stream& stream, const Tensor& dgate_up, const Tensor& dy, const Tensor& gate_up,
+                             const ClampedSwigluParams& params);
 
 }  // namespace moetrain::ops::cuda

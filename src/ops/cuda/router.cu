@@ -1,6 +1,7 @@
 // defines: the CUDA router kernels (ops/cuda/router.h): one warp per token; softmax in f32, the group mask of
 // group-limited top-k, top-k by repeated warp arg-max under the strict order (descending score, ascending expert;
-// groups likewise), renormalisation, the scaling factor, and the backward.
+// groups likewise), renormalisation, the scaling factor, GPT-OSS's top-k over the logits with a softmax over the k
+// kept, and the backward.
 #include "ops/cuda/router.h"
 
 #include <climits>
@@ -60,6 +61,7 @@ struct Config {
   bool masking;  // topk_groups < groups: the group mask removes experts
   bool renormalize;
   float scale;
+  bool topk_logits;  // topk_before_softmax: rank the logits, softmax the k kept
 };
 
 // The group mask of one token (the calling warp's): writes the group scores (the largest probability of each
@@ -116,6 +118,44 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(float* probs, int32_t
   sum = warp_sum(sum);
   for (int e = lane; e < experts; e += 32) p[e] = expf(l[e] - max) / sum;
 
+  int32_t* index = topk_index + t * c.top_k;
+  float* weight = topk_weight + t * c.top_k;
+  if (c.topk_logits) {
+    // GPT-OSS: selection s is the first logit after selection s - 1 in the strict order (descending logit, ascending
+    // expert); lane 0 keeps the selected logits in weight[] and then turns them into the softmax over the k kept,
+    // shifted by the largest (slot 0), its sum in slot order (the CPU's).
+    float prev_l = INFINITY;
+    int prev_e = -1;
+    for (int s = 0; s < c.top_k; ++s) {
+      float best_l = -INFINITY;
+      int best_e = INT_MAX;
+      for (int e = lane; e < experts; e += 32) {
+        const float le = l[e];
+        if (ranks_before(prev_l, prev_e, le, e) && ranks_before(le, e, best_l, best_e)) {
+          best_l = le;
+          best_e = e;
+        }
+      }
+      warp_first(best_l, best_e);
+      if (lane == 0) {
+        index[s] = best_e;
+        weight[s] = best_l;
+      }
+      prev_l = best_l;
+      prev_e = best_e;
+    }
+    if (lane == 0) {
+      const float top = weight[0];
+      float kept_sum = 0.0f;
+      for (int s = 0; s < c.top_k; ++s) {
+        weight[s] = expf(weight[s] - top);
+        kept_sum += weight[s];
+      }
+      for (int s = 0; s < c.top_k; ++s) weight[s] /= kept_sum;
+    }
+    return;
+  }
+
   // The group mask: the scores outside the kept groups are 0.0 (transformers' masked_fill value). Dynamic shared
   // memory holds kWarps slices of num_groups group scores when the mask is on.
   extern __shared__ float shared_group_score[];
@@ -126,8 +166,6 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(float* probs, int32_t
 
   // Selection s is the first choice after selection s - 1 in the strict order over the (masked) scores; each lane
   // ranks only the probabilities it wrote itself.
-  int32_t* index = topk_index + t * c.top_k;
-  float* weight = topk_weight + t * c.top_k;
   float prev_p = INFINITY;
   int prev_e = -1;
   float selected = 0.0f;
@@ -171,6 +209,29 @@ __global__ void __launch_bounds__(kThreads)
   const float* p = probs + t * experts;
   const int32_t* index = topk_index + t * top_k;
   const float* dw = dtopk_weight + t * top_k;
+  float* dl = dlogits + t * experts;
+
+  if (c.topk_logits) {
+    // The full softmax's gradient of dprobs (0 without it) plus, on a selected expert, the k-softmax's
+    // w_s (dw_s - sum_s' w_s' dw_s') (every lane computes that sum, ascending).
+    const float* w = topk_weight + t * top_k;
+    const float* d = dprobs != nullptr ? dprobs + t * experts : nullptr;
+    float inner = 0.0f;
+    if (d != nullptr) {
+      for (int e = lane; e < experts; e += 32) inner += p[e] * d[e];
+      inner = warp_sum(inner);
+    }
+    float inner_w = 0.0f;
+    for (int s = 0; s < top_k; ++s) inner_w += w[s] * dw[s];
+    for (int e = lane; e < experts; e += 32) {
+      float x = d != nullptr ? p[e] * (d[e] - inner) : 0.0f;
+      for (int s = 0; s < top_k; ++s) {
+        if (index[s] == e) x += w[s] * (dw[s] - inner_w);
+      }
+      dl[e] = x;
+    }
+    return;
+  }
 
   // A slot whose expert the group mask removed holds the constant 0.0 (forward's masked score): no gradient. The
   // mask is recomputed from the forward's probabilities.
@@ -208,7 +269,6 @@ __global__ void __launch_bounds__(kThreads)
   float inner = 0.0f;
   for (int e = lane; e < experts; e += 32) inner += p[e] * dp_of(e);
   inner = warp_sum(inner);
-  float* dl = dlogits + t * experts;
   for (int e = lane; e < experts; e += 32) dl[e] = p[e] * (dp_of(e) - inner);
 }
 
@@ -232,6 +292,7 @@ Config make_config(int64_t experts, const RouterParams& params, const char* op) 
   c.masking = params.topk_groups < params.num_groups;
   c.renormalize = params.renormalize;
   c.scale = static_cast<float>(params.scaling_factor);
+  c.topk_logits = params.topk_before_softmax;
   return c;
 }
 

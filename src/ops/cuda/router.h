@@ -12,7 +12,8 @@ namespace moetrain::ops::cuda {
 // The arguments are validated by ops::router_forward / ops::router_backward; every float tensor is f32 (the
 // router's softmax and its selection run in f32 whatever the model's compute dtype). Every reduction over experts
 // or slots has a fixed order (lane-strided partial sums, then a butterfly over the warp), so a token's routing
-// never depends on the other tokens. The selection compares the probabilities as stored: descending score, equal
+// never depends on the other tokens. The selection compares the probabilities as stored (the logits themselves with
+// topk_before_softmax, GPT-OSS, whose k kept are then softmaxed by lane 0 in slot order): descending score, equal
 // scores by ascending expert index, and with a group mask equal group scores by ascending group index (the CPU
 // rules). num_groups is at most 1024 here (the group scores live in shared memory).
 void router_forward(const Stream& stream, const Tensor& probs, const Tensor& topk_index, const Tensor& topk_weight,
