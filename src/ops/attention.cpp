@@ -1,7 +1,7 @@
 // defines: the public attention ops: argument validation (shapes, dtypes, devices, cu_seqlens) and dispatch to
 // the backend: the CPU reference (f32 or f64) or, for CUDA tensors, cuDNN's fused SDPA (bf16, (hd, hdv) in (64, 64),
-// (128, 128) or (192, 128), max_seqlen known, no sliding window) or else our CUDA kernels (f32 or bf16, lse in f32);
-// and the attention sinks applied to the attention's results (CPU reference or CUDA kernels).
+// (128, 128) or (192, 128), max_seqlen known, a sliding window only when causal) or else our CUDA kernels (f32 or bf16,
+// lse in f32); and the attention sinks applied to the attention's results (CPU reference or CUDA kernels).
 #include "ops/attention.h"
 
 #include <cstdint>

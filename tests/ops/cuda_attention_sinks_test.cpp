@@ -1,8 +1,11 @@
 // Tests for the CUDA attention-sink kernels (ops/cuda/attention_sinks.*) through the public ops: the sink ops alone on
 // the same inputs as the CPU reference (f32 and bf16, several token chunks, head counts and widths off the warp
 // multiples); attention + sinks forward and backward against the CPU reference with packed documents shorter and
-// longer than the sliding window; bitwise determinism; and the CUDA argument checks.
+// longer than the sliding window, on our kernels (f32, bf16) and on cuDNN (bf16); bitwise determinism; and the CUDA
+// argument checks.
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
@@ -149,8 +152,9 @@ struct Results {
 };
 
 // GPT-OSS's attention on `device`: attention_forward, attention_sinks_forward, then attention_backward with the sinked
-// out / lse and attention_sinks_backward. max_seqlen stays 0: our deterministic kernels, not cuDNN.
-Results run_attention(const Inputs& in, const Case& c, Device device, DType dtype) {
+// out / lse and attention_sinks_backward. max_seqlen 0 (the default) keeps CUDA on our deterministic kernels; the
+// longest document sends bf16 calls with hd 64 / 128 to cuDNN.
+Results run_attention(const Inputs& in, const Case& c, Device device, DType dtype, int64_t max_seqlen = 0) {
   const auto put = [&](const Tensor& t) { return t.to(dtype).to(device); };
   const Tensor q = put(in.q), k = put(in.k), v = put(in.v), dout = put(in.dout), sinks = in.sinks.to(device);
   const Tensor cu = cu_tensor(c.cu).to(device);
@@ -158,6 +162,7 @@ Results run_attention(const Inputs& in, const Case& c, Device device, DType dtyp
   ops::AttentionParams params;
   params.softmax_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.hd)));
   params.sliding_window = c.window;
+  params.max_seqlen = max_seqlen;
   Tensor out = Tensor::empty({tokens, c.nh, c.hdv}, dtype, device);
   Tensor lse = Tensor::empty({tokens, c.nh}, DType::F32, device);
   Tensor dq = Tensor::empty({tokens, c.nh, c.hd}, dtype, device);
@@ -206,6 +211,23 @@ TEST(CudaAttentionSinks, Bf16AttentionWithSinksMatchesCpuReferenceOnTheSameValue
     const Inputs in = random_inputs(c, DType::BF16, seed++);
     expect_results_close(run_attention(in, c, gpu(), DType::BF16), run_attention(in, c, Device::cpu(), DType::F32),
                          kThreshold, c.name + " bf16");
+  }
+}
+
+TEST(CudaAttentionSinks, Bf16AttentionWithSinksThroughCudnnMatchesCpuReference) {
+  MT_REQUIRE_GPU();
+  // The production path of GPT-OSS in bf16: cuDNN's forward and backward (with and without the causal band), the
+  // backward reading the sinked out and lse (cuDNN forms its row term <dout, out> from the out it is given). The
+  // threshold of the bf16 test above (cuDNN also rounds P and dS to bf16: CudaAttentionCudnn's bound).
+  constexpr double kThreshold = 2e-2;
+  uint64_t seed = 250;
+  for (const Case& c : cases()) {
+    if (c.hd != 64 || c.hdv != 64) continue;  // cuDNN takes (64, 64), (128, 128), (192, 128)
+    int64_t longest = 0;
+    for (size_t d = 1; d < c.cu.size(); ++d) longest = std::max<int64_t>(longest, c.cu[d] - c.cu[d - 1]);
+    const Inputs in = random_inputs(c, DType::BF16, seed++);
+    expect_results_close(run_attention(in, c, gpu(), DType::BF16, longest),
+                         run_attention(in, c, Device::cpu(), DType::F32), kThreshold, c.name + " bf16 cuDNN");
   }
 }
 
