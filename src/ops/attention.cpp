@@ -1,18 +1,21 @@
 // defines: the public attention ops: argument validation (shapes, dtypes, devices, cu_seqlens) and dispatch to
 // the backend: the CPU reference (f32 or f64) or, for CUDA tensors, cuDNN's fused SDPA (bf16, (hd, hdv) in (64, 64),
-// (128, 128) or (192, 128), max_seqlen known, no sliding window) or else our CUDA kernels (f32 or bf16, lse in f32).
+// (128, 128) or (192, 128), max_seqlen known, a sliding window only when causal) or else our CUDA kernels (f32 or bf16,
+// lse in f32); and the attention sinks applied to the attention's results (CPU reference or CUDA kernels).
 #include "ops/attention.h"
 
 #include <cstdint>
 #include <string>
 
 #include "ops/cpu/attention.h"
+#include "ops/cpu/attention_sinks.h"
 #include "ops/cpu/dispatch.h"
 #include "ops/op_checks.h"
 #include "ops/op_profile.h"
 #if MOETRAIN_HAS_CUDA
 #include "ops/cuda/attention.h"
 #include "ops/cuda/attention_cudnn.h"
+#include "ops/cuda/attention_sinks.h"
 #endif
 
 namespace moetrain::ops {
@@ -52,8 +55,9 @@ AttentionShape check_qkv(const Tensor& q, const Tensor& k, const Tensor& v, cons
 // The dtype of lse: f32 on CUDA (whatever q's), that of q on the CPU.
 DType lse_dtype(const Tensor& q) { return q.device().is_cuda() ? DType::F32 : q.dtype(); }
 
-// Shape, dtype, contiguity and device of one tensor argument.
-void check_argument(const Tensor& t, const Shape& shape, DType dtype, Device device, const char* op, const char* name) {
+// Shape, dtype, contiguity and device of one tensor argument; `device` is that of the argument `picked_by`.
+void check_argument(const Tensor& t, const Shape& shape, DType dtype, Device device, const char* op, const char* name,
+                    const char* picked_by = "q") {
   const std::string what = fmt::format("{}: {}", op, name);
   expect_shape(t, shape, what);
   expect_dtype(t, dtype, what);
@@ -61,8 +65,8 @@ void check_argument(const Tensor& t, const Shape& shape, DType dtype, Device dev
   if (device.is_cpu()) {
     require_cpu(t, op);
   } else {
-    MT_CHECK(t.device() == device, "{}: expected {} on {} (the device of q) but found {}", op, name, device.str(),
-             t.describe());
+    MT_CHECK(t.device() == device, "{}: expected {} on {} (the device of {}) but found {}", op, name, device.str(),
+             picked_by, t.describe());
   }
 }
 
@@ -101,6 +105,26 @@ void check_params(const AttentionParams& params, int64_t tokens, const Tensor& c
                params.max_seqlen, d, cu[d + 1] - cu[d]);
     }
   }
+}
+
+// The arguments of the sink ops: out [T, nh, hdv] picks the backend and the dtypes (CPU: f32 or f64 for everything;
+// CUDA: out / dout f32 or bf16, lse and sinks f32); lse [T, nh], sinks [nh]. Returns out's extents.
+AttentionShape check_sinks(const Stream& stream, const Tensor& out, const Tensor& lse, const Tensor& sinks,
+                           const char* op, Device* device) {
+  *device = check_tensor_backend(stream, out, op, "out");
+  MT_CHECK(out.dim() == 3, "{}: expected out [T, nh, hdv] but found {}", op, out.describe());
+  if (device->is_cuda()) {
+    MT_CHECK(out.dtype() == DType::F32 || out.dtype() == DType::BF16,
+             "{}: expected out in f32 or bf16 on CUDA but found {}", op, out.describe());
+  } else {
+    MT_CHECK(out.dtype() == DType::F32 || out.dtype() == DType::F64, "{}: expected out in f32 or f64 but found {}", op,
+             out.describe());
+  }
+  const AttentionShape s{out.size(0), out.size(1), 0, 0, out.size(2)};
+  check_argument(out, {s.tokens, s.nh, s.hdv}, out.dtype(), *device, op, "out", "out");
+  check_argument(lse, {s.tokens, s.nh}, lse_dtype(out), *device, op, "lse", "out");
+  check_argument(sinks, {s.nh}, lse_dtype(out), *device, op, "sinks", "out");
+  return s;
 }
 
 }  // namespace
@@ -180,6 +204,39 @@ void attention_backward(Stream& stream, Tensor dq, Tensor dk, Tensor dv, const T
   }
 #endif
   cpu::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, cu_seqlens, params);
+}
+
+void attention_sinks_forward(Stream& stream, Tensor out, Tensor lse, const Tensor& sinks) {
+  OpScope profile(stream, "attention");
+  constexpr const char* op = "attention_sinks_forward";
+  Device device;
+  const AttentionShape s = check_sinks(stream, out, lse, sinks, op, &device);
+  if (s.tokens == 0 || s.nh == 0) return;
+#if MOETRAIN_HAS_CUDA
+  if (device.is_cuda()) {
+    cuda::attention_sinks_forward(stream, out, lse, sinks);
+    return;
+  }
+#endif
+  cpu::attention_sinks_forward(out, lse, sinks);
+}
+
+void attention_sinks_backward(Stream& stream, Tensor dsinks, const Tensor& dout, const Tensor& out, const Tensor& lse,
+                              const Tensor& sinks) {
+  OpScope profile(stream, "attention");
+  constexpr const char* op = "attention_sinks_backward";
+  Device device;
+  const AttentionShape s = check_sinks(stream, out, lse, sinks, op, &device);
+  check_argument(dout, out.shape(), out.dtype(), device, op, "dout", "out");
+  check_argument(dsinks, {s.nh}, sinks.dtype(), device, op, "dsinks", "out");
+  if (s.tokens == 0 || s.nh == 0) return;  // dsinks += an empty sum
+#if MOETRAIN_HAS_CUDA
+  if (device.is_cuda()) {
+    cuda::attention_sinks_backward(stream, dsinks, dout, out, lse, sinks);
+    return;
+  }
+#endif
+  cpu::attention_sinks_backward(dsinks, dout, out, lse, sinks);
 }
 
 }  // namespace moetrain::ops

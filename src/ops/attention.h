@@ -13,10 +13,10 @@ struct AttentionParams {
   bool causal = true;
   int sliding_window = 0;  // 0: unlimited; w > 0: a query sees the w most recent keys (itself included)
   // Host-known length of the longest document in cu_seqlens (0 = unknown). On CUDA, bf16 calls with (hd, hdv) in
-  // (64, 64), (128, 128), (192, 128), max_seqlen > 0 and no sliding window run on cuDNN's fused SDPA
-  // (ops/cuda/attention_cudnn.h), which needs it to size its graphs; every other call runs on our own kernels. Must be
-  // >= the longest document (checked on the CPU; on CUDA a longer document traps the device, since the host cannot read
-  // cu_seqlens there).
+  // (64, 64), (128, 128), (192, 128), max_seqlen > 0 and, if there is a sliding window, the causal mask run on cuDNN's
+  // fused SDPA (ops/cuda/attention_cudnn.h), which needs it to size its graphs; every other call runs on our own
+  // kernels. Must be >= the longest document (checked on the CPU; on CUDA a longer document traps the device, since the
+  // host cannot read cu_seqlens there).
   //
   // Determinism: cuDNN's forward is deterministic, its backward is NOT (dq is accumulated in f32 with atomics), so
   // lanes that need bitwise-reproducible gradients must leave max_seqlen at 0 (our kernels: deterministic and
@@ -34,6 +34,23 @@ void attention_forward(Stream& stream, Tensor out, Tensor lse, const Tensor& q, 
 void attention_backward(Stream& stream, Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q,
                         const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                         const Tensor& cu_seqlens, const AttentionParams& params);
+
+// Attention sinks (GPT-OSS): a learned logit per query head, sinks[h] (in the units of the scaled scores
+// softmax_scale * q.k), joins every softmax denominator of head h with a zero value vector. They are applied to the
+// results of attention_forward, so every backend's attention runs unchanged:
+//   out [T, nh, hdv] and lse [T, nh] from attention_forward are rewritten in place to the sinked attention:
+//   out *= sigmoid(lse - sinks[h]), lse = logaddexp(lse, sinks[h]) (natural log, the convention of attention_forward).
+// dtypes: out as the attention (CPU f32 / f64, CUDA f32 / bf16), lse as attention_forward writes it (f32, or f64 with
+// f64 CPU inputs), sinks [nh] f32 (f64 with f64 CPU inputs). All contiguous, on the stream's device.
+void attention_sinks_forward(Stream& stream, Tensor out, Tensor lse, const Tensor& sinks);
+// dsinks [nh] += -sum_t exp(sinks[h] - lse[t, h]) * <dout[t, h, :], out[t, h, :]>, where out and lse are
+// attention_sinks_forward's outputs (the sinked ones). The sum over tokens runs in a fixed order: ascending on the
+// CPU; on CUDA ascending within chunks of tokens, then the chunk sums in ascending order (deterministic, no atomics).
+// dq, dk, dv of the sinked attention: attention_backward with the same dout and the SINKED out and lse (the softmax
+// gradient dS_j = P'_j (dP_j - <dout, out'>) already counts the sink column, whose value vector is 0).
+// dout as out; dsinks as sinks.
+void attention_sinks_backward(Stream& stream, Tensor dsinks, const Tensor& dout, const Tensor& out, const Tensor& lse,
+                              const Tensor& sinks);
 
 // Validates cu_seqlens for `num_tokens`: i32, 1-D, >= 2 entries, starts at 0, strictly increasing,
 // ends at num_tokens. The error names the first entry that breaks a rule.

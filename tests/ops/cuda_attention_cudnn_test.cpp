@@ -1,9 +1,9 @@
 // Tests for the cuDNN attention path (ops/cuda/attention_cudnn.*) through the public ops (bf16, hd == hdv in
 // {64, 128}, max_seqlen known): forward (out, lse) and backward (dq, dk, dv) against the f32 CPU reference on the
 // same bf16 values (one document, unequal documents with single-token ones, batches that get padded with empty
-// documents, GQA 32/4 and 4/2, MHA, non-causal), against our own CUDA kernels at the workload of record (2 x 4096
-// tokens, 32/4 heads, hd 128), the graph cache, the dispatch rules, the max_seqlen checks, and a throughput
-// benchmark that only runs on request (--gtest_also_run_disabled_tests).
+// documents, GQA 32/4 and 4/2, MHA, non-causal, causal sliding windows of 1, 37 and 128 keys), against our own CUDA
+// kernels at the workload of record (2 x 4096 tokens, 32/4 heads, hd 128), the graph cache, the dispatch rules, the
+// max_seqlen checks, and a throughput benchmark that only runs on request (--gtest_also_run_disabled_tests).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -56,6 +56,7 @@ struct Case {
   bool causal = true;
   int64_t max_seqlen = 0;  // 0: the longest document
   int64_t hdv = 0;         // the value head dim; 0: hd
+  int window = 0;          // sliding_window (0: none)
   int64_t value_dim() const { return hdv > 0 ? hdv : hd; }
 };
 
@@ -64,6 +65,7 @@ ops::AttentionParams params_of(const Case& c) {
   p.softmax_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.hd)));
   p.causal = c.causal;
   p.max_seqlen = c.max_seqlen > 0 ? c.max_seqlen : longest(c.cu);
+  p.sliding_window = c.window;
   return p;
 }
 
@@ -130,6 +132,12 @@ std::vector<Case> reference_cases() {
       {"non_causal_gqa4_2_hd64", 4, 2, 64, mixed, false},
       // DeepSeek-V2's latent attention: q/k head dim 192 (128 + 64 rope), value head dim 128, a head per kv head.
       {"mixed_documents_mla4_hd192_hdv128", 4, 4, 192, mixed, true, 0, 128},
+      // Sliding windows (GPT-OSS: causal, 128 keys): documents of 1, 1, 65, 1, 300 and 32 tokens, shorter and longer
+      // than the window; a window of 1 (each query sees itself only) and one of 37 off the tile sizes.
+      {"mixed_documents_gqa8_1_hd64_window128", 8, 1, 64, mixed, true, 0, 0, 128},
+      {"mixed_documents_gqa4_2_hd64_window37", 4, 2, 64, mixed, true, 0, 0, 37},
+      {"three_documents_gqa32_4_hd128_window128", 32, 4, 128, {0, 1, 200, 457}, true, 0, 0, 128},
+      {"mixed_documents_gqa4_2_hd64_window1", 4, 2, 64, mixed, true, 0, 0, 1},
   };
 }
 
@@ -204,25 +212,61 @@ TEST(CudaAttentionCudnn, ReusesTheGraphWithinABucket) {
       << "a new sequence bucket needs a new forward and backward graph";
 }
 
+TEST(CudaAttentionCudnn, CausalSlidingWindowRunsOnCudnnWithItsOwnGraphs) {
+  MT_REQUIRE_GPU();
+  // A causal window is part of the graph key: windows 16 and 17 in one shape bucket (2 documents, S 128, T 256) build
+  // their own forward and backward graphs, and a window of S = 128 or more hides nothing and reuses the graphs of
+  // plain causal attention. Every call matches the CPU reference (the threshold of
+  // MatchesCpuReferenceOnTheSameBf16Values).
+  const Case base{"windows", 4, 2, 64, {0, 100, 130}};
+  const Inputs in = random_inputs(base, 4500);
+  const auto run_window = [&](int window) {
+    Case c = base;
+    c.window = window;
+    c.name = fmt::format("window {}", window);
+    const int64_t before = ops::cuda::cudnn_attention_graphs_built();
+    const Results got = run_attention(in, c, params_of(c), gpu_device(), DType::BF16);
+    const int64_t built = ops::cuda::cudnn_attention_graphs_built() - before;
+    expect_close(got, run_attention(in, c, params_of(c), Device::cpu(), DType::F32), 2e-2, c.name);
+    return built;
+  };
+  run_window(0);  // plain causal: built now or by an earlier test
+  EXPECT_EQ(run_window(16), 2) << "a new window needs a new forward and backward graph";
+  EXPECT_EQ(run_window(16), 0) << "the same window reuses its graphs";
+  EXPECT_EQ(run_window(17), 2) << "another window needs its own graphs";
+  EXPECT_EQ(run_window(128), 0) << "a window of S keys hides nothing: the plain causal graphs";
+  EXPECT_EQ(run_window(5000), 0) << "a window beyond S: the plain causal graphs";
+  // The same window with max_seqlen unknown runs on our kernels and builds no graph.
+  Case c = base;
+  c.window = 16;
+  ops::AttentionParams ours = params_of(c);
+  ours.max_seqlen = 0;
+  const int64_t before = ops::cuda::cudnn_attention_graphs_built();
+  run_attention(in, c, ours, gpu_device(), DType::BF16);
+  EXPECT_EQ(ops::cuda::cudnn_attention_graphs_built(), before) << "max_seqlen 0 went to cuDNN";
+}
+
 TEST(CudaAttentionCudnn, OtherCallsStayOnOurKernels) {
   MT_REQUIRE_GPU();
-  // f32, an unknown max_seqlen, hd 96 and a sliding window all run on our kernels: no cuDNN graph is built (and
-  // the results still match the CPU, which cuda_attention_test.cpp checks in depth).
+  // f32, an unknown max_seqlen, hd 96 and a non-causal (symmetric) sliding window all run on our kernels: no cuDNN
+  // graph is built (and the results still match the CPU, which cuda_attention_test.cpp checks in depth).
   struct Variant {
     std::string name;
     DType dtype;
     int64_t hd, max_seqlen;
     int window;
+    bool causal;
   };
-  const std::vector<Variant> variants = {{"f32", DType::F32, 64, 65, 0},
-                                         {"max_seqlen_unknown", DType::BF16, 64, 0, 0},
-                                         {"hd96", DType::BF16, 96, 65, 0},
-                                         {"sliding_window", DType::BF16, 64, 65, 16}};
+  const std::vector<Variant> variants = {{"f32", DType::F32, 64, 65, 0, true},
+                                         {"max_seqlen_unknown", DType::BF16, 64, 0, 0, true},
+                                         {"hd96", DType::BF16, 96, 65, 0, true},
+                                         {"non_causal_sliding_window", DType::BF16, 64, 65, 16, false}};
   for (const Variant& var : variants) {
     const Case c{var.name, 4, 2, var.hd, {0, 65, 100}};
     ops::AttentionParams params = params_of(c);
     params.max_seqlen = var.max_seqlen;
     params.sliding_window = var.window;
+    params.causal = var.causal;
     const Inputs in = random_inputs(c, 5000);
     const int64_t before = ops::cuda::cudnn_attention_graphs_built();
     const Results got = run_attention(in, c, params, gpu_device(), var.dtype);

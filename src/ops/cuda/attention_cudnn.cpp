@@ -1,6 +1,6 @@
 // defines: the cuDNN side of CUDA attention (ops/cuda/attention_cudnn.h), host code: SDPA forward and backward
 // graphs of the cuDNN frontend over packed documents in THD layout (ragged offsets, per-document lengths, padding
-// mask), the per-device cuDNN handle, and the cache of built graphs per shape bucket.
+// mask, causal band for a sliding window), the per-device cuDNN handle, and the cache of built graphs per shape bucket.
 #include "ops/cuda/attention_cudnn.h"
 
 #if MOETRAIN_HAS_CUDA
@@ -91,13 +91,15 @@ struct GraphKey {
   int64_t batch = 0, seq = 0, tokens = 0;    // tokens: the backward's packed-token bucket (0 in the forward)
   int64_t nh = 0, nkv = 0, hd = 0, hdv = 0;  // hd: of q and k; hdv: of v and the output
   bool causal = true;
+  int64_t window = 0;  // the causal band's width: key j is seen by query i when i - window < j <= i; 0: no band
   auto operator<=>(const GraphKey&) const = default;
 };
 
 std::string describe(const GraphKey& key) {
-  return fmt::format("{} B={} S={}{} nh={} nkv={} hd={} hdv={} {} bf16", key.backward ? "backward" : "forward",
+  return fmt::format("{} B={} S={}{} nh={} nkv={} hd={} hdv={} {}{} bf16", key.backward ? "backward" : "forward",
                      key.batch, key.seq, key.backward ? fmt::format(" T<={}", key.tokens) : std::string(), key.nh,
-                     key.nkv, key.hd, key.hdv, key.causal ? "causal" : "non-causal");
+                     key.nkv, key.hd, key.hdv, key.causal ? "causal" : "non-causal",
+                     key.window > 0 ? fmt::format(" window={}", key.window) : std::string());
 }
 
 // A built graph and the tensor attributes its variant pack is keyed by.
@@ -110,6 +112,16 @@ struct SdpaGraph {
 };
 
 std::atomic<int64_t> g_graphs_built{0};
+
+// The causal band of both graphs, in each document's own coordinates (the top-left diagonal of a document's
+// S x S score tile is position 0 of the document): right bound 0 keeps keys j <= i, left bound W keeps j > i - W
+// (the frontend's sliding_window_mask: column + W > row), the visibility rule of the CPU reference.
+template <typename Options>
+void set_band(Options& options, const GraphKey& key) {
+  if (!key.causal) return;
+  options.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
+  if (key.window > 0) options.set_diagonal_band_left_bound(static_cast<int>(key.window));
+}
 
 // Tensors of the graph in THD layout: logical [B, heads, S, d] over a packed [T, heads, d] run, document b starting
 // at element offsets[b] (a ragged offset), so the batch stride is never used for addressing.
@@ -171,9 +183,7 @@ std::shared_ptr<SdpaGraph> build_graph(const GraphKey& key, cudnnHandle_t handle
                        // The classic (composite) engines: what cuDNN 9.14 runs for ragged + padding; later cuDNN's
                        // unified engine would be picked by AUTO and behave differently across versions.
                        .set_implementation(fe::AttentionImplementation_t::COMPOSITE);
-    if (key.causal) {
-      options.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
-    }
+    set_band(options, key);
     auto [o, stats] = graph.sdpa(g->q, g->k, g->v, options);
     o->set_output(true)
         .set_dim({b, key.nh, s, dv})
@@ -207,9 +217,7 @@ std::shared_ptr<SdpaGraph> build_graph(const GraphKey& key, cudnnHandle_t handle
                        .set_max_total_seq_len_q(key.tokens)
                        .set_max_total_seq_len_kv(key.tokens)
                        .set_deterministic_algorithm(false);
-    if (key.causal) {
-      options.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
-    }
+    set_band(options, key);
     auto [dq, dk, dv_out] = graph.sdpa_backward(g->q, g->k, g->v, g->o, g->dout, g->stats, options);
     dq->set_output(true)
         .set_dim({b, key.nh, s, d})
@@ -249,23 +257,25 @@ std::shared_ptr<SdpaGraph> cached_graph(const GraphKey& key, cudnnHandle_t handl
 }
 
 struct Extents {
-  int64_t tokens, nh, nkv, hd, hdv, docs, batch, seq;
+  int64_t tokens, nh, nkv, hd, hdv, docs, batch, seq, window;
 };
 
 Extents extents_of(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens,
                    const AttentionParams& params, const char* op) {
   MT_CHECK(cudnn_attention_supports(q.dtype(), q.size(2), v.size(2), params),
-           "{} (cuDNN): expected bf16 with (hd, hdv) in (64, 64), (128, 128) or (192, 128), max_seqlen > 0 and no "
-           "sliding window but found "
-           "q {}, v {}, max_seqlen {}, sliding_window {}",
-           op, q.describe(), v.describe(), params.max_seqlen, params.sliding_window);
-  Extents e{q.size(0), q.size(1), k.size(1), q.size(2), v.size(2), cu_seqlens.numel() - 1, 0, 0};
+           "{} (cuDNN): expected bf16 with (hd, hdv) in (64, 64), (128, 128) or (192, 128), max_seqlen > 0 and a "
+           "sliding window only with the causal mask but found q {}, v {}, max_seqlen {}, sliding_window {}, causal {}",
+           op, q.describe(), v.describe(), params.max_seqlen, params.sliding_window, params.causal);
+  Extents e{q.size(0), q.size(1), k.size(1), q.size(2), v.size(2), cu_seqlens.numel() - 1, 0, 0, 0};
   MT_CHECK(e.docs >= 1, "{} (cuDNN): cu_seqlens needs at least 2 entries but found {}", op, cu_seqlens.describe());
   // cuDNN's ragged offsets are i64 and its sequence lengths i32.
   MT_CHECK(params.max_seqlen <= (int64_t{1} << 30),
            "{} (cuDNN): max_seqlen {} is beyond the 2^30 tokens the i32 sequence lengths allow", op, params.max_seqlen);
   e.batch = next_power_of_two(e.docs);
   e.seq = std::max(kMinSeqBucket, next_power_of_two(params.max_seqlen));
+  // Documents are at most S tokens long (fill_ragged_tables traps otherwise), so a band of S or more keys hides
+  // nothing: such a window shares the graph of plain causal attention.
+  e.window = params.sliding_window < e.seq ? params.sliding_window : 0;
   for (const Tensor* t : {&q, &k, &v}) {
     MT_CHECK(reinterpret_cast<uintptr_t>(t->raw_data()) % 16 == 0,
              "{} (cuDNN): expected 16-byte aligned operands but {} starts at {}", op, t->describe(), t->raw_data());
@@ -314,7 +324,9 @@ void execute(const Stream& stream, const GraphKey& key, const SdpaGraph& g, Vari
 bool cudnn_attention_supports(DType dtype, int64_t hd, int64_t hdv, const AttentionParams& params) {
   // Equal head dims of 64 or 128 (Qwen3, GPT-OSS), and DeepSeek-V2's latent attention: q/k 192 (128 + 64 rope), v 128.
   const bool dims = ((hd == 64 || hd == 128) && hdv == hd) || (hd == 192 && hdv == 128);
-  return dtype == DType::BF16 && dims && params.max_seqlen > 0 && params.sliding_window == 0;
+  // A sliding window needs the causal mask here: the non-causal (symmetric) window stays on our kernels (cuDNN 9.14.0
+  // also refuses non-causal windows over more than 1024 keys).
+  return dtype == DType::BF16 && dims && params.max_seqlen > 0 && (params.sliding_window == 0 || params.causal);
 }
 
 int64_t cudnn_attention_graphs_built() { return g_graphs_built.load(); }
@@ -325,7 +337,7 @@ void cudnn_attention_forward(const Stream& stream, const Tensor& out, const Tens
   constexpr const char* op = "attention_forward";
   const Extents e = extents_of(q, k, v, cu_seqlens, params, op);
   const Device device = q.device();
-  const GraphKey key{device.index, false, e.batch, e.seq, 0, e.nh, e.nkv, e.hd, e.hdv, params.causal};
+  const GraphKey key{device.index, false, e.batch, e.seq, 0, e.nh, e.nkv, e.hd, e.hdv, params.causal, e.window};
   const std::shared_ptr<SdpaGraph> g = cached_graph(key, handle_for(device).handle);
   const RaggedTables tables = ragged_tables(stream, e, cu_seqlens, device);
   float scale = params.softmax_scale;
@@ -342,7 +354,8 @@ void cudnn_attention_backward(const Stream& stream, const Tensor& dq, const Tens
   const Extents e = extents_of(q, k, v, cu_seqlens, params, op);
   const Device device = q.device();
   const int64_t token_bucket = std::max(kMinSeqBucket, next_power_of_two(e.tokens));
-  const GraphKey key{device.index, true, e.batch, e.seq, token_bucket, e.nh, e.nkv, e.hd, e.hdv, params.causal};
+  const GraphKey key{device.index, true, e.batch, e.seq,         token_bucket, e.nh,
+                     e.nkv,        e.hd, e.hdv,   params.causal, e.window};
   const std::shared_ptr<SdpaGraph> g = cached_graph(key, handle_for(device).handle);
   const RaggedTables tables = ragged_tables(stream, e, cu_seqlens, device);
   float scale = params.softmax_scale;

@@ -13,7 +13,8 @@
 namespace moetrain::ops::cuda {
 
 // Whether the cuDNN path takes a call: bf16, (hd, hdv) in (64, 64), (128, 128), (192, 128), a host-known longest
-// document (params.max_seqlen > 0) and no sliding window. Everything else runs on the kernels of ops/cuda/attention.h.
+// document (params.max_seqlen > 0), and a sliding window only with the causal mask (a band i - W < j <= i in each
+// document, the rule of the CPU reference). Everything else runs on the kernels of ops/cuda/attention.h.
 bool cudnn_attention_supports(DType dtype, int64_t hd, int64_t hdv, const AttentionParams& params);
 
 // The arguments are validated by ops::attention_forward / ops::attention_backward (shapes, dtypes, devices) and
@@ -23,7 +24,8 @@ bool cudnn_attention_supports(DType dtype, int64_t hd, int64_t hdv, const Attent
 //
 // Documents become cuDNN's batch: B = D rounded up to a power of two (the extra documents have length 0),
 // S = max_seqlen rounded up to a power of two (at least 64). Built graphs are cached per (device, B, S, token bucket
-// (backward), nh, nkv, hd, causal); the softmax scale is a run-time scalar, not part of the key.
+// (backward), nh, nkv, hd, causal, window); the softmax scale is a run-time scalar, not part of the key. A window of
+// S or more keys hides nothing (no document is longer than S) and shares the graphs of plain causal attention.
 //
 // lse is cuDNN's softmax statistic, the natural-log log-sum-exp of the scaled scores, written straight into
 // lse [T, nh] through a ragged offset: the same convention as the other CUDA kernels and the CPU reference.
