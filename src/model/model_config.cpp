@@ -69,8 +69,10 @@ std::string model_config_to_json(const ModelConfig& config) {
   if (config.hf_source_json.empty()) return written;
   nlohmann::json out = io::parse_json_object(written, "the family's config.json");
   const nlohmann::json source = io::parse_json_object(config.hf_source_json, config.source);
+  // Not quantization_config: the engine writes its weights whole (f32), never MXFP4-packed; kept, it would send
+  // transformers after X_blocks / X_scales that the export does not have.
   for (const auto& [key, value] : source.items())
-    if (!out.contains(key)) out[key] = value;
+    if (!out.contains(key) && key != "quantization_config") out[key] = value;
   return out.dump(2) + "\n";
 }
 
