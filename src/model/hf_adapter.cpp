@@ -134,12 +134,17 @@ nlohmann::json piece_to_json(const HfPiece& piece) {
     entry.push_back(piece.view_shape);
     entry.push_back(piece.strides);
   }
+  if (piece.mxfp4_transposed) entry.push_back(nlohmann::json::object({{"mxfp4_transposed", true}}));
   return entry;
 }
 
 HfPiece piece_from_json(const nlohmann::json& entry, const std::string& source) {
-  MT_CHECK(entry.is_array() && (entry.size() == 3 || entry.size() == 5),
-           "{}: an HF piece must be [name, shape, offset] or [name, shape, offset, view_shape, strides] but found {}",
+  // A trailing object holds the piece's flags.
+  const bool flags = entry.is_array() && !entry.empty() && entry.back().is_object();
+  const size_t size = entry.is_array() ? entry.size() - (flags ? 1 : 0) : 0;
+  MT_CHECK(entry.is_array() && (size == 3 || size == 5),
+           "{}: an HF piece must be [name, shape, offset] or [name, shape, offset, view_shape, strides] (then "
+           "optionally {{\"mxfp4_transposed\": true}}) but found {}",
            source, entry.dump().substr(0, 80));
   try {
     HfPiece piece;
@@ -147,9 +152,16 @@ HfPiece piece_from_json(const nlohmann::json& entry, const std::string& source) 
     piece.hf_shape = entry.at(1).get<Shape>();
     piece.offset = entry.at(2).get<int64_t>();
     for (int64_t d : piece.hf_shape) MT_CHECK(d >= 0, "{}: HF piece '{}' has a negative size", source, piece.hf_name);
-    if (entry.size() == 5)
-      return strided_piece(piece.hf_name, piece.hf_shape, piece.offset, entry.at(3).get<Shape>(),
-                           entry.at(4).get<std::vector<int64_t>>());
+    if (size == 5)
+      piece = strided_piece(piece.hf_name, piece.hf_shape, piece.offset, entry.at(3).get<Shape>(),
+                            entry.at(4).get<std::vector<int64_t>>());
+    if (flags) {
+      for (const auto& [key, value] : entry.back().items()) {
+        MT_CHECK(key == "mxfp4_transposed", "HF piece '{}' has an unknown flag '{}' (known: mxfp4_transposed)",
+                 piece.hf_name, key);
+        piece.mxfp4_transposed = value.get<bool>();
+      }
+    }
     return piece;
   } catch (const nlohmann::json::exception& e) {
     MT_FAIL("{}: malformed HF piece {}: {}", source, entry.dump().substr(0, 80), e.what());

@@ -23,6 +23,12 @@ struct HfPiece {
   // Empty: the piece is the contiguous block [offset, offset + numel) of the internal tensor, in hf_shape.
   Shape view_shape;
   std::vector<int64_t> strides;  // internal elements per step of each view dimension
+  // When the checkpoint gives the piece as an MXFP4 pair (hf_name + "_blocks" / "_scales", io/mxfp4.h) instead of
+  // hf_name: whether its packed layout has hf_shape's last two dims swapped. GPT-OSS's experts set it: transformers
+  // decodes gate_up_proj_blocks [E, 2I, H / 32, 16] and transposes the result into the gate_up_proj [E, H, 2I] it
+  // holds (down_proj alike: [E, H, I / 32, 16] -> [E, I, H]). False: the blocks run along hf_shape's last dim
+  // ([..., C] from [..., C / 32, 16]). Only loading reads it; a piece given whole ignores it.
+  bool mxfp4_transposed = false;
 
   int64_t numel() const { return shape_numel(hf_shape); }
   bool contiguous() const { return strides.empty(); }
@@ -43,8 +49,9 @@ Tensor extract_piece(const Tensor& whole, const HfPiece& piece);
 // Writes the HF tensor `value` (any float dtype, on the CPU, hf_shape) into `whole` (f32, contiguous, CPU).
 void place_piece(Tensor& whole, const HfPiece& piece, const Tensor& value);
 
-// [hf_name, hf_shape, offset] or, for a strided piece, [hf_name, hf_shape, offset, view_shape, strides]: how
-// checkpoints record a layout that can be read without the model (train/checkpoint.h).
+// [hf_name, hf_shape, offset] or, for a strided piece, [hf_name, hf_shape, offset, view_shape, strides], followed by
+// {"mxfp4_transposed": true} when the piece sets it: how checkpoints record a layout that can be read without the
+// model (train/checkpoint.h).
 nlohmann::json piece_to_json(const HfPiece& piece);
 // The inverse; `source` names the file in errors.
 HfPiece piece_from_json(const nlohmann::json& entry, const std::string& source);

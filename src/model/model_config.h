@@ -41,7 +41,8 @@ struct ModelConfig {
 
   std::shared_ptr<const FamilyConfig> details;
   // config.json as it was read (empty for a config built in code): the writer keeps the fields the engine does not
-  // use (bos / eos / pad token ids, output_router_logits, ...) so an export means what its source meant.
+  // use (bos / eos / pad token ids, output_router_logits, ...) so an export means what its source meant (all but
+  // quantization_config: the export is never quantised).
   std::string hf_source_json;
 
   bool is_moe() const { return num_experts > 0; }
@@ -72,7 +73,8 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
 // Reads a config.json path, or a model folder holding one.
 ModelConfig load_model_config(const std::string& path);
 // The config.json that transformers would read back as the same model (for HF export): the family's fields, plus
-// every other field of the config.json it was read from.
+// every other field of the config.json it was read from but quantization_config (the weights go out whole) and, when
+// the family writes rope_parameters, the legacy rope_scaling and top-level rope_theta it supersedes.
 std::string model_config_to_json(const ModelConfig& config);
 
 }  // namespace moetrain::model

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "core/rng.h"
+#include "io/mxfp4.h"
 #include "io/safetensors.h"
 #include "ops/elementwise.h"
 
@@ -127,26 +128,86 @@ void ParameterStore::load_hf(const io::SafetensorsReader& reader) {
   load_hf_tensors(tensors);
 }
 
+namespace {
+
+// The problems of a piece given as its MXFP4 pair (`blocks` / `scales`: null when absent), appended to `problems`.
+void check_mxfp4_pair(const HfPiece& piece, const Tensor* blocks, const Tensor* scales,
+                      std::vector<std::string>& problems) {
+  const std::string blocks_name = io::mxfp4_blocks_name(piece.hf_name);
+  const std::string scales_name = io::mxfp4_scales_name(piece.hf_name);
+  const std::string packing = io::mxfp4_packing_problem(piece.hf_shape, piece.mxfp4_transposed);
+  if (!packing.empty()) {
+    problems.push_back(
+        fmt::format("tensor '{}' (shape {}) is given as an MXFP4 pair ('{}' / '{}') but cannot be one: {}",
+                    piece.hf_name, shape_str(piece.hf_shape), blocks_name, scales_name, packing));
+    return;
+  }
+  const Shape blocks_shape = io::mxfp4_blocks_shape(piece.hf_shape, piece.mxfp4_transposed, piece.hf_name);
+  const Shape scales_shape(blocks_shape.begin(), blocks_shape.end() - 1);
+  const auto check = [&](const Tensor* tensor, const std::string& name, const Shape& shape, const char* part) {
+    if (tensor == nullptr) {
+      problems.push_back(fmt::format("missing tensor '{}' (the MXFP4 {} of '{}', expected u8 {})", name, part,
+                                     piece.hf_name, shape_str(shape)));
+    } else if (tensor->shape() != shape) {
+      problems.push_back(fmt::format("tensor '{}' has shape {} but the config implies {} (the MXFP4 {} of '{}' {})",
+                                     name, shape_str(tensor->shape()), shape_str(shape), part, piece.hf_name,
+                                     shape_str(piece.hf_shape)));
+    } else if (tensor->dtype() != DType::U8) {
+      problems.push_back(fmt::format("tensor '{}' has dtype {} but u8 was expected (the MXFP4 {} of '{}')", name,
+                                     dtype_name(tensor->dtype()), part, piece.hf_name));
+    } else {
+      return true;
+    }
+    return false;
+  };
+  check(blocks, blocks_name, blocks_shape, "blocks");
+  const bool scales_ok = check(scales, scales_name, scales_shape, "scales");
+  if (scales_ok && scales->device().is_cpu() && scales->is_contiguous()) {  // a small read: a 16th of the blocks
+    const std::string nan = io::mxfp4_nan_scale_problem(*scales);
+    if (!nan.empty()) problems.push_back(fmt::format("tensor '{}': {}", scales_name, nan));
+  }
+}
+
+}  // namespace
+
 void ParameterStore::load_hf_tensors(const std::vector<std::pair<std::string, Tensor>>& tensors) {
   std::map<std::string, Tensor> by_name;
   std::vector<std::string> problems;
   for (const auto& [name, tensor] : tensors) {
     if (!by_name.emplace(name, tensor).second) problems.push_back(fmt::format("tensor '{}' given twice", name));
   }
+  const auto find = [&](const std::string& name) -> const Tensor* {
+    auto it = by_name.find(name);
+    return it == by_name.end() ? nullptr : &it->second;
+  };
   std::set<std::string> expected;
   for (const ParamSpec& spec : specs_) {
     for (const HfPiece& piece : spec.pieces) {
       expected.insert(piece.hf_name);
-      auto it = by_name.find(piece.hf_name);
-      if (it == by_name.end()) {
+      const Tensor* whole = find(piece.hf_name);
+      // A piece may come as its MXFP4 pair instead (io/mxfp4.h), decoded when it is placed.
+      const std::string blocks_name = io::mxfp4_blocks_name(piece.hf_name);
+      const std::string scales_name = io::mxfp4_scales_name(piece.hf_name);
+      const Tensor* blocks = find(blocks_name);
+      const Tensor* scales = find(scales_name);
+      if (blocks != nullptr || scales != nullptr) {
+        expected.insert(blocks_name);
+        expected.insert(scales_name);
+      }
+      if (whole != nullptr && (blocks != nullptr || scales != nullptr)) {
+        problems.push_back(fmt::format("tensor '{}' is given both whole and as MXFP4 ('{}'): keep one of them",
+                                       piece.hf_name, blocks != nullptr ? blocks_name : scales_name));
+      } else if (whole == nullptr && (blocks != nullptr || scales != nullptr)) {
+        check_mxfp4_pair(piece, blocks, scales, problems);
+      } else if (whole == nullptr) {
         problems.push_back(
             fmt::format("missing tensor '{}' (expected shape {})", piece.hf_name, shape_str(piece.hf_shape)));
-      } else if (it->second.shape() != piece.hf_shape) {
+      } else if (whole->shape() != piece.hf_shape) {
         problems.push_back(fmt::format("tensor '{}' has shape {} but the config implies {}", piece.hf_name,
-                                       shape_str(it->second.shape()), shape_str(piece.hf_shape)));
-      } else if (!dtype_is_floating(it->second.dtype())) {
+                                       shape_str(whole->shape()), shape_str(piece.hf_shape)));
+      } else if (!dtype_is_floating(whole->dtype())) {
         problems.push_back(fmt::format("tensor '{}' has dtype {} but a float dtype was expected", piece.hf_name,
-                                       dtype_name(it->second.dtype())));
+                                       dtype_name(whole->dtype())));
       }
     }
   }
@@ -156,9 +217,20 @@ void ParameterStore::load_hf_tensors(const std::vector<std::pair<std::string, Te
   MT_CHECK(problems.empty(), "model weights: {} problem(s) with the checkpoint:\n  {}", problems.size(),
            fmt::join(problems, "\n  "));
   for (size_t i = 0; i < specs_.size(); ++i) {
-    // Assembled on the host one parameter at a time, then copied whole.
+    // Assembled on the host one parameter at a time, then copied whole; an MXFP4 piece is decoded into f32 when it
+    // is placed and freed after (one piece's f32 at a time, as a bf16 piece's conversion takes).
     Tensor whole = Tensor::empty(specs_[i].shape, DType::F32);
-    for (const HfPiece& piece : specs_[i].pieces) place_piece(whole, piece, by_name.at(piece.hf_name));
+    for (const HfPiece& piece : specs_[i].pieces) {
+      if (const Tensor* value = find(piece.hf_name)) {
+        place_piece(whole, piece, *value);
+        continue;
+      }
+      const Tensor& blocks = by_name.at(io::mxfp4_blocks_name(piece.hf_name));
+      const Tensor& scales = by_name.at(io::mxfp4_scales_name(piece.hf_name));
+      place_piece(whole, piece,
+                  piece.mxfp4_transposed ? io::dequantize_mxfp4_transposed(blocks, scales)
+                                         : io::dequantize_mxfp4(blocks, scales));
+    }
     params_[i].copy_from(whole);
   }
   refresh_compute_weights();

@@ -95,6 +95,10 @@ class ParameterStore {
   // Fills every parameter from HF tensors. All checks run before any byte is copied: every
   // expected HF name present with the expected shape, no unexpected names; the error lists every
   // missing, unexpected and mis-shaped name at once. Tensors of another float dtype are converted.
+  // A piece X may instead come as its MXFP4 pair X_blocks + X_scales (u8, the shapes io::mxfp4_blocks_shape gives
+  // for hf_shape and the piece's mxfp4_transposed; no e8m0 NaN scale), as GPT-OSS's released checkpoints store their
+  // experts: decoded to f32 as transformers does when the piece is placed. Half a pair, a pair of the wrong shape or
+  // dtype, and X given both whole and as a pair are problems like the others.
   void load_hf(const io::SafetensorsReader& reader);
   // The same from tensors in memory (HF name -> CPU tensor), e.g. a checkpoint's weights.
   void load_hf_tensors(const std::vector<std::pair<std::string, Tensor>>& tensors);

@@ -35,13 +35,13 @@ int64_t check_gate_up(const Tensor& gate_up, const Stream& stream, const char* o
   return gate_up.size(1) / 2;
 }
 
-void check_clamped_params(const ClampedSwigluParams& params, const char* op) {
-  MT_CHECK(std::isfinite(params.alpha), "{}: alpha ({}) must be finite", op, params.alpha);
-  MT_CHECK(std::isfinite(params.limit) && params.limit > 0.0f, "{}: limit ({}) must be finite and > 0", op,
+}  // namespace
+
+void check_clamped_swiglu_params(const ClampedSwigluParams& params, const std::string& what) {
+  MT_CHECK(std::isfinite(params.alpha), "{}: alpha ({}) must be finite", what, params.alpha);
+  MT_CHECK(std::isfinite(params.limit) && params.limit > 0.0f, "{}: limit ({}) must be finite and > 0", what,
            params.limit);
 }
-
-}  // namespace
 
 void swiglu_forward(Stream& stream, Tensor y, const Tensor& gate_up) {
   OpScope profile(stream, "activation");
@@ -78,7 +78,7 @@ void clamped_swiglu_forward(Stream& stream, Tensor y, const Tensor& gate_up, con
   OpScope profile(stream, "activation");
   constexpr const char* op = "clamped_swiglu_forward";
   check_stream_backend(stream, op);
-  check_clamped_params(params, op);
+  check_clamped_swiglu_params(params, op);
   const int64_t width = check_gate_up(gate_up, stream, op);
   check_argument(y, {gate_up.size(0), width}, gate_up.dtype(), stream, op, "y [N, I]");
 #if MOETRAIN_HAS_CUDA
@@ -95,7 +95,7 @@ void clamped_swiglu_backward(Stream& stream, Tensor dgate_up, const Tensor& dy, 
   OpScope profile(stream, "activation");
   constexpr const char* op = "clamped_swiglu_backward";
   check_stream_backend(stream, op);
-  check_clamped_params(params, op);
+  check_clamped_swiglu_params(params, op);
   const int64_t width = check_gate_up(gate_up, stream, op);
   check_argument(dy, {gate_up.size(0), width}, gate_up.dtype(), stream, op, "dy [N, I]");
   check_argument(dgate_up, gate_up.shape(), gate_up.dtype(), stream, op, "dgate_up [N, 2I]");

@@ -2,6 +2,8 @@
 // projection: gate_up [N, 2I] holds gate in columns [0, I) and up in [I, 2I).
 #pragma once
 
+#include <string>
+
 #include "core/device.h"
 #include "core/tensor.h"
 
@@ -19,6 +21,9 @@ struct ClampedSwigluParams {
   float alpha = 1.702f;
   float limit = 7.0f;
 };
+// Refuses, prefixing `what`, an alpha that is not finite and a limit that is not finite and > 0. The ops run it on
+// every call; blocks run it when they are built.
+void check_clamped_swiglu_params(const ClampedSwigluParams& params, const std::string& what);
 
 // y [N, I] from gate_up [N, 2I]
 void clamped_swiglu_forward(Stream& stream, Tensor y, const Tensor& gate_up, const ClampedSwigluParams& params);

@@ -1,8 +1,8 @@
 // Tests for the strided HF pieces (model/hf_adapter.*): a de-interleaved [H, 2I] gate/up, a transposed tensor and
 // experts stacked by offset land where the map says (checked element by element) and come back out bitwise; the
 // tiling check refuses a gap, overlaps (contiguous and strided), pieces out of bounds and a wrong total, naming the
-// parameter; the JSON form round-trips and malformed entries are refused naming their source; and a ParameterStore
-// with strided pieces loads HF tensors and exports them back byte for byte.
+// parameter; the JSON form (with the MXFP4 flag) round-trips and malformed entries are refused naming their source;
+// and a ParameterStore with strided pieces loads HF tensors and exports them back byte for byte.
 #include "model/hf_adapter.h"
 
 #include <map>
@@ -225,7 +225,30 @@ TEST(HfAdapterJson, ContiguousAndStridedPiecesRoundTrip) {
     EXPECT_EQ(back.view_shape, piece.view_shape);
     EXPECT_EQ(back.strides, piece.strides);
     EXPECT_EQ(back.contiguous(), piece.contiguous());
+    EXPECT_FALSE(back.mxfp4_transposed);
   }
+}
+
+// GPT-OSS's experts come MXFP4-packed with their last two dims swapped: the flag rides after the map.
+TEST(HfAdapterJson, Mxfp4TransposedFlagRoundTrips) {
+  HfPiece contiguous = block("model.layers.0.mlp.experts.down_proj", {2, 32, 64}, 0);
+  contiguous.mxfp4_transposed = true;
+  HfPiece strided = deinterleaved_gate_up("model.layers.0.mlp.experts.gate_up_proj", kH, kI, 24);
+  strided.mxfp4_transposed = true;
+  EXPECT_EQ(piece_to_json(contiguous),
+            json::parse(R"(["model.layers.0.mlp.experts.down_proj", [2, 32, 64], 0, {"mxfp4_transposed": true}])"));
+  EXPECT_EQ(piece_to_json(strided), json::parse(R"(["model.layers.0.mlp.experts.gate_up_proj", [3, 8], 24, [3, 4, 2],
+                                                    [1, 3, 12], {"mxfp4_transposed": true}])"));
+  for (const HfPiece& piece : {contiguous, strided}) {
+    const HfPiece back = piece_from_json(json::parse(piece_to_json(piece).dump()), "layout.json");
+    EXPECT_EQ(back.hf_name, piece.hf_name);
+    EXPECT_EQ(back.hf_shape, piece.hf_shape);
+    EXPECT_EQ(back.offset, piece.offset);
+    EXPECT_EQ(back.view_shape, piece.view_shape);
+    EXPECT_EQ(back.strides, piece.strides);
+    EXPECT_TRUE(back.mxfp4_transposed);
+  }
+  EXPECT_FALSE(piece_from_json(json::parse(R"(["w", [2, 3], 0, {"mxfp4_transposed": false}])"), "l").mxfp4_transposed);
 }
 
 TEST(HfAdapterJson, RefusesMalformedEntriesNamingTheSource) {
@@ -239,6 +262,10 @@ TEST(HfAdapterJson, RefusesMalformedEntriesNamingTheSource) {
       {R"(["w", [2, 3], "zero"])", "malformed HF piece"},
       {R"(["w", [2, 3], 0, [2, 3], "strides"])", "malformed HF piece"},
       {R"(["w", [2, -3], 0])", "HF piece 'w' has a negative size"},
+      {R"(["w", [2, 3], 0, {"transposed": true}])", "HF piece 'w' has an unknown flag 'transposed'"},
+      {R"(["w", [2, 3], 0, {"mxfp4_transposed": 1}])", "malformed HF piece"},
+      {R"(["w", [2, 3], {"mxfp4_transposed": true}])", "an HF piece must be [name, shape, offset]"},
+      {R"(["w", [2, 3], 0, [2, 3], {"mxfp4_transposed": true}])", "an HF piece must be [name, shape, offset]"},
   };
   for (const auto& [text, expected] : cases) {
     const std::string m = error_message([&] { piece_from_json(json::parse(text), source); });

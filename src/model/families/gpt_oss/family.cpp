@@ -90,14 +90,14 @@ void attach_layer_pieces(std::vector<ParamSpec>& specs, const ModelConfig& g, co
       // HF (e, h, 2j + p) -> internal (e, p * I + j, h): p = 0 gate, 1 up.
       spec.pieces.push_back(strided_piece(hf + "mlp.experts.gate_up_proj", {e, h, 2 * i}, 0, {e, h, i, 2},
                                           {2 * i * h, 1, h, i * h}));
-      spec.pieces.back().mxfp4_transposed = true;
+      spec.pieces.back().mxfp4_transposed = true;  // released checkpoints: gate_up_proj_blocks [E, 2I, H / 32, 16]
     } else if (local == "experts.gate_up_bias") {
       spec.pieces.push_back(
           strided_piece(hf + "mlp.experts.gate_up_proj_bias", {e, 2 * i}, 0, {e, i, 2}, {2 * i, 1, i}));
     } else if (local == "experts.down") {
       // HF (e, j, h) -> internal (e, h, j).
       spec.pieces.push_back(strided_piece(hf + "mlp.experts.down_proj", {e, i, h}, 0, {e, i, h}, {h * i, 1, i}));
-      spec.pieces.back().mxfp4_transposed = true;
+      spec.pieces.back().mxfp4_transposed = true;  // down_proj_blocks [E, H, I / 32, 16]
     } else if (local == "experts.down_bias") {
       whole("mlp.experts.down_proj_bias");
     } else {

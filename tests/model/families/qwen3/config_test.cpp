@@ -262,6 +262,16 @@ TEST(ModelConfig, JsonWriterKeepsTheSourceFieldsTheEngineDoesNotUse) {
   EXPECT_EQ(written.at("num_experts"), 4);
 }
 
+// A checkpoint read from MXFP4 pairs (GPT-OSS's) is exported whole: its quantization_config does not follow.
+TEST(ModelConfig, JsonWriterDropsTheSourceQuantizationConfig) {
+  json j = small_moe_json();
+  j["quantization_config"] = {{"quant_method", "mxfp4"}, {"modules_to_not_convert", {"lm_head"}}};
+  j["bos_token_id"] = 7;
+  const json written = json::parse(model_config_to_json(parse(j)));
+  EXPECT_FALSE(written.contains("quantization_config")) << written.dump();
+  EXPECT_EQ(written.at("bos_token_id"), 7);
+}
+
 TEST(ModelConfig, RejectsMissingRequiredField) {
   for (const char* field : {"vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                             "intermediate_size", "rms_norm_eps", "moe_intermediate_size", "num_experts_per_tok"}) {
