@@ -69,7 +69,8 @@ void expect_add_is_the_cpu_bits(DType dtype, DType bias_dtype, const std::vector
 TEST(CudaBias, AddsAreTheCpuBits) {
   MT_REQUIRE_GPU();
   const std::vector<std::vector<int32_t>> group_sizes = {
-      {5}, {0, 3, 0, 0, 7, 1, 0}, {0, 300, 0, 129, 128, 0}, {1000, 0, 1}, {}};
+      {5}, {0, 3, 0, 0, 7, 1, 0}, {0, 300, 0, 129, 128, 0}, {1000, 0, 1},
+      {},  {40000, 0, 30001}};  // more rows than the 65535 blocks of a grid's second dimension
   for (const auto& sizes : group_sizes) {
     for (const int64_t width : {int64_t(1), int64_t(77), int64_t(640)}) {
       expect_add_is_the_cpu_bits(DType::F32, DType::F32, sizes, width);

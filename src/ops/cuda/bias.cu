@@ -1,10 +1,11 @@
-// defines: the CUDA bias kernels (ops/cuda/bias.h). The add is one thread per element (one block per row for the
-// grouped form, which finds the row's group by a binary search over the offsets). The gradient runs in two passes with
-// no atomics: pass 1 gives every (chunk, column) one thread that sums the chunk's rows of that column in ascending
-// order into a partial buffer; pass 2 gives every (group, column) one thread that adds its group's chunk sums in
-// ascending order and then adds the total to dbias. Group g's chunks are rows [b + j C, b + (j + 1) C) of its rows
-// [b, e) (C = kBiasRowsPerChunk) and live in partial slots floor(b / C) + g + j: the slots of different groups never
-// overlap and all lie below floor(R / C) + G, so the buffer's size is known on the host without reading the offsets.
+// defines: the CUDA bias kernels (ops/cuda/bias.h). The add gives each thread a column over a stride of rows (and one
+// block per row for the grouped form, which finds the row's group by a binary search over the offsets). The gradient
+// runs in two passes with no atomics: pass 1 gives every (chunk, column) one thread that sums the chunk's rows of that
+// column in ascending order into a partial buffer; pass 2 gives every (group, column) one thread that adds its group's
+// chunk sums in ascending order and then adds the total to dbias. Group g's chunks are rows [b + j C, b + (j + 1) C) of
+// its rows [b, e) (C = kBiasRowsPerChunk) and live in partial slots floor(b / C) + g + j: the slots of different groups
+// never overlap and all lie below floor(R / C) + G, so the buffer's size is known on the host without reading the
+// offsets.
 #include "ops/cuda/bias.h"
 
 #include <cstdint>
@@ -60,12 +61,14 @@ __device__ __forceinline__ int64_t last_at_or_below(int64_t groups, int64_t x, K
   return lo;
 }
 
+// One thread per column of a block of rows (grid-stride over the rows): the bias element is read once.
 template <typename T, typename B>
-__global__ void add_kernel(T* y, const B* bias, int64_t total, int64_t width) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride) {
-    store_float(y + i, load_float(y + i) + load_float(bias + i % width));
-  }
+__global__ void add_kernel(T* y, const B* bias, int64_t rows, int64_t width) {
+  const int64_t n = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (n >= width) return;
+  const float b = load_float(bias + n);
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
+    store_float(y + r * width + n, load_float(y + r * width + n) + b);
 }
 
 // One block per row (grid-stride): the row's group is the last g with offsets[g] <= r, which skips empty groups.
@@ -119,9 +122,9 @@ __global__ void group_totals_kernel(float* __restrict__ dbias, const float* __re
   }
 }
 
-unsigned blocks_for(int64_t n, int64_t threads_per_block) {
-  const int64_t blocks = (n + threads_per_block - 1) / threads_per_block;
-  return static_cast<unsigned>(blocks < kMaxBlocks ? blocks : kMaxBlocks);
+// Blocks over the columns, one thread each (no grid-stride: 2^31 - 1 blocks cover any row that fits in memory).
+unsigned column_blocks(int64_t width, int64_t threads_per_block) {
+  return static_cast<unsigned>((width + threads_per_block - 1) / threads_per_block);
 }
 
 unsigned grid_y(int64_t n) { return static_cast<unsigned>(n < kMaxGridY ? n : kMaxGridY); }
@@ -151,36 +154,38 @@ void column_sums(const Stream& stream, const Tensor& dbias, const Tensor& dy, co
   if (rows == 0 || width == 0 || groups == 0) return;
   const int64_t slots = offsets == nullptr ? (rows + kChunk - 1) / kChunk : rows / kChunk + groups;
   Tensor partial = Tensor::empty({slots, width}, DType::F32, dy.device());
-  const unsigned column_blocks = blocks_for(width, kThreads);
+  const unsigned blocks_x = column_blocks(width, kThreads);
   const cudaStream_t s = native(stream);
   switch (dy.dtype()) {
     case DType::F32:
-      chunk_sums_kernel<<<dim3(column_blocks, grid_y(slots)), kThreads, 0, s>>>(
-          static_cast<float*>(partial.raw_data()), static_cast<const float*>(dy.raw_data()), offsets, groups, rows,
-          width, slots);
+      chunk_sums_kernel<<<dim3(blocks_x, grid_y(slots)), kThreads, 0, s>>>(static_cast<float*>(partial.raw_data()),
+                                                                           static_cast<const float*>(dy.raw_data()),
+                                                                           offsets, groups, rows, width, slots);
       break;
     case DType::BF16:
-      chunk_sums_kernel<<<dim3(column_blocks, grid_y(slots)), kThreads, 0, s>>>(
+      chunk_sums_kernel<<<dim3(blocks_x, grid_y(slots)), kThreads, 0, s>>>(
           static_cast<float*>(partial.raw_data()), static_cast<const __nv_bfloat16*>(dy.raw_data()), offsets, groups,
           rows, width, slots);
       break;
     default: MT_FAIL("{} (CUDA): expected dy in f32 or bf16 but found {}", op, dy.describe());
   }
   MT_CUDA_CHECK(cudaGetLastError());
-  group_totals_kernel<<<dim3(column_blocks, grid_y(groups)), kThreads, 0, s>>>(
-      static_cast<float*>(dbias.raw_data()), static_cast<const float*>(partial.raw_data()), offsets, groups, rows,
-      width);
+  group_totals_kernel<<<dim3(blocks_x, grid_y(groups)), kThreads, 0, s>>>(static_cast<float*>(dbias.raw_data()),
+                                                                          static_cast<const float*>(partial.raw_data()),
+                                                                          offsets, groups, rows, width);
   MT_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace
 
 void bias_add(const Stream& stream, const Tensor& y, const Tensor& bias) {
-  const int64_t total = y.numel(), width = y.size(1);
-  if (total == 0) return;
+  const int64_t rows = y.size(0), width = y.size(1);
+  if (rows == 0 || width == 0) return;
+  // Narrow rows (router logits, E columns) take blocks of whole warps just wide enough.
+  const int64_t threads = width < kThreads ? (width + 31) / 32 * 32 : kThreads;
   dispatch_bias(y, bias, "bias_add", [&]<typename T, typename B>(T*, const B*) {
-    add_kernel<<<blocks_for(total, kThreads), kThreads, 0, native(stream)>>>(
-        static_cast<T*>(y.raw_data()), static_cast<const B*>(bias.raw_data()), total, width);
+    add_kernel<<<dim3(column_blocks(width, threads), grid_y(rows)), static_cast<unsigned>(threads), 0,
+                 native(stream)>>>(static_cast<T*>(y.raw_data()), static_cast<const B*>(bias.raw_data()), rows, width);
   });
   MT_CUDA_CHECK(cudaGetLastError());
 }
