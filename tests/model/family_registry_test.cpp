@@ -104,7 +104,7 @@ TEST_P(RegisteredFamily, GoldenLayoutHasConsistentRolesLayersAndTilingPieces) {
       EXPECT_EQ(spec.shape, (Shape{config.vocab_size, config.hidden_size}));
     }
     if (spec.role == ParamRole::Router) {
-      ++routers_per_layer[spec.layer];
+      routers_per_layer[spec.layer] += spec.is_matrix();  // the projection; its bias, if any, is a vector
       EXPECT_TRUE(config.layer_is_moe(spec.layer)) << "a router on a dense layer";
     }
     if (spec.role == ParamRole::ExpertBank) {
@@ -127,7 +127,7 @@ TEST_P(RegisteredFamily, GoldenLayoutHasConsistentRolesLayersAndTilingPieces) {
   EXPECT_LE(heads, 1);
   EXPECT_EQ(heads, config.tie_word_embeddings ? 0 : 1);
   EXPECT_EQ(final_norms, 1);
-  // Every decoder layer has parameters; each MoE layer exactly one router.
+  // Every decoder layer has parameters; each MoE layer exactly one router projection.
   EXPECT_EQ(static_cast<int64_t>(layers_seen.size()), config.num_hidden_layers);
   for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer)
     EXPECT_EQ(routers_per_layer[layer], config.layer_is_moe(layer) ? 1 : 0) << "layer " << layer;

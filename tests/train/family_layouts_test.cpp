@@ -10,7 +10,9 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <functional>
 #include <map>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -22,6 +24,9 @@
 #include "io/job_config.h"
 #include "io/json_fields.h"
 #include "io/safetensors.h"
+#include "model/family.h"
+#include "model/model_config.h"
+#include "model/parameter_store.h"
 #include "testing/layout_runs.h"
 #include "testing/test_data.h"
 
@@ -72,6 +77,20 @@ io::JobConfig family_job(const std::string& family) {
   return c;
 }
 
+// The tolerance of a parameter after the run's Adam steps, relative to its norm. Most start from the random init and
+// move by a few lr-sized steps, so fp32 summation order leaves them within 1e-5. A parameter initialised to zero (GPT-OSS's
+// attention and expert biases) is made of the Adam updates alone, and Adam divides each element's moment by its own
+// scale: an element whose gradients nearly cancel over the steps gets an update as sensitive to rounding as its
+// small moment is (one expert-bias element moved 3.44e-5 in one run and 3.38e-5 in the other), and such elements are
+// not outweighed by an init. 1e-4 for those (measured: 1.7e-5 and 2.9e-5 at ep = 2); a wrong gradient is O(1).
+std::function<double(const std::string&)> param_tolerance(const std::string& family) {
+  std::set<std::string> zero_init;
+  const model::ModelConfig config = model::load_model_config(config_path(family));
+  for (const model::ParamSpec& spec : config.family->param_specs(config))
+    if (spec.init == model::ParamInit::Zeros) zero_init.insert(spec.name);
+  return [zero_init](const std::string& name) { return zero_init.count(name) ? 1e-4 : 1e-5; };
+}
+
 class FamilyLayouts : public ::testing::TestWithParam<const char*> {
  protected:
   std::string family() const { return GetParam(); }
@@ -92,11 +111,12 @@ TEST_P(FamilyLayouts, PipelineTrainsLikeOneRankBitwise) {
 
 TEST_P(FamilyLayouts, ExpertAndDataParallelTrainAlike) {
   const LayoutRun ep2 = testing::run_layout(job(), 1, 2);
-  expect_close(ep2, one_rank(), "ep=2 against one rank");
+  expect_close(ep2, one_rank(), "ep=2 against one rank", param_tolerance(family()));
   expect_bitwise(testing::run_layout(job(), 2, 2), ep2, "pp=2 x ep=2 against ep=2");
   io::JobConfig sharded = job();
   sharded.parallel.sharding = "full";
-  expect_close(testing::run_layout(sharded, 1, 1, 2), one_rank(), "ZeRO-3 over dp=2 against one rank");
+  expect_close(testing::run_layout(sharded, 1, 1, 2), one_rank(), "ZeRO-3 over dp=2 against one rank",
+               param_tolerance(family()));
 }
 
 std::vector<int32_t> tokens(int64_t n, uint64_t salt, int64_t vocab) {

@@ -81,7 +81,7 @@ std::vector<ParamSpec> GqaAttention::param_specs(const AttentionOptions& o, cons
     add_vector("v_bias", kv_rows, ParamInit::Zeros);
   }
   if (o.output_bias) add_vector("o_bias", h, ParamInit::Zeros);
-  if (o.sinks) add_vector("sinks", o.num_heads, ParamInit::Zeros);  // 0: the sink starts as one more zero logit
+  if (o.sinks) add_vector("sinks", o.num_heads, ParamInit::Normal);  // N(0, std), as transformers' GPT-OSS
   return specs;
 }
 

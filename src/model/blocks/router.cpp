@@ -19,7 +19,7 @@ std::vector<ParamSpec> Router::param_specs(const RouterOptions& o, const std::st
   ParamSpec bias = spec;
   bias.name = prefix + "router_bias";
   bias.shape = {o.num_experts};
-  bias.init = ParamInit::Zeros;
+  bias.init = ParamInit::Normal;  // as transformers' GPT-OSS router: N(0, std), like the weight
   return {spec, bias};
 }
 

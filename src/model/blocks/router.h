@@ -46,7 +46,7 @@ struct RouterRecord {
 
 class Router {
  public:
-  // "<prefix>router" [E, H] and, with a bias, "<prefix>router_bias" [E] (zeros at init); role Router, in decoder layer
+  // "<prefix>router" [E, H] and, with a bias, "<prefix>router_bias" [E] (N(0, std) at init); role Router, in decoder layer
   // `layer`. No HF pieces.
   static std::vector<ParamSpec> param_specs(const RouterOptions& options, const std::string& prefix, int64_t layer);
 

@@ -263,7 +263,7 @@ TEST(RouterBlockGptOss, BiasedTopKThenSoftmaxIsTheFormulaAndItsGradientsAreTheOp
   EXPECT_EQ(specs[1].name, "layers.1.router_bias");
   EXPECT_EQ(specs[1].shape, (Shape{kExperts}));
   EXPECT_EQ(specs[1].role, ParamRole::Router);
-  EXPECT_EQ(specs[1].init, ParamInit::Zeros);
+  EXPECT_EQ(specs[1].init, ParamInit::Normal);
   ParameterStore store(with_whole_pieces(specs));
   fill_random(store, 51, 0.5);
   Rng rng(52);
