@@ -38,8 +38,10 @@ void add_yarn_fields(nlohmann::json& rope, const ops::YarnOptions& yarn) {
   rope["original_max_position_embeddings"] = yarn.original_max_position_embeddings;
   rope["beta_fast"] = yarn.beta_fast;
   rope["beta_slow"] = yarn.beta_slow;
-  rope["mscale"] = yarn.mscale;
-  rope["mscale_all_dim"] = yarn.mscale_all_dim;
+  // 0 means absent (transformers tests them for truthiness): written only when set, so an export spells the rope as
+  // its source did.
+  if (yarn.mscale != 0.0) rope["mscale"] = yarn.mscale;
+  if (yarn.mscale_all_dim != 0.0) rope["mscale_all_dim"] = yarn.mscale_all_dim;
   if (yarn.attention_factor) rope["attention_factor"] = *yarn.attention_factor;
   rope["truncate"] = yarn.truncate;
 }
