@@ -118,10 +118,12 @@ Trainer::Trainer(const io::JobConfig& config, dist::Mesh* mesh)
   }
   if (!executor_ && !plain_) plain_ = std::make_unique<pipeline::PlainExecutor>(*model_, nullptr);
   // DeepSeek-V2's device groups: loss.device_balance_groups, or one per expert-parallel rank (the mesh's ep, whose
-  // ranks hold E / ep consecutive experts each: dist/expert_parallel.h).
+  // ranks hold E / ep consecutive experts each: dist/expert_parallel.h). Unused, and so unchecked, when it is off.
   const int64_t ep_size = mesh_ != nullptr ? mesh_->ep().size() : 1;
-  router_loss_.device_balance_groups =
-      model::resolve_device_balance_groups(config.loss.device_balance_groups, ep_size, model_config.num_experts);
+  if (config.loss.device_balance_coef > 0.0) {
+    router_loss_.device_balance_groups =
+        model::resolve_device_balance_groups(config.loss.device_balance_groups, ep_size, model_config.num_experts);
+  }
   if (config.loss.device_balance_coef > 0.0 && router_loss_.device_balance_groups == 1 && model_config.is_moe()) {
     log_warn(
         "loss.device_balance_coef = {} over 1 device group: the device-level balance is sum_e P_e (1 for "
