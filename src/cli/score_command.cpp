@@ -377,10 +377,9 @@ ScorePlan prepare_score(const io::JobConfig& config, const ScoreOptions& options
     train::job_partition(config, plan.model->config(),
                          static_cast<int>(config.parallel.pp));  // refuses a cut the model cannot take
   if (config.exact.enabled) {
-    train::admit_exact_for_job(
-        config, *plan.model,
-        train::job_partition(config, plan.model->config(),
-                             static_cast<int>(config.parallel.pp)));  // throws listing every violation
+    train::admit_exact_for_job(config, *plan.model,
+                               train::job_partition(config, plan.model->config(), static_cast<int>(config.parallel.pp)),
+                               config.parallel.ep);  // throws listing every violation
     const int64_t per = config.train.micro_batch, rows = plan.input.rows();
     for (int64_t m = 0; m * per < rows; ++m) {
       exact::check_varlen_metadata(score_micro_batch(plan.input, m * per, std::min(rows, (m + 1) * per)),

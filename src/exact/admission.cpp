@@ -2,6 +2,7 @@
 #include "exact/admission.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <string_view>
 
@@ -303,6 +304,21 @@ void check_losses(const ExactDeclaration& declaration, std::vector<Violation>& o
   }
 }
 
+void check_device_balance(const ExactDeclaration& declaration, const model::ModelConfig& config,
+                          std::vector<Violation>& out) {
+  constexpr const char* rule = "device-balance loss";
+  const double coef = declaration.device_balance_coef;
+  if (!std::isfinite(coef) || coef < 0.0) {
+    refuse(out, rule, fmt::format("coefficient {}", coef), "a finite coefficient >= 0 (0 turns the loss off)");
+  } else if (coef > 0.0 &&
+             (declaration.device_balance_groups < 1 || config.num_experts % declaration.device_balance_groups != 0)) {
+    refuse(out, rule, fmt::format("{} device groups with coefficient {}", declaration.device_balance_groups, coef),
+           fmt::format("{} experts, which groups of equal size cannot cover; use a divisor of {} "
+                       "(loss.device_balance_groups)",
+                       config.num_experts, config.num_experts));
+  }
+}
+
 std::vector<Violation> exact_violations(const ExactDeclaration& declaration, const model::ModelConfig& config,
                                         const pipeline::Partition& partition) {
   std::vector<Violation> out;
@@ -318,6 +334,7 @@ std::vector<Violation> exact_violations(const ExactDeclaration& declaration, con
   check_parameter_dtypes(declaration, out);
   check_device(declaration, out);
   check_losses(declaration, out);
+  check_device_balance(declaration, config, out);
   return out;
 }
 

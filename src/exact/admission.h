@@ -33,7 +33,9 @@ struct ExactDeclaration {
   std::string load_balance = "micro_batch";  // micro_batch | sequence | global_batch (io::LossSection)
   double load_balance_coef = 0.0;
   double z_loss_coef = 0.0;
-  std::vector<ParamDType> parameter_dtypes;                   // found: every parameter's stored dtype
+  double device_balance_coef = 0.0;          // DeepSeek-V2's device-level balance loss (io::LossSection)
+  int64_t device_balance_groups = 1;         // its groups D as the run resolves them (loss.device_balance_groups or ep)
+  std::vector<ParamDType> parameter_dtypes;  // found: every parameter's stored dtype
   std::vector<std::string> fp32_pins = {"A_log", "dt_bias"};  // the pins allowed to stay f32 under bf16
 };
 
@@ -103,6 +105,10 @@ void check_device(const ExactDeclaration& declaration, std::vector<Violation>& o
 // "loss": token-weighted cross_entropy. "load-balance loss": micro_batch and sequence are computed from one
 // micro-batch alone (pipeline-safe); global_batch with a non-zero coefficient is refused. The z-loss is per token.
 void check_losses(const ExactDeclaration& declaration, std::vector<Violation>& out);
+// "device-balance loss": computed from one micro-batch alone (pipeline-safe) when its coefficient is finite and
+// >= 0 and, when it is > 0, its D >= 1 groups divide the config's experts; anything else is refused.
+void check_device_balance(const ExactDeclaration& declaration, const model::ModelConfig& config,
+                          std::vector<Violation>& out);
 
 // Pass 1: every rule on every stage; the list of all violations (empty: admissible).
 std::vector<Violation> exact_violations(const ExactDeclaration& declaration, const model::ModelConfig& config,

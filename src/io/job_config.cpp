@@ -85,6 +85,8 @@ std::vector<FieldRef> field_refs(JobConfig& c) {
       {"loss.load_balance", &c.loss.load_balance},
       {"loss.load_balance_coef", &c.loss.load_balance_coef},
       {"loss.z_loss_coef", &c.loss.z_loss_coef},
+      {"loss.device_balance_coef", &c.loss.device_balance_coef},
+      {"loss.device_balance_groups", &c.loss.device_balance_groups},
       {"checkpoint.dir", PathField{&c.checkpoint.dir}},
       {"checkpoint.every", &c.checkpoint.every},
       {"checkpoint.keep", &c.checkpoint.keep},
@@ -576,6 +578,12 @@ void validate(JobConfig& c, const std::string& source) {
            "{}: loss.load_balance_coef must be finite and >= 0 but is {}", s, l.load_balance_coef);
   MT_CHECK(std::isfinite(l.z_loss_coef) && l.z_loss_coef >= 0, "{}: loss.z_loss_coef must be finite and >= 0 but is {}",
            s, l.z_loss_coef);
+  MT_CHECK(std::isfinite(l.device_balance_coef) && l.device_balance_coef >= 0,
+           "{}: loss.device_balance_coef must be finite and >= 0 but is {}", s, l.device_balance_coef);
+  // Whether D divides the experts is checked where the model is known (model::resolve_device_balance_groups).
+  MT_CHECK(l.device_balance_groups >= 0,
+           "{}: loss.device_balance_groups must be >= 0 (0: the expert-parallel degree) but is {}", s,
+           l.device_balance_groups);
 
   MT_CHECK(c.checkpoint.every >= 0, "{}: checkpoint.every must be >= 0 (0: only at the end) but is {}", s,
            c.checkpoint.every);

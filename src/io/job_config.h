@@ -65,6 +65,10 @@ struct LossSection {
   std::string load_balance = "micro_batch";  // micro_batch | global_batch | sequence
   double load_balance_coef = 0.0;            // 0 disables the load-balance loss
   double z_loss_coef = 0.0;                  // router z-loss; 0 disables it
+  // DeepSeek-V2's device-level balance loss over the micro-batch (model/router_loss.h); 0 disables it.
+  double device_balance_coef = 0.0;
+  // Its number of expert groups D: 0 = the run's expert-parallel degree; else D >= 1 dividing the experts.
+  int64_t device_balance_groups = 0;
 };
 
 struct CheckpointSection {

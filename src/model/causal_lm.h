@@ -116,9 +116,10 @@ struct StepLoss {
   double ce_sum = 0.0;
   int64_t num_targets = 0;
   // Auxiliary router losses when the batches ask for them: token-weighted over the micro-batches
-  // and averaged over the MoE layers; load_balance is 1.0 when perfectly balanced.
+  // and averaged over the MoE layers; load_balance and device_balance are 1.0 when perfectly balanced.
   double load_balance = 0.0;
   double z_loss = 0.0;
+  double device_balance = 0.0;  // DeepSeek-V2's device-level balance (0 when off)
   int64_t num_tokens = 0;
 };
 

@@ -264,9 +264,10 @@ void DualPipeVExecutor::after_forward(int chunk, int microbatch, const model::Mi
   const size_t layers = model_.layers().size();
   for (auto& [layer, values] : result.router_losses) {
     values.resolve();  // CUDA: read back here (the chunk leaves the values on the device)
-    const size_t at = (static_cast<size_t>(microbatch) * layers + static_cast<size_t>(layer)) * 2;
+    const size_t at = (static_cast<size_t>(microbatch) * layers + static_cast<size_t>(layer)) * 3;
     router_table_[at] = values.load_balance * static_cast<double>(values.tokens);
     router_table_[at + 1] = values.z_loss * static_cast<double>(values.tokens);
+    router_table_[at + 2] = values.device_balance * static_cast<double>(values.tokens);
   }
   if (chunks_[static_cast<size_t>(chunk)]->is_loss_stage()) {
     losses_[static_cast<size_t>(microbatch)] = result.loss;
@@ -373,7 +374,7 @@ model::StepLoss DualPipeVExecutor::run_step(const std::vector<model::MicroBatch>
   batches_ = &batches;
   const size_t layers = model_.layers().size();
   losses_.assign(static_cast<size_t>(n), model::LossSum{});
-  router_table_.assign(static_cast<size_t>(n) * layers * 2, 0.0);
+  router_table_.assign(static_cast<size_t>(n) * layers * 3, 0.0);
 
   int64_t denominator = 0, num_tokens = 0;
   if (rank_ == 0) {
@@ -426,13 +427,15 @@ model::StepLoss DualPipeVExecutor::run_step(const std::vector<model::MicroBatch>
   for (const auto& layer : model_.layers()) moe_layers += layer->has_experts() ? 1 : 0;
   for (size_t mb = 0; mb < static_cast<size_t>(n); ++mb) {
     for (size_t l = 0; l < layers; ++l) {
-      step.load_balance += sums[4 + (mb * layers + l) * 2];
-      step.z_loss += sums[4 + (mb * layers + l) * 2 + 1];
+      step.load_balance += sums[4 + (mb * layers + l) * 3];
+      step.z_loss += sums[4 + (mb * layers + l) * 3 + 1];
+      step.device_balance += sums[4 + (mb * layers + l) * 3 + 2];
     }
   }
   const double weight = static_cast<double>(step.num_tokens) * static_cast<double>(std::max<int64_t>(moe_layers, 1));
   step.load_balance /= weight;
   step.z_loss /= weight;
+  step.device_balance /= weight;
   return step;
 }
 

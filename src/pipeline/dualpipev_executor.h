@@ -130,7 +130,7 @@ class DualPipeVExecutor {
   std::map<MessageKey, Message> outbox_;  // computed, waiting for the commit point that sends it
   std::deque<ChunkWork> weight_queue_;    // deferred backward_weight, FIFO
   std::vector<model::LossSum> losses_;    // loss stage, per micro-batch
-  std::vector<double> router_table_;      // [n, layers, 2]: load_balance * tokens, z_loss * tokens
+  std::vector<double> router_table_;      // [n, layers, 3]: (load_balance, z_loss, device_balance) * tokens
 };
 
 }  // namespace moetrain::pipeline

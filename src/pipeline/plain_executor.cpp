@@ -38,6 +38,7 @@ void finish_router_losses(model::StepLoss& step, std::vector<model::RouterLossVa
   for (const model::RouterLossValues& v : values) {
     step.load_balance += v.load_balance * static_cast<double>(v.tokens);
     step.z_loss += v.z_loss * static_cast<double>(v.tokens);
+    step.device_balance += v.device_balance * static_cast<double>(v.tokens);
   }
   int64_t moe_layers = 0;
   for (const auto& layer : model.layers()) moe_layers += layer->has_experts() ? 1 : 0;
@@ -45,6 +46,7 @@ void finish_router_losses(model::StepLoss& step, std::vector<model::RouterLossVa
   if (weight > 0.0) {  // no micro-batches (possible with ep and a global count): no router losses
     step.load_balance /= weight;
     step.z_loss /= weight;
+    step.device_balance /= weight;
   }
 }
 

@@ -11,7 +11,7 @@ pipeline::Partition job_partition(const io::JobConfig& config, const model::Mode
 }
 
 exact::AdmissionReport admit_exact_for_job(const io::JobConfig& config, const model::CausalLm& model,
-                                           const pipeline::Partition& partition) {
+                                           const pipeline::Partition& partition, int64_t ep_size) {
   exact::ExactDeclaration declaration;
   // The CPU's exact program: f32 math within a layer, the residual rounded to bf16 at every layer
   // boundary, fp32 masters: "bf16 compute with uniformly fp32 masters" in the contract's terms.
@@ -22,6 +22,10 @@ exact::AdmissionReport admit_exact_for_job(const io::JobConfig& config, const mo
   declaration.load_balance = config.loss.load_balance;
   declaration.load_balance_coef = config.loss.load_balance_coef;
   declaration.z_loss_coef = config.loss.z_loss_coef;
+  declaration.device_balance_coef = config.loss.device_balance_coef;
+  // Resolved without the divisibility check: the admission's own rule reports a bad D among every violation.
+  declaration.device_balance_groups =
+      config.loss.device_balance_groups > 0 ? config.loss.device_balance_groups : ep_size;
   for (const model::ParamSpec& spec : model.params().specs())
     declaration.parameter_dtypes.push_back({spec.name, model.params().param(spec.name).dtype(), spec.fp32_pin});
   return exact::admit_exact(declaration, model.config(), partition);

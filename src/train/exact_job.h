@@ -16,9 +16,10 @@ pipeline::Partition job_partition(const io::JobConfig& config, const model::Mode
 
 // The exact-lane admission of a job for `model`: on the CPU the exact program is declared as bf16 compute with
 // uniformly fp32 masters, a bf16 wire, the parameter dtypes of the store, the job's losses and device, and the
-// partition the job runs. Throws listing every violation; logs one line per stage on success.
+// partition the job runs; `ep_size`, the run's expert-parallel degree, resolves loss.device_balance_groups = 0.
+// Throws listing every violation; logs one line per stage on success.
 exact::AdmissionReport admit_exact_for_job(const io::JobConfig& config, const model::CausalLm& model,
-                                           const pipeline::Partition& partition);
+                                           const pipeline::Partition& partition, int64_t ep_size);
 
 // The wire check of a pipeline stage on pp rank `stage` in exact mode: every activation sent or received is a bf16
 // [T, H] tensor (T from the micro-batch's position_ids) and its micro-batch's varlen metadata is valid with the

@@ -25,8 +25,9 @@ std::string human_duration(double seconds) {
 }  // namespace
 
 std::string format_progress_line(const StepMetrics& m) {
-  std::string line = fmt::format("step {}/{} | loss {:.4f} | lb {:.3f} | lr {:.3e} | gnorm {:.3f} | {:.0f} tok/s",
-                                 m.step, m.total_steps, m.loss, m.lb_loss, m.lr, m.grad_norm, m.tokens_per_s);
+  std::string line = fmt::format("step {}/{} | loss {:.4f} | lb {:.3f}", m.step, m.total_steps, m.loss, m.lb_loss);
+  if (m.has_device_balance) line += fmt::format(" | devbal {:.3f}", m.device_balance);
+  line += fmt::format(" | lr {:.3e} | gnorm {:.3f} | {:.0f} tok/s", m.lr, m.grad_norm, m.tokens_per_s);
   if (m.mfu > 0.0) line += fmt::format(" | {:.1f} TFLOP/s | MFU {:.1f}%", m.tflops, 100.0 * m.mfu);
   line += fmt::format(" | mem {:.1f} MiB | eta {}", static_cast<double>(m.peak_mem_bytes) / (1 << 20),
                       human_duration(m.eta_s));
@@ -39,6 +40,7 @@ std::string format_jsonl_record(const StepMetrics& m) {
   j["loss"] = m.loss;
   j["lb_loss"] = m.lb_loss;
   j["z_loss"] = m.z_loss;
+  if (m.has_device_balance) j["device_balance"] = m.device_balance;
   j["grad_norm"] = m.grad_norm;
   j["lr"] = m.lr;
   j["tokens"] = m.tokens;

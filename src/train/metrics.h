@@ -15,6 +15,9 @@ struct StepMetrics {
   double loss = 0.0;
   double lb_loss = 0.0;
   double z_loss = 0.0;
+  // DeepSeek-V2's device-level balance loss (1.0 = balanced over the expert groups); reported only when on.
+  bool has_device_balance = false;
+  double device_balance = 0.0;
   double grad_norm = 0.0;
   double lr = 0.0;
   int64_t tokens = 0;  // tokens of this step over all ranks

@@ -117,10 +117,24 @@ Trainer::Trainer(const io::JobConfig& config, dist::Mesh* mesh)
              model_config.num_experts / mesh_->ep().size());
   }
   if (!executor_ && !plain_) plain_ = std::make_unique<pipeline::PlainExecutor>(*model_, nullptr);
+  // DeepSeek-V2's device groups: loss.device_balance_groups, or one per expert-parallel rank (the mesh's ep, whose
+  // ranks hold E / ep consecutive experts each: dist/expert_parallel.h). Unused, and so unchecked, when it is off.
+  const int64_t ep_size = mesh_ != nullptr ? mesh_->ep().size() : 1;
+  if (config.loss.device_balance_coef > 0.0) {
+    router_loss_.device_balance_groups =
+        model::resolve_device_balance_groups(config.loss.device_balance_groups, ep_size, model_config.num_experts);
+  }
+  if (config.loss.device_balance_coef > 0.0 && router_loss_.device_balance_groups == 1 && model_config.is_moe()) {
+    log_warn(
+        "loss.device_balance_coef = {} over 1 device group: the device-level balance is sum_e P_e (1 for "
+        "softmax routers) and pushes no token to another group; set loss.device_balance_groups or run ep > 1",
+        config.loss.device_balance_coef);
+  }
   if (config.exact.enabled) setup_exact_mode(model_config);
   router_loss_.variant = model::parse_load_balance_variant(config.loss.load_balance);
   router_loss_.load_balance_coef = config.loss.load_balance_coef;
   router_loss_.z_loss_coef = config.loss.z_loss_coef;
+  router_loss_.device_balance_coef = config.loss.device_balance_coef;
   router_loss_.num_moe_layers = std::max<int64_t>(model_config.num_moe_layers(), 1);
   router_loss_.running_counts = &running_counts_;
   flops_per_token_ = model::training_flops_per_token(model_config, config.train.seq_len);
@@ -170,7 +184,8 @@ void Trainer::setup_pipeline(const model::ModelConfig& model_config) {
 // pipeline's activations travel as bf16 with their wire and metadata checked on every scheduled forward.
 void Trainer::setup_exact_mode(const model::ModelConfig& model_config) {
   // The partition the job runs: the pipeline's, or pp = 1's two stages.
-  admit_exact_for_job(config_, *model_, executor_ ? partition_ : job_partition(config_, model_config, 1));
+  admit_exact_for_job(config_, *model_, executor_ ? partition_ : job_partition(config_, model_config, 1),
+                      mesh_ != nullptr ? mesh_->ep().size() : 1);
   model_->set_exact(true);
   if (executor_) {
     executor_->set_wire_dtype(DType::BF16);
@@ -308,12 +323,14 @@ void Trainer::reduce_across_ranks(model::StepLoss& loss) const {
   if (!sharded_) all_reduce_gradients(comm, owned_grads());  // ZeRO-3 reduce-scattered them already
   const double tokens = static_cast<double>(loss.num_tokens);
   const std::vector<double> sums = all_reduce_sum(
-      comm, model_->device(), {loss.loss, loss.ce_sum, tokens, loss.load_balance * tokens, loss.z_loss * tokens});
+      comm, model_->device(),
+      {loss.loss, loss.ce_sum, tokens, loss.load_balance * tokens, loss.z_loss * tokens, loss.device_balance * tokens});
   loss.loss = sums[0];
   loss.ce_sum = sums[1];
   loss.num_tokens = static_cast<int64_t>(sums[2]);
   loss.load_balance = sums[2] > 0 ? sums[3] / sums[2] : 0.0;
   loss.z_loss = sums[2] > 0 ? sums[4] / sums[2] : 0.0;
+  loss.device_balance = sums[2] > 0 ? sums[5] / sums[2] : 0.0;
 }
 
 void Trainer::init_weights() {
@@ -446,12 +463,12 @@ double Trainer::train_step(int64_t step) {
   if (sharded_) sharded_->finish_step();  // the last gradient reductions are done before anything reads them
   reduce_across_ranks(loss);
   check_health();
-  const double total =
-      loss.loss + router_loss_.load_balance_coef * loss.load_balance + router_loss_.z_loss_coef * loss.z_loss;
+  const double total = loss.loss + router_loss_.load_balance_coef * loss.load_balance +
+                       router_loss_.z_loss_coef * loss.z_loss + router_loss_.device_balance_coef * loss.device_balance;
   MT_CHECK(std::isfinite(total),
-           "step {}: the loss is {} (cross-entropy {}, load balance {}, z-loss {}); stopping "
+           "step {}: the loss is {} (cross-entropy {}, load balance {}, z-loss {}, device balance {}); stopping "
            "before the optimizer step, so no checkpoint holds this state",
-           step + 1, total, loss.loss, loss.load_balance, loss.z_loss);
+           step + 1, total, loss.loss, loss.load_balance, loss.z_loss, loss.device_balance);
   const double norm = clip_gradients();
   MT_CHECK(std::isfinite(norm),
            "step {}: the gradient norm is {}; stopping before the optimizer step, so no "
@@ -465,6 +482,8 @@ double Trainer::train_step(int64_t step) {
   last_.loss = loss.loss;
   last_.lb_loss = loss.load_balance;
   last_.z_loss = loss.z_loss;
+  last_.has_device_balance = router_loss_.device_balance_coef > 0.0;
+  last_.device_balance = loss.device_balance;
   last_.grad_norm = norm;
   last_.lr = lr;
   last_.tokens = loss.num_tokens;

@@ -3,6 +3,8 @@
 // configurations (a tiny 8-layer MoE with P = 1, 2, 4). Partitions are written by hand, not by partition.cpp.
 #include "exact/admission.h"
 
+#include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -181,6 +183,21 @@ TEST(ExactAdmission, AcceptsPipelineSafeAuxLosses) {
   }
   ExactDeclaration off = good_declaration();
   off.load_balance = "global_batch";  // with a zero coefficient nothing is computed
+  EXPECT_TRUE(exact_violations(off, tiny_moe(), even_partition(2)).empty());
+}
+
+// DeepSeek-V2's device-level balance reads one micro-batch alone: admitted for every D dividing the 4 experts, and
+// with the expert-level load balance beside it.
+TEST(ExactAdmission, AcceptsTheDeviceBalanceLoss) {
+  for (int64_t groups : {1, 2, 4}) {
+    ExactDeclaration d = good_declaration();
+    d.load_balance_coef = 0.01;
+    d.device_balance_coef = 0.05;
+    d.device_balance_groups = groups;
+    EXPECT_TRUE(exact_violations(d, tiny_moe(), even_partition(2)).empty()) << groups;
+  }
+  ExactDeclaration off = good_declaration();
+  off.device_balance_groups = 3;  // with a zero coefficient the groups are not used
   EXPECT_TRUE(exact_violations(off, tiny_moe(), even_partition(2)).empty());
 }
 
@@ -461,6 +478,28 @@ TEST(ExactAdmission, RefusesTheGlobalBatchLoadBalanceLoss) {
                   "exact: refused: load-balance loss: declared variant 'global_batch' with coefficient "
                   "0.01, found no pipeline path: its expert counts accumulate over the step's earlier "
                   "micro-batches");
+}
+
+TEST(ExactAdmission, RefusesDeviceGroupsThatDoNotDivideTheExperts) {
+  for (int64_t groups : {0, 3, 8}) {
+    ExactDeclaration d = good_declaration();
+    d.device_balance_coef = 0.05;
+    d.device_balance_groups = groups;
+    const std::string message = refusal(d, tiny_moe(), even_partition(2));
+    EXPECT_CONTAINS(message, "exact: refused: device-balance loss: declared " + std::to_string(groups) +
+                                 " device groups with coefficient 0.05, found 4 experts, which groups of equal size "
+                                 "cannot cover; use a divisor of 4 (loss.device_balance_groups)");
+  }
+}
+
+TEST(ExactAdmission, RefusesANegativeOrNonFiniteDeviceBalanceCoefficient) {
+  for (double coef : {-0.05, std::numeric_limits<double>::infinity(), std::nan("")}) {
+    ExactDeclaration d = good_declaration();
+    d.device_balance_coef = coef;
+    const std::string message = refusal(d, tiny_moe(), even_partition(2));
+    EXPECT_CONTAINS(message, "exact: refused: device-balance loss: declared coefficient ");
+    EXPECT_CONTAINS(message, "found a finite coefficient >= 0 (0 turns the loss off)");
+  }
 }
 
 TEST(ExactAdmission, RefusesAnUnknownLoadBalanceVariant) {

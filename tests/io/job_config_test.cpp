@@ -98,6 +98,8 @@ void expect_same_config(const JobConfig& a, const JobConfig& b) {
   EXPECT_EQ(a.loss.load_balance, b.loss.load_balance);
   EXPECT_EQ(a.loss.load_balance_coef, b.loss.load_balance_coef);
   EXPECT_EQ(a.loss.z_loss_coef, b.loss.z_loss_coef);
+  EXPECT_EQ(a.loss.device_balance_coef, b.loss.device_balance_coef);
+  EXPECT_EQ(a.loss.device_balance_groups, b.loss.device_balance_groups);
   EXPECT_EQ(a.checkpoint.dir, b.checkpoint.dir);
   EXPECT_EQ(a.checkpoint.every, b.checkpoint.every);
   EXPECT_EQ(a.checkpoint.keep, b.checkpoint.keep);
@@ -171,6 +173,8 @@ clip_grad_norm = 0.5
 load_balance = "global_batch"
 load_balance_coef = 0.01
 z_loss_coef = 1e-3
+device_balance_coef = 0.05
+device_balance_groups = 4
 
 [checkpoint]
 dir = "/ckpt/run1"
@@ -213,6 +217,8 @@ console_every = 10
   EXPECT_EQ(c.loss.load_balance, "global_batch");
   EXPECT_EQ(c.loss.load_balance_coef, 0.01);
   EXPECT_EQ(c.loss.z_loss_coef, 1e-3);
+  EXPECT_EQ(c.loss.device_balance_coef, 0.05);
+  EXPECT_EQ(c.loss.device_balance_groups, 4);
   EXPECT_EQ(c.checkpoint.dir, "/ckpt/run1");
   EXPECT_EQ(c.checkpoint.every, 250);
   EXPECT_EQ(c.checkpoint.keep, 2);
@@ -235,6 +241,8 @@ TEST(JobConfig, MissingKeysTakeTheHeaderDefaults) {
   EXPECT_EQ(c.train.seed, 1234u);
   EXPECT_EQ(c.checkpoint.keep, 3);
   EXPECT_TRUE(c.data.shuffle);
+  EXPECT_EQ(c.loss.device_balance_coef, 0.0) << "the device-level balance is off by default";
+  EXPECT_EQ(c.loss.device_balance_groups, 0) << "one group per expert-parallel rank by default";
 }
 
 TEST(JobConfig, DottedKeysAtTopLevelReadLikeSections) {
@@ -342,6 +350,8 @@ TEST(JobConfig, TomlRoundTripGivesTheSameConfig) {
   c.loss.load_balance = "sequence";
   c.loss.load_balance_coef = 1e-2;
   c.loss.z_loss_coef = 123456.789;
+  c.loss.device_balance_coef = 0.05;
+  c.loss.device_balance_groups = 8;
   c.checkpoint.dir = "/ckpt/line\nbreak";
   c.checkpoint.every = 0;
   c.checkpoint.keep = 1;
@@ -402,6 +412,8 @@ TEST(JobConfig, WriterWritesEveryKey) {
                           "load_balance = ",
                           "load_balance_coef = ",
                           "z_loss_coef = ",
+                          "device_balance_coef = ",
+                          "device_balance_groups = 0",
                           "[checkpoint]",
                           "dir = ",
                           "every = ",
@@ -635,11 +647,12 @@ TEST(JobConfig, ValidatesOptimSection) {
 }
 
 TEST(JobConfig, AcceptsBoundaryValues) {
-  const JobConfig c = parse_job_config(
-      kMinimal, "job.toml",
-      {"optim.lr=0", "optim.beta1=0", "optim.beta2=0", "optim.weight_decay=0", "optim.min_lr_ratio=1",
-       "optim.decay_fraction=1", "optim.clip_grad_norm=0", "loss.load_balance_coef=0", "checkpoint.every=0",
-       "checkpoint.keep=1", "metrics.console_every=1", "model.init_std=0", "model.device=cuda:12"});
+  const JobConfig c =
+      parse_job_config(kMinimal, "job.toml",
+                       {"optim.lr=0", "optim.beta1=0", "optim.beta2=0", "optim.weight_decay=0", "optim.min_lr_ratio=1",
+                        "optim.decay_fraction=1", "optim.clip_grad_norm=0", "loss.load_balance_coef=0",
+                        "loss.device_balance_coef=0", "loss.device_balance_groups=0", "checkpoint.every=0",
+                        "checkpoint.keep=1", "metrics.console_every=1", "model.init_std=0", "model.device=cuda:12"});
   EXPECT_EQ(c.optim.decay_fraction, 1.0);
   EXPECT_EQ(c.model.device, "cuda:12");
 }
@@ -648,6 +661,12 @@ TEST(JobConfig, ValidatesLossSection) {
   expect_override_error("loss.load_balance=token", {"loss.load_balance", "'token'"});
   expect_override_error("loss.load_balance_coef=-0.01", {"loss.load_balance_coef", ">= 0"});
   expect_override_error("loss.z_loss_coef=-1", {"loss.z_loss_coef", ">= 0"});
+  expect_override_error("loss.device_balance_coef=-0.05", {"loss.device_balance_coef", "finite and >= 0", "-0.05"});
+  expect_override_error("loss.device_balance_coef=inf", {"loss.device_balance_coef", "finite and >= 0"});
+  expect_override_error("loss.device_balance_coef=nan", {"loss.device_balance_coef", "finite and >= 0"});
+  expect_override_error("loss.device_balance_groups=-2",
+                        {"loss.device_balance_groups must be >= 0", "expert-parallel degree", "-2"});
+  expect_override_error("loss.device_balance_groups=1.5", {"loss.device_balance_groups"});
 }
 
 TEST(JobConfig, ValidatesCheckpointSection) {

@@ -1,7 +1,9 @@
 // Tests for the CUDA router auxiliary losses (ops/cuda/router_aux.*) through model::router_aux_losses: every
 // load-balance variant (micro_batch; sequence with many documents, length-1 ones included; global_batch over three
-// micro-batches with device-resident running counts) and the z-loss, values and both gradients against the CPU path
-// on identical inputs; the values stay on the device until resolve(); bitwise determinism; no host wait.
+// micro-batches with device-resident running counts), DeepSeek-V2's device-level balance (alone and beside every
+// variant; D = E is the micro_batch variant bitwise) and the z-loss, values and both gradients against the CPU path
+// on identical inputs; the values stay on the device until resolve() / resolve_all(); bitwise determinism; no host
+// wait.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -104,6 +106,8 @@ void expect_matches(const Result& gpu, const Result& cpu, const std::string& wha
       << "load balance: gpu " << gpu.values.load_balance << " cpu " << cpu.values.load_balance;
   EXPECT_LE(relative(gpu.values.z_loss, cpu.values.z_loss), kTolerance)
       << "z-loss: gpu " << gpu.values.z_loss << " cpu " << cpu.values.z_loss;
+  EXPECT_LE(relative(gpu.values.device_balance, cpu.values.device_balance), kTolerance)
+      << "device balance: gpu " << gpu.values.device_balance << " cpu " << cpu.values.device_balance;
   ASSERT_EQ(gpu.d_probs.shape(), cpu.d_probs.shape());
   ASSERT_EQ(gpu.d_logits.shape(), cpu.d_logits.shape());
   EXPECT_LE(relative_error(gpu.d_probs, cpu.d_probs), kTolerance) << "d_probs";
@@ -287,6 +291,118 @@ TEST(CudaRouterAux, ReturnsWithoutWaitingForTheStream) {
   EXPECT_LE(relative_error(on_cpu(dz), cdz), kTolerance);
 }
 #endif  // MOETRAIN_HAS_CUDA
+
+RouterLossSettings with_device_balance(RouterLossSettings s, double coef, int64_t groups) {
+  s.device_balance_coef = coef;
+  s.device_balance_groups = groups;
+  return s;
+}
+
+// Every divisor D of E tried below: one group, a few, one per expert (E = 512 > the kernel's 256 threads, so a
+// thread takes several groups); group sizes from 1 to E.
+std::vector<int64_t> groups_for(int64_t E) {
+  std::vector<int64_t> out;
+  for (int64_t D : {int64_t{1}, int64_t{2}, int64_t{4}, int64_t{5}, int64_t{8}, int64_t{13}, E}) {
+    if (E % D == 0 && std::find(out.begin(), out.end(), D) == out.end()) out.push_back(D);
+  }
+  return out;
+}
+
+// The device balance alone (load balance and z-loss off): its value and d_probs against the CPU, the other values 0
+// and d_logits untouched (zeros), for every case and several D.
+TEST(CudaRouterAux, DeviceBalanceOnlyMatchesCpu) {
+  MT_REQUIRE_GPU();
+  std::vector<Case> cases = kCases;
+  cases.push_back({100, 512, 8});
+  for (const Case& c : cases) {
+    const Routing r = make_routing(c.T, c.E, c.K, 91 + static_cast<uint64_t>(c.T));
+    for (const int64_t D : groups_for(c.E)) {
+      const RouterLossSettings s = with_device_balance(settings(LoadBalanceVariant::Sequence, 0.0, 0.0), 0.05, D);
+      const std::string what = "T=" + std::to_string(c.T) + " E=" + std::to_string(c.E) + " K=" + std::to_string(c.K) +
+                               " D=" + std::to_string(D);
+      const std::vector<int32_t> cu = random_documents(c.T, 4);  // ignored: the device balance's set is the batch
+      const Result gpu = run(s, 0, r, cu, Device::cuda(0));
+      expect_matches(gpu, run(s, 0, r, cu, Device::cpu()), what);
+      EXPECT_GT(gpu.values.device_balance, 0.0) << what;
+      EXPECT_EQ(gpu.values.load_balance, 0.0) << what;
+      EXPECT_EQ(gpu.values.z_loss, 0.0) << what;
+      EXPECT_TRUE(testing::same_bytes(gpu.d_logits, Tensor::zeros(gpu.d_logits.shape(), DType::F32))) << what;
+    }
+  }
+}
+
+// Beside every load-balance variant and the z-loss: micro_batch shares the load balance's statistics, sequence
+// computes the batch's own, global_batch shares them while its running counts grow (three micro-batches).
+TEST(CudaRouterAux, DeviceBalanceBesideEveryVariantMatchesCpu) {
+  MT_REQUIRE_GPU();
+  const int64_t E = 64, K = 6;
+  for (auto variant : {LoadBalanceVariant::MicroBatch, LoadBalanceVariant::Sequence, LoadBalanceVariant::GlobalBatch}) {
+    RouterLossSettings gpu_s = with_device_balance(settings(variant, 0.01, 0.001), 0.05, 8);
+    RouterLossSettings cpu_s = gpu_s;
+    std::vector<Tensor> gpu_counts(1), cpu_counts(1);
+    gpu_s.running_counts = &gpu_counts;
+    cpu_s.running_counts = &cpu_counts;
+    const std::vector<int64_t> tokens = {257, 9, 1031};
+    for (size_t m = 0; m < tokens.size(); ++m) {
+      const Routing r = make_routing(tokens[m], E, K, 200 + m);
+      const std::vector<int32_t> cu = random_documents(tokens[m], 17 + m);
+      expect_matches(run(gpu_s, 0, r, cu, Device::cuda(0)), run(cpu_s, 0, r, cu, Device::cpu()),
+                     "variant " + std::to_string(static_cast<int>(variant)) + ", micro-batch " + std::to_string(m));
+    }
+  }
+}
+
+// D = E on the GPU: the groups are the experts and the kernels evaluate the value kernel's expressions, so d_probs
+// is the micro_batch load balance's bit for bit and the value is the same up to its n / T weighting (1 f32 ulp).
+TEST(CudaRouterAux, DeviceBalanceWithOneGroupPerExpertIsTheMicroBatchLoadBalance) {
+  MT_REQUIRE_GPU();
+  for (const Case& c : kCases) {
+    const Routing r = make_routing(c.T, c.E, c.K, 301 + static_cast<uint64_t>(c.T));
+    const RouterLossSettings lb = settings(LoadBalanceVariant::MicroBatch, 0.02, 0.0);
+    const RouterLossSettings dev = with_device_balance(settings(LoadBalanceVariant::MicroBatch, 0.0, 0.0), 0.02, c.E);
+    const Result a = run(lb, 0, r, one_document(c.T), Device::cuda(0));
+    const Result b = run(dev, 0, r, one_document(c.T), Device::cuda(0));
+    EXPECT_FLOAT_EQ(float(b.values.device_balance), float(a.values.load_balance)) << "T=" << c.T;
+    EXPECT_TRUE(testing::same_bytes(a.d_probs, b.d_probs)) << "T=" << c.T;
+  }
+}
+
+TEST(CudaRouterAux, DeviceBalanceIsBitwiseDeterministic) {
+  MT_REQUIRE_GPU();
+  const Routing r = make_routing(2048, 96, 8, 57);
+  const std::vector<int32_t> cu = random_documents(2048, 11);
+  for (const double lb : {0.0, 0.01}) {
+    const RouterLossSettings s = with_device_balance(settings(LoadBalanceVariant::Sequence, lb, 0.001), 0.05, 12);
+    const Result a = run(s, 0, r, cu, Device::cuda(0)), b = run(s, 0, r, cu, Device::cuda(0));
+    EXPECT_EQ(a.values.device_balance, b.values.device_balance);
+    EXPECT_EQ(a.values.load_balance, b.values.load_balance);
+    EXPECT_TRUE(testing::same_bytes(a.d_probs, b.d_probs));
+  }
+}
+
+// resolve_all gathers the f32 [3] of several layers with one copy: every value as resolve() reads it alone.
+TEST(CudaRouterAux, ResolveAllReadsTheThreeValuesOfEveryLayer) {
+  MT_REQUIRE_GPU();
+  const RouterLossSettings s = with_device_balance(settings(LoadBalanceVariant::MicroBatch, 0.01, 0.001), 0.05, 4);
+  std::vector<RouterLossValues> together, alone;
+  for (int64_t layer = 0; layer < 3; ++layer) {
+    const Routing r = make_routing(50 + layer, 16, 2, 400 + static_cast<uint64_t>(layer));
+    const Tensor cu = on_gpu(Tensor::from_vector<int32_t>({0, static_cast<int32_t>(50 + layer)}, {2}));
+    Tensor dp, dz;
+    together.push_back(
+        model::router_aux_losses(s, layer, on_gpu(r.logits), on_gpu(r.probs), on_gpu(r.topk), cu, dp, dz));
+    alone.push_back(together.back());
+  }
+  model::resolve_all(together);
+  for (size_t i = 0; i < together.size(); ++i) {
+    alone[i].resolve();
+    EXPECT_FALSE(together[i].on_device.defined());
+    EXPECT_EQ(together[i].load_balance, alone[i].load_balance) << i;
+    EXPECT_EQ(together[i].z_loss, alone[i].z_loss) << i;
+    EXPECT_EQ(together[i].device_balance, alone[i].device_balance) << i;
+    EXPECT_GT(together[i].device_balance, 0.0) << i;
+  }
+}
 
 TEST(CudaRouterAux, RejectsTensorsOnDifferentDevices) {
   MT_REQUIRE_GPU();

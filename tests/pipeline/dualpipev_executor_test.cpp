@@ -72,6 +72,7 @@ void expect_same_loss(const model::StepLoss& got, const model::StepLoss& want, c
   EXPECT_EQ(got.num_tokens, want.num_tokens) << where;
   EXPECT_EQ(got.load_balance, want.load_balance) << where;
   EXPECT_EQ(got.z_loss, want.z_loss) << where;
+  EXPECT_EQ(got.device_balance, want.device_balance) << where;
 }
 
 struct PipelineRun {
@@ -131,6 +132,7 @@ TEST(PipelineExecutor, MatchesSingleRankForwardBackwardBitwise) {
       auto reference = make_model(config, kSeed);
       const model::StepLoss want = pipeline::forward_backward(*reference, batches);
       EXPECT_GT(want.load_balance, 0.0);
+      EXPECT_GT(want.device_balance, 0.0);
 
       const PipelineRun run = run_pipeline(config, pp, {batches}, false);
       for (int r = 0; r < pp; ++r) expect_same_loss(run.losses[static_cast<size_t>(r)][0], want, where);
@@ -387,7 +389,7 @@ TEST(PipelineExecutor, ExpertParallelGradientsSumToSingleRank) {
     const model::StepLoss want = pipeline::forward_backward(*reference, all, global);
     const EpRun run = run_pipeline_ep(config, pp, kEp, per_ep, global, false, DType::F32);
 
-    double ce_sum = 0.0, loss = 0.0, load_balance = 0.0, z_loss = 0.0;
+    double ce_sum = 0.0, loss = 0.0, load_balance = 0.0, z_loss = 0.0, device_balance = 0.0;
     int64_t targets = 0, tokens = 0;
     for (const model::StepLoss& l : run.losses) {
       ce_sum += l.ce_sum;
@@ -396,6 +398,7 @@ TEST(PipelineExecutor, ExpertParallelGradientsSumToSingleRank) {
       tokens += l.num_tokens;
       load_balance += l.load_balance * static_cast<double>(l.num_tokens);
       z_loss += l.z_loss * static_cast<double>(l.num_tokens);
+      device_balance += l.device_balance * static_cast<double>(l.num_tokens);
     }
     EXPECT_EQ(targets, want.num_targets);
     EXPECT_EQ(tokens, want.num_tokens);
@@ -403,6 +406,7 @@ TEST(PipelineExecutor, ExpertParallelGradientsSumToSingleRank) {
     EXPECT_NEAR(loss, want.loss, 1e-12 * want.loss);
     EXPECT_NEAR(load_balance / static_cast<double>(tokens), want.load_balance, 1e-12 * want.load_balance);
     EXPECT_NEAR(z_loss / static_cast<double>(tokens), want.z_loss, 1e-12 * want.z_loss);
+    EXPECT_NEAR(device_balance / static_cast<double>(tokens), want.device_balance, 1e-12 * want.device_balance);
     ASSERT_EQ(run.grads.size(), reference->params().specs().size()) << "every parameter has one owner";
     for (const auto& [name, grad] : run.grads)
       EXPECT_LE(testing::relative_error(grad, reference->params().grad(name)), 1e-5) << name;

@@ -42,6 +42,7 @@ void expect_same_loss(const model::StepLoss& got, const model::StepLoss& want) {
   EXPECT_EQ(got.num_tokens, want.num_tokens);
   EXPECT_EQ(got.load_balance, want.load_balance);
   EXPECT_EQ(got.z_loss, want.z_loss);
+  EXPECT_EQ(got.device_balance, want.device_balance);
 }
 
 void expect_same_grads(const model::CausalLm& got, const model::CausalLm& want) {
@@ -63,6 +64,7 @@ TEST(PlainExecutor, WithoutEpEqualsForwardBackwardBitwise) {
     auto reference = make_model(config, kSeed);
     const model::StepLoss want = pipeline::forward_backward(*reference, batches, global);
     EXPECT_GT(want.load_balance, 0.0);
+    EXPECT_GT(want.device_balance, 0.0);
     auto model = make_model(config, kSeed);
     PlainExecutor executor(*model, nullptr);
     expect_same_loss(executor.run_step(batches, global), want);
@@ -147,7 +149,7 @@ TEST(PlainExecutor, ExpertParallelGradientsSumToSingleRank) {
       }
     });
 
-    double ce_sum = 0.0, loss = 0.0, load_balance = 0.0, z_loss = 0.0;
+    double ce_sum = 0.0, loss = 0.0, load_balance = 0.0, z_loss = 0.0, device_balance = 0.0;
     int64_t targets = 0, tokens = 0;
     for (const model::StepLoss& l : got) {
       ce_sum += l.ce_sum;
@@ -156,6 +158,7 @@ TEST(PlainExecutor, ExpertParallelGradientsSumToSingleRank) {
       tokens += l.num_tokens;
       load_balance += l.load_balance * static_cast<double>(l.num_tokens);  // token-weighted per rank
       z_loss += l.z_loss * static_cast<double>(l.num_tokens);
+      device_balance += l.device_balance * static_cast<double>(l.num_tokens);
     }
     EXPECT_EQ(targets, want.num_targets);
     EXPECT_EQ(tokens, want.num_tokens);
@@ -163,6 +166,7 @@ TEST(PlainExecutor, ExpertParallelGradientsSumToSingleRank) {
     EXPECT_NEAR(loss, want.loss, 1e-12 * want.loss);
     EXPECT_NEAR(load_balance / static_cast<double>(tokens), want.load_balance, 1e-12 * want.load_balance);
     EXPECT_NEAR(z_loss / static_cast<double>(tokens), want.z_loss, 1e-12 * want.z_loss);
+    EXPECT_NEAR(device_balance / static_cast<double>(tokens), want.device_balance, 1e-12 * want.device_balance);
     EXPECT_GT(got.front().num_tokens, 5 * got.back().num_tokens) << "the ranks' token counts should differ a lot";
 
     ASSERT_EQ(summed.size(), reference->params().specs().size());

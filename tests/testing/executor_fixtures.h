@@ -57,13 +57,15 @@ inline int64_t count_targets(const std::vector<model::MicroBatch>& batches) {
   return n;
 }
 
-// Active auxiliary router losses (per micro-batch load balance and z-loss), so their values and
-// gradients are covered too.
+// Active auxiliary router losses (per micro-batch load balance, z-loss and DeepSeek-V2's device balance over 2
+// groups of experts), so their values and gradients are covered too.
 inline model::RouterLossSettings router_settings(const model::ModelConfig& config, int64_t global_targets) {
   model::RouterLossSettings s;
   s.variant = model::LoadBalanceVariant::MicroBatch;
   s.load_balance_coef = 0.01;
   s.z_loss_coef = 0.001;
+  s.device_balance_coef = 0.005;
+  s.device_balance_groups = 2;
   s.loss_scale = 1.0 / static_cast<double>(global_targets);
   s.num_moe_layers = 0;
   for (int64_t l = 0; l < config.num_hidden_layers; ++l) s.num_moe_layers += config.layer_is_moe(l) ? 1 : 0;

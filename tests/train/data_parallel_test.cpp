@@ -1,13 +1,18 @@
 // Tests for data-parallel training on thread ranks (ZeRO-3 sharding, the default with several data ranks; the
 // replicated mode is compared in fully_sharded_test.cpp): world 2 (dp 2) gives the loss and gradients of one rank on
-// the same global batch, also when the ranks hold very different token counts, and so do ep 2 and dp 2 x ep 2.
+// the same global batch, also when the ranks hold very different token counts, and so do ep 2 and dp 2 x ep 2 (also
+// with DeepSeek-V2's device-level balance, whose groups default to the ep ranks).
 #include "train/data_parallel.h"
 
+#include <fstream>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <tuple>
+#include <vector>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "dist/inprocess_communicator.h"
 #include "dist/mesh.h"
@@ -181,6 +186,42 @@ TEST(DataParallel, ExpertParallelRanksTrainLikeOne) {
       results[size_t(comm.rank())] = result_of(trainer, summary);
     });
     expect_same_training(results[0], single);
+  }
+}
+
+// DeepSeek-V2's device-level balance over 2 groups of the 8 experts: ep 2 (its default groups, one per ep rank, and
+// the same count given explicitly) trains like one rank given D = 2, and reports the same device balance (fp32 sums
+// in another order: 1e-5, as the losses).
+TEST(DataParallel, ExpertParallelRanksTrainLikeOneWithTheDeviceBalance) {
+  const std::string dir = testing::make_temp_dir("dp_device_balance");
+  io::JobConfig config = job();
+  config.loss.device_balance_coef = 0.05;
+  config.loss.device_balance_groups = 2;
+  config.metrics.jsonl = dir + "/single.jsonl";
+  const RunResult single = run_single(config);
+  const auto device_balance_of = [](const std::string& path) {
+    std::ifstream in(path);
+    std::vector<double> values;
+    for (std::string line; std::getline(in, line);) values.push_back(nlohmann::json::parse(line)["device_balance"]);
+    return values;
+  };
+  const std::vector<double> want = device_balance_of(config.metrics.jsonl);
+  ASSERT_EQ(want.size(), 3u);
+  for (const int64_t groups : {int64_t{0}, int64_t{2}}) {
+    SCOPED_TRACE("loss.device_balance_groups = " + std::to_string(groups));
+    config.loss.device_balance_groups = groups;
+    config.metrics.jsonl = dir + "/ep" + std::to_string(groups) + ".jsonl";
+    std::vector<RunResult> results(2);
+    dist::run_local_ranks(2, [&](dist::Communicator& comm) {
+      dist::Mesh mesh(comm.split(0, comm.rank(), "world"), dist::resolve_mesh(2, 1, 1, 2, 8));
+      Trainer trainer(config, &mesh);
+      const TrainSummary summary = trainer.run();
+      results[size_t(comm.rank())] = result_of(trainer, summary);
+    });
+    expect_same_training(results[0], single);
+    const std::vector<double> got = device_balance_of(config.metrics.jsonl);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-5 * want[i]) << "step " << i + 1;
   }
 }
 

@@ -1,5 +1,5 @@
 // Tests for train/trainer: exact resume, the golden AdamW trajectory through the trainer itself,
-// the load-balance loss in training, and NaN detection that never writes a poisoned checkpoint.
+// the load-balance and device-balance losses in training, and NaN detection that never writes a poisoned checkpoint.
 #include "train/trainer.h"
 
 #include <filesystem>
@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "io/safetensors.h"
+#include "testing/cuda_compare.h"
 #include "testing/gpu.h"
 #include "testing/test_data.h"
 #include "train/checkpoint.h"
@@ -109,6 +110,56 @@ TEST(Trainer, LossFallsAndMetricsAreLogged) {
     EXPECT_GT(record["lb_loss"].get<double>(), 0.9);  // 1.0 is perfect balance; it cannot go below
   }
   EXPECT_EQ(lines, 12);
+}
+
+// Reads every record of a metrics JSONL file.
+std::vector<nlohmann::json> read_jsonl(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<nlohmann::json> records;
+  for (std::string line; std::getline(in, line);) records.push_back(nlohmann::json::parse(line));
+  return records;
+}
+
+// DeepSeek-V2's device-level balance over 4 groups of the golden model's 8 experts: the step reports it (JSONL key
+// device_balance, between the balanced 1.0's neighbourhood and the collapsed D = 4), its gradient changes the
+// training, and a run without it has no such key (the other keys are unchanged).
+TEST(Trainer, DeviceBalanceLossTrainsAndIsLogged) {
+  const std::string dir = testing::make_temp_dir("trainer_device_balance");
+  io::JobConfig job = small_job(dir);
+  job.train.steps = 4;
+  job.checkpoint.dir.clear();
+  io::JobConfig with = job, without = job;
+  with.loss.device_balance_coef = 0.5;
+  with.loss.device_balance_groups = 4;
+  with.metrics.jsonl = dir + "/with.jsonl";
+  without.metrics.jsonl = dir + "/without.jsonl";
+  Trainer on(with), off(without);
+  const TrainSummary s_on = on.run(), s_off = off.run();
+  EXPECT_EQ(s_on.losses.front(), s_off.losses.front()) << "the first step's cross-entropy comes before any update";
+  EXPECT_NE(weights_of(on), weights_of(off)) << "the device-balance gradient must reach the parameters";
+  const std::vector<nlohmann::json> records = read_jsonl(with.metrics.jsonl);
+  ASSERT_EQ(records.size(), 4u);
+  for (const nlohmann::json& record : records) {
+    ASSERT_TRUE(record.contains("device_balance")) << record.dump();
+    const double value = record["device_balance"].get<double>();
+    EXPECT_GT(value, 0.9) << "1.0 is balanced over the groups";  // as lb_loss: near 1 at random init
+    EXPECT_LE(value, 4.0) << "D = 4 when every choice and all probability go to one group";
+    EXPECT_TRUE(record.contains("lb_loss") && record.contains("z_loss"));
+  }
+  for (const nlohmann::json& record : read_jsonl(without.metrics.jsonl)) {
+    EXPECT_FALSE(record.contains("device_balance")) << record.dump();
+    EXPECT_TRUE(record.contains("lb_loss") && record.contains("z_loss"));
+  }
+}
+
+// The device balance's groups must divide the experts: refused when the trainer loads the model, naming the key.
+TEST(Trainer, RefusesDeviceBalanceGroupsThatDoNotDivideTheExperts) {
+  const std::string dir = testing::make_temp_dir("trainer_device_groups");
+  io::JobConfig job = small_job(dir);
+  job.loss.device_balance_coef = 0.05;
+  job.loss.device_balance_groups = 3;
+  testing::expect_error_containing([&] { Trainer trainer(job); },
+                                   {"loss.device_balance_groups", "3 groups", "8 experts", "divisor of 8"});
 }
 
 // The golden trajectory (5 AdamW steps of 2 micro-batches, clip 1.0, lr 1e-3, betas (0.9, 0.95),

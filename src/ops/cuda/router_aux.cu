@@ -1,6 +1,7 @@
 // defines: the CUDA kernels of the router's auxiliary losses (ops/cuda/router_aux.h): balance-set statistics,
-// the running global counts, the load-balance value and gradient, the z-loss value and gradient, and the final
-// fixed-order reduction of both values into a device f32 [2]. Every float sum runs in f64 in a fixed order.
+// the running global counts, the load-balance value, the device-balance value, the gradient of both on the
+// probabilities, the z-loss value and gradient, and the final fixed-order reduction of the three values into a
+// device f32 [3]. Every float sum runs in f64 in a fixed order.
 #include "ops/cuda/router_aux.h"
 
 #include <algorithm>
@@ -137,17 +138,46 @@ __global__ void __launch_bounds__(kValueThreads)
   if (threadIdx.x == 0) set_value[set] = value * static_cast<double>(n) / static_cast<double>(tokens);
 }
 
-// d_probs[t, e] = coef * E * f_e(set of t) * layer_scale; tokens outside every set (none when cu[D] = T) get 0.
+// Device balance, one block: the micro-batch's statistics (its one set: prob_sum and counts [E]) summed over each of
+// the D groups of E / D consecutive experts in ascending expert order (thread i takes groups i, i + 256, ...):
+// F_i = choices of the group / (T * K), kept for the gradient, and the value D * sum_i F_i * sum_{e in i} P_e, with
+// P_e = prob_sum_e / T. The same f64 expressions as value_kernel, so that D = E gives the micro_batch variant's bits.
+__global__ void __launch_bounds__(kValueThreads)
+    device_value_kernel(double* group_fraction, double* device_value, const double* prob_sum, const int32_t* counts,
+                        int64_t tokens, int experts, int top_k, int groups) {
+  __shared__ double scratch[kValueThreads];
+  const int per_group = experts / groups;
+  double part = 0.0;
+  for (int i = static_cast<int>(threadIdx.x); i < groups; i += kValueThreads) {
+    int64_t chosen = 0;  // integers: exact
+    double prob = 0.0;
+    for (int e = i * per_group; e < (i + 1) * per_group; ++e) {
+      chosen += counts[e];
+      prob += prob_sum[e] / static_cast<double>(tokens);
+    }
+    const double f = static_cast<double>(chosen) / static_cast<double>(tokens * top_k);
+    group_fraction[i] = f;
+    part += static_cast<double>(groups) * f * prob;
+  }
+  const double value = block_sum(part, scratch);
+  if (threadIdx.x == 0) *device_value = value;
+}
+
+// d_probs[t, e] = coef * E * f_e(set of t) * layer_scale (when fraction is given; tokens outside every set, none when
+// cu[documents] = T, get 0) + device_coef * D * F_group(e) * layer_scale (when group_fraction is given), added in f64
+// in that order and rounded to f32 once, as model/router_loss.cpp does.
 __global__ void __launch_bounds__(kGradThreads)
     balance_grad_kernel(float* d_probs, const double* fraction, const int32_t* cu_seqlens, bool per_document,
-                        int64_t sets, int64_t tokens, int experts, double coef, double layer_scale) {
+                        int64_t sets, int64_t tokens, int experts, double coef, const double* group_fraction,
+                        int groups, double device_coef, double layer_scale) {
   const int64_t total = tokens * experts;
+  const int per_group = group_fraction != nullptr ? experts / groups : 1;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
     const int64_t t = i / experts;
     const int e = static_cast<int>(i % experts);
     int64_t set = 0;
-    if (per_document) {  // the last set whose start is <= t (skips empty documents)
+    if (fraction != nullptr && per_document) {  // the last set whose start is <= t (skips empty documents)
       int64_t lo = 0, hi = sets;
       while (lo < hi) {
         const int64_t mid = (lo + hi + 1) / 2;
@@ -159,9 +189,14 @@ __global__ void __launch_bounds__(kGradThreads)
       }
       set = lo;
     }
-    d_probs[i] =
-        set < sets ? static_cast<float>(coef * static_cast<double>(experts) * fraction[set * experts + e] * layer_scale)
-                   : 0.0f;
+    double grad = 0.0;
+    if (fraction != nullptr && set < sets) {
+      grad = coef * static_cast<double>(experts) * fraction[set * experts + e] * layer_scale;
+    }
+    if (group_fraction != nullptr) {
+      grad += device_coef * static_cast<double>(groups) * group_fraction[e / per_group] * layer_scale;
+    }
+    d_probs[i] = static_cast<float>(grad);
   }
 }
 
@@ -189,10 +224,11 @@ __global__ void __launch_bounds__(kTokenThreads)
   }
 }
 
-// One block: values[0] = sum over sets of their token-weighted values, values[1] = mean over tokens of lse^2;
-// 0 for a loss that is off (its input pointer is null).
+// One block: values[0] = sum over sets of their token-weighted values, values[1] = mean over tokens of lse^2,
+// values[2] = the device balance; 0 for a loss that is off (its input pointer is null).
 __global__ void __launch_bounds__(kFinishThreads)
-    finish_kernel(float* values, const double* set_value, int64_t sets, const double* lse_squared, int64_t tokens) {
+    finish_kernel(float* values, const double* set_value, int64_t sets, const double* lse_squared, int64_t tokens,
+                  const double* device_value) {
   __shared__ double scratch[kFinishThreads];
   double part = 0.0;
   if (set_value != nullptr) {
@@ -207,6 +243,7 @@ __global__ void __launch_bounds__(kFinishThreads)
   if (threadIdx.x == 0) {
     values[0] = set_value != nullptr ? static_cast<float>(load_balance) : 0.0f;
     values[1] = lse_squared != nullptr ? static_cast<float>(z_sum / static_cast<double>(tokens)) : 0.0f;
+    values[2] = device_value != nullptr ? static_cast<float>(*device_value) : 0.0f;
   }
 }
 
@@ -225,19 +262,24 @@ void router_aux_losses(const Stream& stream, const Tensor& values, const Tensor&
   const Device device = logits.device();
   const auto s = static_cast<cudaStream_t>(stream_handle(stream));
   const bool load_balance = params.load_balance_coef > 0.0, z_loss = params.z_loss_coef > 0.0;
+  const bool device_balance = params.device_balance_coef > 0.0;
+  MT_CHECK(!device_balance || (params.device_groups >= 1 && experts % params.device_groups == 0),
+           "router aux losses: the device balance needs D >= 1 groups dividing E = {}, but D = {}", experts,
+           params.device_groups);
   const int64_t sets = params.per_document ? cu_seqlens.numel() - 1 : 1;
   const int e_count = static_cast<int>(experts), k_count = static_cast<int>(top_k);
-  if (tokens == 0) {  // no token: both values are 0 (the CPU path's would divide by zero)
+  const int groups = device_balance ? static_cast<int>(params.device_groups) : 1;
+  if (tokens == 0) {  // no token: every value is 0 (the CPU path's would divide by zero)
     MT_CUDA_CHECK(cudaMemsetAsync(values.raw_data(), 0, values.nbytes(), s));
     return;
   }
   const int32_t* cu = params.per_document ? cu_seqlens.data<int32_t>() : nullptr;
 
-  Tensor set_value;
+  Tensor set_value, prob_sum, counts, fraction;
   if (load_balance) {
-    const Tensor prob_sum = Tensor::empty({std::max<int64_t>(sets, 1), experts}, DType::F64, device);
-    const Tensor counts = Tensor::empty({std::max<int64_t>(sets, 1), experts}, DType::I32, device);
-    const Tensor fraction = Tensor::empty({std::max<int64_t>(sets, 1), experts}, DType::F64, device);
+    prob_sum = Tensor::empty({std::max<int64_t>(sets, 1), experts}, DType::F64, device);
+    counts = Tensor::empty({std::max<int64_t>(sets, 1), experts}, DType::I32, device);
+    fraction = Tensor::empty({std::max<int64_t>(sets, 1), experts}, DType::F64, device);
     set_value = Tensor::empty({std::max<int64_t>(sets, 1)}, DType::F64, device);
     if (sets > 0) {
       const dim3 grid(static_cast<unsigned>(sets), static_cast<unsigned>((experts + kTileExperts - 1) / kTileExperts));
@@ -257,9 +299,33 @@ void router_aux_losses(const Stream& stream, const Tensor& values, const Tensor&
           cu, params.per_document, tokens, e_count, k_count);
       MT_CUDA_CHECK(cudaGetLastError());
     }
+  }
+  Tensor group_fraction, device_value;
+  if (device_balance) {
+    // The micro-batch as one set: the load balance's statistics when it has that one set (counts are this
+    // micro-batch's even with use_running), else computed here.
+    Tensor batch_prob_sum = prob_sum, batch_counts = counts;
+    if (!load_balance || params.per_document) {
+      batch_prob_sum = Tensor::empty({experts}, DType::F64, device);
+      batch_counts = Tensor::empty({experts}, DType::I32, device);
+      const dim3 grid(1, static_cast<unsigned>((experts + kTileExperts - 1) / kTileExperts));
+      stats_kernel<<<grid, dim3(kTileExperts, kRowGroups), 0, s>>>(
+          batch_prob_sum.data<double>(), batch_counts.data<int32_t>(), probs.data<float>(), topk_index.data<int32_t>(),
+          nullptr, false, tokens, e_count, k_count);
+      MT_CUDA_CHECK(cudaGetLastError());
+    }
+    group_fraction = Tensor::empty({params.device_groups}, DType::F64, device);
+    device_value = Tensor::empty({1}, DType::F64, device);
+    device_value_kernel<<<1, kValueThreads, 0, s>>>(group_fraction.data<double>(), device_value.data<double>(),
+                                                    batch_prob_sum.data<double>(), batch_counts.data<int32_t>(), tokens,
+                                                    e_count, k_count, groups);
+    MT_CUDA_CHECK(cudaGetLastError());
+  }
+  if (load_balance || device_balance) {
     balance_grad_kernel<<<capped_blocks(tokens * experts, kGradThreads), kGradThreads, 0, s>>>(
-        d_probs.data<float>(), fraction.data<double>(), cu, params.per_document, sets, tokens, e_count,
-        params.load_balance_coef, params.layer_scale);
+        d_probs.data<float>(), load_balance ? fraction.data<double>() : nullptr, cu, params.per_document, sets, tokens,
+        e_count, params.load_balance_coef, device_balance ? group_fraction.data<double>() : nullptr, groups,
+        params.device_balance_coef, params.layer_scale);
     MT_CUDA_CHECK(cudaGetLastError());
   }
   Tensor lse_squared;
@@ -272,7 +338,8 @@ void router_aux_losses(const Stream& stream, const Tensor& values, const Tensor&
     MT_CUDA_CHECK(cudaGetLastError());
   }
   finish_kernel<<<1, kFinishThreads, 0, s>>>(values.data<float>(), load_balance ? set_value.data<double>() : nullptr,
-                                             sets, z_loss ? lse_squared.data<double>() : nullptr, tokens);
+                                             sets, z_loss ? lse_squared.data<double>() : nullptr, tokens,
+                                             device_balance ? device_value.data<double>() : nullptr);
   MT_CUDA_CHECK(cudaGetLastError());
 }
 
