@@ -76,7 +76,7 @@ ParameterStore::ParameterStore(std::vector<ParamSpec> specs, Device device, DTyp
     check_pieces_tile(spec.pieces, spec.shape, spec.name);
     params_.push_back(Tensor::zeros(spec.shape, DType::F32, device));
     grads_.push_back(Tensor::zeros(spec.shape, DType::F32, device));
-    const bool copy = compute_dtype != DType::F32 && spec.is_matrix();
+    const bool copy = compute_dtype != DType::F32 && spec.is_matrix() && !spec.f32_compute;
     compute_.push_back(copy ? Tensor::zeros(spec.shape, compute_dtype, device) : params_.back());
   }
 }

@@ -48,6 +48,9 @@ struct ParamSpec {
   // The family keeps it f32 under bf16 compute, naming the pin ("A_log", "dt_bias" of Gated DeltaNet; empty: not
   // pinned): the exact admission allows the certified pins a job declares.
   std::string fp32_pin;
+  // Read in f32 under bf16 compute although it has two dims: a stack of vectors, e.g. an expert bank's biases
+  // [E, N] (transformers keeps GPT-OSS's expert biases f32 and adds them in f32). Weight decay still applies.
+  bool f32_compute = false;
   bool is_matrix() const { return shape.size() >= 2; }  // weight decay applies to these
 };
 
@@ -64,8 +67,8 @@ void attach_row_blocks(ParamSpec& spec, const std::vector<std::string>& hf_names
 // "<hf_mlp>experts.<e>.", with transformers' fused in-memory name "<hf_mlp>experts.gate_up_proj" / "down_proj".
 void attach_hf_mlp_pieces(ParamSpec& spec, const std::string& hf_mlp, bool experts, bool gate_up);
 
-// The parameters are fp32 masters with fp32 gradients. With a bf16 compute dtype every matrix also
-// has a bf16 copy that the forward and backward read (`weight`); norms and other 1-D tensors are
+// The parameters are fp32 masters with fp32 gradients. With a bf16 compute dtype every matrix (but those marked
+// f32_compute) also has a bf16 copy that the forward and backward read (`weight`); norms and other 1-D tensors are
 // read in fp32 (the kernels take their weights in f32). The copies follow the masters through
 // refresh_compute_weights, which every write to the masters here calls (and whoever writes them
 // elsewhere, e.g. a pipeline broadcast); train::AdamW writes the copies itself in its step.

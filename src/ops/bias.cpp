@@ -1,6 +1,7 @@
 // defines: the public bias ops: argument validation (y / dy [R, N] in a float dtype of the backend, bias [N] or
 // [G, N] in f32 or y's dtype, dbias f32 or f64 with f64 dy, the group offsets, devices, contiguity) and dispatch to
-// the backend: the CPU reference (f32 or f64) or the CUDA kernels (f32 or bf16 activations, f32 gradients).
+// the backend: the CPU reference (f32 or f64) or the CUDA kernels (f32 or bf16 activations, f32 gradients); and the
+// biased linear composed from the public GEMM, bias and cast ops.
 #include "ops/bias.h"
 
 #include <cstdint>
@@ -8,6 +9,8 @@
 #include <utility>
 
 #include "ops/cpu/bias.h"
+#include "ops/elementwise.h"
+#include "ops/gemm.h"
 #include "ops/op_checks.h"
 #include "ops/op_profile.h"
 #if MOETRAIN_HAS_CUDA
@@ -137,6 +140,22 @@ void grouped_bias_backward(Stream& stream, Tensor dbias, const Tensor& dy, const
   }
 #endif
   cpu::grouped_bias_backward(dbias, dy, offsets);
+}
+
+void biased_linear_forward(Stream& stream, Tensor y, const Tensor& x, const Tensor& w, const Tensor& bias) {
+  if (!bias.defined()) {
+    linear_forward(stream, y, x, w);
+    return;
+  }
+  if (y.dtype() != DType::BF16) {
+    linear_forward(stream, y, x, w);
+    bias_add(stream, y, bias);
+    return;
+  }
+  Tensor wide = Tensor::empty(y.shape(), DType::F32, y.device());
+  linear_forward(stream, wide, x, w);
+  bias_add(stream, wide, bias);
+  cast(stream, y, wide);
 }
 
 }  // namespace moetrain::ops

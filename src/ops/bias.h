@@ -14,6 +14,11 @@ void bias_add(Stream& stream, Tensor y, const Tensor& bias);
 // dbias is f32, or f64 with f64 dy (the CPU's gradient checks).
 void bias_backward(Stream& stream, Tensor dbias, const Tensor& dy);
 
+// y [M, N] = x [M, K] w [N, K]^T + bias [N] (undefined: no bias), rounded once: under bf16 the product is formed in
+// f32, the bias added there and the sum rounded to bf16, as cuBLAS's bias epilogue under transformers' autocast
+// rounds it (a bias added to the rounded product would round twice). Operands as ops::linear_forward's.
+void biased_linear_forward(Stream& stream, Tensor y, const Tensor& x, const Tensor& w, const Tensor& bias);
+
 // Rows [offsets[g], offsets[g + 1]) of y [R, N] += bias[g] (bias [G, N], f32 or y's dtype); offsets i32 [G + 1] from
 // 0 to R on the stream's device. Empty groups are fine.
 void grouped_bias_add(Stream& stream, Tensor y, const Tensor& bias, const Tensor& offsets);

@@ -105,6 +105,13 @@ Results run_attention(const Inputs& in, const Case& c, const ops::AttentionParam
           testing::host_f32(dv)};
 }
 
+// ||t|| of a host f32 tensor.
+double l2_norm(const Tensor& t) {
+  double sum = 0.0;
+  for (float x : t.to_vector<float>()) sum += double(x) * double(x);
+  return std::sqrt(sum);
+}
+
 void expect_close(const Results& got, const Results& want, double threshold, const std::string& what) {
   const std::pair<const char*, std::pair<const Tensor*, const Tensor*>> pairs[] = {{"out", {&got.out, &want.out}},
                                                                                    {"lse", {&got.lse, &want.lse}},
@@ -112,7 +119,9 @@ void expect_close(const Results& got, const Results& want, double threshold, con
                                                                                    {"dk", {&got.dk, &want.dk}},
                                                                                    {"dv", {&got.dv, &want.dv}}};
   for (const auto& [name, t] : pairs) {
-    const double err = relative_error(*t.first, *t.second);
+    // A window of 1 makes each softmax a single 1, whose dq and dk are exactly 0: those are measured against the size
+    // of dv, the gradient the same dout drives (bf16 leaves ~1e-6 there, from D = dout . out on the rounded out).
+    const double err = l2_norm(*t.second) == 0.0 ? l2_norm(*t.first) / l2_norm(want.dv) : relative_error(*t.first, *t.second);
     EXPECT_LT(err, threshold) << what << ": " << name << " relative error ||gpu - ref|| / ||ref|| = " << err
                               << " (max abs diff " << testing::max_abs_diff(*t.first, *t.second) << ")";
     std::printf("[ cuDNN    ] %s: %s relative error %.3e\n", what.c_str(), name, err);

@@ -15,6 +15,8 @@
 #include "core/rng.h"
 #include "ops/bias.h"
 #include "ops/cuda/bias.h"
+#include "ops/elementwise.h"
+#include "ops/gemm.h"
 #include "testing/cuda_compare.h"
 #include "testing/gpu.h"
 #include "testing/test_data.h"
@@ -258,6 +260,32 @@ TEST(CudaBias, RejectsDtypesWithoutACudaKernelAndMixedDevices) {
                               on_gpu(Tensor::zeros({2}, DType::I32)));
       },
       {"grouped_bias_add", "offsets", "expected shape [3] but found [2]"});
+}
+
+// The biased linear under bf16 rounds once: its bytes are those of the f32 product plus bias on the GPU, cast to
+// bf16 (a bias added to the bf16 product would round twice), and within bf16 rounding of the CPU's f32 result on the
+// same rounded operands. Without a bias it is the plain linear.
+TEST(CudaBiasedLinear, Bf16RoundsTheProductPlusBiasOnce) {
+  MT_REQUIRE_GPU();
+  Rng rng(81);
+  const Tensor x = random_tensor({37, 96}, DType::F32, rng).to(DType::BF16);
+  const Tensor w = random_tensor({80, 96}, DType::F32, rng).to(DType::BF16);
+  const Tensor bias = random_tensor({80}, DType::F32, rng);
+  Tensor y = Tensor::empty({37, 80}, DType::BF16, Device::cuda(0));
+  ops::biased_linear_forward(gpu(), y, on_gpu(x), on_gpu(w), on_gpu(bias));
+  Tensor wide = Tensor::empty({37, 80}, DType::F32, Device::cuda(0));
+  ops::biased_linear_forward(gpu(), wide, on_gpu(x), on_gpu(w), on_gpu(bias));
+  Tensor once = Tensor::empty({37, 80}, DType::BF16, Device::cuda(0));
+  ops::cast(gpu(), once, wide);
+  EXPECT_TRUE(same_bytes(y, once));
+  Tensor cpu = Tensor::empty({37, 80}, DType::F32);
+  ops::biased_linear_forward(Stream::cpu(), cpu, x.to(DType::F32), w.to(DType::F32), bias);
+  EXPECT_LT(relative_error(host_f32(y), cpu), 4e-3);  // 2^-8 per element at most, with f32 sums of 96 terms
+  Tensor plain = Tensor::empty({37, 80}, DType::BF16, Device::cuda(0));
+  ops::linear_forward(gpu(), plain, on_gpu(x), on_gpu(w));
+  Tensor unbiased = Tensor::empty({37, 80}, DType::BF16, Device::cuda(0));
+  ops::biased_linear_forward(gpu(), unbiased, on_gpu(x), on_gpu(w), Tensor());
+  EXPECT_TRUE(same_bytes(unbiased, plain));
 }
 
 }  // namespace

@@ -40,10 +40,7 @@ void refuse_unsupported(const AttentionOptions& o) {
            "attention block: sliding_window must be in [0, 2^31) (0: the whole document) but is {}", o.sliding_window);
 }
 
-// The bias of a projection's output rows, if it has one.
-void add_bias(Stream& s, const Tensor& y, const Tensor& bias) {
-  if (bias.defined()) ops::bias_add(s, y, bias);
-}
+// The gradient of a projection's bias, if it has one.
 void bias_grad(Stream& s, const Tensor& g_bias, const Tensor& dy) {
   if (g_bias.defined()) ops::bias_backward(s, g_bias, dy);
 }
@@ -139,12 +136,9 @@ Tensor GqaAttention::forward(MixerRecord& record, const Tensor& x, const MicroBa
   r.q = Tensor::empty({T, nh, hd}, dt, dev);
   r.k = Tensor::empty({T, nkv, hd}, dt, dev);
   r.v = Tensor::empty({T, nkv, hd}, dt, dev);
-  ops::linear_forward(s, r.q.view({T, -1}), x, w_q_);
-  ops::linear_forward(s, r.k.view({T, -1}), x, w_k_);
-  ops::linear_forward(s, r.v.view({T, -1}), x, w_v_);
-  add_bias(s, r.q.view({T, -1}), w_q_bias_);
-  add_bias(s, r.k.view({T, -1}), w_k_bias_);
-  add_bias(s, r.v.view({T, -1}), w_v_bias_);
+  ops::biased_linear_forward(s, r.q.view({T, -1}), x, w_q_, w_q_bias_);
+  ops::biased_linear_forward(s, r.k.view({T, -1}), x, w_k_, w_k_bias_);
+  ops::biased_linear_forward(s, r.v.view({T, -1}), x, w_v_, w_v_bias_);
 
   if (options_.qk_norm) {
     r.rstd_q = Tensor::empty({T * nh}, statistics_dtype(dt), dev);
@@ -170,8 +164,7 @@ Tensor GqaAttention::forward(MixerRecord& record, const Tensor& x, const MicroBa
   if (options_.sinks) ops::attention_sinks_forward(s, r.attn, r.lse, w_sinks_);
 
   Tensor out = Tensor::empty({T, options_.hidden_size}, dt, dev);
-  ops::linear_forward(s, out, r.attn.view({T, -1}), w_o_);
-  add_bias(s, out, w_o_bias_);
+  ops::biased_linear_forward(s, out, r.attn.view({T, -1}), w_o_, w_o_bias_);
   return out;
 }
 

@@ -24,6 +24,7 @@ std::vector<ParamSpec> GatedMlp::param_specs(const GatedMlpOptions& o, const std
     specs[2].name = prefix + "gate_up_bias", specs[2].shape = Shape(gate_up.begin(), gate_up.end() - 1);
     specs[3].name = prefix + "down_bias", specs[3].shape = Shape(down.begin(), down.end() - 1);
     specs[2].init = specs[3].init = ParamInit::Zeros;
+    specs[2].f32_compute = specs[3].f32_compute = true;  // added in f32, as transformers' GPT-OSS experts do
   }
   for (ParamSpec& spec : specs) {
     spec.role = o.role;
