@@ -112,8 +112,18 @@ void run_forward_backward_case(Report& report, const std::string& label, const s
   } else if (model.config().is_moe()) {
     std::vector<Tensor> reference;
     if (dumped_router_logits) {
+      // The routing check reads rows of the reference's shape; one that differs from ours (a header rewritten from
+      // [96, 8] to [768, 1] keeps the element count) is refused before it is read.
       for (size_t i = 0; i < observed.router_logits[0].size(); ++i) {
-        reference.push_back(ref.tensor(fmt::format("router_logits.{}", i)));
+        const std::string key = fmt::format("router_logits.{}", i);
+        MT_CHECK(ref.contains(key), "check-golden: the reference {} has router_logits.0 but no '{}' ({} MoE layers)",
+                 ref.path(), key, observed.router_logits[0].size());
+        Tensor tensor = ref.tensor(key);
+        MT_CHECK(tensor.shape() == observed.router_logits[0][i].shape(),
+                 "check-golden: the reference {} has '{}' of shape {}, expected {} (tokens x experts, as the model "
+                 "computes them)",
+                 ref.path(), key, shape_str(tensor.shape()), shape_str(observed.router_logits[0][i].shape()));
+        reference.push_back(std::move(tensor));
       }
     } else {
       model::ForwardObservation f32;

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "io/atomic_file.h"
 #include "io/safetensors.h"
 #include "model/causal_lm.h"
 #include "model/model_config.h"
@@ -26,14 +27,9 @@ std::string resolve_checkpoint(const std::string& path) {
   return *latest;
 }
 
+// An exclusive temporary file beside `path`, then a rename: an existing "<path>.tmp" symlink is never followed.
 void write_text_atomically(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << text;
-    MT_CHECK(out.good(), "convert: cannot write '{}'", tmp);
-  }
-  std::filesystem::rename(tmp, path);
+  io::write_file_atomically(path, {{text.data(), text.size()}}, "convert");
 }
 
 }  // namespace

@@ -33,6 +33,10 @@ void count_allocation(DeviceKind kind, int64_t bytes) {
   }
 }
 
+// Larger requests are refused before the allocator sees them (rounding up would wrap near 2^64): 2^62 bytes is
+// more than any host or device holds.
+constexpr size_t kMaxAllocationBytes = size_t{1} << 62;
+
 void* cpu_allocate(size_t bytes, Device) {
   const size_t rounded = (bytes + kCpuAlignment - 1) / kCpuAlignment * kCpuAlignment;
   void* data = std::aligned_alloc(kCpuAlignment, rounded == 0 ? kCpuAlignment : rounded);
@@ -77,6 +81,8 @@ void register_device_allocator(DeviceKind kind, const DeviceAllocator& allocator
 bool has_device_allocator(DeviceKind kind) { return g_allocators[static_cast<int>(kind)].allocate != nullptr; }
 
 std::shared_ptr<Storage> allocate_storage(size_t bytes, Device device) {
+  MT_CHECK(bytes <= kMaxAllocationBytes, "allocation: {} bytes on {} is more than the {} bytes any device holds", bytes,
+           device.str(), kMaxAllocationBytes);
   const DeviceAllocator& allocator = allocator_for(device);
   auto storage = std::make_shared<Storage>();
   storage->data = allocator.allocate(bytes, device);
@@ -100,8 +106,11 @@ void release_storage_bytes(Storage& storage) {
 
 void allocate_storage_bytes(Storage& storage) {
   MT_CHECK(storage.data == nullptr && storage.owner == nullptr,
-           "allocation: allocate_storage_bytes on a storage of {} bytes on {} that still holds memory",
-           storage.bytes, storage.device.str());
+           "allocation: allocate_storage_bytes on a storage of {} bytes on {} that still holds memory", storage.bytes,
+           storage.device.str());
+  MT_CHECK(storage.bytes <= kMaxAllocationBytes,
+           "allocation: {} bytes on {} is more than the {} bytes any device holds", storage.bytes, storage.device.str(),
+           kMaxAllocationBytes);
   const DeviceAllocator& allocator = allocator_for(storage.device);
   storage.data = allocator.allocate(storage.bytes, storage.device);
   storage.release = allocator.release;

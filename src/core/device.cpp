@@ -9,6 +9,10 @@ namespace moetrain {
 
 std::string Device::str() const { return kind == DeviceKind::CPU ? std::string("cpu") : fmt::format("cuda:{}", index); }
 
+namespace {
+constexpr int kMaxDeviceIndex = 1024;
+}  // namespace
+
 Device parse_device(const std::string& text) {
   if (text == "cpu") return Device::cpu();
   if (text == "cuda") return Device::cuda(0);
@@ -16,6 +20,9 @@ Device parse_device(const std::string& text) {
     const std::string digits = text.substr(5);
     MT_CHECK(!digits.empty() && digits.find_first_not_of("0123456789") == std::string::npos,
              "device: expected 'cpu', 'cuda' or 'cuda:N' but found '{}'", text);
+    // At most 4 digits: more than any machine's GPUs, and never a number past int.
+    MT_CHECK(digits.size() <= 4 && std::stoi(digits) < kMaxDeviceIndex,
+             "device: '{}' names GPU {}, expected an index in [0, {})", text, digits, kMaxDeviceIndex);
     return Device::cuda(std::stoi(digits));
   }
   MT_FAIL("device: expected 'cpu', 'cuda' or 'cuda:N' but found '{}'", text);

@@ -9,12 +9,17 @@ namespace moetrain {
 
 namespace {
 
+// Refuses a stride past int64 even where the element count is 0 ([0, 2^40, 2^40] has no elements, but its strides
+// would wrap).
 Shape contiguous_strides(const Shape& shape) {
   Shape strides(shape.size());
   int64_t stride = 1;
   for (int d = static_cast<int>(shape.size()) - 1; d >= 0; --d) {
     strides[d] = stride;
-    stride *= shape[d];
+    if (d > 0) {
+      MT_CHECK(!__builtin_mul_overflow(stride, shape[d], &stride),
+               "tensor: the strides of shape {} overflow 64 bits (an extent is far too large)", shape_str(shape));
+    }
   }
   return strides;
 }
@@ -77,17 +82,31 @@ std::string shape_str(const Shape& shape) { return fmt::format("[{}]", fmt::join
 
 int64_t shape_numel(const Shape& shape) {
   int64_t n = 1;
-  for (int64_t extent : shape) n *= extent;
+  for (int64_t extent : shape) {
+    MT_CHECK(!__builtin_mul_overflow(n, extent, &n),
+             "tensor: shape {} has more elements than 64 bits count (an extent is far too large)", shape_str(shape));
+  }
   return n;
+}
+
+size_t shape_nbytes(const Shape& shape, DType dtype) {
+  const int64_t n = shape_numel(shape);
+  MT_CHECK(n >= 0, "tensor: shape {} has a negative extent", shape_str(shape));
+  uint64_t bytes = 0;
+  MT_CHECK(!__builtin_mul_overflow(static_cast<uint64_t>(n), uint64_t{dtype_size(dtype)}, &bytes) &&
+               bytes <= kMaxTensorBytes,
+           "tensor: shape {} of {} needs {} elements of {} bytes, more than the {} bytes any device holds",
+           shape_str(shape), dtype_name(dtype), n, dtype_size(dtype), kMaxTensorBytes);
+  return static_cast<size_t>(bytes);
 }
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   check_shape_valid(shape);
   Tensor t;
-  t.storage_ = allocate_storage(static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype), device);
+  t.strides_ = contiguous_strides(shape);  // first: its overflow check runs before anything is allocated
+  t.storage_ = allocate_storage(shape_nbytes(shape, dtype), device);
   t.dtype_ = dtype;
   t.shape_ = shape;
-  t.strides_ = contiguous_strides(shape);
   return t;
 }
 
@@ -100,9 +119,10 @@ Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
 Tensor Tensor::from_blob(void* data, const Shape& shape, DType dtype, Device device, std::shared_ptr<void> owner) {
   check_shape_valid(shape);
   Tensor t;
+  const size_t bytes = shape_nbytes(shape, dtype);
   t.storage_ = std::make_shared<Storage>();
   t.storage_->data = data;
-  t.storage_->bytes = static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype);
+  t.storage_->bytes = bytes;
   t.storage_->device = device;
   t.storage_->owner = std::move(owner);
   t.dtype_ = dtype;
@@ -144,7 +164,8 @@ Tensor Tensor::view(const Shape& shape) const {
       MT_CHECK(inferred < 0, "tensor: view {} has more than one -1", shape_str(shape));
       inferred = static_cast<int>(d);
     } else {
-      known *= resolved[d];
+      MT_CHECK(!__builtin_mul_overflow(known, resolved[d], &known),
+               "tensor: view {} has more elements than 64 bits count", shape_str(shape));
     }
   }
   if (inferred >= 0) {

@@ -20,7 +20,12 @@ namespace moetrain {
 using Shape = std::vector<int64_t>;
 
 std::string shape_str(const Shape& shape);
+// The element count of `shape`; an extent product past int64 is an Error naming the shape (never a wrapped count).
 int64_t shape_numel(const Shape& shape);
+// The bytes of a contiguous `shape` of `dtype`; a count past kMaxTensorBytes is an Error naming the shape.
+size_t shape_nbytes(const Shape& shape, DType dtype);
+// 2^62 bytes: more than any host or device holds, and far enough below 2^64 that offsets into it cannot wrap.
+inline constexpr uint64_t kMaxTensorBytes = uint64_t{1} << 62;
 
 class Tensor {
  public:
@@ -41,7 +46,7 @@ class Tensor {
   int dim() const { return static_cast<int>(shape_.size()); }
   int64_t size(int d) const;  // negative d counts from the end
   int64_t numel() const { return shape_numel(shape_); }
-  size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype_); }
+  size_t nbytes() const { return shape_nbytes(shape_, dtype_); }
   bool is_contiguous() const;
   std::string describe() const;  // "f32[2, 48] on cpu"
   // The allocation this tensor views, shared with every view of it (ZeRO-3 frees and re-allocates its bytes while

@@ -25,6 +25,11 @@ namespace moetrain::io {
 
 namespace {
 
+// Bounds on job sizes, far above any real run: rows of 2^24 tokens, 2^20 micro-batches per step, 1024 thread ranks.
+constexpr int64_t kMaxJobExtent = int64_t{1} << 24;
+constexpr int64_t kMaxMicroBatchesPerStep = int64_t{1} << 20;
+constexpr int64_t kMaxLocalRanks = 1024;
+
 namespace fs = std::filesystem;
 
 // A string key holding a path: a relative value resolves against the TOML file's folder (file)
@@ -498,6 +503,15 @@ bool is_device(const std::string& device) {
   return std::all_of(device.begin() + 5, device.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
 
+// The GPU index of a "cuda:N" that is_device accepted: a number past int or past any machine is refused here (as
+// parse_device would, later), naming the key, rather than failing inside a conversion.
+constexpr size_t kMaxDeviceDigits = 4;
+constexpr int kMaxDeviceIndex = 1024;
+bool device_index_in_range(const std::string& device) {
+  if (!device.starts_with("cuda:")) return true;
+  return device.size() - 5 <= kMaxDeviceDigits && std::stoi(device.substr(5)) < kMaxDeviceIndex;
+}
+
 // Checks every rule of the header (the comparisons are written so NaN fails them) and fills the
 // default global_batch. `source` names the configuration in errors.
 void validate(JobConfig& c, const std::string& source) {
@@ -511,6 +525,8 @@ void validate(JobConfig& c, const std::string& source) {
   MT_CHECK(std::isfinite(c.model.init_std) && c.model.init_std >= 0,
            "{}: model.init_std must be finite and >= 0 but is {}", s, c.model.init_std);
   MT_CHECK(is_device(c.model.device), "{}: model.device must be cpu, cuda or cuda:N but is '{}'", s, c.model.device);
+  MT_CHECK(device_index_in_range(c.model.device), "{}: model.device is '{}', expected a GPU index in [0, {})", s,
+           c.model.device, kMaxDeviceIndex);
   MT_CHECK(c.model.head_chunk >= 0, "{}: model.head_chunk must be >= 0 (0: no chunking) but is {}", s,
            c.model.head_chunk);
   MT_CHECK(one_of(c.model.compute_dtype, {"f32", "bf16"}), "{}: model.compute_dtype must be f32 or bf16 but is '{}'", s,
@@ -547,12 +563,25 @@ void validate(JobConfig& c, const std::string& source) {
   if (t.global_batch == 0 && t.global_batch_tokens == 0) t.global_batch = t.micro_batch;
   MT_CHECK(t.global_batch % t.micro_batch == 0, "{}: train.global_batch ({}) must be a multiple of micro_batch ({})", s,
            t.global_batch, t.micro_batch);
+  // Sizes are bounded before anything is planned or allocated from them: a step of 2^62 rows would grow the plan of
+  // its micro-batches for minutes before failing.
+  MT_CHECK(t.seq_len <= kMaxJobExtent, "{}: train.seq_len is {}, more than the {} tokens a row may have", s, t.seq_len,
+           kMaxJobExtent);
+  MT_CHECK(t.micro_batch <= kMaxJobExtent, "{}: train.micro_batch is {}, more than the {} rows a micro-batch may have",
+           s, t.micro_batch, kMaxJobExtent);
   int64_t micro_tokens = 0;
   MT_CHECK(!__builtin_mul_overflow(t.micro_batch, t.seq_len, &micro_tokens),
            "{}: train.micro_batch * train.seq_len ({} * {}) overflows int64", s, t.micro_batch, t.seq_len);
   MT_CHECK(t.global_batch_tokens % micro_tokens == 0,
            "{}: train.global_batch_tokens ({}) must be a multiple of micro_batch * seq_len ({} * {} = {})", s,
            t.global_batch_tokens, t.micro_batch, t.seq_len, micro_tokens);
+  const int64_t micro_batches =
+      t.global_batch > 0 ? t.global_batch / t.micro_batch : t.global_batch_tokens / micro_tokens;
+  MT_CHECK(micro_batches <= kMaxMicroBatchesPerStep,
+           "{}: train.global_batch{} ({}) makes {} micro-batches per step, more than the {} a step may have (a "
+           "mistyped value?)",
+           s, t.global_batch > 0 ? "" : "_tokens", t.global_batch > 0 ? t.global_batch : t.global_batch_tokens,
+           micro_batches, kMaxMicroBatchesPerStep);
 
   const OptimSection& o = c.optim;
   MT_CHECK(std::isfinite(o.lr) && o.lr >= 0, "{}: optim.lr must be finite and >= 0 but is {}", s, o.lr);
@@ -626,6 +655,9 @@ void validate(JobConfig& c, const std::string& source) {
   }
   MT_CHECK(c.dist.local_ranks >= 0, "{}: dist.local_ranks must be >= 0 (0: one process per rank) but is {}", s,
            c.dist.local_ranks);
+  MT_CHECK(c.dist.local_ranks <= kMaxLocalRanks,
+           "{}: dist.local_ranks is {}, more than the {} thread ranks one process may run (expected [0, {}])", s,
+           c.dist.local_ranks, kMaxLocalRanks, kMaxLocalRanks);
   MT_CHECK(c.dist.local_ranks == 0 || c.model.device == "cpu",
            "{}: dist.local_ranks = {} runs thread ranks on the CPU but model.device is '{}'; set model.device = cpu "
            "or dist.local_ranks = 0",

@@ -116,8 +116,15 @@ std::string JsonFields::require_string(const char* name) const {
   return *string_opt(name);
 }
 
-void JsonFields::check_positive(int64_t value, const char* name) const {
+void JsonFields::check_positive(int64_t value, const char* name, int64_t max) const {
   MT_CHECK(value > 0, "{}: {}{} must be positive but is {}", source_, where_, name, value);
+  MT_CHECK(value <= max, "{}: {}{} is {}, more than the {} the engine accepts (a corrupt or mistyped value?)", source_,
+           where_, name, value, max);
+}
+
+void JsonFields::check_range(int64_t value, const char* name, int64_t min, int64_t max) const {
+  MT_CHECK(min <= value && value <= max, "{}: {}{} is {}, expected a value in [{}, {}]", source_, where_, name, value,
+           min, max);
 }
 
 json parse_json_object(const std::string& text, const std::string& source) {
@@ -137,7 +144,7 @@ json parse_json_object(const std::string& text, const std::string& source) {
   return root;
 }
 
-json read_json_object(const std::string& path, int64_t max_bytes) {
+std::string read_bounded_file(const std::string& path, int64_t max_bytes) {
   std::error_code ec;
   const std::filesystem::file_status status = std::filesystem::status(path, ec);
   MT_CHECK(!ec && std::filesystem::exists(status), "{}: cannot read: the file does not exist", path);
@@ -145,14 +152,18 @@ json read_json_object(const std::string& path, int64_t max_bytes) {
            std::filesystem::is_directory(status) ? "a directory" : "another kind of file (a FIFO, socket or device)");
   const uintmax_t size = std::filesystem::file_size(path, ec);
   MT_CHECK(!ec, "{}: cannot read its size: {}", path, ec.message());
-  MT_CHECK(size <= static_cast<uintmax_t>(max_bytes), "{}: {} bytes is more than the {} bytes a JSON file may have",
+  MT_CHECK(size <= static_cast<uintmax_t>(max_bytes), "{}: {} bytes is more than the {} bytes such a file may have",
            path, size, max_bytes);
   std::ifstream in(path, std::ios::binary);
   MT_CHECK(in.good(), "{}: cannot open", path);
   std::ostringstream text;
   text << in.rdbuf();
   MT_CHECK(!in.bad(), "{}: read failed", path);
-  return parse_json_object(text.str(), path);
+  return text.str();
+}
+
+json read_json_object(const std::string& path, int64_t max_bytes) {
+  return parse_json_object(read_bounded_file(path, max_bytes), path);
 }
 
 }  // namespace moetrain::io

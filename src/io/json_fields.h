@@ -13,6 +13,10 @@
 
 namespace moetrain::io {
 
+// The largest value a config may give one size (a dimension, a count of heads, a vocabulary): 2^24, far above every
+// released model's (vocabularies reach 2^18), and small enough that a product of three of them fits in int64.
+inline constexpr int64_t kMaxConfigExtent = int64_t{1} << 24;
+
 // "object ({...})" with the text cut to 40 characters: how an error shows a value it did not expect.
 std::string json_found_str(const nlohmann::json& value);
 
@@ -39,8 +43,11 @@ class JsonFields {
   double require_number(const char* name) const;
   std::string require_string(const char* name) const;
 
-  // Fails with "<source>: <where><name> must be positive but is <value>".
-  void check_positive(int64_t value, const char* name) const;
+  // Fails with "<source>: <where><name> must be positive but is <value>", or with "... is more than the <max> ..."
+  // when it exceeds `max` (every size a config gives is bounded before anything is allocated from it).
+  void check_positive(int64_t value, const char* name, int64_t max = kMaxConfigExtent) const;
+  // Fails unless min <= value <= max, naming the field and the range.
+  void check_range(int64_t value, const char* name, int64_t min, int64_t max) const;
 
  private:
   void require_present(const char* name) const;
@@ -53,6 +60,10 @@ class JsonFields {
 // Parses `text` as one JSON object; `source` names it in errors. Bytes after the document (a NUL and garbage
 // included) and a top level that is not an object are errors.
 nlohmann::json parse_json_object(const std::string& text, const std::string& source);
+
+// Reads a whole file as bytes: refused, before it is opened, when it is not a regular file (a FIFO would block the
+// open forever, a device has no end) or larger than `max_bytes`. Errors name the path.
+std::string read_bounded_file(const std::string& path, int64_t max_bytes);
 
 // Reads a JSON object from a file: refused when it is not a regular file (a FIFO, a device) or larger than
 // `max_bytes`, before anything is read.

@@ -27,7 +27,12 @@ struct FdCloser {
 }  // namespace
 
 std::shared_ptr<MappedFile> MappedFile::open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // stat first: opening a FIFO blocks until a writer comes, so a non-regular file is refused before the open (and
+  // O_NONBLOCK keeps one swapped in between from blocking; it changes nothing for a regular file).
+  struct stat before {};
+  MT_CHECK(::stat(path.c_str(), &before) == 0, "mapped file: cannot open {}: {}", path, errno_text(errno));
+  MT_CHECK(S_ISREG(before.st_mode), "mapped file: {} is not a regular file (expected a file to map)", path);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   MT_CHECK(fd >= 0, "mapped file: cannot open {}: {}", path, errno_text(errno));
   FdCloser closer{fd};
 

@@ -7,20 +7,22 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <limits>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string_view>
 #include <system_error>
 #include <tuple>
 
-#include <fcntl.h>
 #include <fmt/format.h>
-#include <unistd.h>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "io/atomic_file.h"
+#include "io/json_fields.h"
 
 namespace moetrain::io {
 
@@ -35,8 +37,6 @@ constexpr const char* kMetadataKey = "__metadata__";
 constexpr const char* kSingleFileName = "model.safetensors";
 constexpr const char* kIndexFileName = "model.safetensors.index.json";
 
-std::string errno_text(int error) { return std::system_category().message(error); }
-
 std::string known_dtype_names() {
   std::string names;
   for (DType d : {DType::F64, DType::F32, DType::BF16, DType::F16, DType::F8E4M3, DType::F8E5M2, DType::I64, DType::I32,
@@ -47,41 +47,130 @@ std::string known_dtype_names() {
   return names;
 }
 
-// nlohmann keeps the last of two equal keys silently; the parser callback sees every key, so the
-// first repeated one is recorded here (with the key of the enclosing object, if any).
-struct DuplicateKey {
-  bool found = false;
-  std::string key;
-  std::string parent;  // key under which the object holding the duplicate sits; empty at top level
-};
+// Builds JSON values from SAX events, refusing a key that repeats in its object (nlohmann's DOM keeps the last of
+// two equal keys silently; its callback parser would see them, but takes time quadratic in the member count). The
+// members of the top-level object are handed to `on_member` one at a time when it is set (a safetensors header of a
+// million tensors is never held whole), else kept in `root`. Each insertion costs O(log members): linear time overall
+// up to that factor. Errors start with `what`.
+class UniqueKeyParser {
+ public:
+  using Member = std::function<void(std::string& key, json& value)>;
+  UniqueKeyParser(std::string what, Member on_member) : what_(std::move(what)), on_member_(std::move(on_member)) {}
 
-// Parses `text`; throws moetrain::Error starting with `what` when it is not JSON.
-json parse_json(std::string_view text, const std::string& what, DuplicateKey* duplicate) {
-  std::vector<std::set<std::string>> seen;  // keys of each open object
-  std::vector<std::string> last_key;        // most recent key of each open object
-  json::parser_callback_t callback = [&](int, json::parse_event_t event, json& parsed) {
-    if (event == json::parse_event_t::object_start) {
-      seen.emplace_back();
-      last_key.emplace_back();
-    } else if (event == json::parse_event_t::object_end) {
-      seen.pop_back();
-      last_key.pop_back();
-    } else if (event == json::parse_event_t::key) {
-      const auto& key = parsed.get_ref<const std::string&>();
-      if (!seen.back().insert(key).second && !duplicate->found) {
-        duplicate->found = true;
-        duplicate->key = key;
-        if (seen.size() >= 2) duplicate->parent = last_key[seen.size() - 2];
+  json root;
+
+  bool null() { return put(json(nullptr)); }
+  bool boolean(bool v) { return put(json(v)); }
+  bool number_integer(json::number_integer_t v) { return put(json(v)); }
+  bool number_unsigned(json::number_unsigned_t v) { return put(json(v)); }
+  bool number_float(json::number_float_t v, const std::string&) { return put(json(v)); }
+  bool string(std::string& v) { return put(json(std::move(v))); }
+  bool binary(json::binary_t& v) { return put(json(std::move(v))); }
+  bool start_object(std::size_t) {
+    if (!started_) {
+      started_ = true;
+      root = json::object();
+      return true;
+    }
+    return put(json::object());
+  }
+  bool start_array(std::size_t) {
+    MT_CHECK(started_, "{} is a JSON array, expected an object", what_);
+    return put(json::array());
+  }
+  bool key(std::string& k) {
+    if (stack_.empty()) {
+      member_key_ = k;
+      if (on_member_) {
+        // Streamed members are not kept, so their names are, to find a repeat at the end.
+        member_names_.push_back(k);
+      } else {
+        MT_CHECK(!root.contains(k), "{} has key '{}' twice", what_, k);
       }
-      last_key.back() = key;
+    } else {
+      MT_CHECK(!stack_.back()->contains(k), "{} has key '{}' twice in the entry of '{}' (duplicate names)", what_, k,
+               member_key_);
+    }
+    key_ = std::move(k);
+    return true;
+  }
+  bool end_object() { return close(); }
+  bool end_array() { return close(); }
+  bool parse_error(std::size_t position, const std::string&, const nlohmann::detail::exception& e) {
+    MT_FAIL("{} is not valid JSON at byte {}: {}", what_, position, e.what());
+  }
+
+  // After the parse: a member name given twice (streamed members).
+  std::optional<std::string> repeated_member() {
+    std::sort(member_names_.begin(), member_names_.end());
+    const auto it = std::adjacent_find(member_names_.begin(), member_names_.end());
+    if (it == member_names_.end()) return std::nullopt;
+    return *it;
+  }
+
+ private:
+  bool put(json&& value) {
+    MT_CHECK(started_, "{} is a JSON {}, expected an object", what_, value.type_name());
+    const bool container = value.is_object() || value.is_array();
+    json* placed = nullptr;
+    if (stack_.empty()) {
+      if (on_member_) {
+        member_ = std::move(value);
+        placed = &member_;
+      } else {
+        placed = &(root[member_key_] = std::move(value));
+      }
+    } else if (stack_.back()->is_array()) {
+      stack_.back()->push_back(std::move(value));
+      placed = &stack_.back()->back();
+    } else {
+      placed = &((*stack_.back())[key_] = std::move(value));
+    }
+    if (container) {
+      stack_.push_back(placed);
+    } else if (stack_.empty()) {
+      finish_member();
     }
     return true;
-  };
+  }
+  bool close() {
+    if (stack_.empty()) return true;  // the top-level object
+    stack_.pop_back();
+    if (stack_.empty()) finish_member();
+    return true;
+  }
+  void finish_member() {
+    if (!on_member_) return;
+    on_member_(member_key_, member_);
+    member_ = json();
+  }
+
+  std::string what_;
+  Member on_member_;
+  bool started_ = false;
+  std::vector<json*> stack_;  // the open containers below the top level, innermost last
+  std::string member_key_;    // the current top-level key
+  std::string key_;           // the last key read
+  json member_;
+  std::vector<std::string> member_names_;
+};
+
+// Parses `text` as one JSON object whose keys are unique at every level; throws moetrain::Error starting with
+// `what` when it is not. A NUL byte is refused first: what follows it would otherwise pass unseen.
+void parse_unique_json(std::string_view text, UniqueKeyParser& parser, const std::string& what) {
+  const size_t nul = text.find('\0');
+  MT_CHECK(nul == std::string_view::npos, "{}: a NUL byte at byte {} (JSON holds none; padding is spaces)", what, nul);
   try {
-    return json::parse(text.begin(), text.end(), callback, /*allow_exceptions=*/true);
+    json::sax_parse(text.begin(), text.end(), &parser, json::input_format_t::json, /*strict=*/true);
   } catch (const json::exception& e) {
     MT_FAIL("{} is not valid JSON: {}", what, e.what());
   }
+}
+
+json parse_json(std::string_view text, const std::string& what) {
+  UniqueKeyParser parser(what, nullptr);
+  parse_unique_json(text, parser, what);
+  return std::move(parser.root);
 }
 
 uint64_t checked_span_bytes(const Shape& shape, DType dtype, bool* overflow) {
@@ -188,15 +277,6 @@ void check_layout(std::vector<const SafetensorsEntry*> entries, uint64_t data_si
            covered, data_size, previous ? fmt::format(", after tensor '{}',", previous->name) : "");
 }
 
-std::string read_text_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  MT_CHECK(in.good(), "safetensors: cannot open {}: {}", path, errno_text(errno));
-  std::ostringstream text;
-  text << in.rdbuf();
-  MT_CHECK(!in.bad(), "safetensors: cannot read {}: {}", path, errno_text(errno));
-  return text.str();
-}
-
 bool ends_with(const std::string& text, std::string_view suffix) {
   return text.size() >= suffix.size() && text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
@@ -246,56 +326,7 @@ std::string build_header(const std::vector<std::pair<std::string, Tensor>>& tens
   return text;
 }
 
-struct Chunk {
-  const void* data;
-  size_t bytes;
-};
-
-void write_all(int fd, const Chunk& chunk, const std::string& path) {
-  const auto* p = static_cast<const uint8_t*>(chunk.data);
-  size_t left = chunk.bytes;
-  while (left > 0) {
-    const ssize_t written = ::write(fd, p, left);
-    if (written < 0 && errno == EINTR) continue;
-    MT_CHECK(written > 0, "safetensors: cannot write {} ({} bytes left): {}", path, left,
-             written < 0 ? errno_text(errno) : std::string("write wrote nothing"));
-    p += written;
-    left -= static_cast<size_t>(written);
-  }
-}
-
-void fsync_folder_of(const std::string& path) {
-  std::string folder = fs::path(path).parent_path().string();
-  if (folder.empty()) folder = ".";
-  const int fd = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  MT_CHECK(fd >= 0, "safetensors: cannot open folder {} to sync it: {}", folder, errno_text(errno));
-  const int rc = ::fsync(fd);
-  const int error = errno;
-  ::close(fd);
-  MT_CHECK(rc == 0, "safetensors: cannot sync folder {}: {}", folder, errno_text(error));
-}
-
-// Writes the chunks to "<path>.tmp", syncs it, renames it over `path` and syncs the folder. On any
-// failure the temporary file is removed and `path` is untouched.
-void write_file_atomically(const std::string& path, const std::vector<Chunk>& chunks) {
-  const std::string tmp = path + ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  MT_CHECK(fd >= 0, "safetensors: cannot create {}: {}", tmp, errno_text(errno));
-  try {
-    for (const Chunk& chunk : chunks) write_all(fd, chunk, tmp);
-    MT_CHECK(::fsync(fd) == 0, "safetensors: cannot sync {}: {}", tmp, errno_text(errno));
-    const int rc = ::close(fd);
-    fd = -1;
-    MT_CHECK(rc == 0, "safetensors: cannot close {}: {}", tmp, errno_text(errno));
-    MT_CHECK(::rename(tmp.c_str(), path.c_str()) == 0, "safetensors: cannot rename {} to {}: {}", tmp, path,
-             errno_text(errno));
-  } catch (...) {
-    if (fd >= 0) ::close(fd);
-    ::unlink(tmp.c_str());
-    throw;
-  }
-  fsync_folder_of(path);
-}
+using Chunk = std::pair<const void*, size_t>;
 
 // Writes one file of already validated tensors.
 void write_validated(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
@@ -307,12 +338,40 @@ void write_validated(const std::string& path, const std::vector<std::pair<std::s
   for (const auto& [name, tensor] : tensors) {
     if (tensor.nbytes() > 0) chunks.push_back({tensor.raw_data(), tensor.nbytes()});
   }
-  write_file_atomically(path, chunks);
+  write_file_atomically(path, chunks, "safetensors");
 }
 
 }  // namespace
 
 // ---- SafetensorsFile ----
+
+SafetensorsHeader parse_safetensors_header(std::string_view text, uint64_t data_size, const std::string& path) {
+  const std::string what = fmt::format("safetensors: header of {}", path);
+  SafetensorsHeader header;
+  std::vector<SafetensorsEntry> entries;
+  UniqueKeyParser parser(what, [&](std::string& name, json& value) {
+    if (name == kMetadataKey) {
+      header.metadata = parse_metadata(value, path);
+    } else {
+      entries.push_back(parse_entry(name, value, path));
+    }
+  });
+  parse_unique_json(text, parser, what);
+  if (const std::optional<std::string> repeated = parser.repeated_member()) {
+    MT_FAIL("{} names tensor '{}' twice (duplicate names)", what, *repeated);
+  }
+  std::sort(entries.begin(), entries.end(),
+            [](const SafetensorsEntry& a, const SafetensorsEntry& b) { return a.name < b.name; });
+  for (SafetensorsEntry& entry : entries) {
+    std::string name = entry.name;
+    header.entries.emplace_hint(header.entries.end(), std::move(name), std::move(entry));
+  }
+  std::vector<const SafetensorsEntry*> layout;
+  layout.reserve(header.entries.size());
+  for (const auto& [name, entry] : header.entries) layout.push_back(&entry);
+  check_layout(std::move(layout), data_size, path);
+  return header;
+}
 
 SafetensorsFile SafetensorsFile::open(const std::string& path) {
   SafetensorsFile file;
@@ -336,27 +395,9 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   const uint64_t data_size = size - file.data_start_;
 
   const std::string_view text(reinterpret_cast<const char*>(bytes + 8), header_bytes);
-  DuplicateKey duplicate;
-  const json header = parse_json(text, fmt::format("safetensors: header of {}", path), &duplicate);
-  MT_CHECK(header.is_object(), "safetensors: header of {} is a JSON {}, expected an object", path, header.type_name());
-  if (duplicate.found) {
-    if (duplicate.parent.empty()) {
-      MT_FAIL("safetensors: header of {} names tensor '{}' twice (duplicate names)", path, duplicate.key);
-    }
-    MT_FAIL("safetensors: header of {} has key '{}' twice in the entry of '{}' (duplicate names)", path, duplicate.key,
-            duplicate.parent);
-  }
-
-  std::vector<const SafetensorsEntry*> layout;
-  for (const auto& [name, value] : header.items()) {
-    if (name == kMetadataKey) {
-      file.metadata_ = parse_metadata(value, path);
-      continue;
-    }
-    file.entries_.emplace(name, parse_entry(name, value, path));
-  }
-  for (const auto& [name, entry] : file.entries_) layout.push_back(&entry);
-  check_layout(std::move(layout), data_size, path);
+  SafetensorsHeader header = parse_safetensors_header(text, data_size, path);
+  file.entries_ = std::move(header.entries);
+  file.metadata_ = std::move(header.metadata);
   return file;
 }
 
@@ -420,11 +461,7 @@ SafetensorsReader SafetensorsReader::open(const std::string& path) {
 
   // A sharded set: the index's weight_map must agree exactly with what the shards hold.
   const std::string what = fmt::format("safetensors index {}", index_path);
-  DuplicateKey duplicate;
-  const json index = parse_json(read_text_file(index_path), what, &duplicate);
-  MT_CHECK(index.is_object(), "{} is a JSON {}, expected an object with a 'weight_map'", what, index.type_name());
-  MT_CHECK(!duplicate.found, "{} has key '{}' twice{}", what, duplicate.key,
-           duplicate.parent.empty() ? "" : fmt::format(" in '{}'", duplicate.parent));
+  const json index = parse_json(read_bounded_file(index_path, kMaxHeaderBytes), what);
   const auto map_it = index.find("weight_map");
   MT_CHECK(map_it != index.end() && map_it->is_object(), "{} has no 'weight_map' object (found {})", what,
            map_it == index.end() ? std::string("none") : std::string("a JSON ") + map_it->type_name());
@@ -436,7 +473,14 @@ SafetensorsReader SafetensorsReader::open(const std::string& path) {
   for (const auto& [name, shard] : map_it->items()) {
     MT_CHECK(shard.is_string() && !shard.get_ref<const std::string&>().empty(),
              "{}: weight_map entry of tensor '{}' is {}, expected a shard file name", what, name, shard.dump());
-    const std::string shard_path = (folder / shard.get<std::string>()).string();
+    // Shards live in the model folder: an absolute path or a '..' would load weights from anywhere.
+    const fs::path relative(shard.get<std::string>());
+    MT_CHECK(relative.is_relative() &&
+                 std::none_of(relative.begin(), relative.end(), [](const fs::path& part) { return part == ".."; }),
+             "{}: weight_map entry of tensor '{}' is '{}', expected a file inside the model folder (no absolute "
+             "path, no '..')",
+             what, name, relative.string());
+    const std::string shard_path = (folder / relative).string();
     weight_map.emplace(name, shard_path);
     shards.emplace(shard_path, name);
   }
@@ -538,7 +582,7 @@ std::vector<std::string> write_safetensors_sharded(const std::string& dir, const
   index["weight_map"] = std::move(weight_map);
   const std::string text = index.dump(2) + "\n";
   const std::string index_path = (fs::path(dir) / (stem + ".safetensors.index.json")).string();
-  write_file_atomically(index_path, {{text.data(), text.size()}});
+  write_file_atomically(index_path, {{text.data(), text.size()}}, "safetensors");
   written.push_back(index_path);
   return written;
 }

@@ -27,7 +27,7 @@ void parse_model_shape(const io::JsonFields& f, ModelConfig& g) {
   g.num_hidden_layers = f.require_int("num_hidden_layers");
   f.check_positive(g.vocab_size, "vocab_size");
   f.check_positive(g.hidden_size, "hidden_size");
-  f.check_positive(g.num_hidden_layers, "num_hidden_layers");
+  f.check_positive(g.num_hidden_layers, "num_hidden_layers", kMaxLayers);
   g.tie_word_embeddings = f.bool_opt("tie_word_embeddings").value_or(false);
 }
 

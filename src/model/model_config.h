@@ -63,6 +63,11 @@ struct ModelConfig {
   }
 };
 
+// Bounds on the counts that multiply the parameter list: far above any released model (126 layers, 384 experts), and
+// low enough that the specs of a refused config are never built.
+inline constexpr int64_t kMaxLayers = int64_t{1} << 16;
+inline constexpr int64_t kMaxExperts = int64_t{1} << 16;
+
 // The fields every family shares, read by each family's parser: vocab_size, hidden_size and num_hidden_layers
 // (required, positive) and tie_word_embeddings (default false).
 void parse_model_shape(const io::JsonFields& fields, ModelConfig& config);

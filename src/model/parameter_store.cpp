@@ -1,9 +1,12 @@
 // defines: ParameterStore allocation, HF import/export and seeded initialisation.
 #include "model/parameter_store.h"
 
+#include <unistd.h>
+
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 
 #include <fmt/format.h>
@@ -65,11 +68,48 @@ void attach_hf_mlp_pieces(ParamSpec& spec, const std::string& hf_mlp, bool exper
   if (experts) spec.hf_fused_name = hf_mlp + (gate_up ? "experts.gate_up_proj" : "experts.down_proj");
 }
 
+namespace {
+
+// Before anything is allocated: the bytes of every master, gradient and compute copy, counted without wrapping
+// (shape_nbytes refuses a shape past 2^62 bytes), must fit the host when the parameters live there. A config of
+// absurd sizes fails here in milliseconds, naming the sizes, instead of allocating for a minute or wrapping a count.
+void check_fits(const std::vector<ParamSpec>& specs, Device device, DType compute_dtype) {
+  uint64_t total = 0;
+  int64_t parameters = 0;
+  const ParamSpec* largest = nullptr;
+  uint64_t largest_bytes = 0;
+  for (const ParamSpec& spec : specs) {
+    const uint64_t master = shape_nbytes(spec.shape, DType::F32);
+    const uint64_t copy = compute_dtype != DType::F32 && spec.is_matrix() ? shape_nbytes(spec.shape, compute_dtype) : 0;
+    const uint64_t bytes = 2 * master + copy;  // < 2^64: each term is at most 2^62
+    MT_CHECK(!__builtin_add_overflow(total, bytes, &total) && total <= kMaxTensorBytes &&
+                 !__builtin_add_overflow(parameters, shape_numel(spec.shape), &parameters),
+             "parameter store: the parameters need more than {} bytes (at '{}' {}): far more than any device holds",
+             kMaxTensorBytes, spec.name, shape_str(spec.shape));
+    if (bytes > largest_bytes) {
+      largest = &spec;
+      largest_bytes = bytes;
+    }
+  }
+  if (!device.is_cpu()) return;  // the device allocator refuses what its device cannot hold, before any kernel runs
+  const long pages = ::sysconf(_SC_PHYS_PAGES);
+  const long page_size = ::sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page_size <= 0) return;
+  const uint64_t host = static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_size);
+  MT_CHECK(total <= host,
+           "parameter store: {} parameters need {} bytes of fp32 masters and gradients on the CPU, more than the {} "
+           "bytes of memory this host has (the largest is '{}' {}); check the config's sizes",
+           parameters, total, host, largest->name, shape_str(largest->shape));
+}
+
+}  // namespace
+
 ParameterStore::ParameterStore(std::vector<ParamSpec> specs, Device device, DType compute_dtype)
     : specs_(std::move(specs)), compute_dtype_(compute_dtype) {
   MT_CHECK(compute_dtype == DType::F32 || (compute_dtype == DType::BF16 && device.is_cuda()),
            "parameter store: compute dtype {} on {} is not supported (f32 everywhere, bf16 on CUDA)",
            dtype_name(compute_dtype), device.str());
+  check_fits(specs_, device, compute_dtype);
   for (size_t i = 0; i < specs_.size(); ++i) {
     const ParamSpec& spec = specs_[i];
     MT_CHECK(index_.emplace(spec.name, i).second, "parameter store: duplicate parameter '{}'", spec.name);
@@ -168,6 +208,34 @@ void check_mxfp4_pair(const HfPiece& piece, const Tensor* blocks, const Tensor* 
   }
 }
 
+// The flat index of the first Inf or NaN of a float tensor (CPU, contiguous), or -1: read in its own encoding, no
+// copy. An imported weight that is not finite would poison the first step silently.
+int64_t first_non_finite(const Tensor& t) {
+  const int64_t n = t.numel();
+  const void* base = t.raw_data();
+  const auto scan_bits = [&](auto bits_type, uint32_t exponent_mask) -> int64_t {
+    using Bits = decltype(bits_type);
+    const Bits* p = static_cast<const Bits*>(base);
+    for (int64_t i = 0; i < n; ++i) {
+      if ((static_cast<uint32_t>(p[i]) & exponent_mask) == exponent_mask) return i;
+    }
+    return -1;
+  };
+  switch (t.dtype()) {
+    case DType::F64:
+      for (int64_t i = 0; i < n; ++i) {
+        if (!std::isfinite(static_cast<const double*>(base)[i])) return i;
+      }
+      return -1;
+    case DType::F32: return scan_bits(uint32_t{}, 0x7f800000u);
+    case DType::BF16: return scan_bits(uint16_t{}, 0x7f80u);
+    case DType::F16: return scan_bits(uint16_t{}, 0x7c00u);
+    case DType::F8E5M2: return scan_bits(uint8_t{}, 0x7cu);
+    case DType::F8E4M3: return scan_bits(uint8_t{}, 0x7fu);  // no Inf; S.1111.111 is NaN
+    default: return -1;
+  }
+}
+
 }  // namespace
 
 void ParameterStore::load_hf_tensors(const std::vector<std::pair<std::string, Tensor>>& tensors) {
@@ -208,6 +276,12 @@ void ParameterStore::load_hf_tensors(const std::vector<std::pair<std::string, Te
       } else if (!dtype_is_floating(whole->dtype())) {
         problems.push_back(fmt::format("tensor '{}' has dtype {} but a float dtype was expected", piece.hf_name,
                                        dtype_name(whole->dtype())));
+      } else if (whole->device().is_cpu() && whole->is_contiguous()) {
+        const int64_t bad = first_non_finite(*whole);
+        if (bad >= 0) {
+          problems.push_back(fmt::format("tensor '{}' holds a non-finite value ({}) at flat index {}", piece.hf_name,
+                                         whole->view({-1}).slice(bad, bad + 1).to(DType::F64).item<double>(), bad));
+        }
       }
     }
   }

@@ -22,6 +22,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "io/json_fields.h"
 #include "io/mapped_file.h"
 #include "io/safetensors.h"
 #include "model/hf_adapter.h"
@@ -44,6 +45,10 @@ constexpr const char* kConfigFile = "config.toml";
 constexpr const char* kRequiredFiles[] = {kModelFile, kOptimizerFile, kStateFile, kConfigFile};
 constexpr const char* kShardLayout = "shards.json";
 constexpr const char* kShardedTmpMarker = ".tmp-sharded";
+// Bounds on shards.json before anything is allocated from it: far above any mesh, and an f32 tensor of 2^60 elements
+// is past any device (shape_nbytes refuses it as well).
+constexpr int64_t kMaxShardWorld = int64_t{1} << 20;
+constexpr int64_t kMaxShardedElements = int64_t{1} << 60;
 
 std::string shard_file_name(int rank, int world) {
   return fmt::format("shard-{:05d}-of-{:05d}.safetensors", rank, world);
@@ -417,13 +422,16 @@ NamedTensors read_tensors(const std::string& path) {
   return tensors;
 }
 
+// A checkpoint's text files (state.json, config.toml, shards.json): regular files, checked before they are opened
+// (a FIFO would block), and bounded in size.
+constexpr int64_t kMaxTextFileBytes = int64_t{256} << 20;
+
 std::string read_text_file(const std::string& folder, const char* name) {
-  std::ifstream in(fs::path(folder) / name, std::ios::binary);
-  MT_CHECK(in.good(), "checkpoint {}: cannot open {}", folder, name);
-  std::ostringstream text;
-  text << in.rdbuf();
-  MT_CHECK(!in.bad(), "checkpoint {}: cannot read {}", folder, name);
-  return text.str();
+  try {
+    return io::read_bounded_file((fs::path(folder) / name).string(), kMaxTextFileBytes);
+  } catch (const Error& e) {
+    MT_FAIL("checkpoint {}: cannot read {}: {}", folder, name, e.what());
+  }
 }
 
 json read_json_file(const std::string& folder, const char* name) {
@@ -470,6 +478,8 @@ void check_shard_layout(const json& layout, const std::string& where) {
       layout["world"].get<int64_t>() < 1 || !layout.contains("tensors") || !layout["tensors"].is_array())
     fail("expected {\"world\": N >= 1, \"tensors\": [...]}");
   const int64_t world = layout["world"].get<int64_t>();
+  if (world > kMaxShardWorld)
+    fail(fmt::format("world is {}, more than the {} ranks a checkpoint may have", world, kMaxShardWorld));
   for (const json& t : layout["tensors"]) {
     if (!t.is_object() || !t.contains("name") || !t["name"].is_string() || !t.contains("shape") ||
         !t["shape"].is_array() || !t.contains("slices") || !t["slices"].is_array())
@@ -478,7 +488,8 @@ void check_shard_layout(const json& layout, const std::string& where) {
     int64_t numel = 1;
     for (const json& d : t["shape"]) {
       if (!d.is_number_integer() || d.get<int64_t>() < 0) fail(name + ": a bad shape " + t["shape"].dump());
-      numel *= d.get<int64_t>();
+      if (__builtin_mul_overflow(numel, d.get<int64_t>(), &numel) || numel > kMaxShardedElements)
+        fail(fmt::format("{}: shape {} has more elements than a tensor may have", name, t["shape"].dump()));
     }
     if (static_cast<int64_t>(t["slices"].size()) != world)
       fail(fmt::format("{}: {} slices for a world of {}", name, t["slices"].size(), world));
@@ -487,8 +498,9 @@ void check_shard_layout(const json& layout, const std::string& where) {
       if (!sl.is_array() || sl.size() != 2 || !sl[0].is_number_integer() || !sl[1].is_number_integer())
         fail(name + ": a slice is not [first, count]: " + sl.dump());
       const int64_t first = sl[0].get<int64_t>(), count = sl[1].get<int64_t>();
-      if (first < 0 || count < 0 || first + count > numel)
-        fail(fmt::format("{}: slice [{}, {}) outside its {} elements", name, first, first + count, numel));
+      // count > numel - first, not first + count > numel: the sum of two hostile values can wrap.
+      if (first < 0 || count < 0 || first > numel || count > numel - first)
+        fail(fmt::format("{}: slice [first {}, count {}] outside its {} elements", name, first, count, numel));
       if (count > 0) slices.emplace_back(first, count);
     }
     std::sort(slices.begin(), slices.end());
@@ -603,6 +615,25 @@ std::optional<std::string> find_latest_checkpoint(const std::string& dir) {
   }
   return std::nullopt;
 }
+
+std::optional<std::pair<std::string, CheckpointData>> load_latest_checkpoint(const std::string& dir) {
+  const std::map<int64_t, fs::path> folders = step_folders(dir);
+  for (auto it = folders.rbegin(); it != folders.rend(); ++it) {
+    const std::string path = it->second.string();
+    std::string problem = completeness_problem(it->second, it->first);
+    if (problem.empty()) {
+      try {
+        return std::make_pair(path, load_checkpoint(path));
+      } catch (const Error& e) {
+        problem = e.what();
+      }
+    }
+    log_warn("checkpoint: skipping {}: {}", path, problem);
+  }
+  return std::nullopt;
+}
+
+std::optional<int64_t> checkpoint_folder_step(const std::string& folder_name) { return parse_step_folder(folder_name); }
 
 std::vector<int64_t> list_checkpoints(const std::string& dir) {
   std::vector<int64_t> steps;

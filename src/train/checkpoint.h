@@ -53,6 +53,14 @@ std::optional<std::string> find_latest_checkpoint(const std::string& dir);
 // manifest's step must match it.
 CheckpointData load_checkpoint(const std::string& path);
 
+// The newest checkpoint of dir that loads: find_latest_checkpoint's candidates, newest first, each loaded with
+// load_checkpoint; one that fails there (a file corrupted in place, keeping its size, so only its hash tells) is
+// skipped with a warning naming the folder and the problem, and the next older one is tried. Empty when none loads.
+std::optional<std::pair<std::string, CheckpointData>> load_latest_checkpoint(const std::string& dir);
+
+// The step a checkpoint folder's name gives ("step_00000006": 6); empty for any other name.
+std::optional<int64_t> checkpoint_folder_step(const std::string& folder_name);
+
 // Steps of the complete checkpoints in dir (as find_latest_checkpoint judges them, without warnings),
 // ascending. Empty when dir does not exist.
 std::vector<int64_t> list_checkpoints(const std::string& dir);

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <optional>
 
 #include "core/allocator.h"
 #include "core/log.h"
@@ -346,8 +347,26 @@ void Trainer::init_weights() {
 
 // The checkpoint state every resume needs, checked before any tensor changes.
 void Trainer::check_state(const nlohmann::json& state, const std::string& path) const {
-  MT_CHECK(state.contains("step") && state.contains("optimizer_steps") && state.contains("data"),
+  MT_CHECK(state.is_object() && state.contains("step") && state.contains("optimizer_steps") && state.contains("data"),
            "checkpoint {}: state.json lacks step, optimizer_steps or data", path);
+  for (const char* field : {"step", "optimizer_steps"}) {
+    const nlohmann::json& value = state.at(field);
+    MT_CHECK(value.is_number_integer() && value.get<int64_t>() >= 0 &&
+                 (!value.is_number_unsigned() || value.get<uint64_t>() <= uint64_t{INT64_MAX}),
+             "checkpoint {}: state.json field '{}' is {}, expected a non-negative integer", path, field, value.dump());
+  }
+  // One optimizer step per training step at most: more is a corrupt or hand-edited state.
+  MT_CHECK(state.at("optimizer_steps").get<int64_t>() <= state.at("step").get<int64_t>(),
+           "checkpoint {}: state.json says optimizer_steps {} after step {}, expected at most one per step", path,
+           state.at("optimizer_steps").get<int64_t>(), state.at("step").get<int64_t>());
+  // The folder (step_<N>) and its manifest name the step too; a state.json that disagrees would resume at the wrong
+  // step and overwrite a good checkpoint.
+  const std::filesystem::path normal = std::filesystem::path(path).lexically_normal();
+  const std::string folder = (normal.has_filename() ? normal : normal.parent_path()).filename().string();
+  const std::optional<int64_t> named = checkpoint_folder_step(folder);
+  MT_CHECK(!named || *named == state.at("step").get<int64_t>(),
+           "checkpoint {}: state.json says step {}, the folder name says step {}", path,
+           state.at("step").get<int64_t>(), *named);
   MT_CHECK(state.at("step").get<int64_t>() <= config_.train.steps,
            "checkpoint {}: it is at step {} but train.steps is {}", path, state.at("step").get<int64_t>(),
            config_.train.steps);
@@ -362,15 +381,19 @@ void Trainer::restore_state(const nlohmann::json& state, const std::string& path
 
 void Trainer::resume_if_possible() {
   if (config_.checkpoint.dir.empty() || !config_.checkpoint.resume) return;
-  const auto latest = find_latest_checkpoint(config_.checkpoint.dir);
-  if (!latest) return;
   if (sharded_) {
+    const auto latest = find_latest_checkpoint(config_.checkpoint.dir);
+    if (!latest) return;
     const nlohmann::json state = resume_sharded_checkpoint(*sharded_, *optimizer_, *mesh_, *latest,
                                                            [&](const nlohmann::json& s) { check_state(s, *latest); });
     restore_state(state, *latest);
     return;
   }
-  CheckpointData data = load_checkpoint(*latest);
+  // A checkpoint that fails verification (corrupt in place) is skipped with a warning for the previous good one.
+  auto loaded = load_latest_checkpoint(config_.checkpoint.dir);
+  if (!loaded) return;
+  const std::string* latest = &loaded->first;
+  CheckpointData& data = loaded->second;
   // Validate everything before changing anything.
   check_state(data.state, *latest);
   std::map<std::string, Tensor> moments(data.optimizer.begin(), data.optimizer.end());

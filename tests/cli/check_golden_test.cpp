@@ -132,5 +132,34 @@ TEST(CheckGolden, CommandLineExitsNonZeroOnMissingModel) {
   EXPECT_EQ(run_main(6, const_cast<char**>(argv)), 1);
 }
 
+// Issue 20: only the header shape of router_logits.0 changed, [96, 8] -> [768, 1] (same bytes): refused by name
+// before the routing check reads rows of the wrong width.
+TEST(CheckGolden, RefusesAReferenceWhoseRouterLogitsHaveAnotherShape) {
+  const io::SafetensorsReader ref =
+      io::SafetensorsReader::open(testing::test_data_path("golden/qwen3_moe/reference.safetensors"));
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (const std::string& name : ref.names()) {
+    Tensor t = ref.tensor(name).clone();
+    if (name == "router_logits.0") {
+      ASSERT_EQ(t.shape(), (Shape{96, 8}));
+      t = t.view({768, 1});
+    }
+    tensors.emplace_back(name, t);
+  }
+  const std::string path = testing::make_temp_dir("reshaped_router_logits") + "/reference.safetensors";
+  io::write_safetensors(path, tensors);
+  CheckGoldenOptions o = options_for("qwen3_moe", "batch");
+  o.reference = path;
+  try {
+    run_check_golden(o);
+    FAIL() << "a reshaped router_logits.0 was accepted";
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    for (const char* part : {"router_logits.0", "[768, 1]", "expected [96, 8]", "reshaped_router_logits"}) {
+      EXPECT_NE(message.find(part), std::string::npos) << message;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace moetrain::cli

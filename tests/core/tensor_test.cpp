@@ -1,6 +1,9 @@
 // Tests for core/tensor: construction, views, copies, checks.
 #include "core/tensor.h"
 
+#include <functional>
+#include <string>
+
 #include <gtest/gtest.h>
 
 namespace moetrain {
@@ -50,6 +53,59 @@ TEST(Tensor, ExpectShapeNamesExpectedAndFound) {
     FAIL() << "expected an error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("weight: expected shape [3, 2] but found [2, 3]"), std::string::npos);
+  }
+}
+
+// Every message must name the shape, so a user sees which size was too large.
+void expect_size_error(const std::function<void()>& action, const std::string& shape_text) {
+  try {
+    action();
+    FAIL() << "expected an error for " << shape_text;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(shape_text), std::string::npos) << e.what();
+  }
+}
+
+TEST(Tensor, ShapeNumelRefusesOverflow) {
+  constexpr int64_t k2to62 = int64_t{1} << 62;
+  EXPECT_EQ(shape_numel({k2to62, 1}), k2to62);
+  expect_size_error([&] { shape_numel({k2to62, 2}); }, "[4611686018427387904, 2]");
+  expect_size_error([&] { shape_numel({int64_t{1} << 32, int64_t{1} << 32}); }, "[4294967296, 4294967296]");
+}
+
+TEST(Tensor, ByteCountsRefuseOverflowWithoutAllocating) {
+  const int64_t before = memory_stats(DeviceKind::CPU).live_bytes;
+  // 2^61 f32 elements fit int64 but not 2^62 bytes; 2^62 + 1 elements of a byte wrap nothing but exceed the bound.
+  expect_size_error([] { Tensor::empty({int64_t{1} << 61}, DType::F32); }, "[2305843009213693952]");
+  expect_size_error([] { Tensor::empty({(int64_t{1} << 62) + 1}, DType::U8); }, "[4611686018427387905]");
+  // The count of the vocab_size = 2^58 + 1 recipe of issue 20 (an f32 embedding of [2^58 + 1, 64]).
+  expect_size_error([] { Tensor::zeros({(int64_t{1} << 58) + 1, 64}, DType::F32); }, "[288230376151711745, 64]");
+  // No elements but wrapping strides.
+  expect_size_error(
+      [] {
+        Tensor::empty({0, int64_t{1} << 40, int64_t{1} << 40}, DType::F32);
+      },
+      "[0, 1099511627776, 1099511627776]");
+  int dummy = 0;
+  expect_size_error(
+      [&] {
+        Tensor::from_blob(&dummy, {int64_t{1} << 62, 4}, DType::F32, Device::cpu(), nullptr);
+      },
+      "[4611686018427387904, 4]");
+  EXPECT_EQ(memory_stats(DeviceKind::CPU).live_bytes, before);
+}
+
+TEST(Tensor, ViewRefusesOverflowingShape) {
+  Tensor t = Tensor::zeros({4}, DType::F32);
+  expect_size_error([&] { t.view({int64_t{1} << 62, 4, -1}); }, "[4611686018427387904, 4, -1]");
+}
+
+TEST(Tensor, AllocatorRefusesImpossibleSizes) {
+  try {
+    allocate_storage(~size_t{0} - 8, Device::cpu());
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("18446744073709551607 bytes on cpu"), std::string::npos) << e.what();
   }
 }
 

@@ -12,6 +12,7 @@
 
 #include <gtest/gtest.h>
 
+#include "core/device.h"
 #include "core/error.h"
 #include "testing/test_data.h"
 
@@ -824,6 +825,19 @@ TEST(JobConfig, SyntheticDataReadsNoFiles) {
   const JobConfig c = parse_job_config(kMinimal, "job.toml", {"data.path=", "data.mode=synthetic"});
   EXPECT_EQ(c.data.mode, "synthetic");
   EXPECT_TRUE(c.data.sources.empty());
+}
+
+// Issue 20: values that ran into a library exception ("stoi", "vector::_M_default_append") or grew memory for
+// minutes are refused up front, naming the key.
+TEST(JobConfig, RefusesHugeValuesUpFrontNamingTheKey) {
+  expect_override_error("--model.device=cuda:99999999999", {"model.device", "cuda:99999999999", "[0, 1024)"});
+  expect_override_error("--dist.local_ranks=2147483647", {"dist.local_ranks", "[0, 1024]", "2147483647"});
+  expect_override_error("--train.global_batch=4611686018427387904",
+                        {"train.global_batch", "4611686018427387904", "micro-batches per step"});
+  expect_override_error("--train.seq_len=4611686018427387904", {"train.seq_len", "4611686018427387904"});
+  expect_override_error("--train.micro_batch=4611686018427387904", {"train.micro_batch"});
+  EXPECT_EQ(parse_device("cuda:1023"), Device::cuda(1023));
+  expect_error([] { parse_device("cuda:99999999999"); }, {"device", "cuda:99999999999", "[0, 1024)"});
 }
 
 }  // namespace

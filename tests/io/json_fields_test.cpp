@@ -71,5 +71,31 @@ TEST(JsonFields, ReadRefusesWhatIsNotARegularFileOrTooLarge) {
   EXPECT_EQ(read_json_object(big).at("a").get<std::string>().size(), 100u);
 }
 
+// Issue 20: every size a config gives is bounded (2^24 by default), so a huge one is refused naming the field.
+TEST(JsonFields, CheckPositiveBoundsTheValueAndCheckRangeNamesTheRange) {
+  const nlohmann::json j = nlohmann::json::object();
+  const JsonFields f(j, "config.json", "rope.");
+  EXPECT_NO_THROW(f.check_positive(kMaxConfigExtent, "hidden_size"));
+  const std::string huge = error_of([&] { f.check_positive(int64_t{1} << 62, "hidden_size"); });
+  EXPECT_TRUE(contains(huge, "config.json: rope.hidden_size is 4611686018427387904, more than the 16777216")) << huge;
+  const std::string tight = error_of([&] { f.check_positive(70000, "num_experts", 65536); });
+  EXPECT_TRUE(contains(tight, "num_experts is 70000, more than the 65536")) << tight;
+  EXPECT_TRUE(contains(error_of([&] { f.check_positive(0, "n"); }), "must be positive but is 0"));
+  const std::string range = error_of([&] { f.check_range(9, "k", 1, 8); });
+  EXPECT_TRUE(contains(range, "config.json: rope.k is 9, expected a value in [1, 8]")) << range;
+  EXPECT_NO_THROW(f.check_range(8, "k", 1, 8));
+}
+
+TEST(JsonFields, ReadBoundedFileRefusesAFifoBeforeOpeningIt) {
+  const std::string dir = testing::make_temp_dir("json_fields_fifo");
+  ASSERT_EQ(::mkfifo((dir + "/input").c_str(), 0600), 0);
+  const std::string fifo = error_of([&] { read_bounded_file(dir + "/input", 1 << 20); });
+  EXPECT_TRUE(contains(fifo, dir + "/input") && contains(fifo, "FIFO")) << fifo;
+  std::ofstream(dir + "/big") << std::string(100, 'x');
+  const std::string big = error_of([&] { read_bounded_file(dir + "/big", 99); });
+  EXPECT_TRUE(contains(big, "100 bytes is more than the 99")) << big;
+  EXPECT_EQ(read_bounded_file(dir + "/big", 100).size(), 100u);
+}
+
 }  // namespace
 }  // namespace moetrain::io

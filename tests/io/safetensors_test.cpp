@@ -3,14 +3,21 @@
 #include "io/safetensors.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <initializer_list>
 #include <optional>
+#include <string>
 #include <string_view>
 
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -316,7 +323,8 @@ TEST(Safetensors, WritingOverAnExistingFileReplacesIt) {
   const SafetensorsFile file = SafetensorsFile::open(path);
   EXPECT_EQ(file.names(), (std::vector<std::string>{"new"}));
   expect_same_tensor(file.tensor("new"), fresh, "new");
-  EXPECT_FALSE(fs::exists(path + ".tmp"));
+  EXPECT_EQ(std::distance(fs::directory_iterator(fs::path(path).parent_path()), fs::directory_iterator()), 1)
+      << "no temporary file left";
 }
 
 TEST(Safetensors, WriterRejectsDuplicateAndInvalidNames) {
@@ -327,7 +335,7 @@ TEST(Safetensors, WriterRejectsDuplicateAndInvalidNames) {
   expect_error([&] { write_safetensors(path, {{"__metadata__", t}}); }, {"reserved"});
   expect_error([&] { write_safetensors(path, {{"u", Tensor()}}); }, {"'u'", "undefined"});
   EXPECT_FALSE(fs::exists(path)) << "a rejected write must not create the file";
-  EXPECT_FALSE(fs::exists(path + ".tmp"));
+  EXPECT_TRUE(fs::is_empty(fs::path(path).parent_path())) << "nor a temporary file";
 }
 
 // ---- malformed files ----
@@ -542,6 +550,103 @@ TEST(SafetensorsIndex, FolderWithBothSingleFileAndIndexIsAnError) {
   expect_error([&] { SafetensorsReader::open(dir); }, {dir, "both", "stale"});
   const std::string empty = testing::make_temp_dir("st_index");
   expect_error([&] { SafetensorsReader::open(empty); }, {empty, "neither"});
+}
+
+// ---- hostile input (issue 20) ----
+
+// The header of n one-element f32 tensors "t0000000", ... laid out back to back, built in memory.
+std::string many_tensor_header(int64_t n) {
+  std::string header = "{";
+  header.reserve(static_cast<size_t>(n) * 64);
+  for (int64_t i = 0; i < n; ++i) {
+    header += fmt::format(R"({}"t{:07d}":{{"dtype":"F32","shape":[1],"data_offsets":[{},{}]}})", i ? "," : "", i, 4 * i,
+                          4 * i + 4);
+  }
+  return header + "}";
+}
+
+// CPU seconds of this thread: the machine running the suite may be shared, and a parse that waits for a core is not
+// slower; the bound is on the work the parse does.
+double thread_cpu_seconds() {
+  timespec t{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
+TEST(SafetensorsHeader, AMillionTensorsParseInLinearTime) {
+  constexpr int64_t kTensors = 1'000'000;
+  const std::string header = many_tensor_header(kTensors);
+  const double start = thread_cpu_seconds();
+  const SafetensorsHeader parsed = parse_safetensors_header(header, 4 * kTensors, "million.safetensors");
+  const double seconds = thread_cpu_seconds() - start;
+  ASSERT_EQ(parsed.entries.size(), static_cast<size_t>(kTensors));
+  EXPECT_EQ(parsed.entries.at("t0999999").begin, 4 * (kTensors - 1));
+  // Issue 20's bound; the quadratic parser took over 10 minutes here.
+  EXPECT_LT(seconds, 2.0) << "a 1M-tensor header took " << seconds << " CPU seconds";
+
+  // A repeated name among them is still found, whichever two collide.
+  std::string repeated = header;
+  const std::string last = R"("t0999999":)";
+  repeated.replace(repeated.rfind(last), last.size(), R"("t0000007":)");
+  const double start_repeated = thread_cpu_seconds();
+  expect_error([&] { parse_safetensors_header(repeated, 4 * kTensors, "million.safetensors"); },
+               {"million.safetensors", "names tensor 't0000007' twice"});
+  EXPECT_LT(thread_cpu_seconds() - start_repeated, 2.0);
+}
+
+TEST(SafetensorsHeader, BytesAfterANulAreRefused) {
+  const std::string good = R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})";
+  EXPECT_EQ(parse_safetensors_header(good, 4, "nul.safetensors").entries.size(), 1u);
+  expect_error([&] { parse_safetensors_header(good + std::string(1, '\0') + "GARBAGE", 4, "nul.safetensors"); },
+               {"nul.safetensors", "NUL byte at byte 54"});
+  expect_error([&] { parse_safetensors_header(good + "GARBAGE", 4, "trailing.safetensors"); },
+               {"trailing.safetensors", "not valid JSON"});
+  // The same through a file: the NUL inside the declared header length.
+  const std::string path = testing::make_temp_dir("st_nul") + "/w.safetensors";
+  std::string header = good + std::string(1, '\0') + "GARBAGE";
+  write_raw(path, header, {0, 0, 128, 63});
+  expect_open_error(path, {path, "NUL byte"});
+}
+
+TEST(SafetensorsHeader, ANumberPastDoubleIsRefusedNamingTheFile) {
+  expect_error([&] { parse_safetensors_header(R"({"__metadata__":{"x":1e400}})", 0, "big.safetensors"); },
+               {"big.safetensors", "not valid JSON"});
+}
+
+TEST(SafetensorsIndex, ShardPathsMustStayInsideTheModelFolder) {
+  const std::string dir = make_shards();
+  const std::string outside = testing::make_temp_dir("st_outside");
+  write_safetensors(outside + "/x.safetensors", {{"a", patterned({2}, DType::F32, 1)}});
+  const std::string name = fs::path(outside).filename().string();
+  expect_index_error(dir, R"({"weight_map": {"a": "../)" + name + R"(/x.safetensors"}})",
+                     {"tensor 'a'", "inside the model folder", "'..'"});
+  expect_index_error(dir, R"({"weight_map": {"a": ")" + outside + R"(/x.safetensors"}})",
+                     {"tensor 'a'", "inside the model folder", "absolute"});
+}
+
+TEST(SafetensorsIndex, AFifoShardOrFileIsRefusedWithoutBlocking) {
+  const std::string dir = testing::make_temp_dir("st_fifo");
+  ASSERT_EQ(::mkfifo((dir + "/model.safetensors").c_str(), 0600), 0);
+  expect_error([&] { SafetensorsReader::open(dir); }, {"model.safetensors", "not a regular file"});
+  expect_error([&] { SafetensorsFile::open(dir + "/model.safetensors"); }, {"not a regular file"});
+  const std::string indexed = make_shards();
+  ASSERT_EQ(::mkfifo((indexed + "/model.safetensors.index.json").c_str(), 0600), 0);
+  expect_error([&] { SafetensorsReader::open(indexed); }, {"model.safetensors.index.json", "regular file"});
+}
+
+// score --out and convert --out write through write_safetensors: a "<out>.tmp" symlink planted beside the output
+// (the old fixed temporary name) or the next free name is never followed, so its target keeps its bytes.
+TEST(Safetensors, WritingNeverFollowsAPlantedTemporarySymlink) {
+  const std::string dir = testing::make_temp_dir("st_symlink");
+  const std::string victim = dir + "/victim";
+  write_text(victim, "precious");
+  const std::string path = dir + "/out.safetensors";
+  fs::create_symlink(victim, path + ".tmp");
+  fs::create_symlink(victim, path + ".tmp-" + std::to_string(::getpid()) + "-0");
+  const Tensor t = patterned({4}, DType::F32, 3);
+  write_safetensors(path, {{"x", t}});
+  EXPECT_EQ(read_text(victim), "precious");
+  expect_same_tensor(SafetensorsFile::open(path).tensor("x"), t, "x");
 }
 
 }  // namespace

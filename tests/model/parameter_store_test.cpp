@@ -3,6 +3,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include <gtest/gtest.h>
 
@@ -105,6 +106,32 @@ TEST(ParameterStore, LoadsBf16CheckpointsByConverting) {
   EXPECT_EQ(model->params().param("lm_head").to_vector<float>(),
             expected.to(DType::BF16).to(DType::F32).to_vector<float>());
   EXPECT_EQ(norm.dtype(), DType::F32);
+}
+
+// Issue 20: `convert --hf` (CausalLm::from_hf) imported Inf/NaN weights without a word; each is now a problem naming
+// the tensor and where, in f32 and in bf16, before anything is copied.
+TEST(ParameterStore, RejectsNonFiniteWeightsNamingTheTensor) {
+  for (const DType dtype : {DType::F32, DType::BF16}) {
+    auto weights = golden_weights("qwen3");
+    for (auto& [name, tensor] : weights) {
+      tensor = tensor.to(dtype);
+      if (name == "model.layers.1.mlp.down_proj.weight") {
+        Tensor f = tensor.to(DType::F32);
+        f.data<float>()[5] = std::numeric_limits<float>::infinity();
+        tensor = f.to(dtype);
+      } else if (name == "model.norm.weight") {
+        Tensor f = tensor.to(DType::F32);
+        f.data<float>()[0] = std::numeric_limits<float>::quiet_NaN();
+        tensor = f.to(dtype);
+      }
+    }
+    const std::string message = load_error(write_model_dir("qwen3", weights));
+    EXPECT_NE(message.find("'model.layers.1.mlp.down_proj.weight' holds a non-finite value (inf) at flat index 5"),
+              std::string::npos)
+        << dtype_name(dtype) << ": " << message;
+    EXPECT_NE(message.find("'model.norm.weight' holds a non-finite value (nan) at flat index 0"), std::string::npos)
+        << dtype_name(dtype) << ": " << message;
+  }
 }
 
 TEST(ParameterStore, SeededInitIsIndependentOfOrder) {

@@ -592,6 +592,42 @@ TEST(ShardedCheckpoint, RefusesLayoutsWhoseSlicesDoNotTileEveryTensor) {
   EXPECT_FALSE(find_latest_checkpoint(dir.path)) << "a refused layout publishes nothing";
 }
 
+// Issue 20: shards.json values whose products or sums wrap int64 are refused by name, before any allocation.
+TEST(ShardedCheckpoint, RefusesLayoutsWhoseArithmeticWouldOverflow) {
+  ScopedDir dir("sharded_checkpoint_overflow");
+  json huge = two_rank_layout();
+  huge["tensors"][0]["shape"] = {int64_t{1} << 40, int64_t{1} << 40};
+  expect_error([&] { save_two_rank(dir.path, 1, huge); }, {"shards.json", "param/w", "more elements"});
+  json wrap = two_rank_layout();
+  wrap["tensors"][1]["slices"] = {{0, 4}, {int64_t{1} << 62, int64_t{1} << 62}};
+  expect_error([&] { save_two_rank(dir.path, 1, wrap); }, {"exp_avg/w", "outside its 6 elements"});
+  json wide = two_rank_layout();
+  wide["world"] = int64_t{1} << 31;
+  expect_error([&] { save_two_rank(dir.path, 1, wide); }, {"shards.json", "world is 2147483648"});
+  EXPECT_FALSE(find_latest_checkpoint(dir.path)) << "a refused layout publishes nothing";
+}
+
+TEST(Checkpoint, LoadLatestSkipsACorruptCheckpointForThePreviousGoodOne) {
+  ScopedDir dir("ckpt_load_latest");
+  save_checkpoint(dir.path, make_data(1), 0);
+  const std::string newest = save_checkpoint(dir.path, make_data(2), 0);
+  std::string bytes = read_file(newest + "/optimizer.safetensors");
+  bytes[bytes.size() - 2] ^= 0x01;  // same size: only the hash tells
+  write_file(newest + "/optimizer.safetensors", bytes);
+  ::testing::internal::CaptureStderr();
+  const auto loaded = load_latest_checkpoint(dir.path);
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(loaded);
+  EXPECT_EQ(loaded->first, step_path(dir.path, 1));
+  EXPECT_EQ(loaded->second.step, 1);
+  EXPECT_NE(log.find("skipping " + newest), std::string::npos) << log;
+  EXPECT_NE(log.find("optimizer.safetensors"), std::string::npos) << log;
+  fs::remove_all(step_path(dir.path, 1));
+  ::testing::internal::CaptureStderr();
+  EXPECT_FALSE(load_latest_checkpoint(dir.path)) << "no checkpoint verifies";
+  ::testing::internal::GetCapturedStderr();
+}
+
 TEST(ShardedCheckpoint, MissingOrCorruptShardFilesAreCaughtNamingTheFile) {
   ScopedDir dir("sharded_checkpoint_corrupt");
   const std::string path = save_two_rank(dir.path, 2, two_rank_layout());

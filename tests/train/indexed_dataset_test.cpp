@@ -2,13 +2,19 @@
 // the format says, and one test per kind of corrupt index or missing file.
 #include "train/data/indexed_dataset.h"
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <initializer_list>
+#include <iterator>
 #include <optional>
+#include <string>
 #include <string_view>
+#include <vector>
+
+#include <unistd.h>
 
 #include <gtest/gtest.h>
 
@@ -101,8 +107,12 @@ void expect_round_trip(IndexDType dtype, const std::vector<std::vector<int32_t>>
   IndexedDatasetBuilder builder(prefix, dtype);
   for (const auto& sequence : sequences) builder.add_sequence(sequence);
   builder.finish();
-  EXPECT_FALSE(fs::exists(prefix + ".bin.tmp"));
-  EXPECT_FALSE(fs::exists(prefix + ".idx.tmp"));
+  // Only the two files: no temporary file is left behind.
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(fs::path(prefix).parent_path()))
+    names.push_back(entry.path().filename().string());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"corpus.bin", "corpus.idx"}));
 
   const IndexedDataset ds = IndexedDataset::open(prefix);
   EXPECT_EQ(ds.path(), prefix);
@@ -346,9 +356,28 @@ TEST(IndexedDatasetBuilder, LeavesNoFilesWithoutFinish) {
   {
     IndexedDatasetBuilder builder(dir + "/corpus", IndexDType::Int32);
     builder.add_sequence(std::vector<int32_t>{1, 2, 3});
-    EXPECT_TRUE(fs::exists(dir + "/corpus.bin.tmp"));
+    EXPECT_FALSE(fs::is_empty(dir)) << "the tokens stream into a temporary file";
   }
   EXPECT_TRUE(fs::is_empty(dir));
+}
+
+// Issue 20: a "<out>.bin.tmp" symlink planted beside the output is never followed: its target keeps its bytes, and
+// the dataset is written (the temporary files are new names created exclusively).
+TEST(IndexedDatasetBuilder, NeverWritesThroughAPlantedTemporarySymlink) {
+  const std::string dir = testing::make_temp_dir("idx_builder_symlink");
+  const std::string victim = dir + "/victim";
+  { std::ofstream(victim) << "precious"; }
+  for (const char* name : {"/corpus.bin.tmp", "/corpus.idx.tmp"}) fs::create_symlink(victim, dir + name);
+  for (const char* name : {"/corpus.bin.tmp-", "/corpus.idx.tmp-"}) {
+    fs::create_symlink(victim, dir + name + std::to_string(::getpid()) + "-0");
+  }
+  IndexedDatasetBuilder builder(dir + "/corpus", IndexDType::Int32);
+  builder.add_sequence(std::vector<int32_t>{1, 2, 3});
+  builder.finish();
+  std::ifstream in(victim);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text, "precious");
+  EXPECT_EQ(IndexedDataset::open(dir + "/corpus").num_sequences(), 1);
 }
 
 TEST(IndexedDatasetBuilder, ReplacesAnExistingDatasetOnlyAtFinish) {

@@ -4,6 +4,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <string>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -83,6 +85,69 @@ TEST(Trainer, ResumeAfterStopIsByteIdentical) {
   for (size_t i = 0; i < losses.size(); ++i) EXPECT_EQ(losses[i], all.losses[i]) << "step " << i + 1;
   EXPECT_EQ(weights_of(resumed), weights_of(straight));
   EXPECT_EQ(list_checkpoints(dir_b + "/ckpt"), (std::vector<int64_t>{3, 6}));
+}
+
+// A byte changed in place keeps every size, so only load_checkpoint's hashes see it: the resume skips that
+// checkpoint with a warning naming it and takes the previous good one (docs/training.md, "Checkpoints").
+TEST(Trainer, ResumeSkipsACorruptCheckpointForThePreviousGoodOne) {
+  const std::string dir = testing::make_temp_dir("trainer_corrupt_resume");
+  const io::JobConfig job = small_job(dir);
+  Trainer(job).run();
+  ASSERT_EQ(list_checkpoints(job.checkpoint.dir), (std::vector<int64_t>{3, 6}));
+  const std::string file = job.checkpoint.dir + "/step_00000006/model.safetensors";
+  std::string bytes;
+  {
+    std::ifstream in(file, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  bytes[bytes.size() - 3] ^= 0x10;
+  std::ofstream(file, std::ios::binary | std::ios::trunc) << bytes;
+  ::testing::internal::CaptureStderr();
+  const Trainer resumed(job);
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(resumed.steps_done(), 3);
+  EXPECT_NE(log.find("skipping"), std::string::npos) << log;
+  EXPECT_NE(log.find("step_00000006"), std::string::npos) << log;
+  EXPECT_NE(log.find("model.safetensors"), std::string::npos) << log;
+}
+
+// Issue 20: a checkpoint whose state.json says another step than its folder (and manifest), or more optimizer
+// steps than steps, is refused by name rather than resumed (which would later overwrite a good checkpoint).
+TEST(Trainer, ResumeRefusesAStateThatDisagreesWithItsFolder) {
+  const std::string dir = testing::make_temp_dir("trainer_bad_state");
+  io::JobConfig job = small_job(dir);
+  Trainer(job).run(3);
+  const CheckpointData good = load_checkpoint(job.checkpoint.dir + "/step_00000003");
+  CheckpointData moved = good;
+  moved.step = 6;  // a consistent folder and manifest for step 6, holding step 3's state.json
+  save_checkpoint(job.checkpoint.dir, moved, 0);
+  try {
+    Trainer bad(job);
+    ADD_FAILURE() << "a state.json at step 3 inside step_00000006 was resumed";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("state.json says step 3, the folder name says step 6"), std::string::npos)
+        << e.what();
+  }
+  std::filesystem::remove_all(job.checkpoint.dir + "/step_00000006");
+  CheckpointData runaway = good;
+  runaway.state["optimizer_steps"] = int64_t{1} << 62;
+  save_checkpoint(job.checkpoint.dir, runaway, 0);
+  try {
+    Trainer bad(job);
+    ADD_FAILURE() << "optimizer_steps = 2^62 was resumed";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("optimizer_steps 4611686018427387904 after step 3"), std::string::npos)
+        << e.what();
+  }
+  runaway.state["optimizer_steps"] = "three";
+  save_checkpoint(job.checkpoint.dir, runaway, 0);
+  try {
+    Trainer bad(job);
+    ADD_FAILURE() << "a string optimizer_steps was resumed";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("state.json field 'optimizer_steps' is \"three\""), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(Trainer, LossFallsAndMetricsAreLogged) {
@@ -207,7 +272,8 @@ TEST(Trainer, GoldenTrajectoryMatchesTransformers) {
 
 TEST(Trainer, NanLossStopsBeforeAnyCheckpointIsWritten) {
   const std::string dir = testing::make_temp_dir("trainer_nan");
-  // A model folder whose final norm holds a NaN: the first loss is NaN.
+  // A model folder whose final norm holds a NaN is refused when it is loaded (issue 20: imported weights must be
+  // finite), so the NaN goes into the final norm after loading: the first loss is NaN.
   const std::string model_dir = dir + "/model";
   std::filesystem::create_directories(model_dir);
   std::filesystem::copy_file(testing::test_data_path("golden/qwen3_moe/config.json"), model_dir + "/config.json");
@@ -222,7 +288,16 @@ TEST(Trainer, NanLossStopsBeforeAnyCheckpointIsWritten) {
   job.model.config = model_dir;
   job.model.init = "pretrained";
   job.checkpoint.every = 1;
+  try {
+    Trainer refused(job);
+    ADD_FAILURE() << "a NaN weight was loaded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'model.norm.weight' holds a non-finite value (nan)"), std::string::npos)
+        << e.what();
+  }
+  job.model.config = testing::test_data_path("golden/qwen3_moe");
   Trainer trainer(job);
+  trainer.model().params().param("final_norm").data<float>()[3] = NAN;  // the master (f32 compute reads it)
   try {
     trainer.run();
     FAIL() << "expected the NaN loss to stop the run";

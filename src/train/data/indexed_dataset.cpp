@@ -5,13 +5,17 @@
 
 #include <bit>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <limits>
 #include <system_error>
 #include <utility>
 
+#include <unistd.h>
+
 #include "core/error.h"
+#include "io/atomic_file.h"
 #include "io/mapped_file.h"
 
 namespace moetrain::train::data {
@@ -233,9 +237,14 @@ IndexedDatasetBuilder::IndexedDatasetBuilder(std::string prefix, IndexDType dtyp
            "indexed dataset builder {}: dtype {} cannot store token ids (expected an integer dtype such as uint16 or "
            "int32)",
            prefix_, index_dtype_name(dtype));
-  const std::string path = prefix_ + ".bin.tmp";
-  bin_ = std::fopen(path.c_str(), "wb");
-  MT_CHECK(bin_ != nullptr, "indexed dataset builder: cannot create {}: {}", path, errno_text(errno));
+  const int fd = io::create_temporary_beside(prefix_ + ".bin", &bin_tmp_);
+  bin_ = ::fdopen(fd, "wb");
+  if (bin_ == nullptr) {
+    const int error = errno;
+    ::close(fd);
+    ::unlink(bin_tmp_.c_str());
+    MT_FAIL("indexed dataset builder: cannot open {}: {}", bin_tmp_, errno_text(error));
+  }
 }
 
 namespace {
@@ -257,8 +266,8 @@ IndexedDatasetBuilder::~IndexedDatasetBuilder() {
   if (bin_ != nullptr) std::fclose(bin_);
   if (!finished_) {
     std::error_code ec;  // best effort: a destructor cannot report
-    fs::remove(prefix_ + ".bin.tmp", ec);
-    fs::remove(prefix_ + ".idx.tmp", ec);
+    if (!bin_tmp_.empty()) fs::remove(bin_tmp_, ec);
+    if (!idx_tmp_.empty()) fs::remove(idx_tmp_, ec);
   }
 }
 
@@ -323,7 +332,7 @@ void IndexedDatasetBuilder::add_sequence(std::span<const int64_t> tokens) { appe
 
 void IndexedDatasetBuilder::finish() {
   MT_CHECK(!finished_, "indexed dataset builder {}: finish() called twice", prefix_);
-  const std::string bin_tmp = prefix_ + ".bin.tmp", idx_tmp = prefix_ + ".idx.tmp";
+  const std::string& bin_tmp = bin_tmp_;
   const int closed = std::fclose(bin_);
   bin_ = nullptr;
   MT_CHECK(closed == 0, "indexed dataset builder: cannot write {}: {}", bin_tmp, errno_text(errno));
@@ -348,8 +357,11 @@ void IndexedDatasetBuilder::finish() {
   }
   for (uint64_t k = 0; k <= n; ++k) put(static_cast<int64_t>(k));
 
-  std::FILE* idx = std::fopen(idx_tmp.c_str(), "wb");
-  MT_CHECK(idx != nullptr, "indexed dataset builder: cannot create {}: {}", idx_tmp, errno_text(errno));
+  const int idx_fd = io::create_temporary_beside(prefix_ + ".idx", &idx_tmp_);
+  const std::string& idx_tmp = idx_tmp_;
+  std::FILE* idx = ::fdopen(idx_fd, "wb");
+  if (idx == nullptr) ::close(idx_fd);
+  MT_CHECK(idx != nullptr, "indexed dataset builder: cannot open {}: {}", idx_tmp, errno_text(errno));
   const size_t written = std::fwrite(index.data(), 1, index.size(), idx);
   const int idx_closed = std::fclose(idx);
   MT_CHECK(written == index.size() && idx_closed == 0, "indexed dataset builder: cannot write {}: {}", idx_tmp,

@@ -84,9 +84,10 @@ class IndexedDataset {
   std::vector<int64_t> document_indices_;
 };
 
-// Writes an indexed dataset, one document per sequence: tokens stream into "<prefix>.bin.tmp";
-// finish() writes "<prefix>.idx.tmp" and renames both into place, so readers never see a partial
-// dataset. A builder destroyed before finish() removes its temporary files.
+// Writes an indexed dataset, one document per sequence: tokens stream into a new "<prefix>.bin.tmp-<pid>-<n>"
+// (io/atomic_file.h: created exclusively, never through a symlink); finish() writes the .idx the same way and renames
+// both into place, so readers never see a partial dataset. A builder destroyed before finish() removes its
+// temporary files.
 class IndexedDatasetBuilder {
  public:
   IndexedDatasetBuilder(std::string prefix, IndexDType dtype);
@@ -112,6 +113,7 @@ class IndexedDatasetBuilder {
   std::string prefix_;
   IndexDType dtype_;
   std::FILE* bin_ = nullptr;
+  std::string bin_tmp_, idx_tmp_;  // the temporary files' names
   std::vector<int32_t> sizes_;
   std::vector<uint8_t> buffer_;
   int64_t num_tokens_ = 0;

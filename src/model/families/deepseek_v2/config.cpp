@@ -82,7 +82,7 @@ void parse_fields(const io::JsonFields& f, ModelConfig& g, DeepseekV2Config& c) 
   g.num_experts_per_tok = f.require_int("num_experts_per_tok");
   c.n_shared_experts = f.int_opt("n_shared_experts").value_or(0);
   c.first_k_dense_replace = f.int_opt("first_k_dense_replace").value_or(0);
-  f.check_positive(g.num_experts, "n_routed_experts");
+  f.check_positive(g.num_experts, "n_routed_experts", kMaxExperts);
   f.check_positive(g.num_experts_per_tok, "num_experts_per_tok");
   MT_CHECK(g.num_experts_per_tok <= g.num_experts, "{}: num_experts_per_tok ({}) exceeds n_routed_experts ({})", source,
            g.num_experts_per_tok, g.num_experts);

@@ -101,7 +101,7 @@ void parse_fields(const io::JsonFields& f, ModelConfig& g, GptOssConfig& c) {
   MT_CHECK(experts.has_value(), "{}: required field 'num_local_experts' is missing", source);
   g.num_experts = *experts;
   g.num_experts_per_tok = f.require_int("num_experts_per_tok");
-  f.check_positive(g.num_experts, "num_local_experts");
+  f.check_positive(g.num_experts, "num_local_experts", kMaxExperts);
   f.check_positive(g.num_experts_per_tok, "num_experts_per_tok");
   MT_CHECK(g.num_experts_per_tok <= g.num_experts, "{}: num_experts_per_tok ({}) exceeds num_local_experts ({})",
            source, g.num_experts_per_tok, g.num_experts);

@@ -24,7 +24,7 @@ void parse_moe_fields(const io::JsonFields& f, ModelConfig& g, Qwen3MoeConfig& c
   c.mlp_only_layers = f.int_list_opt("mlp_only_layers").value_or(std::vector<int64_t>{});
   c.router_aux_loss_coef = f.number_opt("router_aux_loss_coef").value_or(0.0);
 
-  f.check_positive(g.num_experts, "num_experts");
+  f.check_positive(g.num_experts, "num_experts", kMaxExperts);
   f.check_positive(g.num_experts_per_tok, "num_experts_per_tok");
   f.check_positive(c.moe_intermediate_size, "moe_intermediate_size");
   f.check_positive(c.decoder_sparse_step, "decoder_sparse_step");
