@@ -41,6 +41,16 @@ class Family {
   virtual std::string name() const = 0;
   virtual std::vector<std::string> model_types() const = 0;
 
+  // A model_type whose config.json wraps the model the engine trains in a sub-object (a multimodal model, e.g.
+  // Qwen3.5's "qwen3_5" with its "text_config"): that sub-object's key, and the model_type it stands for when it names
+  // none. parse_model_config then parses the sub-object as the config and says in a log line what it leaves out (the
+  // wrapper's other objects: a vision tower). An empty key (the default): the top level is the model's config.
+  struct NestedConfig {
+    std::string key;
+    std::string model_type;
+  };
+  virtual NestedConfig nested_config(const std::string& /*model_type*/) const { return {}; }
+
   // Fills the generic fields of ModelConfig and the family's own (ModelConfig::details) from config.json's top-level
   // object; refuses every value it does not support, naming the field.
   virtual ModelConfig parse_config(const io::JsonFields& fields) const = 0;

@@ -2,7 +2,13 @@
 #include "model/model_config.h"
 
 #include <filesystem>
+#include <optional>
+#include <vector>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "core/log.h"
 #include "io/json_fields.h"
 #include "model/family.h"
 
@@ -33,10 +39,27 @@ void parse_model_shape(const io::JsonFields& f, ModelConfig& g) {
 
 namespace {
 
-ModelConfig config_from_json(const nlohmann::json& root, const std::string& source) {
+ModelConfig config_from_json(const nlohmann::json& root, const std::string& source, bool nested = false) {
   const io::JsonFields fields(root, source);
   const std::string model_type = fields.require_string("model_type");
   const Family& family = family_for(model_type, source);
+  const Family::NestedConfig wrapped = family.nested_config(model_type);
+  if (!wrapped.key.empty()) {
+    MT_CHECK(!nested, "{}: model_type '{}' wraps its model in '{}', but it is itself the wrapped config", source,
+             model_type, wrapped.key);
+    const std::optional<io::JsonFields> inner = fields.object_opt(wrapped.key.c_str());
+    MT_CHECK(inner.has_value(), "{}: model_type '{}' keeps the model's config in the object '{}', which is missing",
+             source, model_type, wrapped.key);
+    std::vector<std::string> left_out;
+    for (const auto& [key, value] : root.items())
+      if (value.is_object() && key != wrapped.key) left_out.push_back(key);
+    log_info("{}: model_type '{}': training the model of its '{}' ({}); left out: {}", source, model_type, wrapped.key,
+             root.at(wrapped.key).value("model_type", wrapped.model_type),
+             left_out.empty() ? std::string("nothing else") : fmt::format("{}", fmt::join(left_out, ", ")));
+    nlohmann::json text = root.at(wrapped.key);
+    if (!text.contains("model_type") || text.at("model_type").is_null()) text["model_type"] = wrapped.model_type;
+    return config_from_json(text, source + ": " + wrapped.key, true);
+  }
   ModelConfig config = family.parse_config(fields);
   config.family = &family;
   config.model_type = model_type;

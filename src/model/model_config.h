@@ -73,7 +73,8 @@ inline constexpr int64_t kMaxExperts = int64_t{1} << 16;
 void parse_model_shape(const io::JsonFields& fields, ModelConfig& config);
 
 // Parses config.json text; `source` names the file in errors. The family of its model_type parses the rest and
-// refuses, by name, every value it does not support.
+// refuses, by name, every value it does not support. A multimodal wrapper (Family::nested_config) is parsed as the
+// model of its sub-object (Qwen3.5's text_config), with a log line naming what is left out.
 ModelConfig parse_model_config(const std::string& json_text, const std::string& source);
 // Reads a config.json path, or a model folder holding one.
 ModelConfig load_model_config(const std::string& path);

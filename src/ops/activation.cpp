@@ -108,4 +108,59 @@ void clamped_swiglu_backward(Stream& stream, Tensor dgate_up, const Tensor& dy, 
   cpu::clamped_swiglu_backward(dgate_up, dy, gate_up, params);
 }
 
+namespace {
+
+// Checks x [N, D] and gate [N, D] or [N, 1] of one float dtype on the stream's device; returns gate's width.
+int64_t check_sigmoid_gate(const Tensor& x, const Tensor& gate, const Stream& stream, const char* op) {
+  expect_contiguous(x, fmt::format("{}: x", op));
+  check_on_stream_device(stream, x, op, "x");
+  MT_CHECK(x.dim() == 2, "{}: expected x [N, D] but found {}", op, x.describe());
+  if (stream.device().is_cuda()) {
+    MT_CHECK(x.dtype() == DType::F32 || x.dtype() == DType::BF16, "{}: expected x in f32 or bf16 (CUDA) but found {}",
+             op, x.describe());
+  } else {
+    MT_CHECK(x.dtype() == DType::F32 || x.dtype() == DType::F64, "{}: expected x in f32 or f64 but found {}", op,
+             x.describe());
+  }
+  MT_CHECK(gate.dim() == 2 && gate.size(0) == x.size(0) && (gate.size(1) == x.size(1) || gate.size(1) == 1),
+           "{}: expected gate [N, D] or [N, 1] for x {} but found {}", op, x.describe(), gate.describe());
+  check_argument(gate, gate.shape(), x.dtype(), stream, op, "gate [N, D] or [N, 1]");
+  return gate.size(1);
+}
+
+}  // namespace
+
+void sigmoid_gate_forward(Stream& stream, Tensor y, const Tensor& x, const Tensor& gate) {
+  OpScope profile(stream, "activation");
+  constexpr const char* op = "sigmoid_gate_forward";
+  check_stream_backend(stream, op);
+  check_sigmoid_gate(x, gate, stream, op);
+  check_argument(y, x.shape(), x.dtype(), stream, op, "y [N, D]");
+#if MOETRAIN_HAS_CUDA
+  if (x.device().is_cuda()) {
+    cuda::sigmoid_gate_forward(stream, y, x, gate);
+    return;
+  }
+#endif
+  cpu::sigmoid_gate_forward(y, x, gate);
+}
+
+void sigmoid_gate_backward(Stream& stream, Tensor dx, Tensor dgate, const Tensor& dy, const Tensor& x,
+                           const Tensor& gate) {
+  OpScope profile(stream, "activation");
+  constexpr const char* op = "sigmoid_gate_backward";
+  check_stream_backend(stream, op);
+  check_sigmoid_gate(x, gate, stream, op);
+  check_argument(dy, x.shape(), x.dtype(), stream, op, "dy [N, D]");
+  check_argument(dx, x.shape(), x.dtype(), stream, op, "dx [N, D]");
+  check_argument(dgate, gate.shape(), x.dtype(), stream, op, "dgate (gate's shape)");
+#if MOETRAIN_HAS_CUDA
+  if (x.device().is_cuda()) {
+    cuda::sigmoid_gate_backward(stream, dx, dgate, dy, x, gate);
+    return;
+  }
+#endif
+  cpu::sigmoid_gate_backward(dx, dgate, dy, x, gate);
+}
+
 }  // namespace moetrain::ops

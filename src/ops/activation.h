@@ -1,5 +1,6 @@
 // defines: the SwiGLU activations of the gated MLPs, plain and GPT-OSS's clamped one. gate and up come from one fused
-// projection: gate_up [N, 2I] holds gate in columns [0, I) and up in [I, 2I).
+// projection: gate_up [N, 2I] holds gate in columns [0, I) and up in [I, 2I). And the sigmoid gate of Qwen3.5
+// (y = x * sigmoid(gate): the attention's output gate, the shared expert's gate).
 #pragma once
 
 #include <string>
@@ -31,5 +32,13 @@ void clamped_swiglu_forward(Stream& stream, Tensor y, const Tensor& gate_up, con
 // reference's) does: strictly inside, min < x < max; at the limit itself and beyond it the gradient is 0.
 void clamped_swiglu_backward(Stream& stream, Tensor dgate_up, const Tensor& dy, const Tensor& gate_up,
                              const ClampedSwigluParams& params);
+
+// y = x * sigmoid(gate), as torch's `x * torch.sigmoid(gate)`: x, y [N, D]; gate [N, D] (one gate per element, the
+// attention's output gate) or [N, 1] (one per row, broadcast over it: the shared expert's gate). One float dtype.
+void sigmoid_gate_forward(Stream& stream, Tensor y, const Tensor& x, const Tensor& gate);
+// dx = dy * sigmoid(gate) (overwritten; may alias dy) and dgate = (dy * x) * s * (1 - s), s = sigmoid(gate)
+// (overwritten), where a row gate [N, 1] first sums dy * x over its row in ascending order.
+void sigmoid_gate_backward(Stream& stream, Tensor dx, Tensor dgate, const Tensor& dy, const Tensor& x,
+                           const Tensor& gate);
 
 }  // namespace moetrain::ops

@@ -1,6 +1,6 @@
 // Tests for `moetrain check-golden`: every case passes on the golden fixtures of qwen3, qwen3_moe,
-// deepseek_v2 and gpt_oss (the engine's fp32 CPU math against transformers 5.17), the bf16 judgement (against
-// transformers' own bf16 error) runs end to end on the CPU over an f32 run, and bad arguments or a
+// deepseek_v2, gpt_oss, qwen3_5 and qwen3_5_moe (the engine's fp32 CPU math against transformers 5.17), the bf16
+// judgement (against transformers' own bf16 error) runs end to end on the CPU over an f32 run, and bad arguments or a
 // dump without the bf16 yardstick fail closed.
 #include "cli/check_golden.h"
 
@@ -34,9 +34,20 @@ TEST_P(CheckGoldenFamily, BatchCaseMatchesTransformers) {
 TEST_P(CheckGoldenFamily, PackedCaseMatchesTransformers) {
   EXPECT_EQ(run_check_golden(options_for(GetParam(), "packed")), 0);
 }
-TEST_P(CheckGoldenFamily, TrajectoryCaseMatchesTransformers) {
+// The trajectory's fp32 thresholds hold transformers' own runs on other hardware for these families. Not for Qwen3.5:
+// its 5 AdamW steps amplify rounding (Adam's first steps are nearly sign steps; the MoE's top-k flips), so transformers
+// 5.17 itself, replaying the dumped trajectory on the CPU, misses its CUDA reference by more than the thresholds
+// (qwen3_5 in f64: grad norm 2.9e-4 against 1e-4; qwen3_5_moe in f32: loss 5e-4 against 1e-5, grad norm 1.5e-2,
+// final weights 3.2e-3 against 1e-4), as the engine's CPU run does (grad norm 6.9e-4; loss 8.4e-4, grad norm 1.7e-2,
+// weights 3.2e-3). The bf16 judgement below still runs their trajectories against its own bounds.
+class CheckGoldenTrajectory : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(CheckGoldenTrajectory, TrajectoryCaseMatchesTransformers) {
   EXPECT_EQ(run_check_golden(options_for(GetParam(), "trajectory")), 0);
 }
+
+INSTANTIATE_TEST_SUITE_P(Golden, CheckGoldenTrajectory,
+                         ::testing::Values("qwen3", "qwen3_moe", "deepseek_v2", "gpt_oss"));
 
 // The bf16 rules over the f32 path: ours (~1e-6) is far inside every bound, so every case passes, and the lines
 // show the yardstick. On an MoE model the packed and trajectory cases check routing against an f32 shadow.
@@ -54,14 +65,15 @@ TEST_P(CheckGoldenFamily, Bf16JudgementPassesTheF32Path) {
   }
   EXPECT_NE(out.find("bound = 1.5 x theirs + 3.9e-03"), std::string::npos) << out;
   EXPECT_NE(out.find("bound = 0.5 x update + 1e-04"), std::string::npos) << out;
-  if (std::string(GetParam()) == "qwen3_moe") {
+  if (std::string(GetParam()) == "qwen3_moe" || std::string(GetParam()) == "qwen3_5_moe") {
     for (const char* routing : {"[ ok ] batch/routing", "[ ok ] packed/routing", "[ ok ] trajectory/routing"}) {
       EXPECT_NE(out.find(routing), std::string::npos) << routing << "\n" << out;
     }
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Golden, CheckGoldenFamily, ::testing::Values("qwen3", "qwen3_moe", "deepseek_v2", "gpt_oss"));
+INSTANTIATE_TEST_SUITE_P(Golden, CheckGoldenFamily,
+                         ::testing::Values("qwen3", "qwen3_moe", "deepseek_v2", "gpt_oss", "qwen3_5", "qwen3_5_moe"));
 
 // The qwen3 reference rewritten without the tensors for which `drop` says true.
 std::string reference_without(const std::string& tag, bool (*drop)(const std::string&)) {

@@ -5,6 +5,8 @@
 // names, and pieces that tile each parameter.
 #include "model/family.h"
 
+#include <algorithm>
+#include <filesystem>
 #include <map>
 #include <set>
 #include <string>
@@ -135,7 +137,23 @@ TEST_P(RegisteredFamily, GoldenLayoutHasConsistentRolesLayersAndTilingPieces) {
   EXPECT_NO_THROW(ParameterStore store(specs));
 }
 
-INSTANTIATE_TEST_SUITE_P(Golden, RegisteredFamily, ::testing::ValuesIn(registered_names()),
+// Every golden dump (tests/data/golden/<dump>): one per family folder, and a family's other dumps (qwen3_5_moe, the
+// MoE model of the qwen3_5 family, whose model_type names it too).
+std::vector<std::string> golden_dumps() {
+  std::vector<std::string> dumps;
+  for (const auto& entry : std::filesystem::directory_iterator(testing::test_data_path("golden")))
+    if (entry.is_directory()) dumps.push_back(entry.path().filename().string());
+  std::sort(dumps.begin(), dumps.end());
+  return dumps;
+}
+
+TEST(FamilyRegistry, EveryFamilyHasAGoldenDump) {
+  const std::vector<std::string> dumps = golden_dumps();
+  for (const std::string& name : registered_names())
+    EXPECT_NE(std::find(dumps.begin(), dumps.end(), name), dumps.end()) << name;
+}
+
+INSTANTIATE_TEST_SUITE_P(Golden, RegisteredFamily, ::testing::ValuesIn(golden_dumps()),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
 }  // namespace

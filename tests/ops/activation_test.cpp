@@ -1,6 +1,6 @@
 // Tests for ops/activation: SwiGLU and GPT-OSS's clamped SwiGLU, forward against a direct computation, backward
 // against finite differences (away from the clamps' kinks), the gradient exactly at and beyond the limits, and
-// argument checks.
+// argument checks; the sigmoid gate (Qwen3.5) with a gate per element and per row, likewise.
 #include "ops/activation.h"
 
 #include <algorithm>
@@ -277,6 +277,104 @@ TEST(ClampedSwiglu, RejectsBadParamsAndArguments) {
                           "clamped_swiglu_backward: dgate_up [N, 2I]: expected shape [3, 8] but found [3, 4]");
   // A negative alpha is finite and accepted (only finiteness is required of it).
   clamped_swiglu_forward(s, y, gate_up, {-1.0f, 7.0f});
+}
+
+// y = x * sigmoid(gate) for a gate per element and a gate per row (broadcast over the row).
+TEST(SigmoidGate, ForwardMatchesDirectComputation) {
+  const int64_t rows = 5, width = 7;
+  for (const int64_t gate_width : {width, int64_t{1}}) {
+    SCOPED_TRACE(gate_width);
+    Rng rng(40);
+    const Tensor x = random_tensor({rows, width}, DType::F32, rng);
+    const Tensor gate = random_tensor({rows, gate_width}, DType::F32, rng, 3.0);
+    Tensor y = Tensor::empty({rows, width}, DType::F32);
+    sigmoid_gate_forward(Stream::cpu(), y, x, gate);
+    const auto xv = x.to_vector<float>(), gv = gate.to_vector<float>();
+    std::vector<double> want(static_cast<size_t>(rows * width));
+    for (int64_t n = 0; n < rows; ++n)
+      for (int64_t j = 0; j < width; ++j) {
+        const double g = gv[n * gate_width + (gate_width == 1 ? 0 : j)];
+        want[n * width + j] = xv[n * width + j] / (1.0 + std::exp(-g));
+      }
+    EXPECT_LT(testing::relative_error(y.to(DType::F64), Tensor::from_vector(want, {rows, width})), 1e-6);
+  }
+}
+
+TEST(SigmoidGate, BackwardMatchesFiniteDifferences) {
+  const int64_t rows = 4, width = 6;
+  for (const int64_t gate_width : {width, int64_t{1}}) {
+    SCOPED_TRACE(gate_width);
+    Rng rng(41);
+    Tensor x = random_tensor({rows, width}, DType::F64, rng);
+    Tensor gate = random_tensor({rows, gate_width}, DType::F64, rng, 2.0);
+    const Tensor dy = random_tensor({rows, width}, DType::F64, rng);
+    Tensor y = Tensor::empty({rows, width}, DType::F64);
+    auto loss = [&] {
+      sigmoid_gate_forward(Stream::cpu(), y, x, gate);
+      return testing::dot(y, dy);
+    };
+    Tensor dx = Tensor::empty({rows, width}, DType::F64), dgate = Tensor::empty({rows, gate_width}, DType::F64);
+    sigmoid_gate_backward(Stream::cpu(), dx, dgate, dy, x, gate);
+    testing::expect_gradients_match(loss, {{"x", x, dx}, {"gate", gate, dgate}});
+  }
+}
+
+TEST(SigmoidGate, BackwardMayOverwriteDy) {
+  Rng rng(42);
+  const Tensor x = random_tensor({3, 5}, DType::F32, rng), gate = random_tensor({3, 5}, DType::F32, rng);
+  const Tensor dy = random_tensor({3, 5}, DType::F32, rng);
+  Tensor dx = Tensor::empty({3, 5}, DType::F32), dgate = Tensor::empty({3, 5}, DType::F32);
+  sigmoid_gate_backward(Stream::cpu(), dx, dgate, dy, x, gate);
+  Tensor in_place = dy.clone(), dgate2 = Tensor::empty({3, 5}, DType::F32);
+  sigmoid_gate_backward(Stream::cpu(), in_place, dgate2, in_place, x, gate);
+  EXPECT_EQ(in_place.to_vector<float>(), dx.to_vector<float>());
+  EXPECT_EQ(dgate2.to_vector<float>(), dgate.to_vector<float>());
+}
+
+TEST(SigmoidGate, RejectsBadArguments) {
+  const Tensor x = Tensor::zeros({3, 4}, DType::F32);
+  Tensor y = Tensor::zeros({3, 4}, DType::F32);
+  expect_error_mentioning(
+      [&] {
+        sigmoid_gate_forward(Stream::cpu(), y, x, Tensor::zeros({3, 2}, DType::F32));
+      },
+      "expected gate [N, D] or [N, 1]");
+  expect_error_mentioning(
+      [&] {
+        sigmoid_gate_forward(Stream::cpu(), y, x, Tensor::zeros({2, 1}, DType::F32));
+      },
+      "expected gate [N, D] or [N, 1]");
+  expect_error_mentioning(
+      [&] {
+        sigmoid_gate_forward(Stream::cpu(), y, x, Tensor::zeros({3, 4}, DType::F64));
+      },
+      "gate [N, D] or [N, 1]");
+  expect_error_mentioning(
+      [&] { sigmoid_gate_forward(Stream::cpu(), y, Tensor::zeros({12}, DType::F32), Tensor::zeros({12}, DType::F32)); },
+      "expected x [N, D]");
+  expect_error_mentioning(
+      [&] {
+        sigmoid_gate_forward(Stream::cpu(), Tensor::zeros({3, 4}, DType::BF16), Tensor::zeros({3, 4}, DType::BF16),
+                             Tensor::zeros({3, 4}, DType::BF16));
+      },
+      "expected x in f32 or f64");
+  Tensor y_short = Tensor::zeros({3, 3}, DType::F32);
+  expect_error_mentioning(
+      [&] {
+        sigmoid_gate_forward(Stream::cpu(), y_short, x, Tensor::zeros({3, 1}, DType::F32));
+      },
+      "y [N, D]");
+  Tensor dx = Tensor::zeros({3, 4}, DType::F32), dgate = Tensor::zeros({3, 4}, DType::F32);
+  expect_error_mentioning(
+      [&] {
+        sigmoid_gate_backward(Stream::cpu(), dx, dgate, x, x, Tensor::zeros({3, 1}, DType::F32));
+      },
+      "dgate (gate's shape)");
+  expect_error_mentioning(
+      [&] {
+        sigmoid_gate_backward(Stream::cpu(), dx, dgate, Tensor::zeros({3, 5}, DType::F32), x, dgate);
+      },
+      "dy [N, D]");
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 // Tests for the CUDA SwiGLU kernels (ops/cuda/activation.*) through the public ops, plain and clamped (GPT-OSS):
 // forward and backward against the CPU reference in f32 and bf16 (odd widths, one element, large rows; for the clamped
 // one inputs exactly at, just beyond and far beyond the limits), the exact zero gradient at and beyond the limits,
-// determinism and argument checks. Run on a GPU; skipped elsewhere.
+// determinism and argument checks; the sigmoid gate (a gate per element and per row) likewise. Run on a GPU; skipped
+// elsewhere.
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -255,6 +256,71 @@ TEST(CudaClampedSwiglu, RejectsF64AndBadParamsOnCuda) {
         ops::clamped_swiglu_backward(gpu(), d, y, gate_up, {std::numeric_limits<float>::infinity(), 7.0f});
       },
       {"clamped_swiglu_backward", "alpha (inf) must be finite"});
+}
+
+// The sigmoid gate against the CPU: per element expf (2 ulp) and at most a fused multiply-add, so 1e-6 as SwiGLU; the
+// row gate's gradient sums dy * x over up to 3000 columns in one thread in the CPU's order, where nvcc may fuse each
+// step into an FMA (one rounding fewer per step): 1e-5 relative covers ~sqrt(3000) such differences of 2^-24 each with
+// a margin, and a wrong term is off by O(1).
+TEST(CudaSigmoidGate, F32AndBf16MatchCpu) {
+  MT_REQUIRE_GPU();
+  const std::vector<Shape> shapes = {{1, 1}, {7, 301}, {3, 3000}, {256, 128}, {0, 16}};
+  for (const Shape& shape : shapes) {
+    for (const bool row_gate : {false, true}) {
+      SCOPED_TRACE(shape_str(shape) + (row_gate ? " row gate" : " element gate"));
+      Rng rng(71);
+      const int64_t rows = shape[0];
+      const Shape gate_shape = row_gate ? Shape{rows, 1} : shape;
+      const Tensor x = random_tensor(shape, DType::F32, rng), dy = random_tensor(shape, DType::F32, rng);
+      const Tensor gate = random_tensor(gate_shape, DType::F32, rng, 3.0);
+      Tensor y = Tensor::empty(shape, DType::F32), dx = Tensor::empty(shape, DType::F32);
+      Tensor dgate = Tensor::empty(gate_shape, DType::F32);
+      ops::sigmoid_gate_forward(Stream::cpu(), y, x, gate);
+      ops::sigmoid_gate_backward(Stream::cpu(), dx, dgate, dy, x, gate);
+      Tensor y_gpu = Tensor::empty(shape, DType::F32, Device::cuda(0));
+      Tensor dx_gpu = Tensor::empty(shape, DType::F32, Device::cuda(0));
+      Tensor dgate_gpu = Tensor::empty(gate_shape, DType::F32, Device::cuda(0));
+      ops::sigmoid_gate_forward(gpu(), y_gpu, on_gpu(x), on_gpu(gate));
+      ops::sigmoid_gate_backward(gpu(), dx_gpu, dgate_gpu, on_gpu(dy), on_gpu(x), on_gpu(gate));
+      EXPECT_LT(relative_error(host_f32(y_gpu), y), kF32Tolerance);
+      EXPECT_LT(relative_error(host_f32(dx_gpu), dx), kF32Tolerance);
+      EXPECT_LT(relative_error(host_f32(dgate_gpu), dgate), row_gate ? 1e-5 : kF32Tolerance);
+      // bf16: the CPU on the rounded inputs, the GPU's outputs rounded once more.
+      const Tensor xb = x.to(DType::BF16), gb = gate.to(DType::BF16), dyb = dy.to(DType::BF16);
+      Tensor yr = Tensor::empty(shape, DType::F32), dxr = Tensor::empty(shape, DType::F32);
+      Tensor dgr = Tensor::empty(gate_shape, DType::F32);
+      ops::sigmoid_gate_forward(Stream::cpu(), yr, xb.to(DType::F32), gb.to(DType::F32));
+      ops::sigmoid_gate_backward(Stream::cpu(), dxr, dgr, dyb.to(DType::F32), xb.to(DType::F32), gb.to(DType::F32));
+      Tensor yb_gpu = Tensor::empty(shape, DType::BF16, Device::cuda(0));
+      Tensor dxb_gpu = Tensor::empty(shape, DType::BF16, Device::cuda(0));
+      Tensor dgb_gpu = Tensor::empty(gate_shape, DType::BF16, Device::cuda(0));
+      ops::sigmoid_gate_forward(gpu(), yb_gpu, on_gpu(xb), on_gpu(gb));
+      ops::sigmoid_gate_backward(gpu(), dxb_gpu, dgb_gpu, on_gpu(dyb), on_gpu(xb), on_gpu(gb));
+      EXPECT_LT(relative_error(host_f32(yb_gpu), yr), kBf16Tolerance);
+      EXPECT_LT(relative_error(host_f32(dxb_gpu), dxr), kBf16Tolerance);
+      EXPECT_LT(relative_error(host_f32(dgb_gpu), dgr), kBf16Tolerance);
+    }
+  }
+}
+
+TEST(CudaSigmoidGate, RepeatedRunsGiveIdenticalBitsAndF64IsRefused) {
+  MT_REQUIRE_GPU();
+  Rng rng(72);
+  const Tensor x = on_gpu(random_tensor({64, 500}, DType::F32, rng));
+  const Tensor gate = on_gpu(random_tensor({64, 1}, DType::F32, rng)),
+               dy = on_gpu(random_tensor({64, 500}, DType::F32, rng));
+  Tensor dx1 = Tensor::empty({64, 500}, DType::F32, Device::cuda(0)),
+         dx2 = Tensor::empty({64, 500}, DType::F32, Device::cuda(0));
+  Tensor dg1 = Tensor::empty({64, 1}, DType::F32, Device::cuda(0)),
+         dg2 = Tensor::empty({64, 1}, DType::F32, Device::cuda(0));
+  ops::sigmoid_gate_backward(gpu(), dx1, dg1, dy, x, gate);
+  ops::sigmoid_gate_backward(gpu(), dx2, dg2, dy, x, gate);
+  EXPECT_TRUE(same_bytes(dx1, dx2));
+  EXPECT_TRUE(same_bytes(dg1, dg2));
+  const Tensor x64 = Tensor::zeros({2, 3}, DType::F64, Device::cuda(0));
+  Tensor y64 = Tensor::zeros({2, 3}, DType::F64, Device::cuda(0));
+  expect_error_containing([&] { ops::sigmoid_gate_forward(gpu(), y64, x64, x64); },
+                          {"expected x in f32 or bf16 (CUDA)"});
 }
 
 }  // namespace

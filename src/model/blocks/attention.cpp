@@ -9,7 +9,9 @@
 #include "core/device.h"
 #include "core/error.h"
 #include "model/precision.h"
+#include "ops/activation.h"
 #include "ops/bias.h"
+#include "ops/columns.h"
 #include "ops/elementwise.h"
 #include "ops/gemm.h"
 
@@ -20,12 +22,15 @@ namespace {
 struct AttentionRecord final : MixerRecord {
   Tensor x;               // [T, H] block input (already normed)
   Tensor q, k, v;         // projections before the q/k norm: [T, nh, hd], [T, nkv, hd], [T, nkv, hd]
+  Tensor q_gate;          // output gate: q_proj's output [T, nh, 2 hd] (query then gate per head)
+  Tensor gate, gated;     // output gate: the gate [T, nh, hd] and attn * sigmoid(gate) [T, nh, hd]
   Tensor rstd_q, rstd_k;  // [T * nh], [T * nkv] (qk_norm)
   Tensor q_rot, k_rot;    // after norm and rope: what attention saw
   Tensor attn, lse;       // attention output [T, nh, hd] and its log-sum-exp [T, nh] (with the sinks when on)
   const MicroBatch* batch = nullptr;
   // Kept by backward_input for backward_weight.
   Tensor d_out, d_attn, d_q_normed, d_k_normed, d_q, d_k, d_v;
+  Tensor d_q_proj;  // the gradient of q_proj's output: d_q, or with the output gate [T, nh, 2 hd] of d_q and d_gate
 };
 
 AttentionRecord& as_attention(MixerRecord& record) {
@@ -35,7 +40,6 @@ AttentionRecord& as_attention(MixerRecord& record) {
 }
 
 void refuse_unsupported(const AttentionOptions& o) {
-  MT_CHECK(!o.output_gate, "attention block: the sigmoid output gate is not supported yet");
   MT_CHECK(o.sliding_window >= 0 && o.sliding_window <= std::numeric_limits<int>::max(),
            "attention block: sliding_window must be in [0, 2^31) (0: the whole document) but is {}", o.sliding_window);
 }
@@ -49,7 +53,7 @@ void bias_grad(Stream& s, const Tensor& g_bias, const Tensor& dy) {
 
 std::vector<ParamSpec> GqaAttention::param_specs(const AttentionOptions& o, const std::string& prefix, int64_t layer) {
   const int64_t h = o.hidden_size, hd = o.head_dim;
-  const int64_t q_rows = o.num_heads * hd, kv_rows = o.num_kv_heads * hd;
+  const int64_t q_rows = o.num_heads * hd * (o.output_gate ? 2 : 1), kv_rows = o.num_kv_heads * hd;
   std::vector<ParamSpec> specs;
   const auto add = [&](const char* name, Shape shape, ParamRole role) {
     ParamSpec spec;
@@ -67,10 +71,11 @@ std::vector<ParamSpec> GqaAttention::param_specs(const AttentionOptions& o, cons
   add("q_proj", {q_rows, h}, ParamRole::Dense);
   add("k_proj", {kv_rows, h}, ParamRole::Dense);
   add("v_proj", {kv_rows, h}, ParamRole::Dense);
-  add("o_proj", {h, q_rows}, ParamRole::Dense);
+  add("o_proj", {h, o.num_heads * hd}, ParamRole::Dense);
   if (o.qk_norm) {
     add("q_norm", {hd}, ParamRole::Norm);
     add("k_norm", {hd}, ParamRole::Norm);
+    if (o.qk_norm_zero_centered) specs[specs.size() - 2].init = specs.back().init = ParamInit::Zeros;  // 1 + w = 1
   }
   if (o.qkv_bias) {
     add_vector("q_bias", q_rows, ParamInit::Zeros);
@@ -94,6 +99,7 @@ GqaAttention::GqaAttention(const AttentionOptions& options, ParameterStore& stor
            "attention block: rotary dim {} must be even and at most the head dim {}", options.rope.rotary_dim,
            options.head_dim);
   qk_norm_.eps = options.norm_eps;
+  qk_norm_.zero_centered = options.qk_norm_zero_centered;
   rope_ = options.rope;
   attention_.softmax_scale = static_cast<float>(
       options.softmax_scale > 0.0 ? options.softmax_scale : 1.0 / std::sqrt(double(options.head_dim)));
@@ -136,7 +142,16 @@ Tensor GqaAttention::forward(MixerRecord& record, const Tensor& x, const MicroBa
   r.q = Tensor::empty({T, nh, hd}, dt, dev);
   r.k = Tensor::empty({T, nkv, hd}, dt, dev);
   r.v = Tensor::empty({T, nkv, hd}, dt, dev);
-  ops::biased_linear_forward(s, r.q.view({T, -1}), x, w_q_, w_q_bias_);
+  if (options_.output_gate) {
+    // q_proj's rows per head: the query, then the gate (transformers' chunk of the [.., nh, 2 hd] view).
+    r.q_gate = Tensor::empty({T, nh, 2 * hd}, dt, dev);
+    r.gate = Tensor::empty({T, nh, hd}, dt, dev);
+    ops::biased_linear_forward(s, r.q_gate.view({T, -1}), x, w_q_, w_q_bias_);
+    ops::copy_columns(s, r.q.view({T * nh, hd}), 0, r.q_gate.view({T * nh, 2 * hd}), 0, hd);
+    ops::copy_columns(s, r.gate.view({T * nh, hd}), 0, r.q_gate.view({T * nh, 2 * hd}), hd, hd);
+  } else {
+    ops::biased_linear_forward(s, r.q.view({T, -1}), x, w_q_, w_q_bias_);
+  }
   ops::biased_linear_forward(s, r.k.view({T, -1}), x, w_k_, w_k_bias_);
   ops::biased_linear_forward(s, r.v.view({T, -1}), x, w_v_, w_v_bias_);
 
@@ -164,7 +179,11 @@ Tensor GqaAttention::forward(MixerRecord& record, const Tensor& x, const MicroBa
   if (options_.sinks) ops::attention_sinks_forward(s, r.attn, r.lse, w_sinks_);
 
   Tensor out = Tensor::empty({T, options_.hidden_size}, dt, dev);
-  ops::biased_linear_forward(s, out, r.attn.view({T, -1}), w_o_, w_o_bias_);
+  if (options_.output_gate) {
+    r.gated = Tensor::empty({T, nh, hd}, dt, dev);
+    ops::sigmoid_gate_forward(s, r.gated.view({T, -1}), r.attn.view({T, -1}), r.gate.view({T, -1}));
+  }
+  ops::biased_linear_forward(s, out, (options_.output_gate ? r.gated : r.attn).view({T, -1}), w_o_, w_o_bias_);
   return out;
 }
 
@@ -175,8 +194,18 @@ Tensor GqaAttention::backward_input(MixerRecord& record, const Tensor& d_out) co
   const DType dt = d_out.dtype();
   const Device dev = d_out.device();
   r.d_out = d_out;
-  Tensor d_attn = Tensor::empty({T, options_.num_heads, options_.head_dim}, dt, dev);
-  ops::linear_backward_input(s, d_attn.view({T, -1}), d_out, w_o_);
+  const int64_t nh = options_.num_heads, hd = options_.head_dim;
+  Tensor d_attn = Tensor::empty({T, nh, hd}, dt, dev);
+  Tensor d_gate;
+  if (options_.output_gate) {
+    Tensor d_gated = Tensor::empty({T, nh, hd}, dt, dev);
+    d_gate = Tensor::empty({T, nh, hd}, dt, dev);
+    ops::linear_backward_input(s, d_gated.view({T, -1}), d_out, w_o_);
+    ops::sigmoid_gate_backward(s, d_attn.view({T, -1}), d_gate.view({T, -1}), d_gated.view({T, -1}),
+                               r.attn.view({T, -1}), r.gate.view({T, -1}));
+  } else {
+    ops::linear_backward_input(s, d_attn.view({T, -1}), d_out, w_o_);
+  }
   r.d_attn = d_attn;
 
   Tensor d_q_rot = Tensor::empty(r.q.shape(), dt, dev);
@@ -200,9 +229,16 @@ Tensor GqaAttention::backward_input(MixerRecord& record, const Tensor& d_out) co
     r.d_k = r.d_k_normed;
   }
 
+  r.d_q_proj = r.d_q;
+  if (options_.output_gate) {
+    r.d_q_proj = Tensor::empty({T, nh, 2 * hd}, dt, dev);
+    ops::copy_columns(s, r.d_q_proj.view({T * nh, 2 * hd}), 0, r.d_q.view({T * nh, hd}), 0, hd);
+    ops::copy_columns(s, r.d_q_proj.view({T * nh, 2 * hd}), hd, d_gate.view({T * nh, hd}), 0, hd);
+  }
+
   Tensor dx = Tensor::empty(r.x.shape(), dt, dev);
   Tensor partial = Tensor::empty(r.x.shape(), dt, dev);
-  ops::linear_backward_input(s, dx, r.d_q.view({T, -1}), w_q_);
+  ops::linear_backward_input(s, dx, r.d_q_proj.view({T, -1}), w_q_);
   ops::linear_backward_input(s, partial, r.d_k.view({T, -1}), w_k_);
   ops::accumulate(s, dx, partial);
   ops::linear_backward_input(s, partial, r.d_v.view({T, -1}), w_v_);
@@ -214,12 +250,12 @@ void GqaAttention::backward_weight(MixerRecord& record) const {
   AttentionRecord& r = as_attention(record);
   Stream& s = default_stream(r.x.device());
   const int64_t T = r.x.size(0);
-  ops::linear_backward_weight(s, g_o_, r.d_out, r.attn.view({T, -1}));
-  ops::linear_backward_weight(s, g_q_, r.d_q.view({T, -1}), r.x);
+  ops::linear_backward_weight(s, g_o_, r.d_out, (options_.output_gate ? r.gated : r.attn).view({T, -1}));
+  ops::linear_backward_weight(s, g_q_, r.d_q_proj.view({T, -1}), r.x);
   ops::linear_backward_weight(s, g_k_, r.d_k.view({T, -1}), r.x);
   ops::linear_backward_weight(s, g_v_, r.d_v.view({T, -1}), r.x);
   bias_grad(s, g_o_bias_, r.d_out);
-  bias_grad(s, g_q_bias_, r.d_q.view({T, -1}));
+  bias_grad(s, g_q_bias_, r.d_q_proj.view({T, -1}));
   bias_grad(s, g_k_bias_, r.d_k.view({T, -1}));
   bias_grad(s, g_v_bias_, r.d_v.view({T, -1}));
   if (options_.sinks) ops::attention_sinks_backward(s, g_sinks_, r.d_attn, r.attn, r.lse, w_sinks_);

@@ -1,9 +1,9 @@
 // defines: GqaAttention, grouped-query self-attention as a token mixer, driven by AttentionOptions: q/k/v
 // projections (optionally biased), optional per-head RMSNorm of q and k, rotary embedding on the first rotary_dim
 // dims, causal attention within packed documents (optionally over a sliding window, optionally with a learned sink
-// logit per head in every softmax denominator), output projection (optionally biased). The sigmoid output gate
-// (Qwen3.5) is not run yet and is refused by name when the block is built. It knows no HF names: the family maps its
-// parameters.
+// logit per head in every softmax denominator), optionally a sigmoid output gate (Qwen3.5: q_proj emits each head's
+// query and then its gate, and the attention output is multiplied by sigmoid(gate) before the output projection),
+// output projection (optionally biased). It knows no HF names: the family maps its parameters.
 #pragma once
 
 #include <memory>
@@ -25,21 +25,26 @@ struct AttentionOptions {
   int64_t num_heads = 0;
   int64_t num_kv_heads = 0;
   int64_t head_dim = 0;
-  bool qk_norm = false;  // RMSNorm over each head's dims of q and k, before rope
+  bool qk_norm = false;                // RMSNorm over each head's dims of q and k, before rope
+  bool qk_norm_zero_centered = false;  // the q/k norms scale by 1 + w (Qwen3.5), their weights starting at 0
   float norm_eps = 1e-6f;
   ops::RopeParams rope;  // on the first rope.rotary_dim dims of each head (0: no rope); default or YaRN frequencies
   double softmax_scale = 0.0;  // 0: 1 / sqrt(head_dim)
-  bool qkv_bias = false;     // biases on the q, k and v projections (GPT-OSS)
-  bool output_bias = false;  // a bias on the output projection (GPT-OSS)
+  bool qkv_bias = false;       // biases on the q, k and v projections (GPT-OSS)
+  bool output_bias = false;    // a bias on the output projection (GPT-OSS)
   // A learned logit per query head that joins every softmax denominator with a zero value (GPT-OSS's sinks).
   bool sinks = false;
   int64_t sliding_window = 0;  // a query sees its last sliding_window keys, itself included (0: the whole document)
-  bool output_gate = false;    // q_proj also emits a sigmoid output gate (Qwen3.5): not run yet, refused
+  // q_proj [num_heads * 2 * head_dim, H] emits per head its query (head_dim rows) then its gate (head_dim rows), as
+  // transformers' Qwen3_5Attention chunks q_proj's output viewed [.., heads, 2 * head_dim]; the attention output is
+  // multiplied by sigmoid(gate) before o_proj (Qwen3.5).
+  bool output_gate = false;
 };
 
 class GqaAttention final : public TokenMixer {
  public:
-  // Parameters "<prefix>{q_proj,k_proj,v_proj,o_proj}" ([rows, H] matrices); with qk_norm "<prefix>{q_norm,k_norm}"
+  // Parameters "<prefix>{q_proj,k_proj,v_proj,o_proj}" ([rows, H] matrices; q_proj twice as many rows with the output
+  // gate, and so its bias); with qk_norm "<prefix>{q_norm,k_norm}"
   // ([head_dim], role Norm); with the biases "<prefix>{q_bias,k_bias,v_bias}" and "<prefix>o_bias" ([rows]); with
   // sinks "<prefix>sinks" ([num_heads]). In decoder layer `layer`; no HF pieces.
   static std::vector<ParamSpec> param_specs(const AttentionOptions& options, const std::string& prefix, int64_t layer);

@@ -22,7 +22,7 @@ struct PreNormRecord final : LayerRecord {
   MlpRecord mlp;
   // Stage 5.
   Tensor combined;  // stage 3's output rows as they came back
-  MlpRecord shared;
+  SharedExpertRecord shared;
   // Kept from stage 5's backward for stage 1's: the gradient of the residual and of the selected weights, and the
   // shared expert's input gradient.
   Tensor d_residual, d_topk_weight, d_shared_in;
@@ -36,13 +36,14 @@ PreNormRecord& as_pre_norm(LayerRecord& record) {
   return *r;
 }
 
-ParamSpec norm_spec(const std::string& name, int64_t size, int64_t layer) {
+// A zero-centred norm (scale 1 + w) starts at w = 0, a plain one at w = 1: both the identity scale.
+ParamSpec norm_spec(const std::string& name, int64_t size, int64_t layer, const ops::RmsNormParams& norm) {
   ParamSpec spec;
   spec.name = name;
   spec.shape = {size};
   spec.role = ParamRole::Norm;
   spec.layer = layer;
-  spec.init = ParamInit::Ones;
+  spec.init = norm.zero_centered ? ParamInit::Zeros : ParamInit::Ones;
   return spec;
 }
 
@@ -62,9 +63,9 @@ const GatedMlpOptions& ffn_options(const PreNormLayerOptions& o) {
 std::vector<ParamSpec> PreNormLayer::param_specs(const PreNormLayerOptions& o, std::vector<ParamSpec> mixer_specs,
                                                  const std::string& prefix) {
   std::vector<ParamSpec> specs;
-  specs.push_back(norm_spec(prefix + "input_norm", o.hidden_size, o.layer));
+  specs.push_back(norm_spec(prefix + "input_norm", o.hidden_size, o.layer, o.norm));
   append(specs, std::move(mixer_specs));
-  specs.push_back(norm_spec(prefix + "post_norm", o.hidden_size, o.layer));
+  specs.push_back(norm_spec(prefix + "post_norm", o.hidden_size, o.layer, o.norm));
   if (o.moe) {
     append(specs, Router::param_specs(o.moe->router, prefix, o.layer));
     append(specs, GatedMlp::param_specs(o.moe->experts, prefix + "experts.", o.layer));

@@ -102,7 +102,68 @@ void clamped_backward_rows(T* dgate_up, const T* dy, const T* gate_up, int64_t r
   }
 }
 
+template <typename T>
+T sigmoid_of(T g) {
+  return T(1) / (T(1) + std::exp(-g));
+}
+
+// gate_width is width (a gate per element) or 1 (a gate per row).
+template <typename T>
+void sigmoid_gate_forward_rows(T* y, const T* x, const T* gate, int64_t rows, int64_t width, int64_t gate_width) {
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < rows; ++n) {
+    const T* xr = x + n * width;
+    const T* gr = gate + n * gate_width;
+    T* yr = y + n * width;
+    for (int64_t j = 0; j < width; ++j) yr[j] = xr[j] * sigmoid_of(gr[gate_width == 1 ? 0 : j]);
+  }
+}
+
+template <typename T>
+void sigmoid_gate_backward_rows(T* dx, T* dgate, const T* dy, const T* x, const T* gate, int64_t rows, int64_t width,
+                                int64_t gate_width) {
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < rows; ++n) {
+    const T* xr = x + n * width;
+    const T* gr = gate + n * gate_width;
+    const T* dyr = dy + n * width;
+    T* dxr = dx + n * width;
+    T* dgr = dgate + n * gate_width;
+    if (gate_width == 1) {
+      const T s = sigmoid_of(gr[0]);
+      T sum = T(0);
+      for (int64_t j = 0; j < width; ++j) {
+        const T d = dyr[j];
+        sum += d * xr[j];
+        dxr[j] = d * s;
+      }
+      dgr[0] = sum * (s * (T(1) - s));
+    } else {
+      for (int64_t j = 0; j < width; ++j) {
+        const T s = sigmoid_of(gr[j]);
+        const T d = dyr[j];
+        dgr[j] = (d * xr[j]) * (s * (T(1) - s));
+        dxr[j] = d * s;
+      }
+    }
+  }
+}
+
 }  // namespace
+
+void sigmoid_gate_forward(const Tensor& y, const Tensor& x, const Tensor& gate) {
+  dispatch_float(x.dtype(), "sigmoid_gate_forward", [&]<typename T>() {
+    sigmoid_gate_forward_rows<T>(y.data<T>(), x.data<T>(), gate.data<T>(), x.size(0), x.size(1), gate.size(1));
+  });
+}
+
+void sigmoid_gate_backward(const Tensor& dx, const Tensor& dgate, const Tensor& dy, const Tensor& x,
+                           const Tensor& gate) {
+  dispatch_float(x.dtype(), "sigmoid_gate_backward", [&]<typename T>() {
+    sigmoid_gate_backward_rows<T>(dx.data<T>(), dgate.data<T>(), dy.data<T>(), x.data<T>(), gate.data<T>(), x.size(0),
+                                  x.size(1), gate.size(1));
+  });
+}
 
 void swiglu_forward(const Tensor& y, const Tensor& gate_up) {
   const int64_t rows = gate_up.size(0);

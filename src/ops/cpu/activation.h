@@ -18,4 +18,10 @@ void clamped_swiglu_forward(const Tensor& y, const Tensor& gate_up, const Clampe
 void clamped_swiglu_backward(const Tensor& dgate_up, const Tensor& dy, const Tensor& gate_up,
                              const ClampedSwigluParams& params);
 
+// Validated by ops::sigmoid_gate_*; f32 or f64. sigmoid(g) = 1 / (1 + exp(-g)). dx may alias dy (each element's dy is
+// read before its dx is written).
+void sigmoid_gate_forward(const Tensor& y, const Tensor& x, const Tensor& gate);
+void sigmoid_gate_backward(const Tensor& dx, const Tensor& dgate, const Tensor& dy, const Tensor& x,
+                           const Tensor& gate);
+
 }  // namespace moetrain::ops::cpu

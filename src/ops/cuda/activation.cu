@@ -99,6 +99,50 @@ __global__ void clamped_backward_kernel(T* dgate_up, const T* dy, const T* gate_
   }
 }
 
+__device__ __forceinline__ float sigmoid_of(float g) { return 1.0f / (1.0f + expf(-g)); }
+
+// One thread per element; gate_width is width or 1 (a gate per row).
+template <typename T>
+__global__ void sigmoid_gate_forward_kernel(T* y, const T* x, const T* gate, int64_t rows, int64_t width,
+                                            int64_t gate_width) {
+  const int64_t total = rows * width;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride) {
+    const int64_t g = gate_width == 1 ? i / width : i;
+    store_float(y + i, load_float(x + i) * sigmoid_of(load_float(gate + g)));
+  }
+}
+
+// A gate per element: one thread per element.
+template <typename T>
+__global__ void sigmoid_gate_backward_kernel(T* dx, T* dgate, const T* dy, const T* x, const T* gate, int64_t total) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride) {
+    const float s = sigmoid_of(load_float(gate + i));
+    const float d = load_float(dy + i);
+    store_float(dgate + i, (d * load_float(x + i)) * (s * (1.0f - s)));
+    store_float(dx + i, d * s);
+  }
+}
+
+// A gate per row: one thread per row, its sum in ascending column order.
+template <typename T>
+__global__ void sigmoid_row_gate_backward_kernel(T* dx, T* dgate, const T* dy, const T* x, const T* gate, int64_t rows,
+                                                 int64_t width) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t n = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; n < rows; n += stride) {
+    const float s = sigmoid_of(load_float(gate + n));
+    float sum = 0.0f;
+    for (int64_t j = 0; j < width; ++j) {
+      const int64_t i = n * width + j;
+      const float d = load_float(dy + i);
+      sum += d * load_float(x + i);
+      store_float(dx + i, d * s);
+    }
+    store_float(dgate + n, sum * (s * (1.0f - s)));
+  }
+}
+
 unsigned blocks_for(int64_t n) {
   const int64_t blocks = (n + kThreads - 1) / kThreads;
   return static_cast<unsigned>(blocks < kMaxBlocks ? blocks : kMaxBlocks);
@@ -188,6 +232,52 @@ void clamped_swiglu_backward(const Stream& stream, const Tensor& dgate_up, const
       break;
     default:
       MT_FAIL("clamped_swiglu_backward (CUDA): expected gate_up in f32 or bf16 but found {}", gate_up.describe());
+  }
+  MT_CUDA_CHECK(cudaGetLastError());
+}
+
+template <typename T>
+void launch_sigmoid_gate_forward(cudaStream_t stream, const Tensor& y, const Tensor& x, const Tensor& gate) {
+  const int64_t rows = x.size(0), width = x.size(1);
+  sigmoid_gate_forward_kernel<<<blocks_for(rows * width), kThreads, 0, stream>>>(
+      static_cast<T*>(y.raw_data()), static_cast<const T*>(x.raw_data()), static_cast<const T*>(gate.raw_data()), rows,
+      width, gate.size(1));
+}
+
+template <typename T>
+void launch_sigmoid_gate_backward(cudaStream_t stream, const Tensor& dx, const Tensor& dgate, const Tensor& dy,
+                                  const Tensor& x, const Tensor& gate) {
+  const int64_t rows = x.size(0), width = x.size(1);
+  if (gate.size(1) == 1) {
+    sigmoid_row_gate_backward_kernel<<<blocks_for(rows), kThreads, 0, stream>>>(
+        static_cast<T*>(dx.raw_data()), static_cast<T*>(dgate.raw_data()), static_cast<const T*>(dy.raw_data()),
+        static_cast<const T*>(x.raw_data()), static_cast<const T*>(gate.raw_data()), rows, width);
+  } else {
+    sigmoid_gate_backward_kernel<<<blocks_for(rows * width), kThreads, 0, stream>>>(
+        static_cast<T*>(dx.raw_data()), static_cast<T*>(dgate.raw_data()), static_cast<const T*>(dy.raw_data()),
+        static_cast<const T*>(x.raw_data()), static_cast<const T*>(gate.raw_data()), rows * width);
+  }
+}
+
+void sigmoid_gate_forward(const Stream& stream, const Tensor& y, const Tensor& x, const Tensor& gate) {
+  if (x.numel() == 0) return;
+  const auto cu_stream = static_cast<cudaStream_t>(stream_handle(stream));
+  switch (x.dtype()) {
+    case DType::F32: launch_sigmoid_gate_forward<float>(cu_stream, y, x, gate); break;
+    case DType::BF16: launch_sigmoid_gate_forward<__nv_bfloat16>(cu_stream, y, x, gate); break;
+    default: MT_FAIL("sigmoid_gate_forward (CUDA): expected x in f32 or bf16 but found {}", x.describe());
+  }
+  MT_CUDA_CHECK(cudaGetLastError());
+}
+
+void sigmoid_gate_backward(const Stream& stream, const Tensor& dx, const Tensor& dgate, const Tensor& dy,
+                           const Tensor& x, const Tensor& gate) {
+  if (x.numel() == 0) return;
+  const auto cu_stream = static_cast<cudaStream_t>(stream_handle(stream));
+  switch (x.dtype()) {
+    case DType::F32: launch_sigmoid_gate_backward<float>(cu_stream, dx, dgate, dy, x, gate); break;
+    case DType::BF16: launch_sigmoid_gate_backward<__nv_bfloat16>(cu_stream, dx, dgate, dy, x, gate); break;
+    default: MT_FAIL("sigmoid_gate_backward (CUDA): expected x in f32 or bf16 but found {}", x.describe());
   }
   MT_CUDA_CHECK(cudaGetLastError());
 }

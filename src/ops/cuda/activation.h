@@ -19,4 +19,11 @@ void clamped_swiglu_forward(const Stream& stream, const Tensor& y, const Tensor&
 void clamped_swiglu_backward(const Stream& stream, const Tensor& dgate_up, const Tensor& dy, const Tensor& gate_up,
                              const ClampedSwigluParams& params);
 
+// The sigmoid gate, validated by ops::sigmoid_gate_*: x, y, dy, dx [N, D], gate, dgate [N, D] or [N, 1], one dtype,
+// f32 or bf16 (computed in f32). A row gate's backward sums dy * x over the row in ascending order in one thread, as
+// the CPU does.
+void sigmoid_gate_forward(const Stream& stream, const Tensor& y, const Tensor& x, const Tensor& gate);
+void sigmoid_gate_backward(const Stream& stream, const Tensor& dx, const Tensor& dgate, const Tensor& dy,
+                           const Tensor& x, const Tensor& gate);
+
 }  // namespace moetrain::ops::cuda

@@ -17,8 +17,10 @@
 #include "core/rng.h"
 #include "model/batch.h"
 #include "model/blocks/block_testing.h"
+#include "ops/activation.h"
 #include "ops/attention.h"
 #include "ops/bias.h"
+#include "ops/columns.h"
 #include "ops/elementwise.h"
 #include "ops/gemm.h"
 #include "ops/norm.h"
@@ -48,6 +50,7 @@ struct AttentionCase {
   int rotary_dim;        // 0: no rope; < head dim: partial rotary
   double softmax_scale;  // 0: the block's default 1 / sqrt(hd)
   bool gpt_oss = false;  // biases on q, k, v and o, a sink per head, a sliding window of kWindow
+  bool qwen3_5 = false;  // the sigmoid output gate from q_proj and zero-centred q/k norms (1 + w)
 };
 
 void PrintTo(const AttentionCase& c, std::ostream* os) { *os << c.name; }
@@ -65,6 +68,7 @@ AttentionOptions options_for(const AttentionCase& c) {
   o.softmax_scale = c.softmax_scale;
   o.qkv_bias = o.output_bias = o.sinks = c.gpt_oss;
   o.sliding_window = c.gpt_oss ? kWindow : 0;
+  o.output_gate = o.qk_norm_zero_centered = c.qwen3_5;
   return o;
 }
 
@@ -114,8 +118,9 @@ Tensor bias_grad(const Tensor& bias, const Tensor& dy) {
 }
 
 struct Forward {
-  Tensor q, k, v;         // projections [T, heads, hd]
-  Tensor rstd_q, rstd_k;  // qk_norm
+  Tensor q_gate, gate, gated;  // output gate: q_proj's output [T, nh, 2 hd], the gate, attn * sigmoid(gate)
+  Tensor q, k, v;              // projections [T, heads, hd]
+  Tensor rstd_q, rstd_k;       // qk_norm
   Tensor q_normed, k_normed;
   Tensor q_rot, k_rot;  // what attention sees
   Tensor attn, lse, out;
@@ -137,15 +142,27 @@ Forward reference_forward(const AttentionOptions& o, const Weights& w, const Ten
   f.q = Tensor::empty({T, o.num_heads, o.head_dim}, dt);
   f.k = Tensor::empty({T, o.num_kv_heads, o.head_dim}, dt);
   f.v = Tensor::empty({T, o.num_kv_heads, o.head_dim}, dt);
-  ops::linear_forward(s, f.q.view({T, -1}), x, w.q);
+  if (o.output_gate) {
+    // q_proj's rows per head: the query, then its gate.
+    const int64_t nh = o.num_heads, hd = o.head_dim;
+    f.q_gate = Tensor::empty({T, nh, 2 * hd}, dt);
+    f.gate = Tensor::empty({T, nh, hd}, dt);
+    ops::linear_forward(s, f.q_gate.view({T, -1}), x, w.q);
+    add_bias(f.q_gate.view({T, -1}), w.q_bias);
+    ops::copy_columns(s, f.q.view({T * nh, hd}), 0, f.q_gate.view({T * nh, 2 * hd}), 0, hd);
+    ops::copy_columns(s, f.gate.view({T * nh, hd}), 0, f.q_gate.view({T * nh, 2 * hd}), hd, hd);
+  } else {
+    ops::linear_forward(s, f.q.view({T, -1}), x, w.q);
+    add_bias(f.q.view({T, -1}), w.q_bias);
+  }
   ops::linear_forward(s, f.k.view({T, -1}), x, w.k);
   ops::linear_forward(s, f.v.view({T, -1}), x, w.v);
-  add_bias(f.q.view({T, -1}), w.q_bias);
   add_bias(f.k.view({T, -1}), w.k_bias);
   add_bias(f.v.view({T, -1}), w.v_bias);
   if (o.qk_norm) {
     ops::RmsNormParams norm;
     norm.eps = o.norm_eps;
+    norm.zero_centered = o.qk_norm_zero_centered;
     f.rstd_q = Tensor::empty({T * o.num_heads}, dt);
     f.rstd_k = Tensor::empty({T * o.num_kv_heads}, dt);
     f.q_normed = Tensor::empty(f.q.shape(), dt);
@@ -170,7 +187,11 @@ Forward reference_forward(const AttentionOptions& o, const Weights& w, const Ten
   ops::attention_forward(s, f.attn, f.lse, f.q_rot, f.k_rot, f.v, cu, attention_params(o));
   if (o.sinks) ops::attention_sinks_forward(s, f.attn, f.lse, w.sinks);
   f.out = Tensor::empty({T, o.hidden_size}, dt);
-  ops::linear_forward(s, f.out, f.attn.view({T, -1}), w.o);
+  if (o.output_gate) {
+    f.gated = Tensor::empty(f.attn.shape(), dt);
+    ops::sigmoid_gate_forward(s, f.gated.view({T, -1}), f.attn.view({T, -1}), f.gate.view({T, -1}));
+  }
+  ops::linear_forward(s, f.out, (o.output_gate ? f.gated : f.attn).view({T, -1}), w.o);
   add_bias(f.out, w.o_bias);
   return f;
 }
@@ -185,7 +206,16 @@ Gradients reference_backward(const AttentionOptions& o, const Weights& w, const 
   const int64_t T = x.size(0);
   const DType dt = x.dtype();
   Tensor d_attn = Tensor::empty(f.attn.shape(), dt);
-  ops::linear_backward_input(s, d_attn.view({T, -1}), d_out, w.o);
+  Tensor d_gate;
+  if (o.output_gate) {
+    Tensor d_gated = Tensor::empty(f.attn.shape(), dt);
+    d_gate = Tensor::empty(f.attn.shape(), dt);
+    ops::linear_backward_input(s, d_gated.view({T, -1}), d_out, w.o);
+    ops::sigmoid_gate_backward(s, d_attn.view({T, -1}), d_gate.view({T, -1}), d_gated.view({T, -1}),
+                               f.attn.view({T, -1}), f.gate.view({T, -1}));
+  } else {
+    ops::linear_backward_input(s, d_attn.view({T, -1}), d_out, w.o);
+  }
   Tensor d_q_rot = Tensor::empty(f.q.shape(), dt), d_k_rot = Tensor::empty(f.k.shape(), dt);
   Tensor d_v = Tensor::empty(f.v.shape(), dt);
   ops::attention_backward(s, d_q_rot, d_k_rot, d_v, d_attn, f.q_rot, f.k_rot, f.v, f.attn, f.lse, cu,
@@ -206,6 +236,7 @@ Gradients reference_backward(const AttentionOptions& o, const Weights& w, const 
   if (o.qk_norm) {
     ops::RmsNormParams norm;
     norm.eps = o.norm_eps;
+    norm.zero_centered = o.qk_norm_zero_centered;
     d_q = Tensor::empty(f.q.shape(), dt);
     d_k = Tensor::empty(f.k.shape(), dt);
     ops::rmsnorm_backward_input(s, d_q, d_q_normed, f.q, w.q_norm, f.rstd_q, norm);
@@ -215,10 +246,18 @@ Gradients reference_backward(const AttentionOptions& o, const Weights& w, const 
     ops::rmsnorm_backward_weight(s, g.q_norm, d_q_normed, f.q, f.rstd_q);
     ops::rmsnorm_backward_weight(s, g.k_norm, d_k_normed, f.k, f.rstd_k);
   }
+  // q_proj's output gradient: d_q, or per head d_q then d_gate.
+  Tensor d_q_proj = d_q;
+  if (o.output_gate) {
+    const int64_t nh = o.num_heads, hd = o.head_dim;
+    d_q_proj = Tensor::empty({T, nh, 2 * hd}, dt);
+    ops::copy_columns(s, d_q_proj.view({T * nh, 2 * hd}), 0, d_q.view({T * nh, hd}), 0, hd);
+    ops::copy_columns(s, d_q_proj.view({T * nh, 2 * hd}), hd, d_gate.view({T * nh, hd}), 0, hd);
+  }
   // dx = dq Wq + dk Wk + dv Wv, summed in that order.
   g.dx = Tensor::empty(x.shape(), dt);
   Tensor partial = Tensor::empty(x.shape(), dt);
-  ops::linear_backward_input(s, g.dx, d_q.view({T, -1}), w.q);
+  ops::linear_backward_input(s, g.dx, d_q_proj.view({T, -1}), w.q);
   ops::linear_backward_input(s, partial, d_k.view({T, -1}), w.k);
   ops::accumulate(s, g.dx, partial);
   ops::linear_backward_input(s, partial, d_v.view({T, -1}), w.v);
@@ -227,12 +266,12 @@ Gradients reference_backward(const AttentionOptions& o, const Weights& w, const 
   g.k = Tensor::zeros(w.k.shape(), dt);
   g.v = Tensor::zeros(w.v.shape(), dt);
   g.o = Tensor::zeros(w.o.shape(), dt);
-  ops::linear_backward_weight(s, g.o, d_out, f.attn.view({T, -1}));
-  ops::linear_backward_weight(s, g.q, d_q.view({T, -1}), x);
+  ops::linear_backward_weight(s, g.o, d_out, (o.output_gate ? f.gated : f.attn).view({T, -1}));
+  ops::linear_backward_weight(s, g.q, d_q_proj.view({T, -1}), x);
   ops::linear_backward_weight(s, g.k, d_k.view({T, -1}), x);
   ops::linear_backward_weight(s, g.v, d_v.view({T, -1}), x);
   g.o_bias = bias_grad(w.o_bias, d_out);
-  g.q_bias = bias_grad(w.q_bias, d_q.view({T, -1}));
+  g.q_bias = bias_grad(w.q_bias, d_q_proj.view({T, -1}));
   g.k_bias = bias_grad(w.k_bias, d_k.view({T, -1}));
   g.v_bias = bias_grad(w.v_bias, d_v.view({T, -1}));
   return g;
@@ -245,9 +284,10 @@ struct OptionalParam {
 };
 std::vector<OptionalParam> optional_params(const Weights& w, const Gradients& g) {
   std::vector<OptionalParam> out;
-  for (const OptionalParam& p : {OptionalParam{"q_bias", w.q_bias, g.q_bias}, OptionalParam{"k_bias", w.k_bias, g.k_bias},
-                                 OptionalParam{"v_bias", w.v_bias, g.v_bias}, OptionalParam{"o_bias", w.o_bias, g.o_bias},
-                                 OptionalParam{"sinks", w.sinks, g.sinks}})
+  for (const OptionalParam& p :
+       {OptionalParam{"q_bias", w.q_bias, g.q_bias}, OptionalParam{"k_bias", w.k_bias, g.k_bias},
+        OptionalParam{"v_bias", w.v_bias, g.v_bias}, OptionalParam{"o_bias", w.o_bias, g.o_bias},
+        OptionalParam{"sinks", w.sinks, g.sinks}})
     if (p.weight.defined()) out.push_back(p);
   return out;
 }
@@ -345,8 +385,7 @@ TEST_P(GqaAttentionBlock, GradientsMatchFiniteDifferencesInF64AndTheBlockMatches
     EXPECT_LT(relative_error(grad("q_norm"), g.q_norm), kF32);
     EXPECT_LT(relative_error(grad("k_norm"), g.k_norm), kF32);
   }
-  for (const OptionalParam& p : optional_params(w, g))
-    EXPECT_LT(relative_error(grad(p.name), p.grad), kF32) << p.name;
+  for (const OptionalParam& p : optional_params(w, g)) EXPECT_LT(relative_error(grad(p.name), p.grad), kF32) << p.name;
 }
 
 // Each document attends only to itself and its positions restart: its rows of the packed output, input gradient
@@ -392,7 +431,9 @@ INSTANTIATE_TEST_SUITE_P(Options, GqaAttentionBlock,
                                            AttentionCase{"NoQkNormPartialRotary", false, 4, 0.0},
                                            AttentionCase{"QkNormFullRotaryGivenScale", true, 8, 0.2},
                                            AttentionCase{"NoQkNormNoRope", false, 0, 0.0},
-                                           AttentionCase{"GptOssBiasesSinksWindow", false, 8, 0.0, true}),
+                                           AttentionCase{"GptOssBiasesSinksWindow", false, 8, 0.0, true},
+                                           AttentionCase{"Qwen3_5OutputGateZeroCenteredQkNorm", true, 4, 0.0, false,
+                                                         true}),
                          [](const ::testing::TestParamInfo<AttentionCase>& info) { return info.param.name; });
 
 TEST(GqaAttentionBlockSpecs, NameEveryWeightWithItsShapeRoleAndLayer) {
@@ -416,6 +457,14 @@ TEST(GqaAttentionBlockSpecs, NameEveryWeightWithItsShapeRoleAndLayer) {
   }
   o.qk_norm = false;
   EXPECT_EQ(GqaAttention::param_specs(o, "attn.", 0).size(), 4u);
+  // Qwen3.5: q_proj emits the query and the gate (twice the rows), o_proj reads the heads; zero-centred norms start 0.
+  o.qk_norm = o.output_gate = o.qk_norm_zero_centered = true;
+  const auto gated = GqaAttention::param_specs(o, "attn.", 0);
+  ASSERT_EQ(gated.size(), 6u);
+  EXPECT_EQ(gated[0].shape, (Shape{2 * kHeads * kHeadDim, kHidden}));
+  EXPECT_EQ(gated[3].shape, (Shape{kHidden, kHeads * kHeadDim}));
+  EXPECT_EQ(gated[4].init, ParamInit::Zeros);
+  EXPECT_EQ(gated[5].init, ParamInit::Zeros);
 }
 
 // Builds the block with one option changed on a store that holds every parameter it would read, so that only the
@@ -425,11 +474,6 @@ std::string refusal(void (*change)(AttentionOptions&)) {
   change(o);
   ParameterStore store(with_whole_pieces(GqaAttention::param_specs(o, "attn.", 0)));
   return error_message([&] { GqaAttention block(o, store, "attn."); });
-}
-
-TEST(GqaAttentionBlockOptions, RefusesOutputGateByName) {
-  const std::string m = refusal([](AttentionOptions& o) { o.output_gate = true; });
-  EXPECT_TRUE(contains(m, "output gate")) << m;
 }
 
 TEST(GqaAttentionBlockOptions, RefusesANegativeSlidingWindow) {

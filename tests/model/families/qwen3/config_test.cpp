@@ -311,7 +311,7 @@ TEST(ModelConfig, RejectsWrongJsonType) {
 TEST(ModelConfig, RejectsUnknownModelType) {
   json j = small_dense_json();
   j["model_type"] = "llama";
-  expect_error(j, {"model_type", "'llama'", "qwen3, qwen3_moe"});
+  expect_error(j, {"model_type", "'llama'", "qwen3, ", "qwen3_moe", "qwen3_5_text"});
 }
 
 TEST(ModelConfig, RejectsMalformedJson) {

@@ -1,0 +1,230 @@
+// defines: GatedDeltaNet's parameters, forward and split backward. The weight gradients the fused ops produce in the
+// input pass (the conv's, the gates' A_log and dt_bias, the output norm's) go to zeroed scratch tensors there and are
+// added to the gradients in backward_weight, so every parameter's gradient is written in backward_weight alone.
+#include "model/blocks/gated_delta_net.h"
+
+#include <cmath>
+
+#include "core/device.h"
+#include "core/error.h"
+#include "model/precision.h"
+#include "ops/columns.h"
+#include "ops/elementwise.h"
+#include "ops/gated_delta.h"
+#include "ops/gemm.h"
+
+namespace moetrain::model {
+
+namespace {
+
+// transformers' l2norm (and flash-linear-attention's) of q and k: x * rsqrt(sum(x^2) + 1e-6).
+constexpr float kL2NormEps = 1e-6f;
+
+struct GatedDeltaRecord final : MixerRecord {
+  Tensor x;               // [T, H] block input (already normed)
+  Tensor qkv;             // in_proj_qkv's output [T, C]
+  Tensor conv;            // after the conv and SiLU [T, C]
+  Tensor q, k, v;         // split: [T, Hk, dk], [T, Hk, dk], [T, Hv, dv]
+  Tensor q_norm, k_norm;  // L2-normalised q and k
+  Tensor z, a, b;         // [T, Hv dv], [T, Hv], [T, Hv]
+  Tensor g, beta;         // the gates [T, Hv]
+  Tensor core;            // the rule's output [T, Hv, dv]
+  Tensor normed, rstd;    // the gated norm's output [T, Hv, dv] and its rstd [T Hv]
+  const MicroBatch* batch = nullptr;
+  // Kept by backward_input for backward_weight.
+  Tensor d_out, d_qkv, d_z, d_a, d_b;
+  Tensor d_conv_w, d_a_log, d_dt_bias, d_norm_w;  // scratch weight gradients
+};
+
+GatedDeltaRecord& as_gated_delta(MixerRecord& record) {
+  auto* r = dynamic_cast<GatedDeltaRecord*>(&record);
+  MT_CHECK(r != nullptr, "gated delta net block: given a record of another token mixer");
+  return *r;
+}
+
+}  // namespace
+
+std::vector<ParamSpec> GatedDeltaNet::param_specs(const GatedDeltaNetOptions& o, const std::string& prefix,
+                                                  int64_t layer) {
+  const int64_t h = o.hidden_size, c = 2 * o.num_key_heads * o.key_head_dim + o.num_value_heads * o.value_head_dim;
+  const int64_t value_dim = o.num_value_heads * o.value_head_dim;
+  std::vector<ParamSpec> specs;
+  const auto add = [&](const char* name, Shape shape, ParamRole role, ParamInit init) {
+    ParamSpec spec;
+    spec.name = prefix + name;
+    spec.shape = std::move(shape);
+    spec.role = role;
+    spec.layer = layer;
+    spec.init = init;
+    specs.push_back(std::move(spec));
+  };
+  add("in_proj_qkv", {c, h}, ParamRole::Dense, ParamInit::Normal);
+  add("in_proj_z", {value_dim, h}, ParamRole::Dense, ParamInit::Normal);
+  add("in_proj_a", {o.num_value_heads, h}, ParamRole::Dense, ParamInit::Normal);
+  add("in_proj_b", {o.num_value_heads, h}, ParamRole::Dense, ParamInit::Normal);
+  add("conv", {c, o.conv_kernel}, ParamRole::Dense, ParamInit::Normal);
+  // transformers starts A_log at log(U(0.01, 16)) and dt_bias at 1; the engine's inits start A_log at 0 (A = 1).
+  add("A_log", {o.num_value_heads}, ParamRole::Dense, ParamInit::Zeros);
+  specs.back().fp32_pin = "A_log";
+  add("dt_bias", {o.num_value_heads}, ParamRole::Dense, ParamInit::Ones);
+  specs.back().fp32_pin = "dt_bias";
+  add("norm", {o.value_head_dim}, ParamRole::Norm, ParamInit::Ones);
+  add("out_proj", {h, value_dim}, ParamRole::Dense, ParamInit::Normal);
+  return specs;
+}
+
+GatedDeltaNet::GatedDeltaNet(const GatedDeltaNetOptions& options, ParameterStore& store, const std::string& prefix)
+    : options_(options) {
+  MT_CHECK(options.hidden_size > 0 && options.num_key_heads > 0 && options.num_value_heads > 0 &&
+               options.num_value_heads % options.num_key_heads == 0 && options.key_head_dim > 0 &&
+               options.value_head_dim > 0 && options.conv_kernel > 0,
+           "gated delta net block: {} key heads of dim {}, {} value heads of dim {}, conv kernel {}: expected positive "
+           "sizes and value heads a multiple of key heads",
+           options.num_key_heads, options.key_head_dim, options.num_value_heads, options.value_head_dim,
+           options.conv_kernel);
+  MT_CHECK(options.norm_eps > 0.0f, "gated delta net block: norm eps must be positive but is {}", options.norm_eps);
+  scale_ = static_cast<float>(1.0 / std::sqrt(double(options.key_head_dim)));
+  const auto bind = [&](const char* name, Tensor& w, Tensor& g) {
+    w = store.weight(prefix + name);
+    g = store.grad(prefix + name);
+  };
+  bind("in_proj_qkv", w_qkv_, g_qkv_);
+  bind("in_proj_z", w_z_, g_z_);
+  bind("in_proj_a", w_a_, g_a_);
+  bind("in_proj_b", w_b_, g_b_);
+  bind("conv", w_conv_, g_conv_);
+  bind("A_log", w_a_log_, g_a_log_);
+  bind("dt_bias", w_dt_bias_, g_dt_bias_);
+  bind("norm", w_norm_, g_norm_);
+  bind("out_proj", w_out_, g_out_);
+}
+
+int64_t GatedDeltaNet::conv_channels() const {
+  return 2 * options_.num_key_heads * options_.key_head_dim + options_.num_value_heads * options_.value_head_dim;
+}
+
+std::unique_ptr<MixerRecord> GatedDeltaNet::new_record() const { return std::make_unique<GatedDeltaRecord>(); }
+
+Tensor GatedDeltaNet::forward(MixerRecord& record, const Tensor& x, const MicroBatch& batch) const {
+  GatedDeltaRecord& r = as_gated_delta(record);
+  Stream& s = default_stream(x.device());
+  const int64_t T = x.size(0), hk = options_.num_key_heads, hv = options_.num_value_heads;
+  const int64_t dk = options_.key_head_dim, dv = options_.value_head_dim, c = conv_channels();
+  const DType dt = x.dtype();
+  const Device dev = x.device();
+  r.x = x;
+  r.batch = &batch;
+
+  r.qkv = Tensor::empty({T, c}, dt, dev);
+  ops::linear_forward(s, r.qkv, x, w_qkv_);
+  r.conv = Tensor::empty({T, c}, dt, dev);
+  ops::causal_conv1d_silu_forward(s, r.conv, r.qkv, w_conv_, batch.cu_seqlens);
+  // The conv's channels are q (Hk dk), k (Hk dk), then v (Hv dv), as transformers splits them.
+  r.q = Tensor::empty({T, hk, dk}, dt, dev);
+  r.k = Tensor::empty({T, hk, dk}, dt, dev);
+  r.v = Tensor::empty({T, hv, dv}, dt, dev);
+  ops::copy_columns(s, r.q.view({T, -1}), 0, r.conv, 0, hk * dk);
+  ops::copy_columns(s, r.k.view({T, -1}), 0, r.conv, hk * dk, hk * dk);
+  ops::copy_columns(s, r.v.view({T, -1}), 0, r.conv, 2 * hk * dk, hv * dv);
+  r.q_norm = Tensor::empty(r.q.shape(), dt, dev);
+  r.k_norm = Tensor::empty(r.k.shape(), dt, dev);
+  ops::l2norm_forward(s, r.q_norm.view({T * hk, dk}), r.q.view({T * hk, dk}), kL2NormEps);
+  ops::l2norm_forward(s, r.k_norm.view({T * hk, dk}), r.k.view({T * hk, dk}), kL2NormEps);
+
+  r.z = Tensor::empty({T, hv * dv}, dt, dev);
+  r.a = Tensor::empty({T, hv}, dt, dev);
+  r.b = Tensor::empty({T, hv}, dt, dev);
+  ops::linear_forward(s, r.z, x, w_z_);
+  ops::linear_forward(s, r.a, x, w_a_);
+  ops::linear_forward(s, r.b, x, w_b_);
+  // The gates stay in f32 under bf16 compute (as transformers computes g in f32); a, b are activations.
+  r.g = Tensor::empty({T, hv}, statistics_dtype(dt), dev);
+  r.beta = Tensor::empty({T, hv}, statistics_dtype(dt), dev);
+  ops::gated_delta_gates_forward(s, r.g, r.beta, r.a, r.b, w_a_log_, w_dt_bias_);
+
+  r.core = Tensor::empty({T, hv, dv}, dt, dev);
+  ops::gated_delta_rule_forward(s, r.core, r.q_norm, r.k_norm, r.v, r.g, r.beta, batch.cu_seqlens, scale_);
+  r.normed = Tensor::empty({T, hv, dv}, dt, dev);
+  r.rstd = Tensor::empty({T * hv}, statistics_dtype(dt), dev);
+  ops::gated_rmsnorm_forward(s, r.normed.view({T * hv, dv}), r.rstd, r.core.view({T * hv, dv}), r.z.view({T * hv, dv}),
+                             w_norm_, options_.norm_eps);
+
+  Tensor out = Tensor::empty({T, options_.hidden_size}, dt, dev);
+  ops::linear_forward(s, out, r.normed.view({T, -1}), w_out_);
+  return out;
+}
+
+Tensor GatedDeltaNet::backward_input(MixerRecord& record, const Tensor& d_out) const {
+  GatedDeltaRecord& r = as_gated_delta(record);
+  Stream& s = default_stream(d_out.device());
+  const int64_t T = d_out.size(0), hk = options_.num_key_heads, hv = options_.num_value_heads;
+  const int64_t dk = options_.key_head_dim, dv = options_.value_head_dim, c = conv_channels();
+  const DType dt = d_out.dtype();
+  const Device dev = d_out.device();
+  r.d_out = d_out;
+
+  Tensor d_normed = Tensor::empty({T, hv, dv}, dt, dev);
+  ops::linear_backward_input(s, d_normed.view({T, -1}), d_out, w_out_);
+  Tensor d_core = Tensor::empty({T, hv, dv}, dt, dev);
+  r.d_z = Tensor::empty({T, hv * dv}, dt, dev);
+  r.d_norm_w = Tensor::zeros(g_norm_.shape(), g_norm_.dtype(), dev);
+  ops::gated_rmsnorm_backward(s, d_core.view({T * hv, dv}), r.d_z.view({T * hv, dv}), r.d_norm_w,
+                              d_normed.view({T * hv, dv}), r.core.view({T * hv, dv}), r.z.view({T * hv, dv}), w_norm_,
+                              r.rstd, options_.norm_eps);
+
+  Tensor d_q_norm = Tensor::empty(r.q.shape(), dt, dev);
+  Tensor d_k_norm = Tensor::empty(r.k.shape(), dt, dev);
+  Tensor d_v = Tensor::empty(r.v.shape(), dt, dev);
+  Tensor d_g = Tensor::empty(r.g.shape(), r.g.dtype(), dev);
+  Tensor d_beta = Tensor::empty(r.beta.shape(), r.beta.dtype(), dev);
+  ops::gated_delta_rule_backward(s, d_q_norm, d_k_norm, d_v, d_g, d_beta, d_core, r.q_norm, r.k_norm, r.v, r.g, r.beta,
+                                 r.batch->cu_seqlens, scale_);
+
+  r.d_a = Tensor::empty(r.a.shape(), dt, dev);
+  r.d_b = Tensor::empty(r.b.shape(), dt, dev);
+  r.d_a_log = Tensor::zeros(g_a_log_.shape(), g_a_log_.dtype(), dev);
+  r.d_dt_bias = Tensor::zeros(g_dt_bias_.shape(), g_dt_bias_.dtype(), dev);
+  ops::gated_delta_gates_backward(s, r.d_a, r.d_b, r.d_a_log, r.d_dt_bias, d_g, d_beta, r.a, r.b, w_a_log_, w_dt_bias_);
+
+  // d(conv output) [T, C]: the L2 norms' input gradients of q and k, then v's.
+  Tensor d_conv = Tensor::empty({T, c}, dt, dev);
+  Tensor d_q = Tensor::empty(r.q.shape(), dt, dev);
+  Tensor d_k = Tensor::empty(r.k.shape(), dt, dev);
+  ops::l2norm_backward(s, d_q.view({T * hk, dk}), d_q_norm.view({T * hk, dk}), r.q.view({T * hk, dk}), kL2NormEps);
+  ops::l2norm_backward(s, d_k.view({T * hk, dk}), d_k_norm.view({T * hk, dk}), r.k.view({T * hk, dk}), kL2NormEps);
+  ops::copy_columns(s, d_conv, 0, d_q.view({T, -1}), 0, hk * dk);
+  ops::copy_columns(s, d_conv, hk * dk, d_k.view({T, -1}), 0, hk * dk);
+  ops::copy_columns(s, d_conv, 2 * hk * dk, d_v.view({T, -1}), 0, hv * dv);
+  r.d_qkv = Tensor::empty({T, c}, dt, dev);
+  r.d_conv_w = Tensor::zeros(g_conv_.shape(), g_conv_.dtype(), dev);
+  ops::causal_conv1d_silu_backward(s, r.d_qkv, r.d_conv_w, d_conv, r.qkv, w_conv_, r.batch->cu_seqlens);
+
+  Tensor dx = Tensor::empty(r.x.shape(), dt, dev);
+  Tensor partial = Tensor::empty(r.x.shape(), dt, dev);
+  ops::linear_backward_input(s, dx, r.d_qkv, w_qkv_);
+  ops::linear_backward_input(s, partial, r.d_z, w_z_);
+  ops::accumulate(s, dx, partial);
+  ops::linear_backward_input(s, partial, r.d_a, w_a_);
+  ops::accumulate(s, dx, partial);
+  ops::linear_backward_input(s, partial, r.d_b, w_b_);
+  ops::accumulate(s, dx, partial);
+  return dx;
+}
+
+void GatedDeltaNet::backward_weight(MixerRecord& record) const {
+  GatedDeltaRecord& r = as_gated_delta(record);
+  Stream& s = default_stream(r.x.device());
+  const int64_t T = r.x.size(0);
+  ops::linear_backward_weight(s, g_out_, r.d_out, r.normed.view({T, -1}));
+  ops::linear_backward_weight(s, g_qkv_, r.d_qkv, r.x);
+  ops::linear_backward_weight(s, g_z_, r.d_z, r.x);
+  ops::linear_backward_weight(s, g_a_, r.d_a, r.x);
+  ops::linear_backward_weight(s, g_b_, r.d_b, r.x);
+  ops::accumulate(s, g_conv_, r.d_conv_w);
+  ops::accumulate(s, g_a_log_, r.d_a_log);
+  ops::accumulate(s, g_dt_bias_, r.d_dt_bias);
+  ops::accumulate(s, g_norm_, r.d_norm_w);
+  r = GatedDeltaRecord{};  // the record's work is done: free its activations now
+}
+
+}  // namespace moetrain::model

@@ -1,0 +1,243 @@
+// defines: the Qwen3.5 family: its config, its parameters and HF names, its layers (Gated DeltaNet or gated full
+// attention, then the dense MLP or the routed experts with the gated shared expert), FLOPs and certification.
+#include "model/families/qwen3_5/family.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "model/blocks/attention.h"
+#include "model/blocks/gated_delta_net.h"
+#include "model/blocks/pre_norm_layer.h"
+#include "model/families/qwen3_5/config.h"
+
+namespace moetrain::model::families::qwen3_5 {
+
+namespace {
+
+std::string layer_prefix(int64_t layer) { return fmt::format("layers.{}.", layer); }
+
+bool is_linear(const Qwen3_5Config& c, int64_t layer) { return c.linear_layers[static_cast<size_t>(layer)]; }
+
+ops::RmsNormParams norm_params(const Qwen3_5Config& c) {
+  ops::RmsNormParams norm;
+  norm.eps = static_cast<float>(c.rms_norm_eps);
+  norm.zero_centered = true;  // Qwen3_5RMSNorm: x * rstd * (1 + w)
+  return norm;
+}
+
+AttentionOptions attention_options(const ModelConfig& g, const Qwen3_5Config& c) {
+  AttentionOptions o;
+  o.hidden_size = g.hidden_size;
+  o.num_heads = c.num_attention_heads;
+  o.num_kv_heads = c.num_key_value_heads;
+  o.head_dim = c.head_dim;
+  o.qk_norm = true;
+  o.qk_norm_zero_centered = true;
+  o.norm_eps = static_cast<float>(c.rms_norm_eps);
+  o.rope = ops::rope_default_params(static_cast<int>(c.rotary_dim()), c.rope_theta);
+  o.output_gate = true;
+  return o;
+}
+
+GatedDeltaNetOptions linear_options(const ModelConfig& g, const Qwen3_5Config& c) {
+  GatedDeltaNetOptions o;
+  o.hidden_size = g.hidden_size;
+  o.num_key_heads = c.linear_num_key_heads;
+  o.num_value_heads = c.linear_num_value_heads;
+  o.key_head_dim = c.linear_key_head_dim;
+  o.value_head_dim = c.linear_value_head_dim;
+  o.conv_kernel = c.linear_conv_kernel_dim;
+  o.norm_eps = static_cast<float>(c.rms_norm_eps);
+  return o;
+}
+
+PreNormLayerOptions layer_options(const ModelConfig& g, const Qwen3_5Config& c, int64_t layer) {
+  PreNormLayerOptions o;
+  o.layer = layer;
+  o.moe_index = g.moe_index(layer);
+  o.hidden_size = g.hidden_size;
+  o.norm = norm_params(c);
+  GatedMlpOptions mlp;
+  mlp.hidden_size = g.hidden_size;
+  if (!g.layer_is_moe(layer)) {
+    mlp.intermediate_size = c.intermediate_size;
+    o.dense_mlp = mlp;
+    return o;
+  }
+  MoeOptions moe;
+  moe.router.hidden_size = g.hidden_size;
+  moe.router.num_experts = g.num_experts;
+  moe.router.top_k = g.num_experts_per_tok;
+  moe.router.renormalize = true;  // Qwen3_5MoeTopKRouter
+  mlp.intermediate_size = c.moe_intermediate_size;
+  mlp.num_experts = g.num_experts;
+  mlp.role = ParamRole::ExpertBank;
+  moe.experts = mlp;
+  SharedExpertOptions shared;
+  shared.hidden_size = g.hidden_size;
+  shared.intermediate_size = c.shared_expert_intermediate_size;
+  shared.sigmoid_gate = true;
+  moe.shared_expert = shared;
+  o.moe = moe;
+  return o;
+}
+
+// The token mixer's parameters of layer `layer`: "<prefix>linear_attn." (Gated DeltaNet) or "<prefix>attn.".
+std::vector<ParamSpec> mixer_specs(const ModelConfig& g, const Qwen3_5Config& c, int64_t layer) {
+  const std::string prefix = layer_prefix(layer);
+  if (is_linear(c, layer)) return GatedDeltaNet::param_specs(linear_options(g, c), prefix + "linear_attn.", layer);
+  return GqaAttention::param_specs(attention_options(g, c), prefix + "attn.", layer);
+}
+
+// transformers' names for the parameters of decoder layer `layer`.
+void attach_layer_pieces(std::vector<ParamSpec>& specs, const Qwen3_5Config& c, int64_t layer) {
+  const std::string prefix = layer_prefix(layer);
+  const std::string hf = fmt::format("model.layers.{}.", layer);
+  const int64_t conv_channels =
+      2 * c.linear_num_key_heads * c.linear_key_head_dim + c.linear_num_value_heads * c.linear_value_head_dim;
+  for (ParamSpec& spec : specs) {
+    MT_CHECK(spec.name.rfind(prefix, 0) == 0 && spec.pieces.empty(),
+             "qwen3_5 layout: parameter '{}' is not a fresh parameter of layer {}", spec.name, layer);
+    const std::string local = spec.name.substr(prefix.size());
+    const auto whole = [&](const std::string& hf_name, Shape hf_shape) {
+      spec.pieces.push_back({hf + hf_name, std::move(hf_shape), 0, {}, {}});
+    };
+    if (local == "input_norm") {
+      whole("input_layernorm.weight", spec.shape);
+    } else if (local == "post_norm") {
+      whole("post_attention_layernorm.weight", spec.shape);
+    } else if (local.rfind("attn.", 0) == 0) {
+      whole("self_attn." + local.substr(5) + ".weight", spec.shape);  // q_proj, k_proj, v_proj, o_proj, q_norm, k_norm
+    } else if (local == "linear_attn.conv") {
+      whole("linear_attn.conv1d.weight", {conv_channels, 1, c.linear_conv_kernel_dim});  // [C, 1, K] read as [C, K]
+    } else if (local == "linear_attn.A_log" || local == "linear_attn.dt_bias") {
+      whole(local, spec.shape);
+    } else if (local.rfind("linear_attn.", 0) == 0) {
+      whole(local + ".weight", spec.shape);  // in_proj_qkv, in_proj_z, in_proj_a, in_proj_b, norm, out_proj
+    } else if (local == "router") {
+      whole("mlp.gate.weight", spec.shape);
+    } else if (local == "mlp.gate_up" || local == "experts.gate_up") {
+      attach_hf_mlp_pieces(spec, hf + "mlp.", local == "experts.gate_up", true);
+    } else if (local == "mlp.down" || local == "experts.down") {
+      attach_hf_mlp_pieces(spec, hf + "mlp.", local == "experts.down", false);
+    } else if (local == "shared_expert.gate_up" || local == "shared_expert.down") {
+      attach_hf_mlp_pieces(spec, hf + "mlp.shared_expert.", false, local == "shared_expert.gate_up");
+    } else if (local == "shared_expert.sigmoid_gate") {
+      whole("mlp.shared_expert_gate.weight", spec.shape);
+    } else {
+      MT_FAIL("qwen3_5 layout: no HF name for parameter '{}'", spec.name);
+    }
+  }
+}
+
+class Qwen3_5Family final : public Family {
+ public:
+  std::string name() const override { return "qwen3_5"; }
+  std::vector<std::string> model_types() const override {
+    return {kDenseTextType, kMoeTextType, "qwen3_5", "qwen3_5_moe"};
+  }
+
+  NestedConfig nested_config(const std::string& model_type) const override {
+    if (model_type == "qwen3_5") return {"text_config", kDenseTextType};
+    if (model_type == "qwen3_5_moe") return {"text_config", kMoeTextType};
+    return {};
+  }
+
+  ModelConfig parse_config(const io::JsonFields& fields) const override {
+    const std::string type = fields.require_string("model_type");
+    MT_CHECK(type == kDenseTextType || type == kMoeTextType,
+             "{}: model_type '{}' is not a Qwen3.5 text model ({}, {}; the multimodal wrappers are read through their "
+             "text_config)",
+             fields.source(), type, kDenseTextType, kMoeTextType);
+    ModelConfig g;
+    auto own = std::make_shared<Qwen3_5Config>();
+    parse_fields(fields, type == kMoeTextType, g, *own);
+    g.details = own;
+    return g;
+  }
+
+  std::string to_hf_config_json(const ModelConfig& g) const override {
+    const Qwen3_5Config& c = g.family_config<Qwen3_5Config>();
+    nlohmann::json j = fields_json(g, c);
+    j["architectures"] = nlohmann::json::array({c.moe ? "Qwen3_5MoeForCausalLM" : "Qwen3_5ForCausalLM"});
+    j["model_type"] = c.moe ? kMoeTextType : kDenseTextType;
+    return j.dump(2) + "\n";
+  }
+
+  std::vector<ParamSpec> param_specs(const ModelConfig& g) const override {
+    const Qwen3_5Config& c = g.family_config<Qwen3_5Config>();
+    std::vector<ParamSpec> specs = {single_piece_spec("embed", {g.vocab_size, g.hidden_size}, ParamRole::Embedding, -1,
+                                                      "model.embed_tokens.weight")};
+    for (int64_t layer = 0; layer < g.num_hidden_layers; ++layer) {
+      std::vector<ParamSpec> layer_specs =
+          PreNormLayer::param_specs(layer_options(g, c, layer), mixer_specs(g, c, layer), layer_prefix(layer));
+      attach_layer_pieces(layer_specs, c, layer);
+      for (ParamSpec& spec : layer_specs) specs.push_back(std::move(spec));
+    }
+    specs.push_back(single_piece_spec("final_norm", {g.hidden_size}, ParamRole::Norm, -1, "model.norm.weight"));
+    specs.back().init = ParamInit::Zeros;  // zero-centred: 1 + w
+    if (!g.tie_word_embeddings)
+      specs.push_back(
+          single_piece_spec("lm_head", {g.vocab_size, g.hidden_size}, ParamRole::Head, -1, "lm_head.weight"));
+    return specs;
+  }
+
+  std::unique_ptr<DecoderLayer> make_layer(const ModelConfig& g, ParameterStore& store, int64_t layer) const override {
+    const Qwen3_5Config& c = g.family_config<Qwen3_5Config>();
+    const std::string prefix = layer_prefix(layer);
+    std::unique_ptr<TokenMixer> mixer;
+    if (is_linear(c, layer)) {
+      mixer = std::make_unique<GatedDeltaNet>(linear_options(g, c), store, prefix + "linear_attn.");
+    } else {
+      mixer = std::make_unique<GqaAttention>(attention_options(g, c), store, prefix + "attn.");
+    }
+    return std::make_unique<PreNormLayer>(layer_options(g, c, layer), std::move(mixer), store, prefix);
+  }
+
+  ops::RmsNormParams final_norm(const ModelConfig& g) const override {
+    return norm_params(g.family_config<Qwen3_5Config>());
+  }
+
+  LayerFlops layer_flops(const ModelConfig& g, int64_t layer, int64_t context) const override {
+    const Qwen3_5Config& c = g.family_config<Qwen3_5Config>();
+    const double h = double(g.hidden_size);
+    LayerFlops f;
+    if (is_linear(c, layer)) {
+      const double dk = double(c.linear_key_head_dim), dv = double(c.linear_value_head_dim);
+      const double hk = double(c.linear_num_key_heads), hv = double(c.linear_num_value_heads);
+      const double channels = 2 * hk * dk + hv * dv;
+      // in_proj_qkv, in_proj_z, in_proj_a, in_proj_b, out_proj, and the depthwise conv (K weights per channel).
+      f.matmul_weights = h * (channels + hv * dv + 2 * hv) + hv * dv * h + channels * double(c.linear_conv_kernel_dim);
+      // The recurrence per token and value head, whatever the context: the decay, S^T k, the rank-1 update and
+      // S^T q, each about 2 dk dv.
+      f.attention_core = hv * 8 * dk * dv;
+    } else {
+      const double hd = double(c.head_dim), nh = double(c.num_attention_heads), nkv = double(c.num_key_value_heads);
+      f.matmul_weights = h * (2 * nh + 2 * nkv) * hd + nh * hd * h;  // q and its gate, k, v, o
+      f.attention_core = 4 * (double(context) / 2) * nh * hd;        // causal: half the context on average
+    }
+    if (g.layer_is_moe(layer)) {
+      f.matmul_weights += h * double(g.num_experts) + h;  // router, shared expert gate
+      f.matmul_weights += double(g.num_experts_per_tok) * 3 * h * double(c.moe_intermediate_size);
+      f.matmul_weights += 3 * h * double(c.shared_expert_intermediate_size);
+    } else {
+      f.matmul_weights += 3 * h * double(c.intermediate_size);
+    }
+    return f;
+  }
+
+  // Built from batch-invariant CPU ops: per-row projections, norms and gates; the conv and the delta rule run per
+  // document in a fixed order; attention as Qwen3's. A_log and dt_bias are 1-D, so f32 under bf16 compute: their
+  // specs name the pins the admission certifies.
+  ExactCertification exact_certification(const ModelConfig&) const override { return {true, ""}; }
+};
+
+}  // namespace
+
+const Family& family() {
+  static const Qwen3_5Family instance;
+  return instance;
+}
+
+}  // namespace moetrain::model::families::qwen3_5
