@@ -14,6 +14,7 @@
 #include "core/rng.h"
 #include "io/mxfp4.h"
 #include "io/safetensors.h"
+#include "model/model_config.h"
 #include "ops/elementwise.h"
 
 namespace moetrain::model {
@@ -40,6 +41,21 @@ ParamSpec single_piece_spec(std::string name, Shape shape, ParamRole role, int64
   spec.pieces.push_back({std::move(hf_name), std::move(shape), 0, {}, {}});
   spec.init = spec.is_matrix() ? ParamInit::Normal : ParamInit::Ones;
   return spec;
+}
+
+std::vector<ParamSpec> decoder_model_specs(const ModelConfig& config,
+                                           const std::function<std::vector<ParamSpec>(int64_t layer)>& layer_specs,
+                                           ParamInit final_norm_init) {
+  std::vector<ParamSpec> specs = {single_piece_spec("embed", {config.vocab_size, config.hidden_size},
+                                                    ParamRole::Embedding, -1, "model.embed_tokens.weight")};
+  for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer)
+    for (ParamSpec& spec : layer_specs(layer)) specs.push_back(std::move(spec));
+  specs.push_back(single_piece_spec("final_norm", {config.hidden_size}, ParamRole::Norm, -1, "model.norm.weight"));
+  specs.back().init = final_norm_init;
+  if (!config.tie_word_embeddings)
+    specs.push_back(single_piece_spec("lm_head", {config.vocab_size, config.hidden_size}, ParamRole::Head, -1,
+                                      "lm_head.weight"));
+  return specs;
 }
 
 void attach_row_blocks(ParamSpec& spec, const std::vector<std::string>& hf_names) {

@@ -19,6 +19,8 @@ class SafetensorsReader;
 
 namespace moetrain::model {
 
+struct ModelConfig;
+
 // What a parameter is, as the engine above the families asks: the trainer, the partition, ZeRO-3 sharding,
 // checkpoints and the exact admission read the role and the layer, never the name.
 enum class ParamRole : uint8_t {
@@ -56,6 +58,14 @@ struct ParamSpec {
 
 // A spec whose one HF piece is the whole tensor; matrices start N(0, std^2), vectors 1 (norm scales).
 ParamSpec single_piece_spec(std::string name, Shape shape, ParamRole role, int64_t layer, std::string hf_name);
+
+// A decoder-only model's parameters under transformers' usual outer names: "embed" (model.embed_tokens.weight), then
+// each decoder layer's specs as `layer_specs(layer)` gives them (pieces attached), then "final_norm"
+// (model.norm.weight, initialised as `final_norm_init`: zeros for a zero-centred norm) and, unless the embeddings are
+// tied, "lm_head" (lm_head.weight).
+std::vector<ParamSpec> decoder_model_specs(const ModelConfig& config,
+                                           const std::function<std::vector<ParamSpec>(int64_t layer)>& layer_specs,
+                                           ParamInit final_norm_init = ParamInit::Ones);
 
 // Attaches HF pieces that split the spec, seen as [rows, last dim], into len(hf_names) equal consecutive blocks of
 // rows, in order: a fused gate_up [2I, H] from gate then up, an expert bank [E, 2I, H] from every expert's gate and up

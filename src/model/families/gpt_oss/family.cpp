@@ -128,21 +128,14 @@ class GptOssFamily final : public Family {
 
   std::vector<ParamSpec> param_specs(const ModelConfig& g) const override {
     const GptOssConfig& c = g.family_config<GptOssConfig>();
-    std::vector<ParamSpec> specs = {single_piece_spec("embed", {g.vocab_size, g.hidden_size}, ParamRole::Embedding, -1,
-                                                      "model.embed_tokens.weight")};
-    for (int64_t layer = 0; layer < g.num_hidden_layers; ++layer) {
+    return decoder_model_specs(g, [&](int64_t layer) {
       const std::string prefix = layer_prefix(layer);
-      std::vector<ParamSpec> layer_specs = PreNormLayer::param_specs(
+      std::vector<ParamSpec> specs = PreNormLayer::param_specs(
           layer_options(g, c, layer), GqaAttention::param_specs(attention_options(g, c, layer), prefix + "attn.", layer),
           prefix);
-      attach_layer_pieces(layer_specs, g, c, layer);
-      for (ParamSpec& spec : layer_specs) specs.push_back(std::move(spec));
-    }
-    specs.push_back(single_piece_spec("final_norm", {g.hidden_size}, ParamRole::Norm, -1, "model.norm.weight"));
-    if (!g.tie_word_embeddings)
-      specs.push_back(
-          single_piece_spec("lm_head", {g.vocab_size, g.hidden_size}, ParamRole::Head, -1, "lm_head.weight"));
-    return specs;
+      attach_layer_pieces(specs, g, c, layer);
+      return specs;
+    });
   }
 
   std::unique_ptr<DecoderLayer> make_layer(const ModelConfig& g, ParameterStore& store, int64_t layer) const override {

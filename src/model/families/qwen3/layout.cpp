@@ -37,31 +37,15 @@ void attach_layer_pieces(std::vector<ParamSpec>& specs, int64_t layer) {
   }
 }
 
-std::vector<ParamSpec> embedding_specs(int64_t vocab_size, int64_t hidden_size) {
-  return {single_piece_spec("embed", {vocab_size, hidden_size}, ParamRole::Embedding, -1, "model.embed_tokens.weight")};
-}
-
-std::vector<ParamSpec> final_specs(int64_t vocab_size, int64_t hidden_size, bool tie_word_embeddings) {
-  std::vector<ParamSpec> specs;
-  specs.push_back(single_piece_spec("final_norm", {hidden_size}, ParamRole::Norm, -1, "model.norm.weight"));
-  if (!tie_word_embeddings)
-    specs.push_back(single_piece_spec("lm_head", {vocab_size, hidden_size}, ParamRole::Head, -1, "lm_head.weight"));
-  return specs;
-}
-
 std::vector<ParamSpec> model_param_specs(const ModelConfig& g, const Qwen3Config& c,
                                          const std::function<PreNormLayerOptions(int64_t)>& options) {
-  std::vector<ParamSpec> specs = embedding_specs(g.vocab_size, g.hidden_size);
-  for (int64_t layer = 0; layer < g.num_hidden_layers; ++layer) {
+  return decoder_model_specs(g, [&](int64_t layer) {
     const std::string prefix = layer_prefix(layer);
-    std::vector<ParamSpec> layer_specs = PreNormLayer::param_specs(
+    std::vector<ParamSpec> specs = PreNormLayer::param_specs(
         options(layer), GqaAttention::param_specs(attention_options(g, c), prefix + "attn.", layer), prefix);
-    attach_layer_pieces(layer_specs, layer);
-    for (ParamSpec& spec : layer_specs) specs.push_back(std::move(spec));
-  }
-  for (ParamSpec& spec : final_specs(g.vocab_size, g.hidden_size, g.tie_word_embeddings))
-    specs.push_back(std::move(spec));
-  return specs;
+    attach_layer_pieces(specs, layer);
+    return specs;
+  });
 }
 
 std::unique_ptr<DecoderLayer> make_pre_norm_layer(const ModelConfig& g, const Qwen3Config& c, ParameterStore& store,

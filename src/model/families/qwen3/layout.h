@@ -24,10 +24,6 @@ std::string layer_prefix(int64_t layer);
 // adapter does not know is an error naming it.
 void attach_layer_pieces(std::vector<ParamSpec>& specs, int64_t layer);
 
-// The embedding, the final norm and (unless tied) the head, with their HF pieces.
-std::vector<ParamSpec> embedding_specs(int64_t vocab_size, int64_t hidden_size);
-std::vector<ParamSpec> final_specs(int64_t vocab_size, int64_t hidden_size, bool tie_word_embeddings);
-
 // Every parameter of a Qwen3 or Qwen3-MoE model in order (embedding, layers, final norm, head), each layer's from
 // `options(layer)` and the attention block, with their HF pieces.
 std::vector<ParamSpec> model_param_specs(const ModelConfig& generic, const Qwen3Config& own,

@@ -167,20 +167,13 @@ class Qwen3_5Family final : public Family {
 
   std::vector<ParamSpec> param_specs(const ModelConfig& g) const override {
     const Qwen3_5Config& c = g.family_config<Qwen3_5Config>();
-    std::vector<ParamSpec> specs = {single_piece_spec("embed", {g.vocab_size, g.hidden_size}, ParamRole::Embedding, -1,
-                                                      "model.embed_tokens.weight")};
-    for (int64_t layer = 0; layer < g.num_hidden_layers; ++layer) {
-      std::vector<ParamSpec> layer_specs =
+    const auto layer_specs = [&](int64_t layer) {
+      std::vector<ParamSpec> specs =
           PreNormLayer::param_specs(layer_options(g, c, layer), mixer_specs(g, c, layer), layer_prefix(layer));
-      attach_layer_pieces(layer_specs, c, layer);
-      for (ParamSpec& spec : layer_specs) specs.push_back(std::move(spec));
-    }
-    specs.push_back(single_piece_spec("final_norm", {g.hidden_size}, ParamRole::Norm, -1, "model.norm.weight"));
-    specs.back().init = ParamInit::Zeros;  // zero-centred: 1 + w
-    if (!g.tie_word_embeddings)
-      specs.push_back(
-          single_piece_spec("lm_head", {g.vocab_size, g.hidden_size}, ParamRole::Head, -1, "lm_head.weight"));
-    return specs;
+      attach_layer_pieces(specs, c, layer);
+      return specs;
+    };
+    return decoder_model_specs(g, layer_specs, ParamInit::Zeros);  // the final norm is zero-centred: 1 + w
   }
 
   std::unique_ptr<DecoderLayer> make_layer(const ModelConfig& g, ParameterStore& store, int64_t layer) const override {
