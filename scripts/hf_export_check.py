@@ -4,8 +4,9 @@
 # Given a model config.json (e.g. tests/data/golden/deepseek_v2/config.json or .../qwen3_moe/config.json) it:
 #   1. writes a job TOML in --workdir (random init, synthetic data, 3 steps on the CPU, a checkpoint at step 3)
 #      and runs `moetrain train`;
-#   2. runs `moetrain convert --checkpoint` to export that checkpoint as an HF folder;
-#   3. writes input_ids int32 [2, 24] and runs `moetrain score` (f32, not exact) on the step-3 checkpoint;
+#   2. runs `moetrain convert --checkpoint` to export that checkpoint as an HF folder (--dtype f32 or bf16);
+#   3. writes input_ids int32 [2, 24] and runs `moetrain score` (f32, not exact) on the step-3 checkpoint (with
+#      --dtype bf16: on the export imported back by `moetrain convert --hf`, the same bf16-rounded weights);
 #   4. loads the HF folder with AutoModelForCausalLM.from_pretrained(dtype=float32, attn_implementation="eager",
 #      output_loading_info=True), runs the same ids and gathers log_softmax(logits)[b, t, id[b, t+1]];
 #   5. compares: max abs diff and relative error ||hf - ours|| / ||hf|| of the [B, T-1] log-probs; the loader's
@@ -71,6 +72,9 @@ def main():
     ap.add_argument("--rows", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=24)
     ap.add_argument("--seed", type=int, default=0, help="seed of the input ids")
+    ap.add_argument("--dtype", choices=("f32", "bf16"), default="f32",
+                    help="the export's dtype; with bf16 moetrain scores the export imported back (convert --hf), so "
+                         "both sides compute from the same bf16-rounded weights")
     args = ap.parse_args()
 
     if transformers.__version__.split(".")[:2] != ["5", "17"]:
@@ -80,7 +84,8 @@ def main():
     work = os.path.abspath(args.workdir)
     os.makedirs(work, exist_ok=True)
     ckpt, hf = os.path.join(work, "ckpt"), os.path.join(work, "hf")
-    for d in (ckpt, hf):
+    reimported = os.path.join(work, "ckpt_from_hf")
+    for d in (ckpt, hf, reimported):
         if os.path.isdir(d):
             shutil.rmtree(d)
     job = os.path.join(work, "job.toml")
@@ -110,7 +115,11 @@ console_every = 1
 
     # 1-2: train, export.
     run([moetrain, "train", "--config", job])
-    run([moetrain, "convert", "--checkpoint", ckpt, "--out", hf])
+    run([moetrain, "convert", "--checkpoint", ckpt, "--out", hf, "--dtype", args.dtype])
+    scored = ckpt
+    if args.dtype == "bf16":
+        run([moetrain, "convert", "--hf", hf, "--out", reimported])
+        scored = reimported
 
     # 3: score with moetrain.
     with open(config) as f:
@@ -119,7 +128,7 @@ console_every = 1
     ids = torch.randint(0, vocab, (args.rows, args.tokens), generator=g, dtype=torch.int64)
     inp, ours_path = os.path.join(work, "in.safetensors"), os.path.join(work, "ours.safetensors")
     save_file({"input_ids": ids.to(torch.int32).contiguous()}, inp)
-    run([moetrain, "score", "--config", job, "--input", inp, "--out", ours_path])
+    run([moetrain, "score", "--config", job, "--input", inp, "--out", ours_path, f"--checkpoint.dir={scored}"])
     ours = load_file(ours_path)["logprobs"]
     if tuple(ours.shape) != (args.rows, args.tokens - 1):
         sys.exit(f"hf_export_check: logprobs has shape {tuple(ours.shape)}, expected {(args.rows, args.tokens - 1)}")
@@ -156,7 +165,8 @@ console_every = 1
     for name in sorted(os.listdir(hf)):
         if name.endswith(".safetensors"):
             with safe_open(os.path.join(hf, name), "pt") as f:
-                exported.update({k: f.get_tensor(k) for k in f.keys()})
+                # A bf16 export loads into the f32 model exactly: compare in f32.
+                exported.update({k: f.get_tensor(k).float() for k in f.keys()})
     with tempfile.TemporaryDirectory() as tmp:
         model.save_pretrained(tmp)
         saved = {}

@@ -16,6 +16,7 @@
 #include "cli/convert_command.h"
 #include "core/error.h"
 #include "core/rng.h"
+#include "io/json_fields.h"
 #include "io/safetensors.h"
 #include "model/causal_lm.h"
 #include "testing/test_data.h"
@@ -69,6 +70,32 @@ TEST(TrainCommand, RunsAJobAndExportsItsCheckpointAsHuggingFace) {
   for (const auto& [name, tensor] : exported->params().export_hf()) {
     EXPECT_EQ(tensor.to_vector<float>(), saved.at(name).to_vector<float>()) << name;
   }
+}
+
+// --dtype bf16 writes every tensor as its master rounded to bf16 and says so in config.json; the folder loads back as
+// those rounded values. An import takes no --dtype, and another dtype is refused by name.
+TEST(TrainCommand, ExportsInBf16WhenAsked) {
+  const std::string dir = testing::make_temp_dir("train_cmd_bf16");
+  const std::string job = write_job(dir);
+  ASSERT_EQ(run({"train", "--config", job, "--train.steps=2"}), 0);
+  ASSERT_EQ(run({"convert", "--checkpoint", dir + "/ckpt", "--out", dir + "/hf", "--dtype", "bf16"}), 0);
+  const io::SafetensorsReader reader = io::SafetensorsReader::open(dir + "/hf");
+  const train::CheckpointData ckpt = train::load_checkpoint(dir + "/ckpt/step_00000002");
+  for (const auto& [name, master] : ckpt.model) {
+    ASSERT_EQ(reader.entry(name).dtype, DType::BF16) << name;
+    EXPECT_EQ(reader.tensor(name).to(DType::F32).to_vector<float>(),
+              master.to(DType::BF16).to(DType::F32).to_vector<float>())
+        << name;
+  }
+  EXPECT_EQ(io::read_json_object(dir + "/hf/config.json").at("dtype"), "bfloat16");
+  EXPECT_NO_THROW(model::CausalLm::from_hf(dir + "/hf"));
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(run({"convert", "--checkpoint", dir + "/ckpt", "--out", dir + "/hf16", "--dtype", "f16"}), 1);
+  EXPECT_EQ(run({"convert", "--hf", dir + "/hf", "--out", dir + "/back", "--dtype", "bf16"}), 1);
+  const std::string errors = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(errors.find("--dtype must be f32 or bf16 but is 'f16'"), std::string::npos) << errors;
+  EXPECT_NE(errors.find("--dtype applies to an export"), std::string::npos) << errors;
+  EXPECT_FALSE(std::filesystem::exists(dir + "/hf16")) << "a refused export wrote nothing";
 }
 
 // Two thread ranks with ZeRO-3 write a sharded checkpoint (one file per rank); convert exports one HF folder whose
