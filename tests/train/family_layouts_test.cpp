@@ -3,7 +3,8 @@
 // family runs:
 // - DeepSeek-V2: 8 layers with a q LoRA, group-limited top-k (4 groups, 2 kept) and a routed scaling factor;
 // - GPT-OSS: 8 layers alternating a sliding window of 8 (shorter than the rows) and full attention, with its biases,
-//   sinks, YaRN, biased top-k-then-softmax router and clamped SwiGLU experts.
+//   sinks, YaRN, biased top-k-then-softmax router and clamped SwiGLU experts;
+// - Qwen3.5-MoE: 8 layers, three Gated DeltaNet to one gated full attention, with the shared expert's sigmoid gate.
 // pp = 2 and 4 train like one rank bit for bit; ep = 2 within the fp32 summation-order tolerance, pp = 2 x ep = 2
 // like ep = 2 bit for bit, ZeRO-3 over two data ranks within the tolerance; in exact mode score's output file is the
 // same bytes for pp in {1, 2, 4} x ep in {1, 2}, and a packed row gives its documents' bytes.
@@ -50,10 +51,14 @@ std::string config_path(const std::string& family) {
     config["n_group"] = 4;
     config["topk_group"] = 2;
     config["routed_scaling_factor"] = 2.5;
-  } else {
+  } else if (family == "gpt_oss") {
     config["layer_types"] = nlohmann::json::array();
     for (int layer = 0; layer < 8; ++layer)
       config["layer_types"].push_back(layer % 2 == 0 ? "sliding_attention" : "full_attention");
+  } else {  // qwen3_5_moe: three Gated DeltaNet layers to one of full attention, as released
+    config["layer_types"] = nlohmann::json::array();
+    for (int layer = 0; layer < 8; ++layer)
+      config["layer_types"].push_back(layer % 4 == 3 ? "full_attention" : "linear_attention");
   }
   std::ofstream(dir + "/config.json") << config.dump(2);
   return paths[family] = dir + "/config.json";
@@ -187,7 +192,7 @@ TEST_P(FamilyLayouts, ExactPackedRowGivesEachDocumentsBytes) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, FamilyLayouts, ::testing::Values("deepseek_v2", "gpt_oss"));
+INSTANTIATE_TEST_SUITE_P(Families, FamilyLayouts, ::testing::Values("deepseek_v2", "gpt_oss", "qwen3_5_moe"));
 
 }  // namespace
 }  // namespace moetrain::train
