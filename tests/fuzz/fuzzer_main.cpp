@@ -1,5 +1,6 @@
-// defines: a libFuzzer entry point for one fuzz target of fuzz/targets.h, chosen at compile time by MOETRAIN_FUZZ_TARGET
-// (tests/CMakeLists.txt builds one binary per target with -DMOETRAIN_FUZZ=ON; scripts/fuzz.sh runs them).
+// defines: a libFuzzer entry point for one fuzz target of fuzz/targets.h, chosen at compile time by
+// MOETRAIN_FUZZ_TARGET (tests/CMakeLists.txt builds one binary per target with -DMOETRAIN_FUZZ=ON; scripts/fuzz.sh runs
+// them).
 #include <cstddef>
 #include <cstdint>
 
