@@ -372,21 +372,18 @@ class FileReader {
 };
 
 // A single TOML value written after "v = " (underscores, hex, +inf, ...), or nullopt.
-// The first byte outside the ASCII range that stands before the first '#' of its line, as (line, column), both from 1.
-// toml++ 3.4's unicode whitespace check reaches a TOML_UNREACHABLE on some code points where it expects a key, a value
-// or whitespace (U+0290 at the start of a line, found by the job_config fuzz target). After a line's first '#' a byte
-// is in a comment or inside a string, where toml++ never makes that check; anywhere else it is refused here, before
-// toml++ sees the text: a job file writes other characters in strings as \uXXXX escapes.
-std::optional<std::pair<int64_t, int64_t>> non_ascii_outside_comments(std::string_view text) {
+// The first byte outside the ASCII range, as (line, column), both from 1. toml++ 3.4's unicode whitespace check
+// reaches a TOML_UNREACHABLE on some code points where it reads code rather than a string or a comment (U+0290 at the
+// start of a line, or after a string that held a '#': the job_config fuzz target's findings); telling where toml++
+// reads code takes toml++'s own lexer, so every non-ASCII byte is refused here, before toml++ sees the text. A job file
+// is ASCII: a string writes other characters as \uXXXX escapes (as the writer does).
+std::optional<std::pair<int64_t, int64_t>> first_non_ascii(std::string_view text) {
   int64_t line = 1, column = 0;
-  bool after_hash = false;
   for (const char c : text) {
     ++column;
     if (c == '\n') {
-      ++line, column = 0, after_hash = false;
-    } else if (c == '#') {
-      after_hash = true;
-    } else if (static_cast<unsigned char>(c) >= 0x80 && !after_hash) {
+      ++line, column = 0;
+    } else if (static_cast<unsigned char>(c) >= 0x80) {
       return std::pair{line, column};
     }
   }
@@ -395,7 +392,7 @@ std::optional<std::pair<int64_t, int64_t>> non_ascii_outside_comments(std::strin
 
 std::optional<toml::table> parse_toml_value(std::string_view text) {
   if (text.empty() || text.find_first_of("\n\r#") != std::string_view::npos) return std::nullopt;
-  if (non_ascii_outside_comments(text)) return std::nullopt;
+  if (first_non_ascii(text)) return std::nullopt;
   try {
     toml::table table = toml::parse("v = " + std::string(text));
     if (table.size() == 1 && table.contains("v")) return table;
@@ -702,7 +699,7 @@ std::optional<std::pair<uint32_t, size_t>> utf8_code_point(const std::string& te
 }
 
 // A TOML basic string: quotes, backslashes and control characters escaped, and every non-ASCII character written as
-// a \uXXXX or \UXXXXXXXX escape (the reader refuses raw ones, see non_ascii_outside_comments). Bytes that are not UTF-8
+// a \uXXXX or \UXXXXXXXX escape (the reader refuses raw ones, see first_non_ascii). Bytes that are not UTF-8
 // are written as they are, and the reader then refuses them by position.
 std::string quote(const std::string& text) {
   std::string out = "\"";
@@ -749,9 +746,9 @@ void write_sources(std::string& out, const std::vector<DataSource>& sources) {
 JobConfig parse_with_base(const std::string& toml_text, const std::string& source, const fs::path& base,
                           const std::vector<std::string>& overrides) {
   toml::table root;
-  if (const auto at = non_ascii_outside_comments(toml_text)) {
+  if (const auto at = first_non_ascii(toml_text)) {
     MT_FAIL(
-        "{}: line {}, column {}: a non-ASCII character outside a comment (write it in a string as a \\uXXXX escape)",
+        "{}: line {}, column {}: a non-ASCII character (a job file is ASCII: write it in a string as a \\uXXXX escape)",
         source, at->first, at->second);
   }
   try {
