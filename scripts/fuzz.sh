@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 seconds="${1:-120}"
 shift || true
 targets=("$@")
-[[ ${#targets[@]} -gt 0 ]] || targets=(safetensors_header model_config job_config)
+[[ ${#targets[@]} -gt 0 ]] || targets=(safetensors_header model_config job_config megatron_index)
 if [[ ! -f build-fuzz/build.ninja ]]; then
   CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOETRAIN_CUDA=OFF \
     -DMOETRAIN_SANITIZE=ON -DMOETRAIN_FUZZ=ON

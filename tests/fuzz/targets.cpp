@@ -2,6 +2,11 @@
 // pass and lets everything else escape to the fuzzer.
 #include "fuzz/targets.h"
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <string_view>
 
@@ -9,6 +14,7 @@
 #include "io/job_config.h"
 #include "io/safetensors.h"
 #include "model/model_config.h"
+#include "train/data/indexed_dataset.h"
 
 namespace moetrain::fuzz {
 
@@ -50,8 +56,30 @@ void job_config(const uint8_t* data, size_t size) {
   });
 }
 
+void megatron_index(const uint8_t* data, size_t size) {
+  static const std::string folder = [] {
+    const std::string path =
+        (std::filesystem::temp_directory_path() / ("moetrain_fuzz_idx_" + std::to_string(getpid()))).string();
+    std::filesystem::create_directories(path);
+    return path;
+  }();
+  const size_t bin_bytes = size >= 2 ? size_t(data[0]) | size_t(data[1]) << 8 : 0;
+  const size_t skip = size < 2 ? size : 2;
+  const std::string prefix = folder + "/fuzz";
+  std::ofstream(prefix + ".bin", std::ios::binary | std::ios::trunc) << std::string(bin_bytes, '\0');
+  std::ofstream(prefix + ".idx", std::ios::binary | std::ios::trunc)
+      .write(reinterpret_cast<const char*>(data) + skip, static_cast<std::streamsize>(size - skip));
+  refusals_allowed([&] {
+    const train::data::IndexedDataset dataset = train::data::IndexedDataset::open(prefix);
+    for (int64_t i = 0; i < std::min<int64_t>(dataset.num_sequences(), 16); ++i) dataset.read(i);
+  });
+}
+
 std::vector<std::pair<std::string, Target>> all_targets() {
-  return {{"safetensors_header", &safetensors_header}, {"model_config", &model_config}, {"job_config", &job_config}};
+  return {{"safetensors_header", &safetensors_header},
+          {"model_config", &model_config},
+          {"job_config", &job_config},
+          {"megatron_index", &megatron_index}};
 }
 
 }  // namespace moetrain::fuzz
