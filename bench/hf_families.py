@@ -12,6 +12,24 @@ def cfgs():
     yield "gpt_oss_20b_4l", transformers.GptOssConfig(vocab_size=201088, hidden_size=2880, intermediate_size=2880, num_hidden_layers=4,
         num_attention_heads=64, num_key_value_heads=8, head_dim=64, num_local_experts=32, num_experts_per_tok=4, sliding_window=128,
         layer_types=["sliding_attention", "full_attention"] * 2, max_position_embeddings=8192, tie_word_embeddings=False), "eager"
+    # Qwen3.5-35B-A3B: transformers 5.17's Qwen3_5MoeTextConfig defaults are its dimensions; its first 4 layers.
+    yield "qwen3_5_moe_4l", transformers.Qwen3_5MoeTextConfig(num_hidden_layers=4,
+        layer_types=["linear_attention"] * 3 + ["full_attention"], max_position_embeddings=8192, tie_word_embeddings=False), "sdpa"
+def kernels_picked(model):
+    # Which kernels transformers runs on this machine: the gated delta rule and conv1d come from flash-linear-attention
+    # and causal-conv1d when importable (else its torch chunked / conv fallbacks); the experts from its experts backend.
+    import importlib.util
+    picked = {"fla": importlib.util.find_spec("fla") is not None,
+              "causal_conv1d": importlib.util.find_spec("causal_conv1d") is not None,
+              "experts_implementation": getattr(model.config, "_experts_implementation", None)}
+    import inspect, sys
+    modeling = sys.modules.get(type(model).__module__)
+    for name in ("torch_chunk_gated_delta_rule", "causal_conv1d_fn"):
+        fn = getattr(modeling, name, None)
+        if fn is not None:  # the wrapper of use_kernel_func_from_hub_with_fallback holds the implementation it chose
+            impl = inspect.getclosurevars(fn).nonlocals.get("implementation", fn)
+            picked[name] = f"{getattr(impl, '__module__', '?')}.{getattr(impl, '__name__', '?')}"
+    return picked
 wanted = [f for f in os.environ.get("FAMILIES", "").split(",") if f]
 for name, cfg, attn in cfgs():
     if wanted and name not in wanted:
@@ -30,7 +48,7 @@ for name, cfg, attn in cfgs():
         for _ in range(3): step()
         torch.cuda.synchronize(); t = (time.time() - t0) / 3
         res[name] = {"attn": attn, "tok_s": B * S * ACC / t, "step_s": t, "peak_GiB": torch.cuda.max_memory_allocated() / 2**30,
-                     "params": sum(p.numel() for p in m.parameters())}
+                     "params": sum(p.numel() for p in m.parameters()), "kernels": kernels_picked(m)}
         print(name, res[name], flush=True)
         del m, opt
     except Exception as e:

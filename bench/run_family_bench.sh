@@ -24,4 +24,6 @@ hf = json.load(open(path)).get(f"{family}_4l") if os.path.exists(path) else None
 if hf:
     print(f"transformers {family}: {hf['tok_s']:.0f} tokens/s ({hf['attn']} attention), peak {hf['peak_GiB']:.1f} GiB "
           f"-> moetrain / transformers = {ours['tokens_per_s'] / hf['tok_s']:.2f}x")
+    if hf.get("kernels"):
+        print(f"transformers {family} kernels: {hf['kernels']}")
 PY
