@@ -18,6 +18,9 @@ struct CheckGoldenOptions {
   // Tests only: judge an f32 run by the bf16 rules, so that everything of --dtype bf16 but its kernels runs on
   // the CPU (the command line never sets it).
   bool judge_as_bf16 = false;
+  // Tests only: in bf16 judgement, run the routing-pinned pass of every MoE case even when our routing made no
+  // flip (it runs only after flips otherwise), so that its path runs on the CPU.
+  bool pin_routing_always = false;
 };
 
 // Returns the process exit code: 0 when every check passed.

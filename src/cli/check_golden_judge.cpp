@@ -239,32 +239,12 @@ std::string RoutingCheck::summary() const {
                      unexplained, details);
 }
 
-std::set<std::string> moe_block_names(const model::ParameterStore& store, const model::ModelConfig& config,
-                                      const std::set<size_t>& moe_layers) {
-  std::set<int64_t> layers;
-  size_t moe = 0;
-  for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
-    if (!config.layer_is_moe(layer)) continue;
-    if (moe_layers.count(moe++)) layers.insert(layer);
-  }
-  std::set<std::string> names;
-  for (const model::ParamSpec& spec : store.specs()) {
-    if (!layers.count(spec.layer)) continue;
-    using model::ParamRole;
-    if (spec.role != ParamRole::Router && spec.role != ParamRole::ExpertBank && spec.role != ParamRole::SharedExpert &&
-        spec.role != ParamRole::Norm)
-      continue;
-    for (const model::HfPiece& piece : spec.pieces) names.insert(piece.hf_name);
-    if (!spec.hf_fused_name.empty()) names.insert(spec.hf_fused_name);
-  }
-  return names;
-}
-
-Excusal excuse_flipped_blocks(std::vector<Judged> tensors, const std::set<std::string>& block_names) {
+Excusal excuse_by_pinned_pass(std::vector<Judged> free, const std::vector<Judged>& pinned, bool flips_explained) {
   Excusal out;
-  for (Judged& t : tensors) {
-    const bool in_block = block_names.count(t.name) != 0;
-    (in_block && !t.within() ? out.excused : out.kept).push_back(std::move(t));
+  for (Judged& t : free) {
+    const auto same = std::find_if(pinned.begin(), pinned.end(), [&t](const Judged& p) { return p.name == t.name; });
+    const bool excused = flips_explained && !t.within() && same != pinned.end() && same->within();
+    (excused ? out.excused : out.kept).push_back(std::move(t));
   }
   return out;
 }
@@ -272,8 +252,8 @@ Excusal excuse_flipped_blocks(std::vector<Judged> tensors, const std::set<std::s
 std::string excused_line(const std::string& label, const Excusal& excusal) {
   if (excusal.excused.empty()) return "";
   std::string text = fmt::format(
-      "{:<28} over their bound in the MoE block of a layer with near-tie flips, not held "
-      "to it (those tokens went through other experts):",
+      "{:<28} over their bound after near-tie flips, within it with the routing pinned to the reference's, so not "
+      "held to it:",
       label);
   for (const Judged& t : excusal.excused) text += fmt::format(" {} {:.2e} (bound {:.2e});", t.name, t.ours, t.bound);
   return text;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "core/tensor.h"
 
@@ -19,6 +20,11 @@ struct MicroBatch {
   Tensor cu_seqlens_host;  // the same on the CPU (host-side logic never reads device memory)
   // The step's auxiliary router losses (load balance, z-loss); null: none (the HF reference).
   const RouterLossSettings* router_loss = nullptr;
+  // Routing pinned to another run's (check-golden's diagnostic, cli/check_golden.cpp): per MoE layer in order, router
+  // logits [T, E] of that run (f32, or f64 on the CPU in f64 models: the router's statistics dtype; on the model's
+  // device). Each router selects its experts from them by its own rule and weighs those experts from its own logits
+  // (ops::router_forward_given). Null: every router selects from its own logits (training, scoring).
+  const std::vector<Tensor>* pinned_routing = nullptr;
 
   int64_t num_tokens() const { return input_ids.numel(); }
   int64_t num_documents() const { return cu_seqlens.numel() - 1; }

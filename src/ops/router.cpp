@@ -78,10 +78,11 @@ void check_router_params(const RouterParams& params, int64_t experts, const std:
   }
 }
 
-void router_forward(Stream& stream, Tensor probs, Tensor topk_index, Tensor topk_weight, const Tensor& logits,
-                    const RouterParams& params) {
+namespace {
+
+void router_forward_impl(Stream& stream, const Tensor& probs, const Tensor& topk_index, const Tensor& topk_weight,
+                         const Tensor& logits, const RouterParams& params, bool given, const char* op) {
   OpScope profile(stream, "router");
-  constexpr const char* op = "router_forward";
   const auto [tokens, experts] = check_router_shape(logits, params, op, "logits");
   const Device device = check_tensor_backend(stream, logits, op, "logits");
   const DType dtype = logits.dtype();
@@ -91,11 +92,36 @@ void router_forward(Stream& stream, Tensor probs, Tensor topk_index, Tensor topk
   check_argument(topk_weight, {tokens, params.top_k}, dtype, device, op, "topk_weight");
 #if MOETRAIN_HAS_CUDA
   if (device.is_cuda()) {
-    cuda::router_forward(stream, probs, topk_index, topk_weight, logits, params);
+    cuda::router_forward(stream, probs, topk_index, topk_weight, logits, params, given);
     return;
   }
 #endif
-  cpu::router_forward(probs, topk_index, topk_weight, logits, params);
+  if (given) {
+    const int32_t* index = topk_index.data<int32_t>();
+    for (int64_t t = 0; t < tokens; ++t) {
+      const int32_t* row = index + t * params.top_k;
+      for (int64_t s = 0; s < params.top_k; ++s) {
+        MT_CHECK(row[s] >= 0 && row[s] < experts, "{}: topk_index[{}, {}] = {} is outside [0, E = {})", op, t, s,
+                 row[s], experts);
+        for (int64_t r = 0; r < s; ++r) {
+          MT_CHECK(row[r] != row[s], "{}: topk_index[{}] names expert {} twice (slots {} and {})", op, t, row[s], r, s);
+        }
+      }
+    }
+  }
+  cpu::router_forward(probs, topk_index, topk_weight, logits, params, given);
+}
+
+}  // namespace
+
+void router_forward(Stream& stream, Tensor probs, Tensor topk_index, Tensor topk_weight, const Tensor& logits,
+                    const RouterParams& params) {
+  router_forward_impl(stream, probs, topk_index, topk_weight, logits, params, false, "router_forward");
+}
+
+void router_forward_given(Stream& stream, Tensor probs, const Tensor& topk_index, Tensor topk_weight,
+                          const Tensor& logits, const RouterParams& params) {
+  router_forward_impl(stream, probs, topk_index, topk_weight, logits, params, true, "router_forward_given");
 }
 
 void router_backward(Stream& stream, Tensor dlogits, const Tensor& dtopk_weight, const Tensor& dprobs,

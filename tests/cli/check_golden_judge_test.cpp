@@ -1,7 +1,7 @@
 // Tests for check-golden's judgement (cli/check_golden_judge.*), none needing a GPU: the bf16 bound (1.5 x
 // transformers' own bf16 error + 2^-8, per tensor), the report lines of both rules, the yardstick read from a dump
 // (a missing bf16ref tensor is an error naming it), the loss yardstick, top-k flips and their near-tie
-// explanation, and which tensors a near-tie flip excuses.
+// explanation, and which tensors of a free pass the routing-pinned pass excuses.
 #include "cli/check_golden_judge.h"
 
 #include <algorithm>
@@ -242,27 +242,21 @@ TEST(CheckGoldenJudge, Bf16ExplainsFlipsDownstreamOfANearTieInItsSequenceOnly) {
       << bf16.summary();
 }
 
-TEST(CheckGoldenJudge, NearTieFlipsExcuseOnlyTheirLayersMoeBlockOverItsBound) {
-  const auto model = model::CausalLm::from_hf(testing::test_data_path("golden/qwen3_moe"));
-  // qwen3_moe: layer 0 is dense (mlp_only_layers), so MoE layer 1 is decoder layer 2. Its block, by role: the
-  // router, the experts (pieces and transformers' fused names) and the layer's norms.
-  const std::set<std::string> prefixes = moe_block_names(model->params(), model->config(), {1});
-  for (const char* name : {"model.layers.2.mlp.gate.weight", "model.layers.2.mlp.experts.down_proj",
-                           "model.layers.2.mlp.experts.gate_up_proj", "model.layers.2.mlp.experts.7.up_proj.weight",
-                           "model.layers.2.post_attention_layernorm.weight"})
-    EXPECT_TRUE(prefixes.count(name)) << name;
-  for (const char* name : {"model.layers.1.mlp.gate.weight", "model.layers.2.self_attn.q_proj.weight"})
-    EXPECT_FALSE(prefixes.count(name)) << name;
-  const Excusal e = excuse_flipped_blocks({judge_bf16("model.layers.2.mlp.gate.weight", 0.3, 0.01),
-                                           judge_bf16("model.layers.2.mlp.experts.down_proj", 0.01, 0.01),
-                                           judge_bf16("model.layers.1.mlp.gate.weight", 0.3, 0.01),
-                                           judge_bf16("model.layers.2.self_attn.q_proj.weight", 0.3, 0.01)},
-                                          prefixes);
+TEST(CheckGoldenJudge, OnlyTensorsThePinnedPassHoldsWithinBoundAreExcused) {
+  const std::vector<Judged> free{judge_bf16("over.pinned_within", 0.3, 0.01), judge_bf16("within", 0.01, 0.01),
+                                 judge_bf16("over.pinned_over", 0.3, 0.01), judge_bf16("over.not_pinned", 0.3, 0.01)};
+  const std::vector<Judged> pinned{judge_bf16("over.pinned_within", 0.012, 0.01),
+                                   judge_bf16("over.pinned_over", 0.2, 0.01), judge_bf16("within", 0.01, 0.01)};
+  const Excusal e = excuse_by_pinned_pass(free, pinned, true);
   ASSERT_EQ(e.excused.size(), 1u);
-  EXPECT_EQ(e.excused[0].name, "model.layers.2.mlp.gate.weight");
-  ASSERT_EQ(e.kept.size(), 3u);  // the block's tensor within its bound stays judged, and so does every other one
-  EXPECT_TRUE(contains(excused_line("packed/excused", e), "model.layers.2.mlp.gate.weight 3.00e-01")) << "";
-  EXPECT_EQ(excused_line("packed/excused", excuse_flipped_blocks({judge_bf16("x", 0.0, 0.0)}, prefixes)), "");
+  EXPECT_EQ(e.excused[0].name, "over.pinned_within");
+  ASSERT_EQ(e.kept.size(), 3u);  // within its bound, over it in the pinned pass too, or absent from it: still judged
+  EXPECT_TRUE(contains(excused_line("batch/excused", e), "over.pinned_within 3.00e-01")) << excused_line("b", e);
+  // A flip that rounding does not explain excuses nothing.
+  const Excusal unexplained = excuse_by_pinned_pass(free, pinned, false);
+  EXPECT_TRUE(unexplained.excused.empty());
+  EXPECT_EQ(unexplained.kept.size(), 4u);
+  EXPECT_EQ(excused_line("batch/excused", unexplained), "");
 }
 
 }  // namespace

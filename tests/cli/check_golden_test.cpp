@@ -75,6 +75,31 @@ TEST_P(CheckGoldenFamily, Bf16JudgementPassesTheF32Path) {
 INSTANTIATE_TEST_SUITE_P(Golden, CheckGoldenFamily,
                          ::testing::Values("qwen3", "qwen3_moe", "deepseek_v2", "gpt_oss", "qwen3_5", "qwen3_5_moe"));
 
+// The routing-pinned pass (run after near-tie flips in bf16; here always): every router selects from the reference's
+// router logits (the dump's, or the f32 shadow's), and the pass is judged like the free one. On the f32 path it
+// selects what the free pass selected, so it passes with the free pass's errors.
+class CheckGoldenMoeFamily : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(CheckGoldenMoeFamily, RoutingPinnedPassRunsAndPassesOnTheF32Path) {
+  CheckGoldenOptions o = options_for(GetParam(), "all");
+  o.judge_as_bf16 = true;
+  o.pin_routing_always = true;
+  ::testing::internal::CaptureStdout();
+  const int code = run_check_golden(o);
+  const std::string out = ::testing::internal::GetCapturedStdout();
+  EXPECT_EQ(code, 0) << out;
+  for (const char* group : {"batch/pinned/logits", "batch/pinned/grads", "packed/pinned/logits",
+                            "packed/pinned/router_logits", "packed/pinned/grads", "trajectory/pinned/loss",
+                            "trajectory/pinned/router_logits", "trajectory/pinned/final_weights", "batch/grads",
+                            "trajectory/final_weights"}) {
+    EXPECT_NE(out.find(std::string("[ ok ] ") + group), std::string::npos) << group << "\n" << out;
+  }
+  EXPECT_EQ(out.find("excused"), std::string::npos) << out;  // nothing over its bound, nothing excused
+}
+
+INSTANTIATE_TEST_SUITE_P(Golden, CheckGoldenMoeFamily,
+                         ::testing::Values("qwen3_moe", "deepseek_v2", "gpt_oss", "qwen3_5_moe"));
+
 // The qwen3 reference rewritten without the tensors for which `drop` says true.
 std::string reference_without(const std::string& tag, bool (*drop)(const std::string&)) {
   const io::SafetensorsReader ref =

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <numeric>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -388,6 +389,56 @@ TEST(CudaRouter, TopkBeforeSoftmaxRefusesRenormalizeOnCuda) {
                             random_tensor({4, 8}, DType::F32, rng).to(gpu()), params);
       },
       "router_forward: topk_before_softmax takes no renormalize");
+}
+
+// A random selection of k distinct experts per token (a shuffled prefix), not the top-k.
+Tensor random_selection(int64_t tokens, int64_t experts, int k, Rng& rng) {
+  std::vector<int32_t> index;
+  std::vector<int32_t> order(static_cast<size_t>(experts));
+  for (int64_t t = 0; t < tokens; ++t) {
+    std::iota(order.begin(), order.end(), 0);
+    for (int64_t i = experts - 1; i > 0; --i) {
+      std::swap(order[static_cast<size_t>(i)], order[static_cast<size_t>(rng.below(static_cast<uint64_t>(i + 1)))]);
+    }
+    index.insert(index.end(), order.begin(), order.begin() + k);
+  }
+  return Tensor::from_vector<int32_t>(index, {tokens, k});
+}
+
+Routed route_given(const Tensor& logits, const Tensor& selection, const ops::RouterParams& params, Device device) {
+  const int64_t tokens = logits.size(0), experts = logits.size(1);
+  Tensor probs = Tensor::empty({tokens, experts}, DType::F32, device);
+  Tensor index = selection.to(device);
+  Tensor weight = Tensor::empty({tokens, params.top_k}, DType::F32, device);
+  ops::router_forward_given(default_stream(device), probs, index, weight, logits.to(device), params);
+  return {probs.to(Device::cpu()), index.to(Device::cpu()), weight.to(Device::cpu())};
+}
+
+TEST(CudaRouter, GivenSelectionMatchesCpu) {
+  MT_REQUIRE_GPU();
+  // The selection is an input, the same on both backends: probs / weights differ by expf and the sum order, a few
+  // ulp (1e-6 relative, as above). A given selection equal to the op's own gives the op's own bytes.
+  constexpr double kThreshold = 1e-6;
+  Rng rng(90);
+  std::vector<std::pair<std::string, ops::RouterParams>> cases;
+  for (const Case& c : kCases) {
+    if (c.experts == 64) cases.emplace_back(describe(c, true), with_renormalize(c.params, true));
+  }
+  cases.emplace_back("top-4 before softmax", topk_then_softmax(4));
+  cases.emplace_back("top-2 of 4 groups, 2 kept", ops::RouterParams{2, false, 4, 2, 1.0});
+  for (const auto& [what, params] : cases) {
+    const Tensor logits = gpt_oss_logits(300, 64, false, rng);
+    const Tensor selection = random_selection(300, 64, params.top_k, rng);
+    const Routed g = route_given(logits, selection, params, gpu());
+    const Routed cpu = route_given(logits, selection, params, Device::cpu());
+    EXPECT_EQ(g.topk_index.to_vector<int32_t>(), selection.to_vector<int32_t>()) << what;
+    EXPECT_LT(relative_error(g.probs, cpu.probs), kThreshold) << what;
+    EXPECT_LT(relative_error(g.topk_weight, cpu.topk_weight), kThreshold) << what;
+    const Routed own = route(logits, params, gpu());
+    const Routed own_given = route_given(logits, own.topk_index, params, gpu());
+    EXPECT_TRUE(same_bytes(own_given.topk_weight, own.topk_weight)) << what;
+    EXPECT_TRUE(same_bytes(own_given.probs, own.probs)) << what;
+  }
 }
 
 }  // namespace

@@ -732,5 +732,79 @@ TEST(Router, TopkBeforeSoftmaxRefusesRenormalizeScalingAndGroups) {
       "router_backward: topk_before_softmax takes no scaling_factor but found 16 (expected 1)");
 }
 
+// router_forward_given: the selection is an input (check-golden's routing pinned to the reference's choices).
+Routed route_given(const Tensor& logits, const Tensor& topk_index, const ops::RouterParams& params) {
+  const int64_t tokens = logits.size(0), experts = logits.size(1);
+  Routed r{Tensor::empty({tokens, experts}, logits.dtype()), topk_index.clone(),
+           Tensor::empty({tokens, params.top_k}, logits.dtype())};
+  ops::router_forward_given(Stream::cpu(), r.probs, r.topk_index, r.topk_weight, logits, params);
+  return r;
+}
+
+TEST(Router, GivenOwnSelectionIsBitwiseTheSelectingForward) {
+  Rng rng(70);
+  const ops::RouterParams cases[] = {
+      {2}, {6, true}, {6, false, 8, 3, 16.0}, {4, true, 4, 2, 2.5}, topk_then_softmax(4)};
+  for (const DType dtype : {DType::F32, DType::F64}) {
+    for (const ops::RouterParams& params : cases) {
+      const Tensor logits = random_tensor({50, 64}, dtype, rng, 2.0);
+      const Routed own = route(logits, params);
+      const Routed given = route_given(logits, own.topk_index, params);
+      EXPECT_EQ(given.topk_index.to_vector<int32_t>(), own.topk_index.to_vector<int32_t>());
+      if (dtype == DType::F32) {
+        EXPECT_TRUE(same_bits<float>(given.probs, own.probs));
+        EXPECT_TRUE(same_bits<float>(given.topk_weight, own.topk_weight));
+      } else {
+        EXPECT_TRUE(same_bits<double>(given.probs, own.probs));
+        EXPECT_TRUE(same_bits<double>(given.topk_weight, own.topk_weight));
+      }
+    }
+  }
+}
+
+TEST(Router, GivenOtherSelectionWeighsTheGivenExperts) {
+  // Token 0 takes experts {1, 3} (not its top-2 {0, 2}), in that slot order.
+  const Tensor logits = Tensor::from_vector<double>({2.0, 0.5, 1.0, -1.0}, {1, 4});
+  const Tensor given = Tensor::from_vector<int32_t>({1, 3}, {1, 2});
+  double z = 0.0;
+  for (const double l : {2.0, 0.5, 1.0, -1.0}) z += std::exp(l);
+  const double p1 = std::exp(0.5) / z, p3 = std::exp(-1.0) / z;
+  // Softmax, then the given experts' probabilities, renormalised and scaled.
+  const Routed greedy = route_given(logits, given, {2, true, 1, 1, 3.0});
+  EXPECT_EQ(greedy.topk_index.to_vector<int32_t>(), (std::vector<int32_t>{1, 3}));
+  EXPECT_NEAR(at(greedy.topk_weight, 0), 3.0 * p1 / (p1 + p3), 1e-14);
+  EXPECT_NEAR(at(greedy.topk_weight, 1), 3.0 * p3 / (p1 + p3), 1e-14);
+  // GPT-OSS: the softmax over the given logits, whatever their slot order.
+  const Routed gpt = route_given(logits, Tensor::from_vector<int32_t>({3, 1}, {1, 2}), topk_then_softmax(2));
+  const double e1 = std::exp(0.5), e3 = std::exp(-1.0);
+  EXPECT_NEAR(at(gpt.topk_weight, 0), e3 / (e1 + e3), 1e-14);
+  EXPECT_NEAR(at(gpt.topk_weight, 1), e1 / (e1 + e3), 1e-14);
+  // Group-limited: an expert outside the kept groups weighs 0 (its masked score), as in the backward's mask.
+  const Tensor grouped = Tensor::from_vector<double>({2.0, 1.5, -1.0, -2.0}, {1, 4});
+  const Routed masked = route_given(grouped, Tensor::from_vector<int32_t>({0, 2}, {1, 2}), {2, false, 2, 1, 1.0});
+  EXPECT_GT(at(masked.topk_weight, 0), 0.0);
+  EXPECT_EQ(at(masked.topk_weight, 1), 0.0);
+}
+
+TEST(Router, GivenSelectionRefusesOutOfRangeAndRepeatedExperts) {
+  const Tensor logits = Tensor::from_vector<float>({0.1f, 0.2f, 0.3f, 0.4f, 0.5f, 0.6f, 0.7f, 0.8f}, {2, 4});
+  expect_error(
+      [&] {
+        route_given(logits, Tensor::from_vector<int32_t>({0, 1, 2, 4}, {2, 2}), {2});
+      },
+      "topk_index[1, 1] = 4 is outside [0, E = 4)");
+  expect_error(
+      [&] {
+        route_given(logits, Tensor::from_vector<int32_t>({0, -1, 2, 3}, {2, 2}), {2});
+      },
+      "topk_index[0, 1] = -1 is outside");
+  expect_error(
+      [&] {
+        route_given(logits, Tensor::from_vector<int32_t>({0, 1, 3, 3}, {2, 2}), {2});
+      },
+      "topk_index[1] names expert 3 twice (slots 0 and 1)");
+  expect_error([&] { route_given(logits, Tensor::from_vector<int32_t>({0, 1}, {1, 2}), {2}); }, "topk_index");
+}
+
 }  // namespace
 }  // namespace moetrain

@@ -121,7 +121,14 @@ Dispatch PreNormLayer::stage1_forward(LayerRecord& record, const Tensor& hidden,
     out.rows = r.normed_post;
     return out;
   }
-  r.routing = router_->forward(r.router, r.normed_post);
+  Tensor pinned;
+  if (batch.pinned_routing != nullptr) {
+    MT_CHECK(options_.moe_index >= 0 && static_cast<size_t>(options_.moe_index) < batch.pinned_routing->size(),
+             "layer {}: the micro-batch pins the routing of {} MoE layers but this is MoE layer {}", options_.layer,
+             batch.pinned_routing->size(), options_.moe_index);
+    pinned = (*batch.pinned_routing)[static_cast<size_t>(options_.moe_index)];
+  }
+  r.routing = router_->forward(r.router, r.normed_post, pinned);
   r.router_logits = r.routing.logits;
   if (batch.router_loss != nullptr && batch.router_loss->active()) {
     // On the router's device: host math on the CPU; on CUDA device kernels that leave the values in

@@ -44,7 +44,7 @@ Router::Router(const RouterOptions& options, ParameterStore& store, const std::s
   if (options.bias) w_bias_ = store.weight(prefix + "router_bias"), g_bias_ = store.grad(prefix + "router_bias");
 }
 
-RoutingMetadata Router::forward(RouterRecord& r, const Tensor& x) const {
+RoutingMetadata Router::forward(RouterRecord& r, const Tensor& x, const Tensor& pinned) const {
   Stream& s = default_stream(x.device());
   const int64_t T = x.size(0);
   r.x = x;
@@ -56,7 +56,16 @@ RoutingMetadata Router::forward(RouterRecord& r, const Tensor& x) const {
   m.topk_weight = Tensor::empty({T, params_.top_k}, route_dtype, x.device());
   ops::linear_forward(s, m.logits, x, w_);
   if (w_bias_.defined()) ops::bias_add(s, m.logits, w_bias_);
-  ops::router_forward(s, m.probs, m.topk_index, m.topk_weight, m.logits, params_);
+  if (pinned.defined()) {
+    // The selection the router makes on the pinned logits (their probabilities and weights are not kept), then this
+    // router's weights for it.
+    Tensor pinned_probs = Tensor::empty(m.probs.shape(), route_dtype, x.device());
+    Tensor pinned_weight = Tensor::empty(m.topk_weight.shape(), route_dtype, x.device());
+    ops::router_forward(s, pinned_probs, m.topk_index, pinned_weight, pinned, params_);
+    ops::router_forward_given(s, m.probs, m.topk_index, m.topk_weight, m.logits, params_);
+  } else {
+    ops::router_forward(s, m.probs, m.topk_index, m.topk_weight, m.logits, params_);
+  }
   m.plan = ops::make_routing_plan(s, m.topk_index, options_.num_experts);
   return m;
 }
@@ -68,7 +77,7 @@ Tensor Router::backward_input(RouterRecord& r, const RoutingMetadata& m, const T
   ops::router_backward(s, r.d_logits, d_topk_weight, d_probs, m.probs, m.topk_index, m.topk_weight, params_);
   if (d_logits_extra.defined()) ops::accumulate(s, r.d_logits, d_logits_extra);
   if (g_bias_.defined()) ops::bias_backward(s, g_bias_, r.d_logits);  // from the f32 gradient, before any rounding
-  if (r.d_logits.dtype() != r.x.dtype()) {  // the GEMMs take operands of one dtype
+  if (r.d_logits.dtype() != r.x.dtype()) {                            // the GEMMs take operands of one dtype
     Tensor rounded = Tensor::empty(r.d_logits.shape(), r.x.dtype(), r.x.device());
     ops::cast(s, rounded, r.d_logits);
     r.d_logits = rounded;

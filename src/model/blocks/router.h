@@ -46,14 +46,16 @@ struct RouterRecord {
 
 class Router {
  public:
-  // "<prefix>router" [E, H] and, with a bias, "<prefix>router_bias" [E] (N(0, std) at init); role Router, in decoder layer
-  // `layer`. No HF pieces.
+  // "<prefix>router" [E, H] and, with a bias, "<prefix>router_bias" [E] (N(0, std) at init); role Router, in decoder
+  // layer `layer`. No HF pieces.
   static std::vector<ParamSpec> param_specs(const RouterOptions& options, const std::string& prefix, int64_t layer);
 
   Router(const RouterOptions& options, ParameterStore& store, const std::string& prefix);
 
   const RouterOptions& options() const { return options_; }
-  RoutingMetadata forward(RouterRecord& record, const Tensor& x) const;
+  // `pinned` (may be undefined): router logits [T, E] of another run to select the experts from instead of this
+  // router's own (MicroBatch::pinned_routing); the weights still come from this router's logits.
+  RoutingMetadata forward(RouterRecord& record, const Tensor& x, const Tensor& pinned) const;
   // dx [T, H] from the gradient of the selected weights and, when defined, an extra gradient on
   // the probabilities (the load-balance loss).
   // `d_logits_extra`, when defined, is added to the logits' gradient (the z-loss).

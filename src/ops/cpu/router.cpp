@@ -38,9 +38,10 @@ void keep_groups(const T* p, int64_t experts, const RouterParams& params, std::v
   for (int64_t i = 0; i < params.topk_groups; ++i) kept[static_cast<size_t>(group_order[static_cast<size_t>(i)])] = 1;
 }
 
+// `given`: topk_index holds the selection already (router_forward_given) and only the weights are computed.
 template <typename T>
 void forward_impl(const Tensor& probs, const Tensor& topk_index, const Tensor& topk_weight, const Tensor& logits,
-                  const RouterParams& params) {
+                  const RouterParams& params, bool given) {
   const int64_t tokens = logits.size(0), experts = logits.size(1), top_k = params.top_k;
   const int64_t groups = params.num_groups, group_size = experts / groups;
   const bool masking = masks_groups(params);
@@ -72,12 +73,15 @@ void forward_impl(const Tensor& probs, const Tensor& topk_index, const Tensor& t
       T* weight = wp + t * top_k;
       if (params.topk_before_softmax) {
         // GPT-OSS: the top-k of the logits (descending, equal logits by ascending expert index), then a softmax over
-        // the k kept, shifted by the largest (slot 0), its sum in slot order.
-        std::iota(order.begin(), order.end(), 0);
-        std::partial_sort(order.begin(), order.begin() + top_k, order.end(),
-                          [l](int32_t a, int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
-        for (int64_t s = 0; s < top_k; ++s) index[s] = order[static_cast<size_t>(s)];
-        const T top = l[index[0]];
+        // the k kept, shifted by the largest kept (slot 0 when selected here), its sum in slot order.
+        if (!given) {
+          std::iota(order.begin(), order.end(), 0);
+          std::partial_sort(order.begin(), order.begin() + top_k, order.end(),
+                            [l](int32_t a, int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
+          for (int64_t s = 0; s < top_k; ++s) index[s] = order[static_cast<size_t>(s)];
+        }
+        T top = l[index[0]];
+        for (int64_t s = 1; s < top_k; ++s) top = std::max(top, l[index[s]]);
         T kept_sum = T(0);
         for (int64_t s = 0; s < top_k; ++s) {
           weight[s] = std::exp(l[index[s]] - top);
@@ -100,13 +104,15 @@ void forward_impl(const Tensor& probs, const Tensor& topk_index, const Tensor& t
 
       // Descending score, equal scores by ascending expert index: a strict total order, so the selection is
       // unique.
-      std::iota(order.begin(), order.end(), 0);
-      std::partial_sort(order.begin(), order.begin() + top_k, order.end(), [score](int32_t a, int32_t b) {
-        return score[a] > score[b] || (score[a] == score[b] && a < b);
-      });
+      if (!given) {
+        std::iota(order.begin(), order.end(), 0);
+        std::partial_sort(order.begin(), order.begin() + top_k, order.end(), [score](int32_t a, int32_t b) {
+          return score[a] > score[b] || (score[a] == score[b] && a < b);
+        });
+        for (int64_t s = 0; s < top_k; ++s) index[s] = order[static_cast<size_t>(s)];
+      }
       T selected = T(0);
       for (int64_t s = 0; s < top_k; ++s) {
-        index[s] = order[static_cast<size_t>(s)];
         weight[s] = score[index[s]];
         selected += weight[s];
       }
@@ -205,9 +211,9 @@ void backward_impl(const Tensor& dlogits, const Tensor& dtopk_weight, const Tens
 }  // namespace
 
 void router_forward(const Tensor& probs, const Tensor& topk_index, const Tensor& topk_weight, const Tensor& logits,
-                    const RouterParams& params) {
+                    const RouterParams& params, bool given) {
   dispatch_float(logits.dtype(), "router_forward",
-                 [&]<typename T>() { forward_impl<T>(probs, topk_index, topk_weight, logits, params); });
+                 [&]<typename T>() { forward_impl<T>(probs, topk_index, topk_weight, logits, params, given); });
 }
 
 void router_backward(const Tensor& dlogits, const Tensor& dtopk_weight, const Tensor& dprobs, const Tensor& probs,

@@ -9,9 +9,10 @@
 
 namespace moetrain::ops::cpu {
 
-// The arguments are validated by ops::router_forward / ops::router_backward; f32 or f64.
+// The arguments are validated by ops::router_forward(_given) / ops::router_backward; f32 or f64. `given`:
+// topk_index is an input (router_forward_given), not written.
 void router_forward(const Tensor& probs, const Tensor& topk_index, const Tensor& topk_weight, const Tensor& logits,
-                    const RouterParams& params);
+                    const RouterParams& params, bool given);
 // dprobs may be undefined (no gradient on the full probabilities).
 void router_backward(const Tensor& dlogits, const Tensor& dtopk_weight, const Tensor& dprobs, const Tensor& probs,
                      const Tensor& topk_index, const Tensor& topk_weight, const RouterParams& params);

@@ -62,6 +62,7 @@ struct Config {
   bool renormalize;
   float scale;
   bool topk_logits;  // topk_before_softmax: rank the logits, softmax the k kept
+  bool given;        // router_forward_given: topk_index holds the selection, only the weights are computed
 };
 
 // The group mask of one token (the calling warp's): writes the group scores (the largest probability of each
@@ -126,7 +127,7 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(float* probs, int32_t
     // shifted by the largest (slot 0), its sum in slot order (the CPU's).
     float prev_l = INFINITY;
     int prev_e = -1;
-    for (int s = 0; s < c.top_k; ++s) {
+    for (int s = 0; s < c.top_k && !c.given; ++s) {
       float best_l = -INFINITY;
       int best_e = INT_MAX;
       for (int e = lane; e < experts; e += 32) {
@@ -145,7 +146,12 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(float* probs, int32_t
       prev_e = best_e;
     }
     if (lane == 0) {
-      const float top = weight[0];
+      if (c.given) {
+        for (int s = 0; s < c.top_k; ++s) weight[s] = l[index[s]];
+      }
+      // The largest kept logit: slot 0 when selected here (fmaxf of smaller values returns it bit for bit).
+      float top = weight[0];
+      for (int s = 1; s < c.top_k; ++s) top = fmaxf(top, weight[s]);
       float kept_sum = 0.0f;
       for (int s = 0; s < c.top_k; ++s) {
         weight[s] = expf(weight[s] - top);
@@ -169,7 +175,20 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(float* probs, int32_t
   float prev_p = INFINITY;
   int prev_e = -1;
   float selected = 0.0f;
-  for (int s = 0; s < c.top_k; ++s) {
+  if (c.given) {
+    // The weights of the given experts: their (masked) scores, summed in slot order. Lane 0 reads probabilities
+    // the other lanes wrote.
+    __syncwarp();
+    if (lane == 0) {
+      for (int s = 0; s < c.top_k; ++s) {
+        const int e = index[s];
+        const float pe = c.masking && !group_kept(group_score, e / c.group_size, last_score, last_group) ? 0.0f : p[e];
+        weight[s] = pe;
+        selected += pe;
+      }
+    }
+  }
+  for (int s = 0; s < c.top_k && !c.given; ++s) {
     float best_p = -INFINITY;
     int best_e = INT_MAX;
     for (int e = lane; e < experts; e += 32) {
@@ -303,11 +322,12 @@ size_t shared_bytes(const Config& c) {
 }  // namespace
 
 void router_forward(const Stream& stream, const Tensor& probs, const Tensor& topk_index, const Tensor& topk_weight,
-                    const Tensor& logits, const RouterParams& params) {
+                    const Tensor& logits, const RouterParams& params, bool given) {
   constexpr const char* op = "router_forward";
   check_f32(logits, op, "logits");
   const int64_t tokens = logits.size(0);
-  const Config c = make_config(logits.size(1), params, op);
+  Config c = make_config(logits.size(1), params, op);
+  c.given = given;
   if (tokens == 0) return;
   const auto s = static_cast<cudaStream_t>(stream_handle(stream));
   forward_kernel<<<blocks_for(tokens), kThreads, shared_bytes(c), s>>>(

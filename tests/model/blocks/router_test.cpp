@@ -77,6 +77,14 @@ struct OpsRouting {
   Tensor logits, probs, topk_index, topk_weight;
 };
 
+// The routing of given logits by the op.
+OpsRouting ops_routing_of(const Tensor& logits, const RouterOptions& o) {
+  OpsRouting r{logits, Tensor::empty({kTokens, kExperts}, DType::F32), Tensor::empty({kTokens, kTopK}, DType::I32),
+               Tensor::empty({kTokens, kTopK}, DType::F32)};
+  ops::router_forward(Stream::cpu(), r.probs, r.topk_index, r.topk_weight, r.logits, op_params(o));
+  return r;
+}
+
 OpsRouting ops_routing(const Tensor& x, const Tensor& w, const RouterOptions& o) {
   Stream& s = Stream::cpu();
   OpsRouting r{Tensor::empty({kTokens, kExperts}, DType::F32), Tensor::empty({kTokens, kExperts}, DType::F32),
@@ -104,7 +112,7 @@ class RouterBlock : public ::testing::TestWithParam<RouterCase> {
 TEST_P(RouterBlock, ForwardIsBitwiseRouterForwardOnLinearLogits) {
   const Router router(options, *store, "layers.1.");
   RouterRecord record;
-  const RoutingMetadata m = router.forward(record, x);
+  const RoutingMetadata m = router.forward(record, x, Tensor());
   ASSERT_TRUE(m.defined());
   const OpsRouting ref = ops_routing(x, store->param("layers.1.router"), options);
   EXPECT_EQ(values(m.logits), values(ref.logits));
@@ -120,6 +128,29 @@ TEST_P(RouterBlock, ForwardIsBitwiseRouterForwardOnLinearLogits) {
   EXPECT_EQ(m.plan.choice_row.to_vector<int32_t>(), plan.choice_row.to_vector<int32_t>());
 }
 
+// Pinned routing (check-golden's diagnostic): the experts are those the router's own rule selects on the pinned
+// logits, weighed from the block's own logits; pinned to its own logits, the block is bitwise its unpinned self.
+TEST_P(RouterBlock, PinnedLogitsSelectTheExpertsAndTheOwnLogitsWeighThem) {
+  const Router router(options, *store, "layers.1.");
+  RouterRecord free_record, self_record, other_record;
+  const RoutingMetadata free = router.forward(free_record, x, Tensor());
+  const RoutingMetadata self = router.forward(self_record, x, free.logits);
+  EXPECT_EQ(self.topk_index.to_vector<int32_t>(), free.topk_index.to_vector<int32_t>());
+  EXPECT_EQ(values(self.topk_weight), values(free.topk_weight));
+  EXPECT_EQ(values(self.probs), values(free.probs));
+  Rng rng(43);
+  const Tensor other = random_tensor({kTokens, kExperts}, DType::F32, rng, 3.0);
+  const RoutingMetadata pinned = router.forward(other_record, x, other);
+  const OpsRouting chosen = ops_routing_of(other, options);
+  EXPECT_EQ(pinned.topk_index.to_vector<int32_t>(), chosen.topk_index.to_vector<int32_t>());
+  EXPECT_EQ(values(pinned.logits), values(free.logits));  // the block's own logits
+  Tensor probs = Tensor::empty({kTokens, kExperts}, DType::F32), weight = Tensor::empty({kTokens, kTopK}, DType::F32);
+  ops::router_forward_given(Stream::cpu(), probs, chosen.topk_index, weight, free.logits, op_params(options));
+  EXPECT_EQ(values(pinned.topk_weight), values(weight));
+  EXPECT_EQ(pinned.plan.expert_offsets.to_vector<int32_t>(),
+            ops::make_routing_plan(Stream::cpu(), chosen.topk_index, kExperts).expert_offsets.to_vector<int32_t>());
+}
+
 // The routing itself, written out in f64 from the block's logits: probabilities are the softmax (1e-6 relative is
 // f32 rounding with margin); the kept groups are those of the largest best probabilities (equal ones in group
 // order), the k experts those of the k largest probabilities in the kept groups in descending order, and the
@@ -127,7 +158,7 @@ TEST_P(RouterBlock, ForwardIsBitwiseRouterForwardOnLinearLogits) {
 TEST_P(RouterBlock, ForwardSelectsTheLargestSoftmaxProbabilitiesOfTheKeptGroups) {
   const Router router(options, *store, "layers.1.");
   RouterRecord record;
-  const RoutingMetadata m = router.forward(record, x);
+  const RoutingMetadata m = router.forward(record, x, Tensor());
   const std::vector<float> logits = values(m.logits), probs = values(m.probs), weights = values(m.topk_weight);
   const std::vector<int32_t> index = m.topk_index.to_vector<int32_t>();
   const int64_t size = kExperts / options.num_groups;
@@ -203,7 +234,7 @@ void expect_backward_is_the_ops(const Router& router, const ParameterStore& stor
   const Tensor d_probs = with_extras ? random_tensor({kTokens, kExperts}, DType::F32, rng, 0.1) : Tensor();
   const Tensor d_logits_extra = with_extras ? random_tensor({kTokens, kExperts}, DType::F32, rng, 0.1) : Tensor();
   RouterRecord record;
-  const RoutingMetadata m = router.forward(record, x);
+  const RoutingMetadata m = router.forward(record, x, Tensor());
   const Tensor dx = router.backward_input(record, m, d_topk_weight, d_probs, d_logits_extra);
   router.backward_weight(record);
 
@@ -270,7 +301,7 @@ TEST(RouterBlockGptOss, BiasedTopKThenSoftmaxIsTheFormulaAndItsGradientsAreTheOp
   const Tensor x = random_tensor({kTokens, kHidden}, DType::F32, rng);
   const Router router(o, store, "layers.1.");
   RouterRecord record;
-  const RoutingMetadata m = router.forward(record, x);
+  const RoutingMetadata m = router.forward(record, x, Tensor());
 
   Stream& s = Stream::cpu();
   const Tensor w = store.param("layers.1.router"), b = store.param("layers.1.router_bias");
@@ -287,14 +318,16 @@ TEST(RouterBlockGptOss, BiasedTopKThenSoftmaxIsTheFormulaAndItsGradientsAreTheOp
       return z[static_cast<size_t>(t * kExperts + a)] > z[static_cast<size_t>(t * kExperts + c)];
     });
     double max_all = -INFINITY, sum_all = 0.0, sum_kept = 0.0;
-    for (int64_t e = 0; e < kExperts; ++e) max_all = std::max(max_all, double(z[static_cast<size_t>(t * kExperts + e)]));
+    for (int64_t e = 0; e < kExperts; ++e)
+      max_all = std::max(max_all, double(z[static_cast<size_t>(t * kExperts + e)]));
     for (int64_t e = 0; e < kExperts; ++e) sum_all += std::exp(z[static_cast<size_t>(t * kExperts + e)] - max_all);
     for (int64_t e = 0; e < kExperts; ++e) {
       EXPECT_NEAR(probs[static_cast<size_t>(t * kExperts + e)],
                   std::exp(z[static_cast<size_t>(t * kExperts + e)] - max_all) / sum_all, 1e-6);
     }
     const double top = z[static_cast<size_t>(t * kExperts + order[0])];
-    for (int64_t k = 0; k < kTopK; ++k) sum_kept += std::exp(z[static_cast<size_t>(t * kExperts + order[size_t(k)])] - top);
+    for (int64_t k = 0; k < kTopK; ++k)
+      sum_kept += std::exp(z[static_cast<size_t>(t * kExperts + order[size_t(k)])] - top);
     for (int64_t k = 0; k < kTopK; ++k) {
       EXPECT_EQ(index[static_cast<size_t>(t * kTopK + k)], order[static_cast<size_t>(k)]) << "token " << t;
       EXPECT_NEAR(weights[static_cast<size_t>(t * kTopK + k)],
