@@ -12,6 +12,7 @@
 #include "ops/op_profile.h"
 #if MOETRAIN_HAS_CUDA
 #include "ops/cuda/gated_delta.h"
+#include "ops/cuda/gated_delta_chunked.h"
 #endif
 
 namespace moetrain::ops {
@@ -120,9 +121,10 @@ RuleShape check_rule(const Stream& stream, const Tensor& q, const Tensor& k, con
   check_cu_seqlens(cu_seqlens, s.tokens, stream, op);
   MT_CHECK(std::isfinite(scale), "{}: expected a finite scale but found {}", op, scale);
   if (stream.device().is_cuda()) {
-    MT_CHECK(s.dk <= 128 && s.dv <= 128,
-             "{}: the CUDA kernel holds the state in registers for dk <= 128 and dv <= 128 but found dk = {}, dv = {}",
-             op, s.dk, s.dv);
+    MT_CHECK(
+        s.dk <= 128 && s.dv <= 128,
+        "{}: the CUDA kernels tile the state in shared memory for dk <= 128 and dv <= 128 but found dk = {}, dv = {}",
+        op, s.dk, s.dv);
   }
   return s;
 }
@@ -257,7 +259,7 @@ void gated_delta_rule_forward(Stream& s, Tensor out, const Tensor& q, const Tens
   check_argument(out, v.shape(), dtypes.act, s, op, "out");
 #if MOETRAIN_HAS_CUDA
   if (s.device().is_cuda()) {
-    cuda::gated_delta_rule_forward(s, out, q, k, v, g, beta, cu_seqlens, scale);
+    cuda::gated_delta_rule_chunked_forward(s, out, q, k, v, g, beta, cu_seqlens, scale);
     return;
   }
 #endif
@@ -279,7 +281,7 @@ void gated_delta_rule_backward(Stream& s, Tensor dq, Tensor dk, Tensor dv, Tenso
   check_argument(dbeta, {r.tokens, r.hv}, dtypes.aux, s, op, "dbeta");
 #if MOETRAIN_HAS_CUDA
   if (s.device().is_cuda()) {
-    cuda::gated_delta_rule_backward(s, dq, dk, dv, dg, dbeta, dout, q, k, v, g, beta, cu_seqlens, scale);
+    cuda::gated_delta_rule_chunked_backward(s, dq, dk, dv, dg, dbeta, dout, q, k, v, g, beta, cu_seqlens, scale);
     return;
   }
 #endif

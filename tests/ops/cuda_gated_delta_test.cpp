@@ -1,7 +1,8 @@
 // CUDA tests for ops/gated_delta: every op's forward and backward on the GPU against the CPU reference (f32 from the
 // same, bf16-rounded where the GPU reads bf16, inputs), on packed documents with single-token ones and ones crossing
-// the backward's 64-token checkpoints; the rule with Hv = 2 Hk, value widths that leave threads idle, and the released
-// head dims (128); bitwise repeatability; the CUDA-only refusals.
+// 64-token chunk boundaries; the rule (its chunked kernels) with Hv = 2 Hk, odd small head dims and the released
+// ones (128), strong decays, and against the sequential CUDA scan on longer documents; bitwise repeatability; the
+// CUDA-only refusals.
 #include "ops/gated_delta.h"
 
 #include <cmath>
@@ -14,6 +15,10 @@
 #include "testing/cuda_compare.h"
 #include "testing/gpu.h"
 #include "testing/test_data.h"
+
+#if MOETRAIN_HAS_CUDA
+#include "ops/cuda/gated_delta.h"
+#endif
 
 namespace moetrain::ops {
 namespace {
@@ -36,78 +41,161 @@ Input input(const Tensor& f32, DType dtype) {
   return {host, on_gpu(host.to(dtype))};
 }
 
-// Tolerances: f32 differs from the CPU only in summation order (1e-5 relative covers sums of a few hundred terms and
-// the rule's recurrences); bf16 outputs carry their own rounding (2^-9 relative) on top.
+// Tolerances: f32 differs from the CPU only in summation order (1e-5 relative covers sums of a few hundred terms);
+// bf16 outputs carry their own rounding (2^-9 relative) on top.
 double tolerance(DType dtype) { return dtype == DType::BF16 ? 1e-2 : 1e-5; }
+// The rule's chunked kernels reassociate the recurrence (the WY inverse by forward substitution, the chunk states as
+// sums of 64-term products, dg as the reverse cumsum of row-minus-column sums): 1e-4 relative in f32. bf16 as above,
+// against the CPU fed the same bf16-rounded inputs.
+double rule_tolerance(DType dtype) { return dtype == DType::BF16 ? 1e-2 : 1e-4; }
 
 struct RuleCase {
   std::vector<int32_t> cu;
   int64_t hk, hv, dk, dv;
+  bool strong_decay = false;  // every 7th g = -4 - 16 |x|: exp(cumulative g) underflows to 0 in a chunk
 };
 
-void check_rule(const RuleCase& c, DType dtype, uint64_t seed) {
-  SCOPED_TRACE(fmt::format("dtype {} dk {} dv {} Hk {} Hv {}", dtype_name(dtype), c.dk, c.dv, c.hk, c.hv));
+// The rule's inputs as check_rule and the sequential cross-check draw them: q, k L2-normalised, g <= -0.01 (the
+// gates' log-decay), beta in (0, 1).
+struct RuleInputs {
+  Input q, k, v, dout;
+  Tensor g, beta, cu;
+  float scale;
+};
+
+RuleInputs rule_inputs(const RuleCase& c, DType dtype, uint64_t seed) {
   Rng rng(seed);
   const int64_t T = c.cu.back();
   Tensor qr = random_tensor({T, c.hk, c.dk}, DType::F32, rng), kr = random_tensor({T, c.hk, c.dk}, DType::F32, rng);
   Tensor qn = Tensor::empty(qr.shape(), DType::F32), kn = Tensor::empty(kr.shape(), DType::F32);
   l2norm_forward(Stream::cpu(), qn, qr, 1e-6f);
   l2norm_forward(Stream::cpu(), kn, kr, 1e-6f);
-  const Input q = input(qn, dtype), k = input(kn, dtype);
-  const Input v = input(random_tensor({T, c.hv, c.dv}, DType::F32, rng), dtype);
-  const Input dout = input(random_tensor({T, c.hv, c.dv}, DType::F32, rng), dtype);
-  // g in [-0.6, -0.01], beta in (0, 1), as the gates give them (f32 on the GPU).
-  Tensor g = random_tensor({T, c.hv}, DType::F32, rng), beta = random_tensor({T, c.hv}, DType::F32, rng);
-  for (int64_t i = 0; i < g.numel(); ++i) {
-    g.data<float>()[i] = -0.01f - 0.2f * std::abs(g.data<float>()[i]);
-    beta.data<float>()[i] = 1.0f / (1.0f + std::exp(-beta.data<float>()[i]));
+  RuleInputs in{input(qn, dtype),
+                input(kn, dtype),
+                input(random_tensor({T, c.hv, c.dv}, DType::F32, rng), dtype),
+                input(random_tensor({T, c.hv, c.dv}, DType::F32, rng), dtype),
+                random_tensor({T, c.hv}, DType::F32, rng),
+                random_tensor({T, c.hv}, DType::F32, rng),
+                cu_of(c.cu),
+                1.0f / std::sqrt(float(c.dk))};
+  // g = -0.01 - 0.2 |x| as the gates give them (every 7th -4 - 16 |x| with strong_decay), beta in (0, 1); f32 on the
+  // GPU.
+  for (int64_t i = 0; i < in.g.numel(); ++i) {
+    const float x = std::abs(in.g.data<float>()[i]);
+    in.g.data<float>()[i] = c.strong_decay && i % 7 == 3 ? -4.0f - 16.0f * x : -0.01f - 0.2f * x;
+    in.beta.data<float>()[i] = 1.0f / (1.0f + std::exp(-in.beta.data<float>()[i]));
   }
-  const Tensor cu = cu_of(c.cu);
-  const float scale = 1.0f / std::sqrt(float(c.dk));
+  return in;
+}
 
+void check_rule(const RuleCase& c, DType dtype, uint64_t seed) {
+  SCOPED_TRACE(fmt::format("dtype {} dk {} dv {} Hk {} Hv {} strong decay {}", dtype_name(dtype), c.dk, c.dv, c.hk,
+                           c.hv, c.strong_decay));
+  const RuleInputs in = rule_inputs(c, dtype, seed);
+  const int64_t T = c.cu.back();
+  const Tensor& g = in.g;
+  const Tensor& beta = in.beta;
   Tensor out = Tensor::empty({T, c.hv, c.dv}, DType::F32);
-  gated_delta_rule_forward(Stream::cpu(), out, q.host, k.host, v.host, g, beta, cu, scale);
-  std::vector<Tensor> want = {Tensor::empty(qn.shape(), DType::F32), Tensor::empty(qn.shape(), DType::F32),
+  gated_delta_rule_forward(Stream::cpu(), out, in.q.host, in.k.host, in.v.host, g, beta, in.cu, in.scale);
+  const Shape qshape = in.q.host.shape();
+  std::vector<Tensor> want = {Tensor::empty(qshape, DType::F32), Tensor::empty(qshape, DType::F32),
                               Tensor::empty(out.shape(), DType::F32), Tensor::empty(g.shape(), DType::F32),
                               Tensor::empty(g.shape(), DType::F32)};
-  gated_delta_rule_backward(Stream::cpu(), want[0], want[1], want[2], want[3], want[4], dout.host, q.host, k.host,
-                            v.host, g, beta, cu, scale);
+  gated_delta_rule_backward(Stream::cpu(), want[0], want[1], want[2], want[3], want[4], in.dout.host, in.q.host,
+                            in.k.host, in.v.host, g, beta, in.cu, in.scale);
 
-  const Tensor gd = on_gpu(g), bd = on_gpu(beta), cud = on_gpu(cu);
+  const Tensor gd = on_gpu(g), bd = on_gpu(beta), cud = on_gpu(in.cu);
   Tensor out_d = Tensor::empty(out.shape(), dtype, Device::cuda(0));
-  gated_delta_rule_forward(gpu(), out_d, q.device, k.device, v.device, gd, bd, cud, scale);
-  EXPECT_LT(relative_error(host_f32(out_d), out), tolerance(dtype));
+  auto forward = [&] {
+    gated_delta_rule_forward(gpu(), out_d, in.q.device, in.k.device, in.v.device, gd, bd, cud, in.scale);
+  };
+  forward();
+  EXPECT_LT(relative_error(host_f32(out_d), out), rule_tolerance(dtype)) << "out";
   std::vector<Tensor> got = {
-      Tensor::empty(qn.shape(), dtype, Device::cuda(0)), Tensor::empty(qn.shape(), dtype, Device::cuda(0)),
+      Tensor::empty(qshape, dtype, Device::cuda(0)), Tensor::empty(qshape, dtype, Device::cuda(0)),
       Tensor::empty(out.shape(), dtype, Device::cuda(0)), Tensor::empty(g.shape(), DType::F32, Device::cuda(0)),
       Tensor::empty(g.shape(), DType::F32, Device::cuda(0))};
   auto backward = [&] {
-    gated_delta_rule_backward(gpu(), got[0], got[1], got[2], got[3], got[4], dout.device, q.device, k.device, v.device,
-                              gd, bd, cud, scale);
+    gated_delta_rule_backward(gpu(), got[0], got[1], got[2], got[3], got[4], in.dout.device, in.q.device, in.k.device,
+                              in.v.device, gd, bd, cud, in.scale);
   };
   backward();
   const char* names[] = {"dq", "dk", "dv", "dg", "dbeta"};
   for (size_t i = 0; i < got.size(); ++i)
-    EXPECT_LT(relative_error(host_f32(got[i]), want[i]), tolerance(dtype)) << names[i];
-  // Deterministic: a second run gives the same bytes.
-  const std::vector<Tensor> first = {got[0].to(Device::cpu()), got[3].to(Device::cpu())};
+    EXPECT_LT(relative_error(host_f32(got[i]), want[i]), rule_tolerance(dtype)) << names[i];
+  // Deterministic: a second run of each pass gives the same bytes.
+  const Tensor first_out = out_d.to(Device::cpu());
+  std::vector<Tensor> first;
+  for (const Tensor& t : got) first.push_back(t.to(Device::cpu()));
+  forward();
+  EXPECT_TRUE(testing::same_bytes(first_out, out_d)) << "out";
   backward();
-  EXPECT_TRUE(testing::same_bytes(first[0], got[0]));
-  EXPECT_TRUE(testing::same_bytes(first[1], got[3]));
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(testing::same_bytes(first[i], got[i])) << names[i];
 }
+
+// Documents of 1, 63, 64, 65, 130, 200, 1 and 7 tokens: chunks clipped at a document's end, chunk boundaries inside
+// documents (65, 130, 200) and at them (64), single-token documents between longer ones.
+const std::vector<int32_t> kPackedDocs = {0, 1, 64, 128, 193, 323, 523, 524, 531};
 
 TEST(CudaGatedDelta, RuleMatchesCpuOnPackedDocuments) {
   MT_REQUIRE_GPU();
-  // Documents of 1, 64, 65 (across a checkpoint), 1 and 69 tokens: chunk boundaries inside documents and at them.
-  const RuleCase small{{0, 1, 65, 130, 131, 200}, 2, 4, 16, 12};
+  // Hv = 2 Hk, dk = 16 and dv = 32: a value-column tile of the state passes holds all of v.
+  const RuleCase small{kPackedDocs, 2, 4, 16, 32};
   for (DType dtype : {DType::F32, DType::BF16}) check_rule(small, dtype, 1);
+}
+
+TEST(CudaGatedDelta, RuleMatchesCpuAtOddHeadDims) {
+  MT_REQUIRE_GPU();
+  // dk = 12 and dv = 40: neither a multiple of the 16-wide k-steps nor of the 32 value columns of a state tile.
+  const RuleCase odd{{0, 1, 66, 130, 131, 200}, 1, 3, 12, 40};
+  for (DType dtype : {DType::F32, DType::BF16}) check_rule(odd, dtype, 5);
 }
 
 TEST(CudaGatedDelta, RuleMatchesCpuAtReleasedHeadDims) {
   MT_REQUIRE_GPU();
-  const RuleCase released{{0, 70, 71, 150}, 1, 2, 128, 128};
+  const RuleCase released{kPackedDocs, 1, 2, 128, 128};
   for (DType dtype : {DType::F32, DType::BF16}) check_rule(released, dtype, 2);
 }
+
+TEST(CudaGatedDelta, RuleMatchesCpuUnderStrongDecay) {
+  MT_REQUIRE_GPU();
+  // Every 7th g <= -4 (mean -17): a chunk's cumulative decay underflows exp to 0 (G = 0), which the chunked form must
+  // survive.
+  RuleCase strong{kPackedDocs, 2, 4, 32, 32};
+  strong.strong_decay = true;
+  for (DType dtype : {DType::F32, DType::BF16}) check_rule(strong, dtype, 3);
+}
+
+#if MOETRAIN_HAS_CUDA
+TEST(CudaGatedDelta, ChunkedRuleMatchesTheSequentialScan) {
+  MT_REQUIRE_GPU();
+  // Documents of 1000, 2100 and 1 tokens at the released head dims with Hv = 2 Hk: dozens of chunks carry the state,
+  // too long for the CPU reference in a test; the sequential CUDA scan (f32, the recurrence token by token) is the
+  // reference. Tolerance as against the CPU: the two sum in different orders.
+  const RuleCase c{{0, 1000, 3100, 3101}, 2, 4, 128, 128};
+  const RuleInputs in = rule_inputs(c, DType::F32, 4);
+  const Tensor gd = on_gpu(in.g), bd = on_gpu(in.beta), cud = on_gpu(in.cu);
+  const Device dev = Device::cuda(0);
+  const Shape qshape = in.q.host.shape(), vshape = in.v.host.shape(), gshape = in.g.shape();
+  auto outputs = [&] {
+    return std::vector<Tensor>{Tensor::empty(vshape, DType::F32, dev), Tensor::empty(qshape, DType::F32, dev),
+                               Tensor::empty(qshape, DType::F32, dev), Tensor::empty(vshape, DType::F32, dev),
+                               Tensor::empty(gshape, DType::F32, dev), Tensor::empty(gshape, DType::F32, dev)};
+  };
+  std::vector<Tensor> chunked = outputs(), sequential = outputs();
+  gated_delta_rule_forward(gpu(), chunked[0], in.q.device, in.k.device, in.v.device, gd, bd, cud, in.scale);
+  gated_delta_rule_backward(gpu(), chunked[1], chunked[2], chunked[3], chunked[4], chunked[5], in.dout.device,
+                            in.q.device, in.k.device, in.v.device, gd, bd, cud, in.scale);
+  cuda::gated_delta_rule_sequential_forward(gpu(), sequential[0], in.q.device, in.k.device, in.v.device, gd, bd, cud,
+                                            in.scale);
+  cuda::gated_delta_rule_sequential_backward(gpu(), sequential[1], sequential[2], sequential[3], sequential[4],
+                                             sequential[5], in.dout.device, in.q.device, in.k.device, in.v.device, gd,
+                                             bd, cud, in.scale);
+  const char* names[] = {"out", "dq", "dk", "dv", "dg", "dbeta"};
+  for (size_t i = 0; i < chunked.size(); ++i)
+    EXPECT_LT(relative_error(host_f32(chunked[i]), host_f32(sequential[i])), rule_tolerance(DType::F32)) << names[i];
+}
+#endif
 
 TEST(CudaGatedDelta, ConvMatchesCpu) {
   MT_REQUIRE_GPU();
@@ -206,6 +294,10 @@ TEST(CudaGatedDelta, RefusesWhatTheKernelsCannotTake) {
   const Tensor g = Tensor::zeros({4, 1}, DType::F32, Device::cuda(0));
   Tensor out = Tensor::zeros({4, 1, 8}, DType::F32, Device::cuda(0));
   testing::expect_error([&] { gated_delta_rule_forward(gpu(), out, q, q, v, g, g, cu, 0.5f); }, "dk <= 128");
+  const Tensor q8 = Tensor::zeros({4, 1, 8}, DType::F32, Device::cuda(0));
+  const Tensor v160 = Tensor::zeros({4, 1, 160}, DType::F32, Device::cuda(0));
+  Tensor out160 = Tensor::zeros({4, 1, 160}, DType::F32, Device::cuda(0));
+  testing::expect_error([&] { gated_delta_rule_forward(gpu(), out160, q8, q8, v160, g, g, cu, 0.5f); }, "dv <= 128");
   const Tensor qb = Tensor::zeros({4, 1, 8}, DType::BF16, Device::cuda(0));
   testing::expect_error(
       [&] { gated_delta_rule_forward(gpu(), out, qb, qb, qb, g.to(Device::cpu()).to(DType::F32), g, cu, 0.5f); }, "g");

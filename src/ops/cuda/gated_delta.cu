@@ -676,9 +676,9 @@ void gated_delta_gates_backward(const Stream& stream, const Tensor& da, const Te
   MT_CUDA_CHECK(cudaGetLastError());
 }
 
-void gated_delta_rule_forward(const Stream& stream, const Tensor& out, const Tensor& q, const Tensor& k,
-                              const Tensor& v, const Tensor& g, const Tensor& beta, const Tensor& cu_seqlens,
-                              float scale) {
+void gated_delta_rule_sequential_forward(const Stream& stream, const Tensor& out, const Tensor& q, const Tensor& k,
+                                         const Tensor& v, const Tensor& g, const Tensor& beta, const Tensor& cu_seqlens,
+                                         float scale) {
   const RuleDims d = rule_dims(q, v, cu_seqlens);
   const int threads = rule_threads(d);
   const size_t shared = sizeof(float) * static_cast<size_t>(2 * d.dk + d.dv);
@@ -692,10 +692,10 @@ void gated_delta_rule_forward(const Stream& stream, const Tensor& out, const Ten
   MT_CUDA_CHECK(cudaGetLastError());
 }
 
-void gated_delta_rule_backward(const Stream& stream, const Tensor& dq, const Tensor& dk, const Tensor& dv,
-                               const Tensor& dg, const Tensor& dbeta, const Tensor& dout, const Tensor& q,
-                               const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
-                               const Tensor& cu_seqlens, float scale) {
+void gated_delta_rule_sequential_backward(const Stream& stream, const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                                          const Tensor& dg, const Tensor& dbeta, const Tensor& dout, const Tensor& q,
+                                          const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+                                          const Tensor& cu_seqlens, float scale) {
   const RuleDims d = rule_dims(q, v, cu_seqlens);
   const int threads = rule_threads(d), warps = threads / 32;
   const int64_t state = int64_t((d.dk + kLanesPerColumn - 1) / kLanesPerColumn) * threads;

@@ -1,6 +1,8 @@
 // defines: the CUDA kernels of the Gated DeltaNet ops (ops/gated_delta.h), the simple form: elementwise and one warp
 // per row for the conv, the norms and the gates; the rule as a sequential scan per (document, value head) with the
-// dk x dv state in registers. Deterministic: every sum in an order fixed by the shapes, no float atomics.
+// dk x dv state in registers, kept beside the chunked kernels the op runs (ops/cuda/gated_delta_chunked.h) as their
+// GPU cross-check at shapes too large for the CPU reference and as the benchmark's baseline. Deterministic: every
+// sum in an order fixed by the shapes, no float atomics.
 #pragma once
 
 #include "core/device.h"
@@ -25,23 +27,23 @@ void gated_delta_gates_backward(const Stream& stream, const Tensor& da, const Te
                                 const Tensor& b, const Tensor& A_log, const Tensor& dt_bias);
 // One block per (document, value head), 4 threads per value column, each holding ceil(dk / 4) rows of the state
 // (dk <= 128, dv <= 128).
-void gated_delta_rule_forward(const Stream& stream, const Tensor& out, const Tensor& q, const Tensor& k,
-                              const Tensor& v, const Tensor& g, const Tensor& beta, const Tensor& cu_seqlens,
-                              float scale);
+void gated_delta_rule_sequential_forward(const Stream& stream, const Tensor& out, const Tensor& q, const Tensor& k,
+                                         const Tensor& v, const Tensor& g, const Tensor& beta, const Tensor& cu_seqlens,
+                                         float scale);
 // The reverse scan: a forward pass keeps the state before every kGdnChunk tokens (f32, (T / kGdnChunk + documents) *
 // Hv states), then each chunk's states are recomputed from it into a per-block scratch and walked backwards. dq and dk
 // go through a per-value-head f32 buffer summed over the head group in ascending order.
-void gated_delta_rule_backward(const Stream& stream, const Tensor& dq, const Tensor& dk, const Tensor& dv,
-                               const Tensor& dg, const Tensor& dbeta, const Tensor& dout, const Tensor& q,
-                               const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
-                               const Tensor& cu_seqlens, float scale);
+void gated_delta_rule_sequential_backward(const Stream& stream, const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                                          const Tensor& dg, const Tensor& dbeta, const Tensor& dout, const Tensor& q,
+                                          const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+                                          const Tensor& cu_seqlens, float scale);
 void gated_rmsnorm_forward(const Stream& stream, const Tensor& y, const Tensor& rstd, const Tensor& x, const Tensor& z,
                            const Tensor& w, float eps);
 void gated_rmsnorm_backward(const Stream& stream, const Tensor& dx, const Tensor& dz, const Tensor& dw,
                             const Tensor& dy, const Tensor& x, const Tensor& z, const Tensor& w, const Tensor& rstd,
                             float eps);
 
-constexpr int64_t kGdnChunk = 64;          // tokens between the backward's state checkpoints
+constexpr int64_t kGdnChunk = 64;          // tokens per chunk (chunked kernels), between checkpoints (sequential)
 constexpr int64_t kGdnRowsPerChunk = 128;  // rows per partial sum of a weight gradient
 
 }  // namespace moetrain::ops::cuda
