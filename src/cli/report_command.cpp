@@ -8,11 +8,11 @@
 #include <sstream>
 
 #include <fmt/format.h>
+#include <toml++/toml.h>
 
 #include "core/error.h"
 #include "core/log.h"
 #include "io/atomic_file.h"
-#include "io/job_config.h"
 #include "train/report_html.h"
 
 namespace moetrain::cli {
@@ -37,18 +37,26 @@ std::vector<train::ReportFile> config_files(const std::string& job_path) {
   std::vector<train::ReportFile> files;
   if (job_path.empty()) return files;
   files.push_back({job_path, read_text(job_path, "job file")});
+  // Only [model] config is read (relative to the job file, as the job's paths are): a job file that no longer
+  // validates in full (an older run's) still gets its model's config.json embedded.
+  std::string model_path;
   try {
-    const io::JobConfig job = io::load_job_config(job_path, {});
-    std::filesystem::path model = job.model.config;
-    if (std::filesystem::is_directory(model)) model /= "config.json";
-    if (std::filesystem::is_regular_file(model)) {
-      files.push_back({model.string(), read_text(model.string(), "model config")});
-    } else {
-      log_warn("report: the job's model.config '{}' is not a readable file; only the job file is embedded",
-               model.string());
-    }
-  } catch (const Error& e) {
-    log_warn("report: the job file does not resolve ({}); only its text is embedded", e.what());
+    const toml::table job = toml::parse_file(job_path);
+    if (const auto value = job["model"]["config"].value<std::string>()) model_path = *value;
+  } catch (const toml::parse_error& e) {
+    log_warn("report: the job file '{}' is not valid TOML ({}); only its text is embedded", job_path,
+             std::string(e.description()));
+    return files;
+  }
+  if (model_path.empty()) return files;
+  std::filesystem::path model(model_path);
+  if (model.is_relative()) model = std::filesystem::path(job_path).parent_path() / model;
+  if (std::filesystem::is_directory(model)) model /= "config.json";
+  if (std::filesystem::is_regular_file(model)) {
+    files.push_back({model.lexically_normal().string(), read_text(model.string(), "model config")});
+  } else {
+    log_warn("report: the job's model.config '{}' is not a readable file; only the job file is embedded",
+             model.string());
   }
   return files;
 }

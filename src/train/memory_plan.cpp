@@ -123,12 +123,16 @@ struct ZeroPart {
 
 class ZeroSim {
  public:
-  ZeroSim(Ledger& ledger, std::vector<ZeroPart> parts, bool every_micro_batch, int64_t micro_batches, bool tied)
+  // `one_queue`: compute and communication share one stream (the CPU), so a reduced gradient is freed at once;
+  // with a communication stream (CUDA) it is freed when compute next waits for that stream.
+  ZeroSim(Ledger& ledger, std::vector<ZeroPart> parts, bool every_micro_batch, int64_t micro_batches, bool tied,
+          bool one_queue)
       : l_(ledger),
         parts_(std::move(parts)),
         every_(every_micro_batch),
         n_(micro_batches),
         tied_(tied),
+        one_queue_(one_queue),
         gathered_(parts_.size(), false),
         grad_live_(parts_.size(), false),
         reduced_(parts_.size(), false) {}
@@ -165,7 +169,12 @@ class ZeroSim {
         in_flight_ += parts_[p].shard_grad;
       }
       reduced_[p] = true;
-      pending_free_.push_back(p);
+      if (one_queue_) {
+        l_.free(parts_[p].full_grad);
+        grad_live_[p] = false;
+      } else {
+        pending_free_.push_back(p);
+      }
     }
     release(p);
   }
@@ -202,6 +211,7 @@ class ZeroSim {
   bool every_;
   int64_t n_;
   bool tied_;
+  bool one_queue_;
   std::vector<bool> gathered_, grad_live_, reduced_;
   std::vector<size_t> pending_free_;
   int64_t in_flight_ = 0;
@@ -451,8 +461,9 @@ MemoryPlan plan_memory(const io::JobConfig& config, int world) {
   const int64_t c = bf16 ? 2 : 4;
   const int data_ranks = shape.dp * shape.ep;
   const bool dualpipev = shape.pp > 1 || config.parallel.schedule == "dualpipev";
-  MT_CHECK(!dualpipev || world > 1 || config.parallel.schedule != "dualpipev",
-           "plan: parallel.schedule = dualpipev runs over a mesh; plan it with --world >= 1 thread or process ranks");
+  MT_CHECK(world > 1 || config.parallel.schedule != "dualpipev",
+           "plan: parallel.schedule = dualpipev runs over a mesh, which one process alone does not build; plan it on "
+           "--world >= 2 ranks");
   const bool sharded = config.parallel.sharding == "full" || (config.parallel.sharding == "auto" && data_ranks > 1 &&
                                                               shape.pp == 1 && config.parallel.schedule == "auto");
   MT_CHECK(!sharded || shape.pp == 1, "plan: parallel.sharding = full runs with pp = 1; the mesh is {}", shape.str());
@@ -547,7 +558,7 @@ MemoryPlan plan_memory(const io::JobConfig& config, int world) {
     whole.has_embedding = whole.has_final_norm = whole.has_head = true;
     const bool every = config.parallel.reduce_gradients != "step";
     Ledger l;
-    ZeroSim zero(l, parts, every, n, tied);
+    ZeroSim zero(l, parts, every, n, tied, config.model.device == "cpu");
     StageSim sim(shapes, z, whole);
     int64_t retained = 0;
     for (int64_t mb = 0; mb < n; ++mb) {
@@ -683,15 +694,16 @@ std::string format_memory_plan(const MemoryPlan& plan) {
                      static_cast<double>(plan.total_parameters) / 1e9);
   out += fmt::format("step: {} micro-batches of {} tokens per data-parallel replica, {} tokens over the mesh\n",
                      plan.micro_batches_per_rank, plan.tokens_per_micro_batch, plan.tokens_per_step);
-  out += fmt::format("FLOPs: {:.4g} per token, {:.4g} per step ({:.2f} PFLOP)\n", plan.flops_per_token,
-                     plan.flops_per_step, plan.flops_per_step / 1e15);
+  out += fmt::format("FLOPs (model, forward + backward): {:.4g} per token, {:.4g} per step ({:.4g} TFLOP)\n",
+                     plan.flops_per_token, plan.flops_per_step, plan.flops_per_step / 1e12);
   for (const RankMemory& r : plan.ranks) {
     out += fmt::format("\n{} (x{}): {} parameters held, {} updated\n", r.label, r.ranks, r.held_parameters,
                        r.owned_parameters);
     const auto row = [&](const std::string& name, int64_t bytes, const std::string& note = "") {
       out += fmt::format("  {:<34} {:>12}{}\n", name, gib(bytes), note.empty() ? "" : "  " + note);
     };
-    row("compute weights (bf16 copies)", r.weights);
+    row("compute weights (bf16 copies)", r.weights,
+        plan.compute_dtype == "bf16" ? "" : "(f32: compute reads the masters)");
     row("fp32 masters", r.masters);
     row("AdamW moments (2 x fp32)", r.optimizer);
     row("gradients (fp32)", r.gradients);

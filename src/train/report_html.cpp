@@ -92,7 +92,7 @@ constexpr const char* kPalette[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd", 
 // One chart: axes with ticks and labels, a polyline per line series, dots for marker series, a legend.
 std::string render_chart(const std::string& id, const std::string& title, const std::string& y_label,
                          const std::vector<Series>& series) {
-  constexpr double kWidth = 720, kHeight = 300, kLeft = 78, kRight = 18, kTop = 34, kBottom = 46;
+  constexpr double kWidth = 680, kHeight = 300, kLeft = 78, kRight = 18, kTop = 34, kBottom = 46;
   const double pw = kWidth - kLeft - kRight, ph = kHeight - kTop - kBottom;
   double x_lo = std::numeric_limits<double>::infinity(), x_hi = -x_lo, y_lo = x_lo, y_hi = -x_lo;
   size_t total = 0;
