@@ -92,7 +92,7 @@ constexpr const char* kPalette[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd", 
 // One chart: axes with ticks and labels, a polyline per line series, dots for marker series, a legend.
 std::string render_chart(const std::string& id, const std::string& title, const std::string& y_label,
                          const std::vector<Series>& series) {
-  constexpr double kWidth = 680, kHeight = 300, kLeft = 78, kRight = 18, kTop = 34, kBottom = 46;
+  constexpr double kWidth = 680, kHeight = 300, kLeft = 78, kRight = 26, kTop = 34, kBottom = 46;
   const double pw = kWidth - kLeft - kRight, ph = kHeight - kTop - kBottom;
   double x_lo = std::numeric_limits<double>::infinity(), x_hi = -x_lo, y_lo = x_lo, y_hi = -x_lo;
   size_t total = 0;
@@ -377,7 +377,11 @@ std::string render_report_html(const MetricsRun& run, const ReportInputs& inputs
   html += "</div>\n";
 
   html += "<h2>Configuration</h2>\n<div id=\"config\">\n";
-  if (inputs.configs.empty()) html += "<p>No configuration was given (moetrain report --config job.toml).</p>\n";
+  if (inputs.configs.empty()) {
+    html += "<p>No configuration was given (moetrain report --config job.toml).</p>\n";
+  } else {
+    html += "<p>The files as they are now; overrides given to <code>moetrain train</code> are not in them.</p>\n";
+  }
   for (const ReportFile& f : inputs.configs)
     html += fmt::format("<h3>{}</h3>\n<pre class=\"config\">{}</pre>\n", html_escape(f.name), html_escape(f.text));
   html += "</div>\n</body>\n</html>\n";
