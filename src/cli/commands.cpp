@@ -12,6 +12,8 @@
 #include "cli/check_golden.h"
 #include "cli/convert_command.h"
 #include "cli/data_command.h"
+#include "cli/plan_command.h"
+#include "cli/report_command.h"
 #include "cli/score_command.h"
 #include "cli/train_command.h"
 #include "core/error.h"
@@ -38,6 +40,8 @@ int run_main(int argc, char** argv) {
   add_data_command(app, command);
   add_convert_command(app, command);
   add_score_command(app, command);
+  add_report_command(app, command);
+  add_plan_command(app, command);
 
   try {
     app.parse(argc, argv);
