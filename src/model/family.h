@@ -27,6 +27,19 @@ struct LayerFlops {
   double attention_core = 0.0;  // forward FLOPs of the attention core for one token
 };
 
+// What one decoder layer's activation records hold per token, for the memory planner (train/memory_plan.cpp), in the
+// terms of the generic blocks: a GQA attention of q_cols = heads x head_dim query columns (twice that from q_proj
+// with an output gate) over kv_cols key and value columns, then a gated MLP of `width` (each routed expert's, for an
+// MoE layer). A layer the planner does not model (latent attention, gated delta net, a shared expert) says what in
+// `not_modeled`.
+struct LayerActivationShape {
+  std::string not_modeled;  // empty: modeled
+  bool moe = false;
+  int64_t width = 0;
+  int64_t q_cols = 0, kv_cols = 0, heads = 0, kv_heads = 0;
+  bool qk_norm = false, output_gate = false;
+};
+
 // What the exact contract (exact/admission.h) may certify for a family.
 struct ExactCertification {
   bool certified = false;
@@ -66,6 +79,7 @@ class Family {
   virtual ops::RmsNormParams final_norm(const ModelConfig& config) const = 0;
 
   virtual LayerFlops layer_flops(const ModelConfig& config, int64_t layer, int64_t context) const = 0;
+  virtual LayerActivationShape layer_activation_shape(const ModelConfig& config, int64_t layer) const = 0;
   virtual ExactCertification exact_certification(const ModelConfig& config) const = 0;
 };
 

@@ -26,10 +26,6 @@ namespace {
 constexpr int64_t kStat = 4;   // statistics_dtype: f32 for bf16 and f32 activations (model/precision.h)
 constexpr int64_t kIndex = 4;  // i32 indices
 
-bool ends_with(const std::string& s, const std::string& tail) {
-  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-}
-
 // Live bytes over time and their maximum.
 struct Ledger {
   int64_t live = 0;
@@ -41,48 +37,8 @@ struct Ledger {
   void free(int64_t bytes) { live -= bytes; }
 };
 
-// What one decoder layer allocates, recovered from its parameter specs. The shapes are those of the generic blocks
-// (model/blocks): GQA attention "<...>q_proj" [nh*hd (x2 with an output gate), H], "k_proj" [nkv*hd, H], "o_proj"
-// [H, nh*hd], "q_norm" [hd]; "router" [E, H]; "experts.gate_up" [E, 2I, H] or "mlp.gate_up" [2I, H].
-struct LayerShape {
-  bool modeled = true;
-  std::string why;  // what is not modeled
-  bool moe = false;
-  int64_t width = 0;  // I: the expert's or the dense MLP's intermediate size
-  int64_t q_cols = 0, kv_cols = 0, heads = 0, kv_heads = 0;
-  bool qk_norm = false, output_gate = false;
-};
-
-LayerShape layer_shape(const std::vector<model::ParamSpec>& specs, int64_t layer) {
-  LayerShape s;
-  int64_t q_rows = 0, head_dim = 0, sink_heads = 0;
-  for (const model::ParamSpec& p : specs) {
-    if (p.layer != layer) continue;
-    const std::string& n = p.name;
-    if (ends_with(n, "q_a_proj") || ends_with(n, "kv_a_proj")) s.modeled = false, s.why = "latent attention";
-    if (ends_with(n, "A_log") || ends_with(n, "dt_bias")) s.modeled = false, s.why = "gated delta net";
-    if (p.role == model::ParamRole::SharedExpert) s.modeled = false, s.why = "shared expert";
-    if (ends_with(n, "attn.q_proj")) q_rows = p.shape.at(0);
-    if (ends_with(n, "attn.k_proj")) s.kv_cols = p.shape.at(0);
-    if (ends_with(n, "attn.o_proj")) s.q_cols = p.shape.at(1);
-    if (ends_with(n, "attn.q_norm")) s.qk_norm = true, head_dim = p.shape.at(0);
-    if (ends_with(n, "attn.sinks")) sink_heads = p.shape.at(0);
-    if (p.role == model::ParamRole::Router && p.is_matrix()) s.moe = true;
-    if (ends_with(n, "experts.gate_up") && p.role == model::ParamRole::ExpertBank) s.width = p.shape.at(1) / 2;
-    if (ends_with(n, "mlp.gate_up")) s.width = p.shape.at(0) / 2;
-  }
-  if (!s.modeled) return s;
-  if (q_rows == 0 || s.kv_cols == 0 || s.q_cols == 0 || s.width == 0 || (head_dim == 0 && sink_heads == 0)) {
-    s.modeled = false;
-    s.why = "a token mixer or MLP without GQA attention's or the gated MLP's parameters";
-    return s;
-  }
-  s.output_gate = q_rows == 2 * s.q_cols;
-  if (head_dim == 0) head_dim = s.q_cols / sink_heads;
-  s.heads = s.q_cols / head_dim;
-  s.kv_heads = s.kv_cols / head_dim;
-  return s;
-}
+// What one decoder layer's records hold per token, as its family describes it (Family::layer_activation_shape).
+using LayerShape = model::LayerActivationShape;
 
 struct Sizes {
   int64_t T = 0, H = 0, V = 0, E = 0, K = 0;
@@ -510,8 +466,10 @@ MemoryPlan plan_memory(const io::JobConfig& config, int world) {
   bool modeled = true;
   std::string why;
   for (int64_t i = 0; i < mc.num_hidden_layers; ++i) {
-    shapes.push_back(layer_shape(specs, i));
-    if (!shapes.back().modeled && modeled) modeled = false, why = fmt::format("layer {}: {}", i, shapes.back().why);
+    shapes.push_back(mc.family->layer_activation_shape(mc, i));
+    if (!shapes.back().not_modeled.empty() && modeled) {
+      modeled = false, why = fmt::format("layer {}: {}", i, shapes.back().not_modeled);
+    }
   }
   const int64_t batch_bytes = n * 3 * z.T * kIndex * (bf16 ? 2 : 1);  // input_ids, targets, position_ids (+ device)
 

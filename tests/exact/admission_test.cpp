@@ -355,6 +355,9 @@ class UncertifiedFamily final : public model::Family {
   }
   ops::RmsNormParams final_norm(const model::ModelConfig&) const override { return {}; }
   model::LayerFlops layer_flops(const model::ModelConfig&, int64_t, int64_t) const override { return {}; }
+  model::LayerActivationShape layer_activation_shape(const model::ModelConfig&, int64_t) const override {
+    return {.not_modeled = "a test family"};
+  }
   model::ExactCertification exact_certification(const model::ModelConfig&) const override {
     return {false, "its layers have no batch-invariant exact program yet"};
   }

@@ -181,6 +181,10 @@ class DeepseekV2Family final : public Family {
   // Latent attention is built from the same batch-invariant ops as Qwen3's attention (projections, norms, rope,
   // column moves, attention per document): the CPU's exact program holds. CUDA is refused by the admission's device
   // rule, which names the kernels without a batch-invariant variant.
+  LayerActivationShape layer_activation_shape(const ModelConfig&, int64_t) const override {
+    return {.not_modeled = "latent attention"};
+  }
+
   ExactCertification exact_certification(const ModelConfig&) const override { return {true, ""}; }
 };
 

@@ -25,7 +25,8 @@ AttentionOptions attention_options(const ModelConfig& g, const GptOssConfig& c, 
   const int rotary = static_cast<int>(c.head_dim);
   // YaRN's attention factor multiplies cos and sin (RopeParams::attention_scaling); the softmax scale stays
   // 1 / sqrt(head_dim), as GptOssAttention.scaling.
-  o.rope = c.yarn ? ops::rope_yarn_params(rotary, c.rope_theta, *c.yarn) : ops::rope_default_params(rotary, c.rope_theta);
+  o.rope =
+      c.yarn ? ops::rope_yarn_params(rotary, c.rope_theta, *c.yarn) : ops::rope_default_params(rotary, c.rope_theta);
   o.qkv_bias = c.attention_bias;
   o.output_bias = c.attention_bias;
   o.sinks = true;
@@ -88,8 +89,8 @@ void attach_layer_pieces(std::vector<ParamSpec>& specs, const ModelConfig& g, co
       whole("mlp.router.bias");
     } else if (local == "experts.gate_up") {
       // HF (e, h, 2j + p) -> internal (e, p * I + j, h): p = 0 gate, 1 up.
-      spec.pieces.push_back(strided_piece(hf + "mlp.experts.gate_up_proj", {e, h, 2 * i}, 0, {e, h, i, 2},
-                                          {2 * i * h, 1, h, i * h}));
+      spec.pieces.push_back(
+          strided_piece(hf + "mlp.experts.gate_up_proj", {e, h, 2 * i}, 0, {e, h, i, 2}, {2 * i * h, 1, h, i * h}));
       spec.pieces.back().mxfp4_transposed = true;  // released checkpoints: gate_up_proj_blocks [E, 2I, H / 32, 16]
     } else if (local == "experts.gate_up_bias") {
       spec.pieces.push_back(
@@ -131,8 +132,8 @@ class GptOssFamily final : public Family {
     return decoder_model_specs(g, [&](int64_t layer) {
       const std::string prefix = layer_prefix(layer);
       std::vector<ParamSpec> specs = PreNormLayer::param_specs(
-          layer_options(g, c, layer), GqaAttention::param_specs(attention_options(g, c, layer), prefix + "attn.", layer),
-          prefix);
+          layer_options(g, c, layer),
+          GqaAttention::param_specs(attention_options(g, c, layer), prefix + "attn.", layer), prefix);
       attach_layer_pieces(specs, g, c, layer);
       return specs;
     });
@@ -164,6 +165,18 @@ class GptOssFamily final : public Family {
     if (window > 0 && double(window) < keys) keys = double(window);
     f.attention_core = 2 * keys * nh * (2 * hd);  // scores and values
     return f;
+  }
+
+  LayerActivationShape layer_activation_shape(const ModelConfig& g, int64_t) const override {
+    const GptOssConfig& c = g.family_config<GptOssConfig>();
+    LayerActivationShape s;
+    s.moe = true;
+    s.width = c.intermediate_size;
+    s.heads = c.num_attention_heads;
+    s.kv_heads = c.num_key_value_heads;
+    s.q_cols = c.num_attention_heads * c.head_dim;
+    s.kv_cols = c.num_key_value_heads * c.head_dim;
+    return s;
   }
 
   // Built from batch-invariant CPU ops (biased projections, per-document attention with a window, the sink rescale

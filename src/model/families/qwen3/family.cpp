@@ -67,6 +67,13 @@ class Qwen3Family final : public Family {
     return f;
   }
 
+  LayerActivationShape layer_activation_shape(const ModelConfig& g, int64_t) const override {
+    const Qwen3Config& c = g.family_config<Qwen3Config>();
+    LayerActivationShape s = attention_activation_shape(c);
+    s.width = c.intermediate_size;
+    return s;
+  }
+
   ExactCertification exact_certification(const ModelConfig&) const override { return {true, ""}; }
 };
 

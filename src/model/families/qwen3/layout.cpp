@@ -55,6 +55,16 @@ std::unique_ptr<DecoderLayer> make_pre_norm_layer(const ModelConfig& g, const Qw
   return std::make_unique<PreNormLayer>(options, std::move(attention), store, prefix);
 }
 
+LayerActivationShape attention_activation_shape(const Qwen3Config& c) {
+  LayerActivationShape s;
+  s.heads = c.num_attention_heads;
+  s.kv_heads = c.num_key_value_heads;
+  s.q_cols = c.num_attention_heads * c.head_dim;
+  s.kv_cols = c.num_key_value_heads * c.head_dim;
+  s.qk_norm = true;
+  return s;
+}
+
 LayerFlops attention_flops(const ModelConfig& g, const Qwen3Config& c, int64_t context) {
   const double h = double(g.hidden_size), hd = double(c.head_dim);
   const double nh = double(c.num_attention_heads), nkv = double(c.num_key_value_heads);

@@ -33,5 +33,7 @@ std::unique_ptr<DecoderLayer> make_pre_norm_layer(const ModelConfig& generic, co
                                                   ParameterStore& store, const PreNormLayerOptions& options);
 // The attention part of a layer's FLOPs (projections and the core at `context`).
 LayerFlops attention_flops(const ModelConfig& generic, const Qwen3Config& own, int64_t context);
+// The attention part of a layer's activation shape (GQA with q/k norm); `width` and `moe` are the caller's.
+LayerActivationShape attention_activation_shape(const Qwen3Config& own);
 
 }  // namespace moetrain::model::families::qwen3

@@ -223,6 +223,21 @@ class Qwen3_5Family final : public Family {
   // Built from batch-invariant CPU ops: per-row projections, norms and gates; the conv and the delta rule run per
   // document in a fixed order; attention as Qwen3's. A_log and dt_bias are 1-D, so f32 under bf16 compute: their
   // specs name the pins the admission certifies.
+  LayerActivationShape layer_activation_shape(const ModelConfig& g, int64_t layer) const override {
+    const Qwen3_5Config& c = g.family_config<Qwen3_5Config>();
+    if (is_linear(c, layer)) return {.not_modeled = "gated delta net"};
+    if (g.layer_is_moe(layer)) return {.not_modeled = "shared expert"};
+    LayerActivationShape s;  // gated full attention with q/k norm, then the dense gated MLP
+    s.width = c.intermediate_size;
+    s.heads = c.num_attention_heads;
+    s.kv_heads = c.num_key_value_heads;
+    s.q_cols = c.num_attention_heads * c.head_dim;
+    s.kv_cols = c.num_key_value_heads * c.head_dim;
+    s.qk_norm = true;
+    s.output_gate = true;
+    return s;
+  }
+
   ExactCertification exact_certification(const ModelConfig&) const override { return {true, ""}; }
 };
 

@@ -89,6 +89,14 @@ class Qwen3MoeFamily final : public Family {
     return f;
   }
 
+  LayerActivationShape layer_activation_shape(const ModelConfig& g, int64_t layer) const override {
+    const Qwen3MoeConfig& c = g.family_config<Qwen3MoeConfig>();
+    LayerActivationShape s = qwen3::attention_activation_shape(c);
+    s.moe = g.layer_is_moe(layer);
+    s.width = s.moe ? c.moe_intermediate_size : c.intermediate_size;
+    return s;
+  }
+
   ExactCertification exact_certification(const ModelConfig&) const override { return {true, ""}; }
 };
 
