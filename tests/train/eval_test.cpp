@@ -199,7 +199,7 @@ TEST(TrainerEval, RefusesAMissingOrMalformedHeldOutSetBeforeWritingAnything) {
   expect_refused_before_writing(job, "malformed.idx");
 
   // Token ids outside the model's vocabulary (512) are found at startup too, not at the first evaluation.
-  job.eval.sources = {{make_dataset(dir + "/wide", 10, 5, 1000), 1.0}};
+  job.eval.sources = {{make_dataset(dir + "/wide", 10, 5, 60000), 1.0}};
   expect_refused_before_writing(job, "outside the model's vocabulary");
 }
 

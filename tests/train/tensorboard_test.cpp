@@ -293,7 +293,10 @@ TEST(TensorBoard, TensorBoardsOwnReaderParsesTheFile) {
   std::array<char, 4096> buffer{};
   while (size_t n = std::fread(buffer.data(), 1, buffer.size(), pipe.get())) output.append(buffer.data(), n);
   ASSERT_EQ(pclose(pipe.release()), 0) << output;
-  const nlohmann::json scalars = nlohmann::json::parse(output.substr(output.find('{')));
+  // The script prints one JSON line last (TensorBoard may log warnings before it).
+  const size_t last_line = output.rfind('\n', output.size() >= 2 ? output.size() - 2 : 0);
+  const nlohmann::json scalars =
+      nlohmann::json::parse(last_line == std::string::npos ? output : output.substr(last_line + 1));
   // {tag: [[step, value], ...]}
   ASSERT_TRUE(scalars.contains("train/loss")) << output;
   EXPECT_EQ(scalars.at("train/loss").size(), 3u) << output;
