@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <optional>
 #include <sstream>
 #include <string_view>
@@ -58,6 +59,7 @@ template <class... F>
 Overloaded(F...) -> Overloaded<F...>;
 
 constexpr std::string_view kSourcesKey = "data.sources";
+constexpr std::string_view kEvalSourcesKey = "eval.sources";  // [[eval.sources]], read like data.sources
 
 // Every scalar key, in the order job_config_to_toml writes them. data.sources is read apart.
 std::vector<FieldRef> field_refs(JobConfig& c) {
@@ -98,6 +100,7 @@ std::vector<FieldRef> field_refs(JobConfig& c) {
       {"checkpoint.resume", &c.checkpoint.resume},
       {"metrics.jsonl", PathField{&c.metrics.jsonl}},
       {"metrics.console_every", &c.metrics.console_every},
+      {"metrics.tensorboard", PathField{&c.metrics.tensorboard}},
       {"parallel.pp", &c.parallel.pp},
       {"parallel.ep", &c.parallel.ep},
       {"parallel.cp", &c.parallel.cp},
@@ -109,6 +112,10 @@ std::vector<FieldRef> field_refs(JobConfig& c) {
       {"dist.local_ranks", &c.dist.local_ranks},
       {"dist.timeout_s", &c.dist.timeout_s},
       {"exact.enabled", &c.exact.enabled},
+      {"eval.path", DataPathField{&c.eval.sources}},
+      {"eval.every", &c.eval.every},
+      {"eval.tokens", &c.eval.tokens},
+      {"eval.micro_batch", &c.eval.micro_batch},
   };
 }
 
@@ -120,6 +127,7 @@ std::vector<std::string> known_keys() {
   std::vector<std::string> keys;
   for (const FieldRef& ref : field_refs(scratch)) keys.emplace_back(ref.key);
   keys.emplace_back(kSourcesKey);
+  keys.emplace_back(kEvalSourcesKey);
   return keys;
 }
 
@@ -230,6 +238,8 @@ class FileReader {
     std::vector<FieldRef> refs = field_refs(config);
     bool has_data_path = false;
     bool has_sources = false;
+    bool has_eval_path = false;
+    bool has_eval_sources = false;
     for (const auto& [section_key, section_node] : root) {
       const std::string section(section_key.str());
       if (std::find(sections.begin(), sections.end(), section) == sections.end()) {
@@ -247,15 +257,27 @@ class FileReader {
       for (const auto& [leaf, node] : *table) {
         const std::string key = section + "." + std::string(leaf.str());
         if (key == kSourcesKey) {
-          read_sources(node, config.data.sources);
+          read_sources(node, config.data.sources, kSourcesKey);
           has_sources = true;
+          continue;
+        }
+        if (key == kEvalSourcesKey) {
+          read_sources(node, config.eval.sources, kEvalSourcesKey);
+          has_eval_sources = true;
           continue;
         }
         const auto ref = std::find_if(refs.begin(), refs.end(), [&](const FieldRef& r) { return r.key == key; });
         if (ref == refs.end()) fail(leaf.source(), fmt::format("unknown key '{}'", key), suggestion(key, keys));
         assign(*ref, node);
         has_data_path = has_data_path || key == "data.path";
+        has_eval_path = has_eval_path || key == "eval.path";
       }
+    }
+    if (has_eval_path && has_eval_sources) {
+      MT_FAIL(
+          "{}: eval.path and [[eval.sources]] are both set; use eval.path for one held-out source or "
+          "[[eval.sources]] for several",
+          source_);
     }
     if (has_data_path && has_sources) {
       MT_FAIL(
@@ -333,16 +355,17 @@ class FileReader {
                ref.target);
   }
 
-  void read_sources(const toml::node& node, std::vector<DataSource>& sources) const {
+  // [[data.sources]] or [[eval.sources]] (`sources_key`).
+  void read_sources(const toml::node& node, std::vector<DataSource>& sources, std::string_view sources_key) const {
     const toml::array* array = node.as_array();
     if (array == nullptr) {
-      fail(node.source(), fmt::format("key '{}' must be an array of tables ([[{}]]) but found {}", kSourcesKey,
-                                      kSourcesKey, found_str(node)));
+      fail(node.source(), fmt::format("key '{}' must be an array of tables ([[{}]]) but found {}", sources_key,
+                                      sources_key, found_str(node)));
     }
     sources.clear();
     for (size_t i = 0; i < array->size(); ++i) {
       const toml::node& element = *array->get(i);
-      const std::string name = fmt::format("{}[{}]", kSourcesKey, i);
+      const std::string name = fmt::format("{}[{}]", sources_key, i);
       const toml::table* table = element.as_table();
       if (table == nullptr) {
         fail(element.source(),
@@ -471,6 +494,11 @@ void apply_override(JobConfig& config, const std::string& given) {
            "override '{}': {} cannot be overridden element by element; use data.path=PREFIX to replace every "
            "source with one, or edit the file",
            given, kSourcesKey);
+  MT_CHECK(key != kEvalSourcesKey && !key.starts_with(std::string(kEvalSourcesKey) + ".") &&
+               !key.starts_with(std::string(kEvalSourcesKey) + "["),
+           "override '{}': {} cannot be overridden element by element; use eval.path=PREFIX to replace every "
+           "held-out source with one, or edit the file",
+           given, kEvalSourcesKey);
   std::vector<FieldRef> refs = field_refs(config);
   const auto ref = std::find_if(refs.begin(), refs.end(), [&](const FieldRef& r) { return r.key == key; });
   MT_CHECK(ref != refs.end(), "override '{}': unknown key '{}'{}", given, key, suggestion(key, known_keys()));
@@ -529,6 +557,53 @@ constexpr int kMaxDeviceIndex = 1024;
 bool device_index_in_range(const std::string& device) {
   if (!device.starts_with("cuda:")) return true;
   return device.size() - 5 <= kMaxDeviceDigits && std::stoi(device.substr(5)) < kMaxDeviceIndex;
+}
+
+// [eval] and metrics.tensorboard (after [train] is checked): sizes bounded before the trainer plans from them, held-out
+// sources named when on, and a TensorBoard folder that is not a file (checked here, before any file is written).
+constexpr int64_t kMaxEvalEvery = int64_t{1} << 40;
+void validate_eval_and_tensorboard(JobConfig& c, const char* s) {
+  const EvalSection& e = c.eval;
+  MT_CHECK(e.every >= 0, "{}: eval.every must be >= 0 (0: no evaluation) but is {}", s, e.every);
+  MT_CHECK(e.every <= kMaxEvalEvery, "{}: eval.every is {}, more than the {} steps it may be (a mistyped value?)", s,
+           e.every, kMaxEvalEvery);
+  MT_CHECK(e.tokens >= 0, "{}: eval.tokens must be >= 0 but is {}", s, e.tokens);
+  MT_CHECK(e.micro_batch >= 0 && e.micro_batch <= kMaxJobExtent,
+           "{}: eval.micro_batch must be in [0, {}] (0: train.micro_batch) but is {}", s, kMaxJobExtent, e.micro_batch);
+  for (size_t i = 0; i < e.sources.size(); ++i) {
+    MT_CHECK(!e.sources[i].path.empty(), "{}: eval.sources[{}].path is empty (expected an indexed dataset prefix)", s,
+             i);
+    MT_CHECK(std::isfinite(e.sources[i].weight) && e.sources[i].weight > 0,
+             "{}: eval.sources[{}].weight must be > 0 but is {}", s, i, e.sources[i].weight);
+  }
+  if (e.every > 0) {
+    MT_CHECK(!e.sources.empty(),
+             "{}: eval.every = {} but no held-out data is set: set eval.path = PREFIX or add [[eval.sources]] tables "
+             "(or eval.every = 0)",
+             s, e.every);
+    const int64_t rows = e.micro_batch > 0 ? e.micro_batch : c.train.micro_batch;
+    int64_t micro_tokens = 0;
+    MT_CHECK(!__builtin_mul_overflow(rows, c.train.seq_len, &micro_tokens) &&
+                 micro_tokens <= std::numeric_limits<int32_t>::max(),
+             "{}: an evaluation micro-batch of eval.micro_batch x train.seq_len = {} x {} tokens is more than the {} "
+             "a micro-batch may hold",
+             s, rows, c.train.seq_len, std::numeric_limits<int32_t>::max());
+    MT_CHECK(e.tokens >= micro_tokens,
+             "{}: eval.tokens is {}, less than one evaluation micro-batch of {} x {} = {} tokens (eval.micro_batch x "
+             "train.seq_len)",
+             s, e.tokens, rows, c.train.seq_len, micro_tokens);
+    MT_CHECK(
+        e.tokens / micro_tokens < kMaxMicroBatchesPerStep,
+        "{}: eval.tokens is {}, {} micro-batches of {} tokens, more than the {} an evaluation may have (a mistyped "
+        "value?)",
+        s, e.tokens, e.tokens / micro_tokens, micro_tokens, kMaxMicroBatchesPerStep);
+  }
+  const std::string& tb = c.metrics.tensorboard;
+  std::error_code ec;
+  MT_CHECK(tb.empty() || !fs::exists(tb, ec) || fs::is_directory(tb, ec),
+           "{}: metrics.tensorboard is '{}', which exists and is not a folder (expected a folder for the event files, "
+           "created when missing)",
+           s, tb);
 }
 
 // Checks every rule of the header (the comparisons are written so NaN fails them) and fills the
@@ -682,6 +757,7 @@ void validate(JobConfig& c, const std::string& source) {
            "or dist.local_ranks = 0",
            s, c.dist.local_ranks, c.model.device);
   MT_CHECK(c.dist.timeout_s > 0, "{}: dist.timeout_s must be > 0 but is {}", s, c.dist.timeout_s);
+  validate_eval_and_tensorboard(c, s);
 }
 
 // The code point of the UTF-8 sequence at text[i] and its length in bytes; nullopt for bytes that do not start one.
@@ -737,10 +813,16 @@ std::string float_text(double value) {
   return text;
 }
 
-void write_sources(std::string& out, const std::vector<DataSource>& sources) {
+void write_sources(std::string& out, const std::vector<DataSource>& sources, std::string_view sources_key) {
   for (const DataSource& d : sources) {
-    out += fmt::format("\n[[{}]]\npath = {}\nweight = {}\n", kSourcesKey, quote(d.path), float_text(d.weight));
+    out += fmt::format("\n[[{}]]\npath = {}\nweight = {}\n", sources_key, quote(d.path), float_text(d.weight));
   }
+}
+
+// The [[data.sources]] or [[eval.sources]] tables that close `section`'s keys in the written TOML.
+void write_section_sources(std::string& out, std::string_view section, JobConfig& c) {
+  if (section == "data") write_sources(out, c.data.sources, kSourcesKey);
+  if (section == "eval") write_sources(out, c.eval.sources, kEvalSourcesKey);
 }
 
 JobConfig parse_with_base(const std::string& toml_text, const std::string& source, const fs::path& base,
@@ -791,7 +873,7 @@ std::string job_config_to_toml(const JobConfig& config) {
   for (const FieldRef& ref : field_refs(copy)) {
     if (std::holds_alternative<DataPathField>(ref.target)) continue;  // written as [[data.sources]]
     if (section_of(ref.key) != section) {
-      if (section == "data") write_sources(out, copy.data.sources);
+      write_section_sources(out, section, copy);
       section = section_of(ref.key);
       out += fmt::format("\n[{}]\n", section);
     }
@@ -809,7 +891,7 @@ std::string job_config_to_toml(const JobConfig& config) {
                    ref.target);
     out += fmt::format("{} = {}\n", leaf_of(ref.key), value);
   }
-  if (section == "data") write_sources(out, copy.data.sources);
+  write_section_sources(out, section, copy);
   return out;
 }
 

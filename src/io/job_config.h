@@ -113,6 +113,19 @@ struct ExactSection {
 struct MetricsSection {
   std::string jsonl;          // empty: no JSONL file
   int64_t console_every = 1;  // a progress line every N steps
+  std::string tensorboard;    // a folder for TensorBoard event files (created; rank 0 writes); empty: none
+};
+
+// Validation loss during training (docs/training.md, "Evaluation"): every `every` steps and after the last one, the
+// token-weighted cross-entropy of the first `tokens` tokens of the held-out set, in a fixed unshuffled order (the same
+// every evaluation and after a resume), forward only through the training executors.
+struct EvalSection {
+  std::vector<DataSource> sources;  // TOML: eval.path = PREFIX or [[eval.sources]] path = ..., weight = ...
+  int64_t every = 0;                // steps between evaluations; 0: no evaluation
+  // Tokens per evaluation, rounded up to whole micro-batches of micro_batch x train.seq_len, then to a multiple of
+  // the data-parallel ranks (each runs the same number); at least one micro-batch.
+  int64_t tokens = 0;
+  int64_t micro_batch = 0;  // rows per evaluation micro-batch; 0: train.micro_batch
 };
 
 struct JobConfig {
@@ -126,6 +139,7 @@ struct JobConfig {
   ParallelSection parallel;
   DistSection dist;
   ExactSection exact;
+  EvalSection eval;
 };
 
 // Reads `toml_path` (may be empty: defaults only), applies `overrides` in order (each

@@ -121,6 +121,9 @@ struct StepLoss {
   double z_loss = 0.0;
   double device_balance = 0.0;  // DeepSeek-V2's device-level balance (0 when off)
   int64_t num_tokens = 0;
+  // The load balance of each MoE layer in layer order (as load_balance, not averaged over the layers): token-weighted
+  // over the micro-batches. Empty for a dense model or when the router losses were not computed.
+  std::vector<double> layer_load_balance;
 };
 
 // The per-token log-probs of one micro-batch from its per-token losses (any device) and targets: f32 [T] on the CPU,

@@ -423,19 +423,26 @@ model::StepLoss DualPipeVExecutor::run_step(const std::vector<model::MicroBatch>
   step.num_targets = static_cast<int64_t>(sums[1]);
   step.num_tokens = static_cast<int64_t>(sums[2]);
   step.loss = step.ce_sum / sums[3];
+  // Each layer's place among the MoE layers (-1: dense): step.layer_load_balance as finish_router_losses sums it
+  // (per layer, over the micro-batches in order), the same bits as the plain executor's.
+  std::vector<int64_t> moe_index;
   int64_t moe_layers = 0;
-  for (const auto& layer : model_.layers()) moe_layers += layer->has_experts() ? 1 : 0;
+  for (const auto& layer : model_.layers()) moe_index.push_back(layer->has_experts() ? moe_layers++ : -1);
+  step.layer_load_balance.assign(static_cast<size_t>(moe_layers), 0.0);
   for (size_t mb = 0; mb < static_cast<size_t>(n); ++mb) {
     for (size_t l = 0; l < layers; ++l) {
       step.load_balance += sums[4 + (mb * layers + l) * 3];
       step.z_loss += sums[4 + (mb * layers + l) * 3 + 1];
       step.device_balance += sums[4 + (mb * layers + l) * 3 + 2];
+      if (moe_index[l] >= 0)
+        step.layer_load_balance[static_cast<size_t>(moe_index[l])] += sums[4 + (mb * layers + l) * 3];
     }
   }
   const double weight = static_cast<double>(step.num_tokens) * static_cast<double>(std::max<int64_t>(moe_layers, 1));
   step.load_balance /= weight;
   step.z_loss /= weight;
   step.device_balance /= weight;
+  for (double& lb : step.layer_load_balance) lb /= static_cast<double>(step.num_tokens);
   return step;
 }
 

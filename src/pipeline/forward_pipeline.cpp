@@ -160,7 +160,7 @@ Tensor ForwardPipeline::recv_activation(int stage, int mb, int peer, const model
   return activation_from_wire(wire, model_.compute_dtype());
 }
 
-std::vector<Tensor> ForwardPipeline::run(const std::vector<model::MicroBatch>& batches) {
+std::vector<Tensor> ForwardPipeline::run(const std::vector<model::MicroBatch>& batches, model::StepLoss* loss) {
   const int n = static_cast<int>(batches.size());
   std::string error;
   try {
@@ -178,6 +178,7 @@ std::vector<Tensor> ForwardPipeline::run(const std::vector<model::MicroBatch>& b
   // so the point-to-point transfers pair up and the ep peers run their MoE exchanges in the same order.
   const int stages = 2 * num_ranks_;
   std::vector<Tensor> logprobs;
+  model::StepLoss sums;
   for (int mb = 0; mb < n; ++mb) {
     const model::MicroBatch& local = batches[static_cast<size_t>(mb)];
     Tensor hidden;            // the activation handed over locally to this rank's next stage
@@ -209,6 +210,9 @@ std::vector<Tensor> ForwardPipeline::run(const std::vector<model::MicroBatch>& b
       chunk.drop(mb);
       if (chunk.is_loss_stage()) {
         logprobs.push_back(std::move(out.token_logprobs));
+        sums.ce_sum += out.loss.ce_sum;
+        sums.num_targets += out.loss.num_targets;
+        sums.num_tokens += in_batch.num_tokens();
         continue;
       }
       const int next = partition_.stages[static_cast<size_t>(s + 1)].rank;
@@ -220,6 +224,8 @@ std::vector<Tensor> ForwardPipeline::run(const std::vector<model::MicroBatch>& b
       }
     }
   }
+  sums.loss = sums.num_targets > 0 ? sums.ce_sum / static_cast<double>(sums.num_targets) : 0.0;
+  if (loss != nullptr) *loss = sums;
   return logprobs;
 }
 

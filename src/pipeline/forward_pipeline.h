@@ -43,8 +43,10 @@ class ForwardPipeline {
   // router-loss settings from their list. Before any transfer, every pp and ep rank learns whether every rank can
   // go on (n agrees, rank 0's micro-batches are valid), so a refusal is an error on every rank, not a hang.
   // Returns on pp rank 0 one f32 [T] CPU tensor per micro-batch, the token log-probs (as
-  // ForwardObservation::token_logprobs); an empty vector on the other ranks.
-  std::vector<Tensor> run(const std::vector<model::MicroBatch>& batches);
+  // ForwardObservation::token_logprobs); an empty vector on the other ranks. `loss` (may be null) receives on pp
+  // rank 0 the cross-entropy sum, counted targets and tokens of the micro-batches, summed in order as
+  // PlainExecutor::run_forward sums them (loss = ce_sum / num_targets; no router losses); zeros on the other ranks.
+  std::vector<Tensor> run(const std::vector<model::MicroBatch>& batches, model::StepLoss* loss = nullptr);
 
  private:
   void agree(int64_t count, const std::string& local_error);

@@ -33,20 +33,35 @@ void observe_forward(model::ForwardObservation* observe, ChunkForward& out) {
 }  // namespace
 
 void finish_router_losses(model::StepLoss& step, std::vector<model::RouterLossValues>& values,
-                          const model::CausalLm& model) {
+                          const std::vector<int64_t>& layers, const model::CausalLm& model) {
+  MT_CHECK(layers.size() == values.size(), "router losses: {} values but {} layer indices", values.size(),
+           layers.size());
   model::resolve_all(values);
   for (const model::RouterLossValues& v : values) {
     step.load_balance += v.load_balance * static_cast<double>(v.tokens);
     step.z_loss += v.z_loss * static_cast<double>(v.tokens);
     step.device_balance += v.device_balance * static_cast<double>(v.tokens);
   }
+  // Each MoE layer's place among the MoE layers (-1: dense).
+  std::vector<int64_t> moe_index;
   int64_t moe_layers = 0;
-  for (const auto& layer : model.layers()) moe_layers += layer->has_experts() ? 1 : 0;
+  for (const auto& layer : model.layers()) moe_index.push_back(layer->has_experts() ? moe_layers++ : -1);
+  step.layer_load_balance.clear();
+  if (!values.empty()) {
+    step.layer_load_balance.assign(static_cast<size_t>(moe_layers), 0.0);
+    for (size_t i = 0; i < values.size(); ++i) {
+      const int64_t at = moe_index.at(static_cast<size_t>(layers[i]));
+      MT_CHECK(at >= 0, "router losses: a value for decoder layer {}, which has no experts", layers[i]);
+      step.layer_load_balance[static_cast<size_t>(at)] +=
+          values[i].load_balance * static_cast<double>(values[i].tokens);
+    }
+  }
   const double weight = static_cast<double>(step.num_tokens) * static_cast<double>(std::max<int64_t>(moe_layers, 1));
   if (weight > 0.0) {  // no micro-batches (possible with ep and a global count): no router losses
     step.load_balance /= weight;
     step.z_loss /= weight;
     step.device_balance /= weight;
+    for (double& lb : step.layer_load_balance) lb /= static_cast<double>(step.num_tokens);
   }
 }
 
@@ -101,6 +116,7 @@ std::vector<Tensor> PlainExecutor::run_forward(const std::vector<model::MicroBat
   chunk_.set_observe(observe != nullptr, observe != nullptr && observe->keep_logits);
   model::StepLoss sums;
   std::vector<model::RouterLossValues> router_losses;
+  std::vector<int64_t> router_layers;
   std::vector<Tensor> logprobs;
   logprobs.reserve(batches.size());
   for (size_t i = 0; i < batches.size(); ++i) {
@@ -110,12 +126,15 @@ std::vector<Tensor> PlainExecutor::run_forward(const std::vector<model::MicroBat
     sums.ce_sum += out.loss.ce_sum;
     sums.num_targets += out.loss.num_targets;
     sums.num_tokens += batch.num_tokens();
-    for (auto& [layer, values] : out.router_losses) router_losses.push_back(values);
+    for (auto& [layer, values] : out.router_losses) {
+      router_losses.push_back(values);
+      router_layers.push_back(layer);
+    }
     logprobs.push_back(out.token_logprobs);
     observe_forward(observe, out);
   }
   sums.loss = sums.num_targets > 0 ? sums.ce_sum / static_cast<double>(sums.num_targets) : 0.0;
-  finish_router_losses(sums, router_losses, model_);
+  finish_router_losses(sums, router_losses, router_layers, model_);
   if (step != nullptr) *step = sums;
   return logprobs;
 }
@@ -128,6 +147,7 @@ model::StepLoss PlainExecutor::run_step(const std::vector<model::MicroBatch>& ba
   chunk_.set_observe(observe != nullptr, observe != nullptr && observe->keep_logits);
   model::StepLoss step;
   std::vector<model::RouterLossValues> router_losses;
+  std::vector<int64_t> router_layers;
   for (size_t i = 0; i < batches.size(); ++i) {
     const int mb = static_cast<int>(i);
     const model::MicroBatch batch = batches[i].to(model_.device());
@@ -136,11 +156,14 @@ model::StepLoss PlainExecutor::run_step(const std::vector<model::MicroBatch>& ba
     step.ce_sum += out.loss.ce_sum;
     step.num_targets += out.loss.num_targets;
     step.num_tokens += batch.num_tokens();
-    for (auto& [layer, values] : out.router_losses) router_losses.push_back(values);
+    for (auto& [layer, values] : out.router_losses) {
+      router_losses.push_back(values);
+      router_layers.push_back(layer);
+    }
     observe_forward(observe, out);
   }
   step.loss = step.ce_sum / static_cast<double>(denominator);
-  finish_router_losses(step, router_losses, model_);
+  finish_router_losses(step, router_losses, router_layers, model_);
   return step;
 }
 

@@ -71,7 +71,9 @@ model::StepLoss forward_only(const model::CausalLm& model, const std::vector<mod
 
 // Adds a forward's router-loss values to a step's sums (resolving them with one wait) and averages them: token-
 // weighted over the micro-batches, over the model's MoE layers. Every executor reports its step's router losses so.
+// `layers[i]` is the decoder layer of values[i]: step.layer_load_balance gets each MoE layer's token-weighted load
+// balance (summed over the micro-batches in order, divided by step.num_tokens), as DualPipeVExecutor computes it.
 void finish_router_losses(model::StepLoss& step, std::vector<model::RouterLossValues>& values,
-                          const model::CausalLm& model);
+                          const std::vector<int64_t>& layers, const model::CausalLm& model);
 
 }  // namespace moetrain::pipeline

@@ -34,6 +34,11 @@ std::string format_progress_line(const StepMetrics& m) {
   return line;
 }
 
+std::string format_eval_line(const StepMetrics& m) {
+  return fmt::format("step {}/{} | eval loss {:.4f} over {} tokens ({:.1f}s)", m.step, m.total_steps, m.eval_loss,
+                     m.eval_tokens, m.eval_seconds);
+}
+
 std::string format_jsonl_record(const StepMetrics& m) {
   nlohmann::json j;
   j["step"] = m.step;
@@ -50,11 +55,36 @@ std::string format_jsonl_record(const StepMetrics& m) {
   j["peak_mem_bytes"] = m.peak_mem_bytes;
   j["step_s"] = m.step_seconds;
   j["elapsed_s"] = m.elapsed_s;
+  if (!m.layer_load_balance.empty()) j["layer_load_balance"] = m.layer_load_balance;
+  if (m.has_eval) {
+    j["eval_loss"] = m.eval_loss;
+    j["eval_tokens"] = m.eval_tokens;
+  }
   return j.dump();
 }
 
-MetricsLog::MetricsLog(const std::string& jsonl_path, int64_t console_every)
+Scalars tensorboard_scalars(const StepMetrics& m) {
+  Scalars s = {{"train/loss", m.loss}, {"train/lb_loss", m.lb_loss}, {"train/z_loss", m.z_loss}};
+  if (m.has_device_balance) s.emplace_back("train/device_balance", m.device_balance);
+  s.insert(s.end(), {{"train/lr", m.lr},
+                     {"train/grad_norm", m.grad_norm},
+                     {"perf/tokens_per_s", m.tokens_per_s},
+                     {"perf/tflops", m.tflops},
+                     {"perf/mfu", m.mfu},
+                     {"mem/peak_gib", static_cast<double>(m.peak_mem_bytes) / double(int64_t{1} << 30)}});
+  for (size_t i = 0; i < m.layer_load_balance.size(); ++i) {
+    s.emplace_back(fmt::format("balance/layer_{:02}", i), m.layer_load_balance[i]);
+  }
+  if (m.has_eval) {
+    s.emplace_back("eval/loss", m.eval_loss);
+    s.emplace_back("eval/tokens", static_cast<double>(m.eval_tokens));
+  }
+  return s;
+}
+
+MetricsLog::MetricsLog(const std::string& jsonl_path, int64_t console_every, const std::string& tensorboard_dir)
     : jsonl_(nullptr, &std::fclose), console_every_(console_every) {
+  if (!tensorboard_dir.empty()) tensorboard_ = std::make_unique<TensorBoardWriter>(tensorboard_dir);
   if (jsonl_path.empty()) return;
   const std::filesystem::path parent = std::filesystem::path(jsonl_path).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent);
@@ -65,11 +95,13 @@ MetricsLog::MetricsLog(const std::string& jsonl_path, int64_t console_every)
 void MetricsLog::record(const StepMetrics& m) {
   if (console_every_ > 0 && (m.step % console_every_ == 0 || m.step == m.total_steps))
     log_info("{}", format_progress_line(m));
+  if (console_every_ > 0 && m.has_eval) log_info("{}", format_eval_line(m));
   if (jsonl_) {
     const std::string line = format_jsonl_record(m) + "\n";
     MT_CHECK(std::fwrite(line.data(), 1, line.size(), jsonl_.get()) == line.size() && std::fflush(jsonl_.get()) == 0,
              "metrics.jsonl: write failed: {}", std::strerror(errno));
   }
+  if (tensorboard_) tensorboard_->add_scalars(m.step, tensorboard_scalars(m));
 }
 
 }  // namespace moetrain::train

@@ -1,11 +1,15 @@
-// defines: the training metrics of each step, the console progress line and the JSONL log (one
-// JSON object per step, appended and flushed, so a crash loses at most the step in flight).
+// defines: the training metrics of each step, the console progress line, the JSONL log (one JSON object per step,
+// appended and flushed, so a crash loses at most the step in flight) and the TensorBoard scalars of a step
+// (train/tensorboard.h).
 #pragma once
 
 #include <cstdint>
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <vector>
+
+#include "train/tensorboard.h"
 
 namespace moetrain::train {
 
@@ -28,20 +32,39 @@ struct StepMetrics {
   int64_t peak_mem_bytes = 0;
   double elapsed_s = 0.0;  // since the start of this run
   double eta_s = 0.0;
+  // The load-balance value of each MoE layer, in layer order (same meaning as lb_loss: 1.0 = balanced),
+  // token-weighted over the step's micro-batches and data ranks; empty for dense models.
+  std::vector<double> layer_load_balance;
+  // An evaluation ran after this step ([eval]): the token-weighted held-out cross-entropy over eval_tokens targets.
+  bool has_eval = false;
+  double eval_loss = 0.0;
+  int64_t eval_tokens = 0;
+  double eval_seconds = 0.0;
 };
 
 std::string format_progress_line(const StepMetrics& m);
+// The console line of an evaluation: "eval loss X over N tokens (S s)".
+std::string format_eval_line(const StepMetrics& m);
+// JSON keys: step, loss, lb_loss, z_loss, device_balance (when on), grad_norm, lr, tokens, tokens_per_s, tflops, mfu,
+// peak_mem_bytes, step_s, elapsed_s, layer_load_balance (MoE models), eval_loss and eval_tokens (steps with an
+// evaluation). `moetrain report` reads these names: keep them stable.
 std::string format_jsonl_record(const StepMetrics& m);
+// The TensorBoard scalars of a step: train/loss, train/lb_loss, train/z_loss, train/device_balance (when on),
+// train/lr, train/grad_norm, perf/tokens_per_s, perf/tflops, perf/mfu, mem/peak_gib, balance/layer_NN (NN: the MoE
+// layer's place in layer_load_balance, two digits or more), and eval/loss with eval/tokens after an evaluation.
+Scalars tensorboard_scalars(const StepMetrics& m);
 
 class MetricsLog {
  public:
   // `jsonl_path` empty: no file. Appends to an existing file (a resumed run continues its log).
-  MetricsLog(const std::string& jsonl_path, int64_t console_every);
+  // `tensorboard_dir` empty: no event file; else a new event file in that folder (created).
+  MetricsLog(const std::string& jsonl_path, int64_t console_every, const std::string& tensorboard_dir = "");
   void record(const StepMetrics& m);
 
  private:
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> jsonl_;
   int64_t console_every_;
+  std::unique_ptr<TensorBoardWriter> tensorboard_;
 };
 
 }  // namespace moetrain::train

@@ -16,6 +16,7 @@
 #include "ops/elementwise.h"
 #include "ops/optim.h"
 #include "pipeline/dualpipev_executor.h"
+#include "pipeline/forward_pipeline.h"
 #include "pipeline/plain_executor.h"
 #include "train/checkpoint.h"
 #include "train/data_parallel.h"
@@ -64,12 +65,7 @@ std::string weights_folder(const std::string& model_config_path) {
 }  // namespace
 
 Trainer::Trainer(const io::JobConfig& config, dist::Mesh* mesh)
-    : config_(config),
-      mesh_(mesh),
-      schedule_(config.optim, config.train.steps),
-      // Ranks hold the same numbers after each step's reductions: the first one reports them.
-      metrics_(mesh == nullptr || mesh->rank() == 0 ? config.metrics.jsonl : std::string(),
-               mesh == nullptr || mesh->rank() == 0 ? config.metrics.console_every : 0) {
+    : config_(config), mesh_(mesh), schedule_(config.optim, config.train.steps) {
   if (mesh_ != nullptr) {
     const dist::MeshShape& shape = mesh_->shape();
     MT_CHECK(shape.world() == 1 || config.loss.load_balance != "global_batch" || config.loss.load_balance_coef == 0.0,
@@ -143,9 +139,87 @@ Trainer::Trainer(const io::JobConfig& config, dist::Mesh* mesh)
   log_info("model: {} with {} layers, {} parameters on {}, {} compute", model_config.model_type,
            model_config.num_hidden_layers, model_->params().num_parameters(), device.str(), config.model.compute_dtype);
   log_info("step: {} micro-batch(es) of {} tokens", micro_batches_per_step_, loader_->tokens_per_micro_batch());
+  setup_eval(model_config);  // the held-out set is opened and read once here: a bad one stops the job before any step
   init_weights();
   setup_sharding();  // ZeRO-3 shards the initial values; a resume then overwrites the shards
   resume_if_possible();
+  // Ranks hold the same numbers after each step's reductions: the first one reports them.
+  const bool reports = first_rank();
+  metrics_ = std::make_unique<MetricsLog>(reports ? config.metrics.jsonl : std::string(),
+                                          reports ? config.metrics.console_every : 0,
+                                          reports ? config.metrics.tensorboard : std::string());
+}
+
+// The held-out set ([eval]): its loader (the training data's mode, packed for synthetic training data; no shuffle, so
+// the order is the files' own), the number of micro-batches per data rank, and the forward-only pipeline of the
+// DualPipeV path. Every micro-batch of one evaluation is read once here, so that a missing or malformed file or a
+// token outside the vocabulary stops the job now, naming the key, rather than at the first evaluation.
+void Trainer::setup_eval(const model::ModelConfig& model_config) {
+  const io::EvalSection& eval = config_.eval;
+  if (eval.every <= 0) return;
+  data::LoaderOptions o;
+  o.sources = eval.sources;
+  o.mode = config_.data.mode == "fixed" ? "fixed" : "packed";
+  o.shuffle = false;
+  o.seq_len = config_.train.seq_len;
+  o.micro_batch = eval.micro_batch > 0 ? eval.micro_batch : config_.train.micro_batch;
+  o.seed = config_.train.seed;
+  o.vocab_size = model_config.vocab_size;
+  const int ranks = mesh_ != nullptr ? mesh_->dp_ep().size() : 1;
+  if (mesh_ != nullptr) {
+    o.rank = mesh_->dp_ep().rank();
+    o.world = ranks;
+  }
+  const int64_t micro_tokens = o.micro_batch * o.seq_len;
+  // Whole micro-batches (rounded up), then a multiple of the data ranks: every rank runs the same number.
+  const int64_t global = (eval.tokens + micro_tokens - 1) / micro_tokens;
+  eval_micro_batches_ = (global + ranks - 1) / ranks;
+  try {
+    eval_loader_ = std::make_unique<data::DataLoader>(o);
+    eval_start_ = eval_loader_->state();
+    for (int64_t i = 0; i < eval_micro_batches_; ++i) {
+      const model::MicroBatch batch = eval_loader_->next();
+      if (config_.exact.enabled) exact::check_varlen_metadata(batch, config_.train.seq_len, static_cast<int>(i));
+    }
+    eval_loader_->restore(eval_start_);
+  } catch (const Error& e) {
+    MT_FAIL("eval: the held-out data (eval.path or [[eval.sources]]) cannot be read: {}", e.what());
+  }
+  if (executor_) {
+    eval_pipeline_ = std::make_unique<pipeline::ForwardPipeline>(*model_, partition_, mesh_->pp(),
+                                                                 mesh_->ep().size() > 1 ? &mesh_->ep() : nullptr);
+    if (config_.exact.enabled) {  // as the training step's executor (setup_exact_mode)
+      eval_pipeline_->set_wire_dtype(DType::BF16);
+      eval_pipeline_->set_wire_check(
+          exact_wire_check(mesh_->pp().rank(), model_config.hidden_size, config_.train.seq_len));
+    }
+  }
+  log_info(
+      "eval: every {} steps and after the last, {} micro-batch(es) of {} tokens on each of {} data rank(s) ({} "
+      "tokens, eval.tokens = {})",
+      eval.every, eval_micro_batches_, micro_tokens, ranks, eval_micro_batches_ * micro_tokens * ranks, eval.tokens);
+}
+
+EvalResult Trainer::evaluate() {
+  MT_CHECK(eval_loader_ != nullptr, "trainer: evaluate() needs [eval] with eval.every > 0 and held-out data");
+  eval_loader_->restore(eval_start_);  // the same micro-batches every time
+  std::vector<model::MicroBatch> batches;
+  for (int64_t i = 0; i < eval_micro_batches_; ++i) batches.push_back(eval_loader_->next());
+  // No router-loss settings: the forward computes no auxiliary loss and no gradient reaches anything.
+  model::StepLoss local;
+  if (eval_pipeline_) {
+    eval_pipeline_->run(batches, &local);  // the sums on pp rank 0, zeros on the others
+  } else {
+    plain_->run_forward(batches, &local);
+  }
+  // Token-weighted as the training step's loss: the cross-entropy sum over every target of every data rank, divided
+  // by their count (pp first, where only pp rank 0 holds the loss; x + 0 = x, so the pipeline keeps its bits).
+  std::vector<double> sums = {local.ce_sum, static_cast<double>(local.num_targets)};
+  if (eval_pipeline_) sums = all_reduce_sum(mesh_->pp(), model_->device(), sums);
+  if (mesh_ != nullptr && mesh_->dp_ep().size() > 1) sums = all_reduce_sum(mesh_->dp_ep(), model_->device(), sums);
+  check_health();
+  MT_CHECK(sums[1] > 0, "eval: the held-out micro-batches hold no counted target");
+  return {sums[0] / sums[1], static_cast<int64_t>(sums[1])};
 }
 
 Trainer::~Trainer() = default;
@@ -323,15 +397,21 @@ void Trainer::reduce_across_ranks(model::StepLoss& loss) const {
   dist::Communicator& comm = mesh_->dp_ep();
   if (!sharded_) all_reduce_gradients(comm, owned_grads());  // ZeRO-3 reduce-scattered them already
   const double tokens = static_cast<double>(loss.num_tokens);
-  const std::vector<double> sums = all_reduce_sum(
-      comm, model_->device(),
-      {loss.loss, loss.ce_sum, tokens, loss.load_balance * tokens, loss.z_loss * tokens, loss.device_balance * tokens});
+  std::vector<double> local = {
+      loss.loss, loss.ce_sum, tokens, loss.load_balance * tokens, loss.z_loss * tokens, loss.device_balance * tokens};
+  // Each MoE layer's load balance, token-weighted like the step's (every rank sends one entry per MoE layer, zeros
+  // when it ran no micro-batch).
+  const size_t moe_layers = static_cast<size_t>(std::max<int64_t>(model_->config().num_moe_layers(), 0));
+  loss.layer_load_balance.resize(moe_layers, 0.0);
+  for (const double lb : loss.layer_load_balance) local.push_back(lb * tokens);
+  const std::vector<double> sums = all_reduce_sum(comm, model_->device(), local);
   loss.loss = sums[0];
   loss.ce_sum = sums[1];
   loss.num_tokens = static_cast<int64_t>(sums[2]);
   loss.load_balance = sums[2] > 0 ? sums[3] / sums[2] : 0.0;
   loss.z_loss = sums[2] > 0 ? sums[4] / sums[2] : 0.0;
   loss.device_balance = sums[2] > 0 ? sums[5] / sums[2] : 0.0;
+  for (size_t l = 0; l < moe_layers; ++l) loss.layer_load_balance[l] = sums[2] > 0 ? sums[6 + l] / sums[2] : 0.0;
 }
 
 void Trainer::init_weights() {
@@ -510,6 +590,7 @@ double Trainer::train_step(int64_t step) {
   last_.grad_norm = norm;
   last_.lr = lr;
   last_.tokens = loss.num_tokens;
+  last_.layer_load_balance = loss.layer_load_balance;
   return loss.loss;
 }
 
@@ -538,7 +619,17 @@ TrainSummary Trainer::run(int64_t max_steps_this_run) {
     last_.mfu = device_peak_flops_ > 0.0 ? last_.tflops * 1e12 / device_peak_flops_ : 0.0;
     last_.peak_mem_bytes = memory_stats(model_->device().kind).peak_bytes;
     last_.eta_s = last_.elapsed_s / static_cast<double>(taken) * static_cast<double>(total - step_);
-    metrics_.record(last_);
+    summary.layer_load_balance.push_back(last_.layer_load_balance);
+    last_.has_eval = config_.eval.every > 0 && (step_ % config_.eval.every == 0 || step_ == total);
+    if (last_.has_eval) {  // after the step's timing: tokens/s and MFU stay the training step's
+      const EvalResult eval = evaluate();
+      last_.eval_loss = eval.loss;
+      last_.eval_tokens = eval.tokens;
+      last_.eval_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+      summary.eval_steps.push_back(step_);
+      summary.eval_losses.push_back(eval.loss);
+    }
+    metrics_->record(last_);
     const bool periodic = config_.checkpoint.every > 0 && step_ % config_.checkpoint.every == 0;
     if (!config_.checkpoint.dir.empty() && (periodic || step_ == total)) {
       gather_pipeline_state();  // collective over pp: every rank takes part

@@ -2,7 +2,7 @@
 // parallelism; DualPipeV pipeline parallelism; exact mode): model and optimizer set-up (from a seed or HF weights),
 // automatic resume from the newest complete checkpoint, micro-batch accumulation with the token-weighted loss,
 // clipping, AdamW on fp32 masters, the LR schedule, NaN/Inf detection (stop before the optimizer step; never checkpoint
-// poisoned state), metrics and checkpoints.
+// poisoned state), metrics (JSONL, console, TensorBoard), the held-out evaluation ([eval]) and checkpoints.
 #pragma once
 
 #include <cstdint>
@@ -26,6 +26,7 @@ class Mesh;
 }
 namespace moetrain::pipeline {
 class DualPipeVExecutor;
+class ForwardPipeline;
 class PlainExecutor;
 }  // namespace moetrain::pipeline
 
@@ -40,6 +41,16 @@ struct TrainSummary {
   std::vector<double> grad_norms;    // gradient norm before clipping, per step
   std::vector<double> step_seconds;  // wall time of every step, device work included
   std::vector<int64_t> step_tokens;  // tokens of every step
+  // The load balance of each MoE layer at every step (empty vectors for a dense model).
+  std::vector<std::vector<double>> layer_load_balance;
+  std::vector<int64_t> eval_steps;  // the steps after which an evaluation ran ([eval])
+  std::vector<double> eval_losses;  // their held-out losses
+};
+
+// One evaluation ([eval]): the token-weighted cross-entropy over `tokens` held-out targets of every data rank.
+struct EvalResult {
+  double loss = 0.0;
+  int64_t tokens = 0;
 };
 
 // Supplies the micro-batches of a step instead of the data loader (tests feed reference batches).
@@ -63,6 +74,15 @@ class Trainer {
   TrainSummary run(int64_t max_steps_this_run = 0);
 
   void use_batch_source(BatchSource source) { batch_source_ = std::move(source); }
+
+  // Evaluates the held-out set of [eval] now (collective: every rank of the mesh calls it): the first eval.tokens
+  // tokens (rounded up to whole micro-batches, then to a multiple of the data ranks) in a fixed unshuffled order,
+  // forward only through the training executor (the plain one, with ep; DualPipeV's forward pipeline when pp > 1),
+  // no gradient, no router-loss gradient, no optimizer, training data or RNG state touched. run() calls it every
+  // eval.every steps and after the last. Refused when eval.every = 0.
+  EvalResult evaluate();
+  // Micro-batches of one evaluation on each data rank (0 when [eval] is off).
+  int64_t eval_micro_batches() const { return eval_micro_batches_; }
 
   const model::CausalLm& model() const { return *model_; }
   const AdamW& optimizer() const { return *optimizer_; }
@@ -105,6 +125,7 @@ class Trainer {
   void optimizer_step(double lr);
   void gather_pipeline_state();
   void check_health() const;
+  void setup_eval(const model::ModelConfig& model_config);
 
   io::JobConfig config_;
   dist::Mesh* mesh_ = nullptr;
@@ -112,7 +133,7 @@ class Trainer {
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<data::DataLoader> loader_;
   LrSchedule schedule_;
-  MetricsLog metrics_;
+  std::unique_ptr<MetricsLog> metrics_;  // created last in the constructor: a refused job writes no file
   model::RouterLossSettings router_loss_;
   std::vector<Tensor> running_counts_;  // global_batch: i32 [E] per MoE layer (model/router_loss.h)
   int64_t micro_batches_per_step_ = 0;
@@ -127,6 +148,12 @@ class Trainer {
   std::unique_ptr<pipeline::PlainExecutor> plain_;  // pp = 1 without the DualPipeV schedule (ep, ZeRO-3 or one rank)
   std::unique_ptr<FullyShardedModel> sharded_;      // ZeRO-3 (parallel.sharding); the plain executor runs its hooks
   std::vector<bool> owned_;                         // per parameter; empty: this rank owns every parameter
+  // Evaluation ([eval]): the held-out loader, rewound to its start before every evaluation, and the forward-only
+  // pipeline of the DualPipeV path.
+  std::unique_ptr<data::DataLoader> eval_loader_;
+  nlohmann::json eval_start_;
+  int64_t eval_micro_batches_ = 0;
+  std::unique_ptr<pipeline::ForwardPipeline> eval_pipeline_;
 };
 
 }  // namespace moetrain::train

@@ -118,6 +118,15 @@ void expect_same_config(const JobConfig& a, const JobConfig& b) {
   EXPECT_EQ(a.dist.local_ranks, b.dist.local_ranks);
   EXPECT_EQ(a.dist.timeout_s, b.dist.timeout_s);
   EXPECT_EQ(a.exact.enabled, b.exact.enabled);
+  EXPECT_EQ(a.metrics.tensorboard, b.metrics.tensorboard);
+  ASSERT_EQ(a.eval.sources.size(), b.eval.sources.size());
+  for (size_t i = 0; i < a.eval.sources.size(); ++i) {
+    EXPECT_EQ(a.eval.sources[i].path, b.eval.sources[i].path) << i;
+    EXPECT_EQ(a.eval.sources[i].weight, b.eval.sources[i].weight) << i;
+  }
+  EXPECT_EQ(a.eval.every, b.eval.every);
+  EXPECT_EQ(a.eval.tokens, b.eval.tokens);
+  EXPECT_EQ(a.eval.micro_batch, b.eval.micro_batch);
 }
 
 // Changes the working directory for one test and restores it.
@@ -436,7 +445,11 @@ TEST(JobConfig, WriterWritesEveryKey) {
                           "local_ranks = 0",
                           "timeout_s = 300",
                           "[exact]",
-                          "enabled = false"}) {
+                          "enabled = false",
+                          "tensorboard = \"\"",
+                          "[eval]",
+                          "every = 0",
+                          "tokens = 0"}) {
     EXPECT_NE(text.find(key), std::string::npos) << "'" << key << "' missing from\n" << text;
   }
 }
@@ -858,6 +871,108 @@ TEST(JobConfig, NonAsciiIsRefusedByPositionAndEscapedStringsRoundTrip) {
   EXPECT_NE(written.find("/mod\\u00E8les/tiny"), std::string::npos) << written;
   EXPECT_EQ(parse_job_config(written, "resolved.toml", {}).model.config, escaped.model.config);
   expect_override_error("train.steps=3\xc3\xa9", {"train.steps"});
+}
+
+// [eval] and metrics.tensorboard (issue 18): the keys, the [[eval.sources]] tables, overrides and the round trip.
+TEST(JobConfig, ParsesEvalSectionAndTensorBoardFolder) {
+  const JobConfig c = parse_job_config(std::string(kMinimal) + R"(
+[metrics]
+tensorboard = "tb"
+
+[eval]
+path = "held/out"
+every = 50
+tokens = 4096
+micro_batch = 3
+)",
+                                       "/jobs/job.toml", {});
+  EXPECT_EQ(c.metrics.tensorboard, "/jobs/tb");
+  ASSERT_EQ(c.eval.sources.size(), 1u);
+  EXPECT_EQ(c.eval.sources[0].path, "/jobs/held/out");
+  EXPECT_EQ(c.eval.sources[0].weight, 1.0);
+  EXPECT_EQ(c.eval.every, 50);
+  EXPECT_EQ(c.eval.tokens, 4096);
+  EXPECT_EQ(c.eval.micro_batch, 3);
+  // Defaults: off.
+  const JobConfig d = parse_job_config(kMinimal, "job.toml", {});
+  EXPECT_EQ(d.eval.every, 0);
+  EXPECT_TRUE(d.eval.sources.empty());
+  EXPECT_TRUE(d.metrics.tensorboard.empty());
+
+  const JobConfig tables = parse_job_config(std::string(kMinimal) + R"(
+[eval]
+every = 10
+tokens = 16
+
+[[eval.sources]]
+path = "/a"
+weight = 2.0
+
+[[eval.sources]]
+path = "/b"
+)",
+                                            "job.toml", {"--eval.every=5", "eval.tokens=32"});
+  ASSERT_EQ(tables.eval.sources.size(), 2u);
+  EXPECT_EQ(tables.eval.sources[0].weight, 2.0);
+  EXPECT_EQ(tables.eval.sources[1].path, "/b");
+  EXPECT_EQ(tables.eval.every, 5);
+  EXPECT_EQ(tables.eval.tokens, 32);
+  const std::string text = job_config_to_toml(tables);
+  EXPECT_NE(text.find("[eval]\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("[[eval.sources]]\npath = \"/b\"\nweight = 1.0\n"), std::string::npos) << text;
+  const JobConfig back = parse_job_config(text, "resolved.toml", {});
+  expect_same_config(back, tables);
+  EXPECT_EQ(job_config_to_toml(back), text);
+  // eval.path replaces every held-out source; empty removes them (and then eval.every must be 0).
+  const JobConfig one = parse_job_config(text, "resolved.toml", {"--eval.path=/c"});
+  ASSERT_EQ(one.eval.sources.size(), 1u);
+  EXPECT_EQ(one.eval.sources[0].path, "/c");
+  EXPECT_TRUE(parse_job_config(text, "resolved.toml", {"--eval.path=", "--eval.every=0"}).eval.sources.empty());
+}
+
+TEST(JobConfig, ValidatesEvalSectionAndTensorBoardFolder) {
+  const std::string on = std::string(kMinimal) + "\n[eval]\npath = \"/held\"\nevery = 10\ntokens = 64\n";
+  EXPECT_EQ(parse_job_config(on, "job.toml", {}).eval.tokens, 64);
+  expect_error([&] { parse_job_config(on, "job.toml", {"--eval.every=-1"}); }, {"eval.every must be >= 0", "-1"});
+  expect_error([&] { parse_job_config(on, "job.toml", {"--eval.every=2000000000000"}); },
+               {"eval.every is 2000000000000"});
+  // One micro-batch is train.micro_batch (1) x seq_len (16) = 16 tokens, or eval.micro_batch x 16.
+  expect_error([&] { parse_job_config(on, "job.toml", {"--eval.tokens=15"}); },
+               {"eval.tokens is 15, less than one evaluation micro-batch of 1 x 16 = 16 tokens"});
+  expect_error([&] { parse_job_config(on, "job.toml", {"--eval.micro_batch=8"}); },
+               {"eval.tokens is 64, less than one evaluation micro-batch of 8 x 16 = 128 tokens"});
+  expect_error([&] { parse_job_config(on, "job.toml", {"--eval.micro_batch=-2"}); },
+               {"eval.micro_batch must be in [0, ", "-2"});
+  expect_error([&] { parse_job_config(on, "job.toml", {"--eval.tokens=100000000000000"}); },
+               {"eval.tokens is 100000000000000", "micro-batches"});
+  expect_error(
+      [&] {
+        parse_job_config(on, "job.toml", {"--eval.micro_batch=16777216", "--train.seq_len=16777216"});
+      },
+      {"evaluation micro-batch of eval.micro_batch x train.seq_len"});
+  expect_error([&] { parse_job_config(on, "job.toml", {"--eval.path="}); },
+               {"eval.every = 10 but no held-out data", "eval.path"});
+  expect_text_error(std::string(kMinimal) + "\n[eval]\nevery = 1\ntokens = 16\n", {"no held-out data"});
+  expect_text_error(std::string(kMinimal) + "\n[eval]\npath = \"/a\"\n\n[[eval.sources]]\npath = \"/b\"\n",
+                    {"eval.path and [[eval.sources]] are both set"});
+  expect_text_error(std::string(kMinimal) + "\n[[eval.sources]]\nweight = 2.0\n", {"'eval.sources[0]' has no path"});
+  expect_text_error(std::string(kMinimal) + "\n[[eval.sources]]\npath = \"/a\"\nweight = 0.0\n",
+                    {"eval.sources[0].weight must be > 0"});
+  expect_text_error(std::string(kMinimal) + "\n[[eval.sources]]\npath = \"/a\"\nwieght = 1.0\n",
+                    {"unknown key 'eval.sources[0].wieght'", "did you mean 'eval.sources[0].weight'?"});
+  expect_override_error("--eval.sources[0].path=/x", {"eval.sources cannot be overridden element by element"});
+  expect_override_error("--eval.evry=3", {"unknown key 'eval.evry'", "did you mean 'eval.every'?"});
+  // Off (every = 0), the other keys are not required.
+  EXPECT_EQ(parse_job_config(kMinimal, "job.toml", {"--eval.tokens=1"}).eval.every, 0);
+
+  // metrics.tensorboard naming a file is refused before anything is written; a missing folder is fine (created).
+  const std::string dir = testing::make_temp_dir("job_config_tensorboard");
+  write_file(dir + "/a_file", "x");
+  expect_override_error("--metrics.tensorboard=" + dir + "/a_file",
+                        {"metrics.tensorboard is '" + dir + "/a_file', which exists and is not a folder"});
+  EXPECT_EQ(parse_job_config(kMinimal, "job.toml", {"--metrics.tensorboard=" + dir + "/new"}).metrics.tensorboard,
+            dir + "/new");
+  EXPECT_FALSE(fs::exists(dir + "/new")) << "validation creates nothing";
 }
 
 }  // namespace
