@@ -1,9 +1,9 @@
 // defines: the `data` command group of the `moetrain` program (one subcommand so far: prepare).
 #include "cli/data_command.h"
 
+#include <unistd.h>
 #include <cstdio>
 #include <memory>
-#include <unistd.h>
 
 #include <fmt/format.h>
 
@@ -40,7 +40,8 @@ int run_data_prepare(const DataPrepareOptions& options) {
   fmt::print("data prepare: wrote {} and {}\n", summary.idx_path, summary.bin_path);
   if (!summary.tokenizer.empty()) {
     fmt::print("data prepare: {:.1f} MB in {:.1f} s ({:.2f} MB/s)\n", static_cast<double>(summary.input_bytes) / 1e6,
-               summary.seconds, summary.seconds > 0 ? static_cast<double>(summary.input_bytes) / 1e6 / summary.seconds : 0.0);
+               summary.seconds,
+               summary.seconds > 0 ? static_cast<double>(summary.input_bytes) / 1e6 / summary.seconds : 0.0);
   }
   std::fflush(stdout);
   return 0;
@@ -66,8 +67,8 @@ void add_data_command(CLI::App& app, std::function<int()>& command) {
       "--tokenizer", options->tokenizer,
       "tokenizer.json, or a folder holding one: byte-level BPE (Qwen2/3, DeepSeek-V3, GPT-OSS, GPT-2 styles) for the "
       "text in --text-field (default \"text\")");
-  CLI::Option* threads = prepare->add_option("--threads", options->threads,
-                                             "tokenizer worker threads (0: one per hardware thread)");
+  CLI::Option* threads =
+      prepare->add_option("--threads", options->threads, "tokenizer worker threads (0: one per hardware thread)");
   CLI::Option* text = prepare->add_option("--text", options->text_files,
                                           "plain-text files; each paragraph (lines up to a blank line) is a document");
   CLI::Option* eod_option = prepare->add_option("--eod", *eod,

@@ -23,9 +23,9 @@ struct AddedToken {
   int32_t id = 0;
   std::string content;
   bool special = false;
-  bool normalized = false;  // matched in the normalised text (content normalised too) rather than the raw one
-  bool lstrip = false;      // takes the white space before it
-  bool rstrip = false;      // takes the white space after it
+  bool normalized = false;   // matched in the normalised text (content normalised too) rather than the raw one
+  bool lstrip = false;       // takes the white space before it
+  bool rstrip = false;       // takes the white space after it
   bool single_word = false;  // only where no word character touches it
 };
 

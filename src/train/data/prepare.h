@@ -16,11 +16,11 @@ namespace moetrain::train::data {
 
 // Where a tokenizer run stands, reported now and then while it streams.
 struct PrepareProgress {
-  int64_t documents = 0;     // written so far
-  int64_t tokens = 0;        // written so far, EODs included
-  int64_t input_bytes = 0;   // of the input consumed so far
-  double seconds = 0;        // since the start
-  bool final = false;        // the last report, once everything is written
+  int64_t documents = 0;    // written so far
+  int64_t tokens = 0;       // written so far, EODs included
+  int64_t input_bytes = 0;  // of the input consumed so far
+  double seconds = 0;       // since the start
+  bool final = false;       // the last report, once everything is written
 };
 
 struct PrepareOptions {

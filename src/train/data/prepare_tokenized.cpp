@@ -33,9 +33,9 @@ struct Block {
   int64_t first_line = 0;  // line number of lines[0]
   int64_t bytes = 0;
   // Results, valid once done.
-  std::vector<int32_t> ids;        // every document's ids, EOD included, back to back
-  std::vector<int64_t> sizes;      // tokens of each document
-  int64_t skipped = 0;             // empty documents
+  std::vector<int32_t> ids;    // every document's ids, EOD included, back to back
+  std::vector<int64_t> sizes;  // tokens of each document
+  int64_t skipped = 0;         // empty documents
   std::exception_ptr error;
   bool done = false;
 };
@@ -111,8 +111,8 @@ class EncoderPool {
       MT_CHECK(object.is_object(), "{}: the line is a JSON {} (expected a JSON object per line)", where,
                object.type_name());
       const auto it = object.find(field_);
-      MT_CHECK(it != object.end(), "{}: missing field \"{}\" (expected a text string; --text-field picks another field)",
-               where, field_);
+      MT_CHECK(it != object.end(),
+               "{}: missing field \"{}\" (expected a text string; --text-field picks another field)", where, field_);
       MT_CHECK(it->is_string(), "{}: field \"{}\" is {} (expected a text string)", where, field_, it->type_name());
       const size_t first = block.ids.size();
       encoder.encode(it->get_ref<const std::string&>(), block.ids);
@@ -200,8 +200,8 @@ PrepareSummary prepare_tokenized(const PrepareOptions& options) {
 
   CreatedFolder folder(fs::path(options.output).parent_path());
   IndexedDatasetBuilder builder(options.output, summary.dtype);
-  const int threads = options.threads > 0 ? options.threads
-                                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int threads =
+      options.threads > 0 ? options.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   EncoderPool pool(tokenizer, threads, options.input, field, eod.id);
   const size_t max_in_flight = 2 * static_cast<size_t>(threads) + 1;
   std::deque<std::shared_ptr<Block>> in_flight;
@@ -213,8 +213,8 @@ PrepareSummary prepare_tokenized(const PrepareOptions& options) {
   };
   const auto report = [&](bool final) {
     if (!options.progress) return;
-    options.progress(PrepareProgress{summary.documents, summary.tokens, summary.input_bytes, seconds_since_start(),
-                                     final});
+    options.progress(
+        PrepareProgress{summary.documents, summary.tokens, summary.input_bytes, seconds_since_start(), final});
   };
   for (;;) {
     while (!eof && in_flight.size() < max_in_flight) {

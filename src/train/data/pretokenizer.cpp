@@ -104,10 +104,10 @@ size_t match_gpt2(const View& v, size_t i) {
     if (pred(i)) return v.run(i, pred);
     return i;
   };
-  if (size_t j = optional_space_run([&](size_t k) { return v.letter(k); }); j > i) return j;    //  ?\p{L}+
-  if (size_t j = optional_space_run([&](size_t k) { return v.number(k); }); j > i) return j;    //  ?\p{N}+
-  if (size_t j = optional_space_run([&](size_t k) { return v.other(k); }); j > i) return j;     //  ?[^\s\p{L}\p{N}]+
-  return v.ws(i) ? spaces(v, i) : i;                                                              // \s+(?!\S)|\s+
+  if (size_t j = optional_space_run([&](size_t k) { return v.letter(k); }); j > i) return j;  //  ?\p{L}+
+  if (size_t j = optional_space_run([&](size_t k) { return v.number(k); }); j > i) return j;  //  ?\p{N}+
+  if (size_t j = optional_space_run([&](size_t k) { return v.other(k); }); j > i) return j;   //  ?[^\s\p{L}\p{N}]+
+  return v.ws(i) ? spaces(v, i) : i;                                                          // \s+(?!\S)|\s+
 }
 
 // Qwen2 (most_digits 1) and cl100k (3).
@@ -126,7 +126,7 @@ size_t match_qwen2(const View& v, size_t i, size_t most_digits) {
   if (v.cp(i) == ' ' && i + 1 < v.end && v.other(i + 1)) return v.run(v.run(i + 1, other), crlf);
   if (!v.ws(i)) return i;
   if (const size_t j = spaces_to_newline(v, i); j > i) return j;  // \s*[\r\n]+
-  return spaces(v, i);                                             // \s+(?!\S)|\s+
+  return spaces(v, i);                                            // \s+(?!\S)|\s+
 }
 
 size_t match_o200k(const View& v, size_t i) {
@@ -187,8 +187,7 @@ bool is_cjk(char32_t c) {
 size_t match_deepseek_main(const View& v, size_t i) {
   const auto ascii_punct = [&](size_t k) {
     const char32_t c = v.cp(k);
-    return (c >= 0x21 && c <= 0x2F) || (c >= 0x3A && c <= 0x40) || (c >= 0x5B && c <= 0x60) ||
-           (c >= 0x7B && c <= 0x7E);
+    return (c >= 0x21 && c <= 0x2F) || (c >= 0x3A && c <= 0x40) || (c >= 0x5B && c <= 0x60) || (c >= 0x7B && c <= 0x7E);
   };
   const auto ascii_letter = [&](size_t k) {
     const char32_t c = v.cp(k);
@@ -196,9 +195,7 @@ size_t match_deepseek_main(const View& v, size_t i) {
   };
   // [!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+
   if (ascii_punct(i) && i + 1 < v.end && ascii_letter(i + 1)) return v.run(i + 1, ascii_letter);
-  const auto punct_symbol = [&](size_t k) {
-    return unicode::is_punctuation(v.cat(k)) || unicode::is_symbol(v.cat(k));
-  };
+  const auto punct_symbol = [&](size_t k) { return unicode::is_punctuation(v.cat(k)) || unicode::is_symbol(v.cat(k)); };
   const auto letter_mark = [&](size_t k) { return v.letter(k) || unicode::is_mark(v.cat(k)); };
   // [^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+
   if (!v.crlf(i) && !v.letter(i) && !punct_symbol(i) && i + 1 < v.end && letter_mark(i + 1)) {

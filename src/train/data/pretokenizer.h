@@ -15,13 +15,13 @@
 namespace moetrain::train::data {
 
 enum class SplitPattern {
-  kGpt2,              // 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
-  kQwen2,             // (?i:'s|...)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
-  kCl100k,            // the same with \p{N}{1,3} (cl100k_base, Llama 3)
-  kO200k,             // o200k_base (GPT-4o, GPT-OSS)
-  kDeepSeekDigits,    // \p{N}{1,3} (DeepSeek-V3's first split)
-  kDeepSeekCjk,       // [一-龥぀-ゟ゠-ヿ]+ (its second)
-  kDeepSeekMain,      // its third: ASCII punctuation + letters, letters and marks, punctuation and symbols, spaces
+  kGpt2,            // 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+  kQwen2,           // (?i:'s|...)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+  kCl100k,          // the same with \p{N}{1,3} (cl100k_base, Llama 3)
+  kO200k,           // o200k_base (GPT-4o, GPT-OSS)
+  kDeepSeekDigits,  // \p{N}{1,3} (DeepSeek-V3's first split)
+  kDeepSeekCjk,     // [一-龥぀-ゟ゠-ヿ]+ (its second)
+  kDeepSeekMain,    // its third: ASCII punctuation + letters, letters and marks, punctuation and symbols, spaces
 };
 
 // The pattern spelled exactly `regex` (a literal CR or LF and the escapes \r, \n are the same), or nullopt.

@@ -275,8 +275,8 @@ BpeTokenizer BpeTokenizer::from_json(std::string_view text, const std::string& o
       MT_CHECK(a.is_object(), "{} is {} (expected an object)", at, a.type_name());
       const auto id = a.find("id");
       const auto content = a.find("content");
-      MT_CHECK(id != a.end() && content != a.end() && content->is_string(),
-               "{} lacks \"id\" or a \"content\" string", at);
+      MT_CHECK(id != a.end() && content != a.end() && content->is_string(), "{} lacks \"id\" or a \"content\" string",
+               at);
       AddedToken token;
       token.id = token_id_value(*id, at + ".id");
       token.content = content->get<std::string>();
@@ -324,9 +324,10 @@ std::string BpeTokenizer::describe() const {
   for (SplitPattern p : splits_) patterns += (patterns.empty() ? "" : " + ") + std::string(split_pattern_name(p));
   int64_t special = 0;
   for (const AddedToken& t : added_) special += t.special ? 1 : 0;
-  return fmt::format("byte-level BPE, {} ids, {} merges{}; normalizer {}; pre-tokenizer {}; {} added tokens ({} special)",
-                     vocab_size_, merge_count_, ignore_merges_ ? " (ignore_merges)" : "", nfc_ ? "NFC" : "none",
-                     patterns.empty() ? "bytes only" : patterns, added_.size(), special);
+  return fmt::format(
+      "byte-level BPE, {} ids, {} merges{}; normalizer {}; pre-tokenizer {}; {} added tokens ({} special)", vocab_size_,
+      merge_count_, ignore_merges_ ? " (ignore_merges)" : "", nfc_ ? "NFC" : "none",
+      patterns.empty() ? "bytes only" : patterns, added_.size(), special);
 }
 
 EodChoice choose_eod(const BpeTokenizer& tokenizer, const std::string& path, std::optional<int64_t> eod) {

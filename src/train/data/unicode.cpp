@@ -19,8 +19,8 @@ constexpr char32_t kSBase = 0xAC00, kLBase = 0x1100, kVBase = 0x1161, kTBase = 0
 constexpr char32_t kLCount = 19, kVCount = 21, kTCount = 28, kNCount = kVCount * kTCount, kSCount = kLCount * kNCount;
 
 struct Tables {
-  std::vector<uint8_t> props;        // properties byte per code point
-  std::vector<uint8_t> ccc;          // combining class per code point
+  std::vector<uint8_t> props;          // properties byte per code point
+  std::vector<uint8_t> ccc;            // combining class per code point
   std::vector<uint64_t> nfc_unstable;  // one bit per code point
 };
 

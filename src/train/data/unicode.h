@@ -10,7 +10,36 @@ namespace moetrain::train::data::unicode {
 
 // General categories, in the order of scripts/gen_unicode_tables.py's CATEGORIES.
 enum class Category : uint8_t {
-  Cn, Lu, Ll, Lt, Lm, Lo, Mn, Mc, Me, Nd, Nl, No, Pc, Pd, Ps, Pe, Pi, Pf, Po, Sm, Sc, Sk, So, Zs, Zl, Zp, Cc, Cf, Cs, Co
+  Cn,
+  Lu,
+  Ll,
+  Lt,
+  Lm,
+  Lo,
+  Mn,
+  Mc,
+  Me,
+  Nd,
+  Nl,
+  No,
+  Pc,
+  Pd,
+  Ps,
+  Pe,
+  Pi,
+  Pf,
+  Po,
+  Sm,
+  Sc,
+  Sk,
+  So,
+  Zs,
+  Zl,
+  Zp,
+  Cc,
+  Cf,
+  Cs,
+  Co
 };
 
 // One byte per code point: the category in the low 5 bits, then White_Space and Alphabetic.
