@@ -8,8 +8,10 @@ Hugging Face `tokenizers` library as the reference:
   Isolated) + ByteLevel(use_regex=false)), an NFC normaliser, the special tokens <|endoftext|>, <|im_start|>,
   <|im_end|> and non-special added tokens with every flag; qwen/expected_ids.jsonl: tokenizers' ids per document
   ({"doc": line index, "ids": [...]});
-- gpt2/tokenizer.json (vocab 600, ByteLevel(use_regex=true), no normaliser) and gpt2/expected_ids.jsonl (every
-  third generated document and the hand-made ones);
+- gpt2/tokenizer.json (vocab 600, ByteLevel(use_regex=true), no normaliser), deepseek/tokenizer.json (vocab 500,
+  DeepSeek-V3's three Splits, an empty normaliser Sequence, a BOS TemplateProcessing) and o200k/tokenizer.json
+  (vocab 500, GPT-OSS's Split(o200k) + ByteLevel), each with expected_ids.jsonl (every fifth generated document and
+  the hand-made ones);
 - splits.jsonl: each known split pattern on tricky strings, pieces from tokenizers' pre_tokenize_str (checked
   against Python's `regex` module when it is installed);
 - patterns.json: the regex strings of those patterns, as tokenizer.json files spell them;
@@ -22,7 +24,8 @@ import os
 import random
 import unicodedata
 
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import (AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors,
+                        trainers)
 
 try:
     import regex
@@ -144,6 +147,38 @@ def gpt2_tokenizer(corpus):
     return tok
 
 
+def deepseek_tokenizer(corpus):
+    """DeepSeek-V3's layout: an empty normaliser Sequence, its three Splits then ByteLevel, a BOS post-processor."""
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.Sequence([])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Split(Regex(p), behavior="isolated", invert=False) for p in DEEPSEEK] +
+        [pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"]
+    trainer = trainers.BpeTrainer(vocab_size=500, min_frequency=2, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=specials)
+    tok.train_from_iterator(corpus, trainer)
+    tok.post_processor = processors.TemplateProcessing(single="<｜begin▁of▁sentence｜> $A", pair=None,
+                                                       special_tokens=[(specials[0], 0)])
+    return tok
+
+
+def o200k_tokenizer(corpus):
+    """GPT-OSS's layout: no normaliser, Split(o200k regex) then ByteLevel, <|endoftext|> and <|return|>."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(O200K), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=500, min_frequency=2, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  special_tokens=["<|endoftext|>", "<|return|>"])
+    tok.train_from_iterator(corpus, trainer)
+    return tok
+
+
 def write_jsonl(path, rows):
     with open(path, "w", encoding="utf-8", newline="\n") as f:
         for row in rows:
@@ -189,18 +224,20 @@ def splits_rows():
 
 
 def main():
-    os.makedirs(os.path.join(OUT, "qwen"), exist_ok=True)
-    os.makedirs(os.path.join(OUT, "gpt2"), exist_ok=True)
+    for name in ("qwen", "gpt2", "deepseek", "o200k"):
+        os.makedirs(os.path.join(OUT, name), exist_ok=True)
     corpus = make_corpus()
     training = make_corpus(600)  # a larger corpus (not kept) to reach the vocabulary size; it starts with `corpus`
     write_jsonl(os.path.join(OUT, "corpus.jsonl"), [{"id": k, "text": t} for k, t in enumerate(corpus)])
-    for name, make in (("qwen", qwen_tokenizer), ("gpt2", gpt2_tokenizer)):
+    makers = (("qwen", qwen_tokenizer), ("gpt2", gpt2_tokenizer), ("deepseek", deepseek_tokenizer),
+              ("o200k", o200k_tokenizer))
+    for name, make in makers:
         tok = make(training)
         path = os.path.join(OUT, name, "tokenizer.json")
         tok.save(path, pretty=False)
         tok = Tokenizer.from_file(path)  # the ids of the file as saved
-        # GPT-2's fixture keeps the ids of every third generated document and of every hand-made one (size).
-        docs = [k for k in range(len(corpus)) if name == "qwen" or k % 3 == 0 or k >= GENERATED]
+        # The smaller fixtures keep the ids of every fifth generated document and of every hand-made one (size).
+        docs = [k for k in range(len(corpus)) if name == "qwen" or k % 5 == 0 or k >= GENERATED]
         ids = [e.ids for e in tok.encode_batch([corpus[k] for k in docs], add_special_tokens=False)]
         write_jsonl(os.path.join(OUT, name, "expected_ids.jsonl"), [{"doc": k, "ids": i} for k, i in zip(docs, ids)])
     write_jsonl(os.path.join(OUT, "splits.jsonl"), splits_rows())
