@@ -185,6 +185,7 @@ int64_t for_each_document(const Plan& plan, const PrepareOptions& options, const
 }  // namespace
 
 PrepareSummary prepare_dataset(const PrepareOptions& options) {
+  if (!options.tokenizer.empty()) return prepare_tokenized(options);
   const Plan plan = make_plan(options);
 
   // Pass 1: validate everything and count; nothing is written.
