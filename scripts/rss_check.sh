@@ -10,7 +10,10 @@ steps="${1:-10000}"
 binary="${MOETRAIN:-build-cpu/src/moetrain}"
 work="${RSS_WORKDIR:-/tmp/moetrain_rss}"
 rm -rf "$work" && mkdir -p "$work"
-"$binary" train --config examples/tiny_moe/job.toml --train.steps="$steps" --checkpoint.dir="$work/ckpt" \
+# The job's held-out evaluation when scripts/run.sh made its data, and its TensorBoard events, run along.
+eval_args=(--metrics.tensorboard="$work/tensorboard")
+[[ -f runs/data/licenses_heldout.idx ]] || eval_args+=(--eval.every=0)
+"$binary" train --config examples/tiny_moe/job.toml "${eval_args[@]}" --train.steps="$steps" --checkpoint.dir="$work/ckpt" \
   --checkpoint.every=1000 --metrics.console_every=1000 --metrics.jsonl="$work/metrics.jsonl" >"$work/train.log" 2>&1 &
 pid=$!
 last=0

@@ -71,6 +71,9 @@ int run_bench(const BenchOptions& options) {
            "bench: expected --warmup >= 0 and --steps >= 1 but found {} and {}", options.warmup, options.steps);
   std::vector<std::string> overrides = options.overrides;
   overrides.push_back("checkpoint.dir=");  // a benchmark neither resumes nor writes checkpoints
+  // It times training steps only: no held-out evaluation, no TensorBoard events.
+  overrides.push_back("eval.every=0");
+  overrides.push_back("metrics.tensorboard=");
   overrides.push_back(fmt::format("train.steps={}", options.warmup + options.steps));
   io::JobConfig config = io::load_job_config(options.config, overrides);
   dist::Mesh* mesh = train::setup_process_mesh(config);  // torchrun & co.: one GPU per process

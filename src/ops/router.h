@@ -47,11 +47,13 @@ void check_router_params(const RouterParams& params, int64_t experts, const std:
 void router_forward(Stream& stream, Tensor probs, Tensor topk_index, Tensor topk_weight, const Tensor& logits,
                     const RouterParams& params);
 // router_forward with the selection given instead of made: topk_index [T, K] (an input) names each token's experts,
-// and probs and topk_weight are computed for them exactly as router_forward computes them for its own selection (the
-// group mask, when on, still zeroes the score of an expert outside the token's kept groups; GPT-OSS's k-softmax
-// shifts by the largest kept logit). With topk_index = router_forward's own output, the outputs are router_forward's
-// bit for bit. check-golden's routing pinned to the reference's choices runs it (cli/check_golden.cpp). The CPU
-// refuses an index outside [0, E) or repeated in a row; on CUDA that is the caller's contract.
+// and probs and topk_weight are computed for them exactly as router_forward computes them for its own selection (a
+// group mask in params still zeroes the score of an expert outside the token's kept groups, and a renormalised
+// selection wholly outside them divides 0 by 0: to weigh a selection made elsewhere, pass params without groups, as
+// the router block does; GPT-OSS's k-softmax shifts by the largest kept logit). With topk_index = router_forward's own
+// output, the outputs are router_forward's bit for bit. check-golden's routing pinned to the reference's choices runs
+// it (cli/check_golden.cpp). The CPU refuses an index outside [0, E) or repeated in a row; on CUDA that is the caller's
+// contract.
 void router_forward_given(Stream& stream, Tensor probs, const Tensor& topk_index, Tensor topk_weight,
                           const Tensor& logits, const RouterParams& params);
 // dlogits [T, E] from dtopk_weight [T, K] plus, when defined, dprobs [T, E] (a gradient on the full

@@ -39,6 +39,9 @@ Router::Router(const RouterOptions& options, ParameterStore& store, const std::s
   params_.scaling_factor = options.scaling_factor;
   params_.topk_before_softmax = options.topk_before_softmax;
   ops::check_router_params(params_, options.num_experts, "router block");
+  pinned_params_ = params_;
+  pinned_params_.num_groups = 1;
+  pinned_params_.topk_groups = 1;
   w_ = store.weight(prefix + "router");
   g_ = store.grad(prefix + "router");
   if (options.bias) w_bias_ = store.weight(prefix + "router_bias"), g_bias_ = store.grad(prefix + "router_bias");
@@ -56,13 +59,14 @@ RoutingMetadata Router::forward(RouterRecord& r, const Tensor& x, const Tensor& 
   m.topk_weight = Tensor::empty({T, params_.top_k}, route_dtype, x.device());
   ops::linear_forward(s, m.logits, x, w_);
   if (w_bias_.defined()) ops::bias_add(s, m.logits, w_bias_);
+  r.pinned = pinned.defined();
   if (pinned.defined()) {
     // The selection the router makes on the pinned logits (their probabilities and weights are not kept), then this
     // router's weights for it.
     Tensor pinned_probs = Tensor::empty(m.probs.shape(), route_dtype, x.device());
     Tensor pinned_weight = Tensor::empty(m.topk_weight.shape(), route_dtype, x.device());
     ops::router_forward(s, pinned_probs, m.topk_index, pinned_weight, pinned, params_);
-    ops::router_forward_given(s, m.probs, m.topk_index, m.topk_weight, m.logits, params_);
+    ops::router_forward_given(s, m.probs, m.topk_index, m.topk_weight, m.logits, pinned_params_);
   } else {
     ops::router_forward(s, m.probs, m.topk_index, m.topk_weight, m.logits, params_);
   }
@@ -74,7 +78,8 @@ Tensor Router::backward_input(RouterRecord& r, const RoutingMetadata& m, const T
                               const Tensor& d_probs, const Tensor& d_logits_extra) const {
   Stream& s = default_stream(r.x.device());
   r.d_logits = Tensor::empty(m.logits.shape(), m.logits.dtype(), m.logits.device());
-  ops::router_backward(s, r.d_logits, d_topk_weight, d_probs, m.probs, m.topk_index, m.topk_weight, params_);
+  ops::router_backward(s, r.d_logits, d_topk_weight, d_probs, m.probs, m.topk_index, m.topk_weight,
+                       r.pinned ? pinned_params_ : params_);
   if (d_logits_extra.defined()) ops::accumulate(s, r.d_logits, d_logits_extra);
   if (g_bias_.defined()) ops::bias_backward(s, g_bias_, r.d_logits);  // from the f32 gradient, before any rounding
   if (r.d_logits.dtype() != r.x.dtype()) {                            // the GEMMs take operands of one dtype

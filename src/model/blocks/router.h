@@ -40,8 +40,9 @@ struct RoutingMetadata {
 };
 
 struct RouterRecord {
-  Tensor x;         // [T, H] router input
-  Tensor d_logits;  // kept by backward_input for backward_weight
+  Tensor x;             // [T, H] router input
+  Tensor d_logits;      // kept by backward_input for backward_weight
+  bool pinned = false;  // the forward took its selection from pinned logits (weighed without the group mask)
 };
 
 class Router {
@@ -66,6 +67,9 @@ class Router {
  private:
   RouterOptions options_;
   ops::RouterParams params_;
+  // params_ without the group mask: a pinned selection was made under the other run's mask, so its experts are weighed
+  // by their probabilities (under ours, a selection wholly outside our kept groups would weigh 0 / 0).
+  ops::RouterParams pinned_params_;
   Tensor w_, g_, w_bias_, g_bias_;
 };
 

@@ -145,8 +145,17 @@ TEST_P(RouterBlock, PinnedLogitsSelectTheExpertsAndTheOwnLogitsWeighThem) {
   EXPECT_EQ(pinned.topk_index.to_vector<int32_t>(), chosen.topk_index.to_vector<int32_t>());
   EXPECT_EQ(values(pinned.logits), values(free.logits));  // the block's own logits
   Tensor probs = Tensor::empty({kTokens, kExperts}, DType::F32), weight = Tensor::empty({kTokens, kTopK}, DType::F32);
-  ops::router_forward_given(Stream::cpu(), probs, chosen.topk_index, weight, free.logits, op_params(options));
+  // Weighed without the group mask: the selection was made under the pinned logits' own.
+  ops::RouterParams unmasked = op_params(options);
+  unmasked.num_groups = unmasked.topk_groups = 1;
+  ops::router_forward_given(Stream::cpu(), probs, chosen.topk_index, weight, free.logits, unmasked);
   EXPECT_EQ(values(pinned.topk_weight), values(weight));
+  for (const float w : values(pinned.topk_weight)) EXPECT_TRUE(std::isfinite(w)) << w;
+  // The backward takes the same unmasked weighing: every given expert carries its gradient.
+  Rng grad_rng(44);
+  const Tensor dx = router.backward_input(other_record, pinned, random_tensor({kTokens, kTopK}, DType::F32, grad_rng),
+                                          Tensor(), Tensor());
+  for (const float v : values(dx)) ASSERT_TRUE(std::isfinite(v)) << v;
   EXPECT_EQ(pinned.plan.expert_offsets.to_vector<int32_t>(),
             ops::make_routing_plan(Stream::cpu(), chosen.topk_index, kExperts).expert_offsets.to_vector<int32_t>());
 }
