@@ -196,7 +196,9 @@ void run_forward_backward_case(Report& report, const std::string& label, const s
   std::unique_ptr<Bf16Groups> pinned;
   if (!reference.empty() && (routing.flips > 0 || pin_always)) {
     std::vector<Tensor> pinned_logits;
-    for (const Tensor& t : reference) pinned_logits.push_back(t.to(DType::F32).to(model.device()));
+    for (const Tensor& t : reference) {  // the dump's (f32 or f64, on the CPU) or our f32 path's (on the device)
+      pinned_logits.push_back((t.dtype() == DType::F32 ? t : t.to(DType::F32)).to(model.device()));
+    }
     model::MicroBatch pinned_batch = batch;
     pinned_batch.pinned_routing = &pinned_logits;
     const PassResult pass = run_pass(report, label + "/pinned", prefix, model, pinned_batch, ref);
