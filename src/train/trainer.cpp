@@ -619,7 +619,8 @@ TrainSummary Trainer::run(int64_t max_steps_this_run) {
     last_.mfu = device_peak_flops_ > 0.0 ? last_.tflops * 1e12 / device_peak_flops_ : 0.0;
     last_.peak_mem_bytes = memory_stats(model_->device().kind).peak_bytes;
     last_.eta_s = last_.elapsed_s / static_cast<double>(taken) * static_cast<double>(total - step_);
-    summary.layer_load_balance.push_back(last_.layer_load_balance);
+    summary.layer_load_balance.insert(summary.layer_load_balance.end(), last_.layer_load_balance.begin(),
+                                      last_.layer_load_balance.end());
     last_.has_eval = config_.eval.every > 0 && (step_ % config_.eval.every == 0 || step_ == total);
     if (last_.has_eval) {  // after the step's timing: tokens/s and MFU stay the training step's
       const EvalResult eval = evaluate();

@@ -41,8 +41,10 @@ struct TrainSummary {
   std::vector<double> grad_norms;    // gradient norm before clipping, per step
   std::vector<double> step_seconds;  // wall time of every step, device work included
   std::vector<int64_t> step_tokens;  // tokens of every step
-  // The load balance of each MoE layer at every step (empty vectors for a dense model).
-  std::vector<std::vector<double>> layer_load_balance;
+  // The load balance of each MoE layer at every step, step-major: steps x MoE layers values (empty for a dense
+  // model). One flat vector: a small vector kept per step would stay allocated between the step's tensors and
+  // fragment the heap, growing the resident memory of a long run.
+  std::vector<double> layer_load_balance;
   std::vector<int64_t> eval_steps;  // the steps after which an evaluation ran ([eval])
   std::vector<double> eval_losses;  // their held-out losses
 };

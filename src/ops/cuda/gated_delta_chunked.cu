@@ -14,6 +14,7 @@
 #include "ops/cuda/check.h"
 #include "ops/cuda/float_io.cuh"
 #include "ops/cuda/gated_delta.h"
+#include "ops/cuda/gated_delta_common.cuh"
 #include "ops/cuda/runtime.h"
 
 namespace moetrain::ops::cuda {
@@ -534,31 +535,8 @@ __global__ void __launch_bounds__(kThreads)
   for (int i = threadIdx.x; i < len; i += kThreads) dbeta[(t0 + i) * d.hv + h] = dbt[i];
 }
 
-// dq[t, kh, i] = sum over the group's value heads m (ascending) of dq_heads[t, kh * group + m, i]; same for dk.
-template <typename T>
-__global__ void group_sum_kernel(T* dq, T* dk, const float* dq_heads, const float* dk_heads, Dims d) {
-  const int64_t n = d.tokens * d.hk * d.dk;
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t i = e % d.dk, kh = (e / d.dk) % d.hk, t = e / (int64_t(d.dk) * d.hk);
-    float sq = 0.0f, sk = 0.0f;
-    for (int m = 0; m < d.group; ++m) {
-      const int64_t src = (t * d.hv + kh * d.group + m) * d.dk + i;
-      sq += dq_heads[src];
-      sk += dk_heads[src];
-    }
-    store_float(dq + e, sq);
-    store_float(dk + e, sk);
-  }
-}
-
-template <typename F>
-void dispatch_activation(const Tensor& x, const char* op, F&& f) {
-  switch (x.dtype()) {
-    case DType::F32: f(static_cast<float*>(nullptr)); return;
-    case DType::BF16: f(static_cast<__nv_bfloat16*>(nullptr)); return;
-    default: MT_FAIL("{} (CUDA): expected f32 or bf16 but found {}", op, x.describe());
-  }
-}
+using gated_delta_detail::dispatch_activation;
+using gated_delta_detail::group_sum_kernel;
 
 Dims dims_of(const Tensor& q, const Tensor& v, const Tensor& cu_seqlens, float scale) {
   Dims d{q.size(0),

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "train/data/jsonl.h"
 #include "train/data/text_tokenizer.h"
 
 namespace moetrain::train::data {
@@ -154,14 +155,7 @@ int64_t for_each_document(const Plan& plan, const PrepareOptions& options, const
         ++line_no;
         if (is_blank(line)) continue;
         const std::string where = fmt::format("{}:{}", file, line_no);
-        nlohmann::json object;
-        try {
-          object = nlohmann::json::parse(line);
-        } catch (const nlohmann::json::parse_error& e) {
-          MT_FAIL("{}: the line is not JSON ({}); expected one JSON object per line", where, e.what());
-        }
-        MT_CHECK(object.is_object(), "{}: the line is a JSON {} (expected a JSON object per line)", where,
-                 object.type_name());
+        const nlohmann::json object = parse_jsonl_object(line, where);
         const std::string& field = plan.kind == InputKind::kJsonlIds ? options.field : options.text_field;
         const auto it = object.find(field);
         MT_CHECK(it != object.end(), "{}: missing field \"{}\" (expected {}; {} picks another field)", where, field,

@@ -18,6 +18,7 @@
 
 #include "core/error.h"
 #include "train/data/bpe_tokenizer.h"
+#include "train/data/jsonl.h"
 
 namespace moetrain::train::data {
 
@@ -102,14 +103,7 @@ class EncoderPool {
       const std::string& line = block.lines[k];
       if (line.find_first_not_of(" \t\r\f\v") == std::string::npos) continue;
       const std::string where = fmt::format("{}:{}", file_, block.first_line + static_cast<int64_t>(k));
-      nlohmann::json object;
-      try {
-        object = nlohmann::json::parse(line);
-      } catch (const nlohmann::json::parse_error& e) {
-        MT_FAIL("{}: the line is not JSON ({}); expected one JSON object per line", where, e.what());
-      }
-      MT_CHECK(object.is_object(), "{}: the line is a JSON {} (expected a JSON object per line)", where,
-               object.type_name());
+      const nlohmann::json object = parse_jsonl_object(line, where);
       const auto it = object.find(field_);
       MT_CHECK(it != object.end(),
                "{}: missing field \"{}\" (expected a text string; --text-field picks another field)", where, field_);
