@@ -155,6 +155,25 @@ HfPiece piece_from_json(const nlohmann::json& entry, const std::string& source) 
     if (size == 5)
       piece = strided_piece(piece.hf_name, piece.hf_shape, piece.offset, entry.at(3).get<Shape>(),
                             entry.at(4).get<std::vector<int64_t>>());
+    // The span [offset, last_element()] is what callers bound-check against the parameter: it must be exact, so no
+    // negative offset or view extent (which would put the true last element past it) and no sum that wraps int64.
+    // (The messages get `source` from the catch below.)
+    MT_CHECK(piece.offset >= 0, "HF piece '{}' has the offset {}, expected >= 0", piece.hf_name, piece.offset);
+    for (int64_t d : piece.view_shape) MT_CHECK(d >= 0, "HF piece '{}' has a negative view size", piece.hf_name);
+    int64_t last = piece.offset;
+    bool wraps = false;
+    if (piece.numel() > 0) {
+      if (piece.contiguous()) {
+        wraps = __builtin_add_overflow(last, piece.numel() - 1, &last);
+      } else {
+        for (size_t d = 0; d < piece.view_shape.size(); ++d) {
+          int64_t term = 0;
+          wraps = wraps || __builtin_mul_overflow(piece.view_shape[d] - 1, piece.strides[d], &term) ||
+                  __builtin_add_overflow(last, term, &last);
+        }
+      }
+    }
+    MT_CHECK(!wraps, "HF piece '{}' at offset {} spans elements past 2^63", piece.hf_name, piece.offset);
     if (flags) {
       for (const auto& [key, value] : entry.back().items()) {
         MT_CHECK(key == "mxfp4_transposed", "HF piece '{}' has an unknown flag '{}' (known: mxfp4_transposed)",

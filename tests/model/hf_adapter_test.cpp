@@ -282,6 +282,23 @@ TEST(HfAdapterJson, RefusesAnInconsistentStridedMapNamingTheSource) {
   }
 }
 
+// Issue 20 (checkpoint_shards fuzz target): a piece's span [offset, last_element()] must be exact for the bound checks
+// of its readers: a negative offset or view extent, or a span past int64, is refused by name.
+TEST(HfAdapterJson, RefusesPiecesWhoseSpanIsNotExact) {
+  const std::string source = "ckpt/step_10/shards.json";
+  const std::vector<std::pair<std::string, std::string>> cases{
+      {R"(["w", [3], -1])", "HF piece 'w' has the offset -1, expected >= 0"},
+      // view [-1, -1, 4] holds 4 elements like [4], but last_element() would say 2996 while element 3000 is read.
+      {R"(["w", [4], 0, [-1, -1, 4], [1, 1, 1000]])", "HF piece 'w' has a negative view size"},
+      {R"(["w", [4], 9223372036854775806])", "spans elements past 2^63"},
+      {R"(["w", [2, 2], 0, [2, 2], [4611686018427387904, 4611686018427387904]])", "spans elements past 2^63"},
+  };
+  for (const auto& [text, expected] : cases) {
+    const std::string m = error_message([&] { piece_from_json(json::parse(text), source); });
+    EXPECT_TRUE(contains(m, source + ": ") && contains(m, expected)) << text << " -> " << m;
+  }
+}
+
 // ---- A parameter store with strided pieces. ----
 
 std::vector<ParamSpec> strided_specs(int64_t experts) {

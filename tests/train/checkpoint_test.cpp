@@ -732,8 +732,10 @@ TEST(CheckpointText, RefusesBadStates) {
 TEST(CheckpointText, RefusesBadShardLayouts) {
   expect_error([&] { parse_shard_layout("{}", "c"); }, {"checkpoint c: shards.json", "\"world\": N >= 1"});
   json layout = two_rank_layout();
-  layout["tensors"][0]["hf"][0] = {"a", {3}, int64_t{-1}};
+  layout["tensors"][0]["hf"][0] = {"a", {3}, 4};
   expect_error([&] { parse_shard_layout(layout.dump(), "c"); }, {"of 'param/w' lies outside its 6 elements"});
+  layout["tensors"][0]["hf"][0] = {"a", {3}, -1};
+  expect_error([&] { parse_shard_layout(layout.dump(), "c"); }, {"HF piece 'a' has the offset -1"});
 }
 
 }  // namespace
