@@ -37,7 +37,7 @@ void for_each_element(const HfPiece& piece, Visit&& visit) {
 }  // namespace
 
 int64_t HfPiece::last_element() const {
-  if (contiguous()) return offset + numel() - 1;
+  if (contiguous()) return offset + (numel() - 1);  // offset + numel() alone may pass int64 when the last does not
   int64_t last = offset;
   for (size_t d = 0; d < view_shape.size(); ++d) last += (view_shape[d] - 1) * strides[d];
   return last;

@@ -291,12 +291,17 @@ TEST(HfAdapterJson, RefusesPiecesWhoseSpanIsNotExact) {
       // view [-1, -1, 4] holds 4 elements like [4], but last_element() would say 2996 while element 3000 is read.
       {R"(["w", [4], 0, [-1, -1, 4], [1, 1, 1000]])", "HF piece 'w' has a negative view size"},
       {R"(["w", [4], 9223372036854775806])", "spans elements past 2^63"},
+      {R"(["w", [3], 9223372036854775806])", "spans elements past 2^63"},
       {R"(["w", [2, 2], 0, [2, 2], [4611686018427387904, 4611686018427387904]])", "spans elements past 2^63"},
   };
   for (const auto& [text, expected] : cases) {
     const std::string m = error_message([&] { piece_from_json(json::parse(text), source); });
     EXPECT_TRUE(contains(m, source + ": ") && contains(m, expected)) << text << " -> " << m;
   }
+  // The last element exactly at 2^63 - 1 is accepted, and last_element() reaches it without wrapping (a fuzzer
+  // finding: offset + numel() passed int64 before the - 1).
+  const HfPiece edge = piece_from_json(json::parse(R"(["w", [2], 9223372036854775806])"), source);
+  EXPECT_EQ(edge.last_element(), INT64_MAX);
 }
 
 // ---- A parameter store with strided pieces. ----
