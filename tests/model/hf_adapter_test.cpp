@@ -292,6 +292,12 @@ TEST(HfAdapterJson, RefusesPiecesWhoseSpanIsNotExact) {
       {R"(["w", [4], 0, [-1, -1, 4], [1, 1, 1000]])", "HF piece 'w' has a negative view size"},
       {R"(["w", [4], 9223372036854775806])", "spans elements past 2^63"},
       {R"(["w", [3], 9223372036854775806])", "spans elements past 2^63"},
+      // A fuzzer finding: nlohmann's get<int64_t> of this double (it is past uint64) is undefined behaviour.
+      {R"(["w", [3], 922337666666626854775806])", "its offset is 9.223376666666269e+23, expected an integer in int64"},
+      {R"(["w", [3], 1.5])", "its offset is 1.5, expected an integer in int64"},
+      {R"(["w", [3], 9223372036854775808])", "its offset is 9223372036854775808, expected an integer in int64"},
+      {R"(["w", [3.0], 0])", "its shape is 3.0, expected an integer in int64"},
+      {R"(["w", [4], 0, [2, 2], [2, 1e30]])", "its strides is 1e+30, expected an integer in int64"},
       {R"(["w", [2, 2], 0, [2, 2], [4611686018427387904, 4611686018427387904]])", "spans elements past 2^63"},
   };
   for (const auto& [text, expected] : cases) {
