@@ -12,6 +12,11 @@ APT_PACKAGES=(
   libfmt-dev=9.1.0+ds1-2
   libgtest-dev=1.12.1-0.2
   libbenchmark-dev=1.7.1-1
+  # clang with its sanitizer and libFuzzer runtimes and OpenMP: the fuzz corpus replay under ASan + UBSan that
+  # scripts/test.sh runs, and scripts/fuzz.sh (--no-install-recommends leaves the runtimes out unless named).
+  clang=1:14.0-55.7~deb12u1
+  libclang-rt-14-dev=1:14.0.6-12
+  libomp-14-dev=1:14.0.6-12
 )
 
 missing=()

@@ -429,6 +429,31 @@ Tensor SafetensorsFile::tensor(const std::string& name) const {
 
 // ---- SafetensorsReader ----
 
+std::map<std::string, std::string> parse_safetensors_index(std::string_view text, const std::string& path) {
+  const std::string what = fmt::format("safetensors index {}", path);
+  const json index = parse_json(text, what);
+  const auto map_it = index.find("weight_map");
+  MT_CHECK(map_it != index.end() && map_it->is_object(), "{} has no 'weight_map' object (found {})", what,
+           map_it == index.end() ? std::string("none") : std::string("a JSON ") + map_it->type_name());
+  MT_CHECK(!map_it->empty(), "{}: weight_map names no tensors", what);
+
+  const fs::path folder = fs::path(path).parent_path();
+  std::map<std::string, std::string> weight_map;
+  for (const auto& [name, shard] : map_it->items()) {
+    MT_CHECK(shard.is_string() && !shard.get_ref<const std::string&>().empty(),
+             "{}: weight_map entry of tensor '{}' is {}, expected a shard file name", what, name, shard.dump());
+    // Shards live in the model folder: an absolute path or a '..' would load weights from anywhere.
+    const fs::path relative(shard.get<std::string>());
+    MT_CHECK(relative.is_relative() &&
+                 std::none_of(relative.begin(), relative.end(), [](const fs::path& part) { return part == ".."; }),
+             "{}: weight_map entry of tensor '{}' is '{}', expected a file inside the model folder (no absolute "
+             "path, no '..')",
+             what, name, relative.string());
+    weight_map.emplace(name, (folder / relative).string());
+  }
+  return weight_map;
+}
+
 SafetensorsReader SafetensorsReader::open(const std::string& path) {
   SafetensorsReader reader;
   reader.path_ = path;
@@ -461,29 +486,10 @@ SafetensorsReader SafetensorsReader::open(const std::string& path) {
 
   // A sharded set: the index's weight_map must agree exactly with what the shards hold.
   const std::string what = fmt::format("safetensors index {}", index_path);
-  const json index = parse_json(read_bounded_file(index_path, kMaxHeaderBytes), what);
-  const auto map_it = index.find("weight_map");
-  MT_CHECK(map_it != index.end() && map_it->is_object(), "{} has no 'weight_map' object (found {})", what,
-           map_it == index.end() ? std::string("none") : std::string("a JSON ") + map_it->type_name());
-  MT_CHECK(!map_it->empty(), "{}: weight_map names no tensors", what);
-
-  const fs::path folder = fs::path(index_path).parent_path();
-  std::map<std::string, std::string> weight_map;  // tensor -> shard path
-  std::map<std::string, std::string> shards;      // shard path -> first tensor assigned to it
-  for (const auto& [name, shard] : map_it->items()) {
-    MT_CHECK(shard.is_string() && !shard.get_ref<const std::string&>().empty(),
-             "{}: weight_map entry of tensor '{}' is {}, expected a shard file name", what, name, shard.dump());
-    // Shards live in the model folder: an absolute path or a '..' would load weights from anywhere.
-    const fs::path relative(shard.get<std::string>());
-    MT_CHECK(relative.is_relative() &&
-                 std::none_of(relative.begin(), relative.end(), [](const fs::path& part) { return part == ".."; }),
-             "{}: weight_map entry of tensor '{}' is '{}', expected a file inside the model folder (no absolute "
-             "path, no '..')",
-             what, name, relative.string());
-    const std::string shard_path = (folder / relative).string();
-    weight_map.emplace(name, shard_path);
-    shards.emplace(shard_path, name);
-  }
+  const std::map<std::string, std::string> weight_map =  // tensor -> shard path
+      parse_safetensors_index(read_bounded_file(index_path, kMaxHeaderBytes), index_path);
+  std::map<std::string, std::string> shards;  // shard path -> first tensor assigned to it
+  for (const auto& [name, shard_path] : weight_map) shards.emplace(shard_path, name);
   for (const auto& [shard_path, first_tensor] : shards) {
     MT_CHECK(fs::is_regular_file(shard_path, error), "{}: shard {} (of tensor '{}') does not exist", what, shard_path,
              first_tensor);

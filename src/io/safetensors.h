@@ -37,6 +37,13 @@ struct SafetensorsHeader {
 // in time linear in the header's size (a million tensors parse in about a second).
 SafetensorsHeader parse_safetensors_header(std::string_view text, uint64_t data_size, const std::string& path);
 
+// Parses a sharded set's index (model.safetensors.index.json: {"weight_map": {tensor: shard file}, "metadata": ...})
+// found at `path`: the weight_map must be a non-empty object of non-empty relative file names without '..' (shards
+// live in the model folder; an absolute path or a '..' would load weights from anywhere), and the JSON must not
+// repeat a key. Returns tensor name -> shard path (the file name joined to `path`'s folder). Reads no file: that a
+// shard exists and holds what the index says is checked by SafetensorsReader::open.
+std::map<std::string, std::string> parse_safetensors_index(std::string_view text, const std::string& path);
+
 // One .safetensors file, mapped and validated.
 class SafetensorsFile {
  public:

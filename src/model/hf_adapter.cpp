@@ -34,10 +34,25 @@ void for_each_element(const HfPiece& piece, Visit&& visit) {
   }
 }
 
+// The integers of an HF piece's JSON: integers in int64 only (nlohmann's get<int64_t> truncates a float, and one
+// outside int64's range is undefined behaviour).
+int64_t json_int64(const nlohmann::json& value, const std::string& what) {
+  MT_CHECK(value.is_number_integer() && (!value.is_number_unsigned() || value.get<uint64_t>() <= uint64_t{INT64_MAX}),
+           "{} is {}, expected an integer in int64", what, value.dump().substr(0, 40));
+  return value.get<int64_t>();
+}
+
+std::vector<int64_t> json_int64_list(const nlohmann::json& value, const std::string& what) {
+  MT_CHECK(value.is_array(), "{} is {}, expected a list of integers", what, value.dump().substr(0, 40));
+  std::vector<int64_t> out;
+  for (const nlohmann::json& item : value) out.push_back(json_int64(item, what));
+  return out;
+}
+
 }  // namespace
 
 int64_t HfPiece::last_element() const {
-  if (contiguous()) return offset + numel() - 1;
+  if (contiguous()) return offset + (numel() - 1);  // offset + numel() alone may pass int64 when the last does not
   int64_t last = offset;
   for (size_t d = 0; d < view_shape.size(); ++d) last += (view_shape[d] - 1) * strides[d];
   return last;
@@ -146,15 +161,36 @@ HfPiece piece_from_json(const nlohmann::json& entry, const std::string& source) 
            "{}: an HF piece must be [name, shape, offset] or [name, shape, offset, view_shape, strides] (then "
            "optionally {{\"mxfp4_transposed\": true}}) but found {}",
            source, entry.dump().substr(0, 80));
+  const std::string malformed = "malformed HF piece " + entry.dump().substr(0, 80);
   try {
     HfPiece piece;
     piece.hf_name = entry.at(0).get<std::string>();
-    piece.hf_shape = entry.at(1).get<Shape>();
-    piece.offset = entry.at(2).get<int64_t>();
+    piece.hf_shape = json_int64_list(entry.at(1), malformed + ": its shape");
+    piece.offset = json_int64(entry.at(2), malformed + ": its offset");
     for (int64_t d : piece.hf_shape) MT_CHECK(d >= 0, "{}: HF piece '{}' has a negative size", source, piece.hf_name);
     if (size == 5)
-      piece = strided_piece(piece.hf_name, piece.hf_shape, piece.offset, entry.at(3).get<Shape>(),
-                            entry.at(4).get<std::vector<int64_t>>());
+      piece = strided_piece(piece.hf_name, piece.hf_shape, piece.offset,
+                            json_int64_list(entry.at(3), malformed + ": its view shape"),
+                            json_int64_list(entry.at(4), malformed + ": its strides"));
+    // The span [offset, last_element()] is what callers bound-check against the parameter: it must be exact, so no
+    // negative offset or view extent (which would put the true last element past it) and no sum that wraps int64.
+    // (The messages get `source` from the catch below.)
+    MT_CHECK(piece.offset >= 0, "HF piece '{}' has the offset {}, expected >= 0", piece.hf_name, piece.offset);
+    for (int64_t d : piece.view_shape) MT_CHECK(d >= 0, "HF piece '{}' has a negative view size", piece.hf_name);
+    int64_t last = piece.offset;
+    bool wraps = false;
+    if (piece.numel() > 0) {
+      if (piece.contiguous()) {
+        wraps = __builtin_add_overflow(last, piece.numel() - 1, &last);
+      } else {
+        for (size_t d = 0; d < piece.view_shape.size(); ++d) {
+          int64_t term = 0;
+          wraps = wraps || __builtin_mul_overflow(piece.view_shape[d] - 1, piece.strides[d], &term) ||
+                  __builtin_add_overflow(last, term, &last);
+        }
+      }
+    }
+    MT_CHECK(!wraps, "HF piece '{}' at offset {} spans elements past 2^63", piece.hf_name, piece.offset);
     if (flags) {
       for (const auto& [key, value] : entry.back().items()) {
         MT_CHECK(key == "mxfp4_transposed", "HF piece '{}' has an unknown flag '{}' (known: mxfp4_transposed)",

@@ -13,6 +13,7 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <string_view>
 #include <system_error>
 #include <tuple>
 
@@ -267,35 +268,12 @@ std::string finish_save(const std::string& dir, const std::string& final_path, i
 
 // ---- reading ----
 
-struct ManifestFile {
-  uint64_t bytes = 0;
-  uint64_t hash = 0;
-};
+using Manifest = CheckpointManifest;
 
-struct Manifest {
-  int64_t step = 0;
-  std::map<std::string, ManifestFile> files;
-};
-
-// Reads and checks <folder>/manifest.json. On failure returns empty and sets `problem` to a reason
-// that names the file.
-std::optional<Manifest> read_manifest(const std::string& folder, std::string* problem) {
-  const std::string path = (fs::path(folder) / kManifest).string();
-  std::error_code error;
-  if (!fs::is_regular_file(path, error)) {
-    *problem = fmt::format("{} is missing (the checkpoint was not completed)", kManifest);
-    return std::nullopt;
-  }
-  const uintmax_t size = fs::file_size(path, error);
-  if (error || size > kMaxManifestBytes) {
-    *problem = error ? fmt::format("cannot read the size of {}: {}", kManifest, error.message())
-                     : fmt::format("{} has {} bytes, more than the limit of {}", kManifest, size, kMaxManifestBytes);
-    return std::nullopt;
-  }
-  std::ifstream in(path, std::ios::binary);
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (!in.good() && !in.eof()) {
-    *problem = fmt::format("cannot read {}", kManifest);
+// Checks the text of a manifest.json. On failure returns empty and sets `problem` to a reason that names the file.
+std::optional<Manifest> manifest_from_text(std::string_view text, std::string* problem) {
+  if (text.size() > kMaxManifestBytes) {
+    *problem = fmt::format("{} has {} bytes, more than the limit of {}", kManifest, text.size(), kMaxManifestBytes);
     return std::nullopt;
   }
   json manifest;
@@ -363,6 +341,30 @@ std::optional<Manifest> read_manifest(const std::string& folder, std::string* pr
     }
   }
   return result;
+}
+
+// Reads and checks <folder>/manifest.json. On failure returns empty and sets `problem` to a reason
+// that names the file.
+std::optional<Manifest> read_manifest(const std::string& folder, std::string* problem) {
+  const std::string path = (fs::path(folder) / kManifest).string();
+  std::error_code error;
+  if (!fs::is_regular_file(path, error)) {
+    *problem = fmt::format("{} is missing (the checkpoint was not completed)", kManifest);
+    return std::nullopt;
+  }
+  const uintmax_t size = fs::file_size(path, error);
+  if (error || size > kMaxManifestBytes) {
+    *problem = error ? fmt::format("cannot read the size of {}: {}", kManifest, error.message())
+                     : fmt::format("{} has {} bytes, more than the limit of {}", kManifest, size, kMaxManifestBytes);
+    return std::nullopt;
+  }
+  std::ifstream in(path, std::ios::binary);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (!in.good() && !in.eof()) {
+    *problem = fmt::format("cannot read {}", kManifest);
+    return std::nullopt;
+  }
+  return manifest_from_text(text, problem);
 }
 
 // Checks that every listed file exists with its listed size; empty when they all do.
@@ -434,12 +436,16 @@ std::string read_text_file(const std::string& folder, const char* name) {
   }
 }
 
-json read_json_file(const std::string& folder, const char* name) {
+json parse_json_text(std::string_view text, const std::string& folder, const char* name) {
   try {
-    return json::parse(read_text_file(folder, name));
+    return json::parse(text);
   } catch (const json::exception& e) {
     MT_FAIL("checkpoint {}: {} is not JSON: {}", folder, name, e.what());
   }
+}
+
+json read_json_file(const std::string& folder, const char* name) {
+  return parse_json_text(read_text_file(folder, name), folder, name);
 }
 
 // The manifest of a folder, fully checked: step against the folder name, sizes, and the hashes of `hashed` files
@@ -511,6 +517,14 @@ void check_shard_layout(const json& layout, const std::string& where) {
       covered += count;
     }
     if (covered != numel) fail(fmt::format("{}: the slices cover {} of its {} elements", name, covered, numel));
+    if (name.rfind("param/", 0) != 0) continue;
+    // A parameter's HF pieces, each inside it (assemble_shards cuts them out of the assembled tensor).
+    if (!t.contains("hf") || !t["hf"].is_array()) fail(fmt::format("'{}' has no HF pieces", name));
+    for (const json& entry : t["hf"]) {
+      const model::HfPiece piece = model::piece_from_json(entry, fmt::format("checkpoint {}: {}", where, kShardLayout));
+      if (piece.offset < 0 || piece.last_element() >= numel)
+        fail(fmt::format("piece {} of '{}' lies outside its {} elements", entry.dump(), name, numel));
+    }
   }
 }
 
@@ -525,11 +539,9 @@ void assemble_shards(const std::string& path, const json& layout, CheckpointData
   }
   for (const json& t : layout["tensors"]) {
     const std::string name = t["name"].get<std::string>();
-    const Shape shape = t["shape"].get<Shape>();
-    Tensor full = Tensor::zeros(shape, DType::F32);
-    Tensor flat = full.view({-1});
+    // Every rank's slice is in its file before the tensor is allocated: the files' sizes bound the shape, which a
+    // hostile shards.json could otherwise make as large as check_shard_layout allows.
     for (int r = 0; r < world; ++r) {
-      const int64_t first = t["slices"][static_cast<size_t>(r)][0].get<int64_t>();
       const int64_t count = t["slices"][static_cast<size_t>(r)][1].get<int64_t>();
       if (count == 0) continue;
       const auto it = shards[static_cast<size_t>(r)].find(name);
@@ -537,24 +549,69 @@ void assemble_shards(const std::string& path, const json& layout, CheckpointData
           it != shards[static_cast<size_t>(r)].end() && it->second.numel() == count && it->second.dtype() == DType::F32,
           "checkpoint {}: {} should hold f32[{}] '{}' but has {}", path, shard_file_name(r, world), count, name,
           it == shards[static_cast<size_t>(r)].end() ? std::string("none") : it->second.describe());
-      flat.slice(first, first + count).copy_from(it->second.view({-1}));
+    }
+    Tensor full = Tensor::zeros(t["shape"].get<Shape>(), DType::F32);
+    Tensor flat = full.view({-1});
+    for (int r = 0; r < world; ++r) {
+      const int64_t first = t["slices"][static_cast<size_t>(r)][0].get<int64_t>();
+      const int64_t count = t["slices"][static_cast<size_t>(r)][1].get<int64_t>();
+      if (count > 0) flat.slice(first, first + count).copy_from(shards[static_cast<size_t>(r)].at(name).view({-1}));
     }
     if (name.rfind("param/", 0) != 0) {
       data.optimizer.emplace_back(name, full);
       continue;
     }
-    MT_CHECK(t.contains("hf") && t["hf"].is_array(), "checkpoint {}: {}: '{}' has no HF pieces", path, kShardLayout,
-             name);
-    for (const json& entry : t["hf"]) {
+    for (const json& entry : t["hf"]) {  // checked by check_shard_layout
       const model::HfPiece piece = model::piece_from_json(entry, fmt::format("checkpoint {}: {}", path, kShardLayout));
-      MT_CHECK(piece.offset >= 0 && piece.last_element() < full.numel(),
-               "checkpoint {}: {}: piece {} of '{}' lies outside it", path, kShardLayout, entry.dump(), name);
       data.model.emplace_back(piece.hf_name, model::extract_piece(full, piece));
     }
   }
 }
 
 }  // namespace
+
+CheckpointManifest parse_checkpoint_manifest(std::string_view text, const std::string& folder) {
+  std::string problem;
+  std::optional<Manifest> manifest = manifest_from_text(text, &problem);
+  MT_CHECK(manifest, "checkpoint {}: {}", folder, problem);
+  return std::move(*manifest);
+}
+
+void check_checkpoint_state(const json& state, const std::string& folder) {
+  MT_CHECK(state.is_object() && state.contains("step") && state.contains("optimizer_steps") && state.contains("data"),
+           "checkpoint {}: {} lacks step, optimizer_steps or data", folder, kStateFile);
+  for (const char* field : {"step", "optimizer_steps"}) {
+    const json& value = state.at(field);
+    MT_CHECK(value.is_number_integer() && value.get<int64_t>() >= 0 &&
+                 (!value.is_number_unsigned() || value.get<uint64_t>() <= uint64_t{INT64_MAX}),
+             "checkpoint {}: {} field '{}' is {}, expected a non-negative integer", folder, kStateFile, field,
+             value.dump());
+  }
+  const int64_t step = state.at("step").get<int64_t>();
+  // One optimizer step per training step at most: more is a corrupt or hand-edited state.
+  MT_CHECK(state.at("optimizer_steps").get<int64_t>() <= step,
+           "checkpoint {}: {} says optimizer_steps {} after step {}, expected at most one per step", folder, kStateFile,
+           state.at("optimizer_steps").get<int64_t>(), step);
+  // The folder (step_<N>) and its manifest name the step too; a state.json that disagrees would resume at the wrong
+  // step and overwrite a good checkpoint.
+  const fs::path normal = fs::path(folder).lexically_normal();
+  const std::optional<int64_t> named =
+      parse_step_folder((normal.has_filename() ? normal : normal.parent_path()).filename().string());
+  MT_CHECK(!named || *named == step, "checkpoint {}: {} says step {}, the folder name says step {}", folder, kStateFile,
+           step, named.value_or(0));
+}
+
+json parse_checkpoint_state(std::string_view text, const std::string& folder) {
+  json state = parse_json_text(text, folder, kStateFile);
+  check_checkpoint_state(state, folder);
+  return state;
+}
+
+json parse_shard_layout(std::string_view text, const std::string& folder) {
+  json layout = parse_json_text(text, folder, kShardLayout);
+  check_shard_layout(layout, folder);
+  return layout;
+}
 
 uint64_t fnv1a64(const void* bytes, size_t size) {
   const auto* p = static_cast<const uint8_t*>(bytes);

@@ -4,8 +4,10 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -95,6 +97,28 @@ struct CheckpointShard {
 };
 // Verifies the manifest, state.json, shards.json and rank `rank`'s file (hashes), and reads them.
 CheckpointShard load_checkpoint_shard(const std::string& path, int rank);
+
+// The checks of a checkpoint's text files, on their text, each as loading runs them; `folder` names the checkpoint
+// folder in errors (a step_<N> name is compared with the step state.json gives), and no file is read.
+// manifest.json: {"format": "moetrain-checkpoint", "version": 1, "step": N >= 0, "files": {plain file name:
+// {"bytes": size, "fnv1a64": 16 lowercase hex digits}}}, listing state.json and config.toml, and model.safetensors and
+// optimizer.safetensors unless it lists shards.json; at most 1 MiB.
+struct CheckpointManifest {
+  struct File {
+    uint64_t bytes = 0;
+    uint64_t hash = 0;  // FNV-1a 64
+  };
+  int64_t step = 0;
+  std::map<std::string, File> files;
+};
+CheckpointManifest parse_checkpoint_manifest(std::string_view text, const std::string& folder);
+// state.json: an object with "step" and "optimizer_steps" (non-negative int64, optimizer_steps <= step, step equal
+// to the folder name's) and "data" (the data loader's state, train::data::DataLoader::restore checks it, or null).
+void check_checkpoint_state(const nlohmann::json& state, const std::string& folder);
+nlohmann::json parse_checkpoint_state(std::string_view text, const std::string& folder);
+// shards.json (the layout above): world in [1, 2^20], per tensor a shape of at most 2^60 elements, one [first, count]
+// slice per rank inside it, slices that tile it exactly, and for param/ tensors HF pieces inside it.
+nlohmann::json parse_shard_layout(std::string_view text, const std::string& folder);
 
 // FNV-1a 64 of `bytes` (offset basis 0xcbf29ce484222325, prime 0x100000001b3), as checkpoints use.
 uint64_t fnv1a64(const void* bytes, size_t size);

@@ -427,26 +427,7 @@ void Trainer::init_weights() {
 
 // The checkpoint state every resume needs, checked before any tensor changes.
 void Trainer::check_state(const nlohmann::json& state, const std::string& path) const {
-  MT_CHECK(state.is_object() && state.contains("step") && state.contains("optimizer_steps") && state.contains("data"),
-           "checkpoint {}: state.json lacks step, optimizer_steps or data", path);
-  for (const char* field : {"step", "optimizer_steps"}) {
-    const nlohmann::json& value = state.at(field);
-    MT_CHECK(value.is_number_integer() && value.get<int64_t>() >= 0 &&
-                 (!value.is_number_unsigned() || value.get<uint64_t>() <= uint64_t{INT64_MAX}),
-             "checkpoint {}: state.json field '{}' is {}, expected a non-negative integer", path, field, value.dump());
-  }
-  // One optimizer step per training step at most: more is a corrupt or hand-edited state.
-  MT_CHECK(state.at("optimizer_steps").get<int64_t>() <= state.at("step").get<int64_t>(),
-           "checkpoint {}: state.json says optimizer_steps {} after step {}, expected at most one per step", path,
-           state.at("optimizer_steps").get<int64_t>(), state.at("step").get<int64_t>());
-  // The folder (step_<N>) and its manifest name the step too; a state.json that disagrees would resume at the wrong
-  // step and overwrite a good checkpoint.
-  const std::filesystem::path normal = std::filesystem::path(path).lexically_normal();
-  const std::string folder = (normal.has_filename() ? normal : normal.parent_path()).filename().string();
-  const std::optional<int64_t> named = checkpoint_folder_step(folder);
-  MT_CHECK(!named || *named == state.at("step").get<int64_t>(),
-           "checkpoint {}: state.json says step {}, the folder name says step {}", path,
-           state.at("step").get<int64_t>(), *named);
+  check_checkpoint_state(state, path);
   MT_CHECK(state.at("step").get<int64_t>() <= config_.train.steps,
            "checkpoint {}: it is at step {} but train.steps is {}", path, state.at("step").get<int64_t>(),
            config_.train.steps);

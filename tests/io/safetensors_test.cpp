@@ -9,6 +9,7 @@
 #include <fstream>
 #include <functional>
 #include <initializer_list>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -495,6 +496,24 @@ TEST(SafetensorsIndex, ValidIndexOfHandWrittenShardsOpens) {
   const SafetensorsReader reader = SafetensorsReader::open(dir);
   EXPECT_EQ(reader.names(), (std::vector<std::string>{"a", "b", "c"}));
   EXPECT_EQ(reader.file_of("c"), dir + "/s2.safetensors");
+}
+
+// The index parse alone (what the loader runs before opening a shard, and the fuzz target): shard paths joined to the
+// index's folder, and reading nothing.
+TEST(SafetensorsIndex, ParsesTheWeightMapIntoPathsInsideTheFolder) {
+  const auto map = parse_safetensors_index(R"({"metadata": {"total_size": 8}, "weight_map": {"b": "s1.safetensors",
+                                              "a": "sub/s2.safetensors"}})",
+                                           "/no/such/folder/model.safetensors.index.json");
+  EXPECT_EQ(map, (std::map<std::string, std::string>{{"a", "/no/such/folder/sub/s2.safetensors"},
+                                                     {"b", "/no/such/folder/s1.safetensors"}}));
+  expect_error([] { parse_safetensors_index(R"({"weight_map": {}})", "m/index.json"); },
+               {"safetensors index m/index.json", "weight_map names no tensors"});
+  expect_error([] { parse_safetensors_index(R"({"weight_map": {"a": "/etc/passwd"}})", "m/index.json"); },
+               {"tensor 'a'", "'/etc/passwd'", "inside the model folder"});
+  expect_error([] { parse_safetensors_index(R"({"weight_map": {"a": "x/../../s.safetensors"}})", "m/index.json"); },
+               {"tensor 'a'", "no '..'"});
+  expect_error([] { parse_safetensors_index(R"({"weight_map": {"a": ""}})", "m/index.json"); },
+               {"tensor 'a'", "expected a shard file name"});
 }
 
 TEST(SafetensorsIndex, RejectsMalformedIndex) {

@@ -282,6 +282,34 @@ TEST(HfAdapterJson, RefusesAnInconsistentStridedMapNamingTheSource) {
   }
 }
 
+// Issue 20 (checkpoint_shards fuzz target): a piece's span [offset, last_element()] must be exact for the bound checks
+// of its readers: a negative offset or view extent, or a span past int64, is refused by name.
+TEST(HfAdapterJson, RefusesPiecesWhoseSpanIsNotExact) {
+  const std::string source = "ckpt/step_10/shards.json";
+  const std::vector<std::pair<std::string, std::string>> cases{
+      {R"(["w", [3], -1])", "HF piece 'w' has the offset -1, expected >= 0"},
+      // view [-1, -1, 4] holds 4 elements like [4], but last_element() would say 2996 while element 3000 is read.
+      {R"(["w", [4], 0, [-1, -1, 4], [1, 1, 1000]])", "HF piece 'w' has a negative view size"},
+      {R"(["w", [4], 9223372036854775806])", "spans elements past 2^63"},
+      {R"(["w", [3], 9223372036854775806])", "spans elements past 2^63"},
+      // A fuzzer finding: nlohmann's get<int64_t> of this double (it is past uint64) is undefined behaviour.
+      {R"(["w", [3], 922337666666626854775806])", "its offset is 9.223376666666269e+23, expected an integer in int64"},
+      {R"(["w", [3], 1.5])", "its offset is 1.5, expected an integer in int64"},
+      {R"(["w", [3], 9223372036854775808])", "its offset is 9223372036854775808, expected an integer in int64"},
+      {R"(["w", [3.0], 0])", "its shape is 3.0, expected an integer in int64"},
+      {R"(["w", [4], 0, [2, 2], [2, 1e30]])", "its strides is 1e+30, expected an integer in int64"},
+      {R"(["w", [2, 2], 0, [2, 2], [4611686018427387904, 4611686018427387904]])", "spans elements past 2^63"},
+  };
+  for (const auto& [text, expected] : cases) {
+    const std::string m = error_message([&] { piece_from_json(json::parse(text), source); });
+    EXPECT_TRUE(contains(m, source + ": ") && contains(m, expected)) << text << " -> " << m;
+  }
+  // The last element exactly at 2^63 - 1 is accepted, and last_element() reaches it without wrapping (a fuzzer
+  // finding: offset + numel() passed int64 before the - 1).
+  const HfPiece edge = piece_from_json(json::parse(R"(["w", [2], 9223372036854775806])"), source);
+  EXPECT_EQ(edge.last_element(), INT64_MAX);
+}
+
 // ---- A parameter store with strided pieces. ----
 
 std::vector<ParamSpec> strided_specs(int64_t experts) {

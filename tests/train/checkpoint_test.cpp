@@ -659,5 +659,84 @@ TEST(ShardedCheckpoint, ShardsWithoutAPreparedFolderOrRanksOutsideTheWorldAreRef
   EXPECT_FALSE(find_latest_checkpoint(dir.path));
 }
 
+// Issue 20: the HF pieces of shards.json are checked with the rest of the layout (saving and loading), before any
+// tensor is assembled from them.
+TEST(ShardedCheckpoint, RefusesHfPiecesOutsideTheirParameter) {
+  ScopedDir dir("sharded_checkpoint_pieces");
+  json outside = two_rank_layout();
+  outside["tensors"][0]["hf"][1] = {"b", {3}, 4};  // elements 4..6 of a 6-element parameter
+  expect_error([&] { save_two_rank(dir.path, 1, outside); }, {"shards.json", "of 'param/w' lies outside its 6"});
+  json none = two_rank_layout();
+  none["tensors"][0].erase("hf");
+  expect_error([&] { save_two_rank(dir.path, 1, none); }, {"shards.json", "'param/w' has no HF pieces"});
+  EXPECT_FALSE(find_latest_checkpoint(dir.path)) << "a refused layout publishes nothing";
+}
+
+// Issue 20: a shards.json rewritten with its manifest entry (so its hash matches) announcing a huge tensor is refused
+// by the shard files' sizes before the tensor is allocated (not 256 GiB of zeros first).
+TEST(ShardedCheckpoint, AHugeShapeIsRefusedByTheShardFilesBeforeAllocation) {
+  ScopedDir dir("sharded_checkpoint_huge");
+  const std::string path = save_two_rank(dir.path, 2, two_rank_layout());
+  json layout = json::parse(read_file(path + "/shards.json"));
+  const int64_t half = int64_t{1} << 35;
+  layout["tensors"][1]["shape"] = {2 * half};
+  layout["tensors"][1]["slices"] = {{0, half}, {half, half}};
+  const std::string text = layout.dump(1) + "\n";
+  write_file(path + "/shards.json", text);
+  json manifest = json::parse(read_file(path + "/manifest.json"));
+  char hash[17];
+  std::snprintf(hash, sizeof(hash), "%016llx", static_cast<unsigned long long>(fnv1a64(text.data(), text.size())));
+  manifest["files"]["shards.json"] = {{"bytes", text.size()}, {"fnv1a64", hash}};
+  write_file(path + "/manifest.json", manifest.dump(2));
+  expect_error([&] { load_checkpoint(path); },
+               {"shard-00000-of-00002.safetensors", "should hold f32[34359738368] 'exp_avg/w'", "f32[4]"});
+}
+
+// The checks of the text files, on their text (what the fuzz targets run): a real checkpoint's files pass.
+TEST(CheckpointText, ParsesTheFilesASaveWrites) {
+  ScopedDir dir("ckpt_text");
+  const std::string path = save_two_rank(dir.path, 4, two_rank_layout());
+  const CheckpointManifest manifest = parse_checkpoint_manifest(read_file(path + "/manifest.json"), path);
+  EXPECT_EQ(manifest.step, 4);
+  ASSERT_EQ(manifest.files.count("shards.json"), 1u);
+  EXPECT_EQ(manifest.files.at("shards.json").bytes, fs::file_size(path + "/shards.json"));
+  EXPECT_EQ(parse_shard_layout(read_file(path + "/shards.json"), path)["world"], 2);
+  const json state = parse_checkpoint_state(R"({"step": 4, "optimizer_steps": 3, "data": null})", path);
+  EXPECT_EQ(state["optimizer_steps"], 3);
+}
+
+TEST(CheckpointText, RefusesBadManifests) {
+  expect_error([&] { parse_checkpoint_manifest("[1, 2]", "ckpt/step_00000001"); },
+               {"checkpoint ckpt/step_00000001", "manifest.json is a JSON array, expected an object"});
+  expect_error([&] { parse_checkpoint_manifest(R"({"format": "moetrain-checkpoint", "version": 1})", "c"); },
+               {"\"step\" is missing"});
+  expect_error([&] { parse_checkpoint_manifest(std::string(size_t{1} << 21, ' '), "c"); },
+               {"manifest.json has 2097152 bytes, more than the limit of 1048576"});
+}
+
+TEST(CheckpointText, RefusesBadStates) {
+  expect_error([&] { parse_checkpoint_state("{\"step\": 1", "c"); }, {"checkpoint c: state.json is not JSON"});
+  expect_error([&] { parse_checkpoint_state(R"({"step": 1, "data": null})", "c"); },
+               {"state.json lacks step, optimizer_steps or data"});
+  expect_error([&] { parse_checkpoint_state(R"({"step": -1, "optimizer_steps": 0, "data": null})", "c"); },
+               {"field 'step' is -1, expected a non-negative integer"});
+  expect_error(
+      [&] { parse_checkpoint_state(R"({"step": 18446744073709551615, "optimizer_steps": 0, "data": 0})", "c"); },
+      {"field 'step' is 18446744073709551615"});
+  expect_error([&] { parse_checkpoint_state(R"({"step": 2, "optimizer_steps": 3, "data": null})", "c"); },
+               {"optimizer_steps 3 after step 2"});
+  expect_error([&] { parse_checkpoint_state(R"({"step": 2, "optimizer_steps": 2, "data": null})", "d/step_00000003"); },
+               {"state.json says step 2, the folder name says step 3"});
+}
+
+TEST(CheckpointText, RefusesBadShardLayouts) {
+  expect_error([&] { parse_shard_layout("{}", "c"); }, {"checkpoint c: shards.json", "\"world\": N >= 1"});
+  json layout = two_rank_layout();
+  layout["tensors"][0]["hf"][0] = {"a", {3}, 4};
+  expect_error([&] { parse_shard_layout(layout.dump(), "c"); }, {"of 'param/w' lies outside its 6 elements"});
+  layout["tensors"][0]["hf"][0] = {"a", {3}, -1};
+  expect_error([&] { parse_shard_layout(layout.dump(), "c"); }, {"HF piece 'a' has the offset -1"});
+}
+
 }  // namespace
 }  // namespace moetrain::train
