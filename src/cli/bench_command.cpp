@@ -76,7 +76,8 @@ int run_bench(const BenchOptions& options) {
   overrides.push_back("metrics.tensorboard=");
   overrides.push_back(fmt::format("train.steps={}", options.warmup + options.steps));
   io::JobConfig config = io::load_job_config(options.config, overrides);
-  dist::Mesh* mesh = train::setup_process_mesh(config);  // torchrun & co.: one GPU per process
+  // torchrun & co.: one GPU per process; a job that cannot fit its device is refused before it allocates.
+  dist::Mesh* mesh = train::setup_process_mesh(config, true);
   const int world = mesh == nullptr ? 1 : mesh->shape().world();
   train::Trainer trainer(config, mesh);
   const DeviceKind kind = trainer.model().device().kind;

@@ -11,6 +11,7 @@
 #include "dist/mesh.h"
 #include "dist/nccl_communicator.h"
 #include "model/model_config.h"
+#include "train/memory_fit.h"
 
 namespace moetrain::train {
 
@@ -22,7 +23,7 @@ dist::MeshShape mesh_for(const io::JobConfig& config, int world) {
                             static_cast<int>(config.parallel.ep), model.num_experts);
 }
 
-dist::Mesh& connect_process_mesh(io::JobConfig& config, const dist::LaunchEnv& env) {
+dist::Mesh& connect_process_mesh(io::JobConfig& config, const dist::LaunchEnv& env, bool check_memory_fit) {
   MT_CHECK(config.model.device != "cpu",
            "launch: {} started {} processes, but model.device is cpu (processes run one GPU each over NCCL; for CPU "
            "ranks use dist.local_ranks)",
@@ -32,6 +33,8 @@ dist::Mesh& connect_process_mesh(io::JobConfig& config, const dist::LaunchEnv& e
   config.model.device = fmt::format("cuda:{}", env.local_rank);  // one GPU per process, picked by the local rank
   log_info("launch: rank {} of {} ({}), {}, mesh {}", env.rank, env.world_size, env.launcher, config.model.device,
            shape.str());
+  // Before the rendezvous: every rank of a job too large for its GPU stops here, none waits for the others.
+  if (check_memory_fit) check_job_fits_memory(config, env.world_size);
   dist::NcclOptions options;
   options.timeout = std::chrono::seconds(config.dist.timeout_s);
   dist::RendezvousOptions rendezvous;
@@ -41,10 +44,11 @@ dist::Mesh& connect_process_mesh(io::JobConfig& config, const dist::LaunchEnv& e
 
 }  // namespace
 
-dist::Mesh* setup_process_mesh(io::JobConfig& config) {
+dist::Mesh* setup_process_mesh(io::JobConfig& config, bool check_memory_fit) {
   const dist::LaunchEnv env = dist::read_launch_env(dist::process_env());
-  if (env.world_size > 1) return &connect_process_mesh(config, env);
+  if (env.world_size > 1) return &connect_process_mesh(config, env, check_memory_fit);
   mesh_for(config, 1);  // refuses a parallel.* that one rank cannot hold
+  if (check_memory_fit) check_job_fits_memory(config, 1);
   return nullptr;
 }
 
@@ -71,6 +75,8 @@ void run_on_thread_ranks(const io::JobConfig& config, const std::function<void(d
 
 TrainSummary run_training_job(const io::JobConfig& config) {
   if (config.dist.local_ranks > 1) {
+    mesh_for(config, static_cast<int>(config.dist.local_ranks));  // a mesh error before a memory one
+    check_job_fits_memory(config, static_cast<int>(config.dist.local_ranks));
     TrainSummary first;
     run_on_thread_ranks(config, [&](dist::Mesh& mesh) {
       Trainer trainer(config, &mesh);
@@ -80,7 +86,7 @@ TrainSummary run_training_job(const io::JobConfig& config) {
     return first;
   }
   io::JobConfig local = config;
-  dist::Mesh* mesh = setup_process_mesh(local);
+  dist::Mesh* mesh = setup_process_mesh(local, true);
   Trainer trainer(local, mesh);
   return trainer.run();
 }

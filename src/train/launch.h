@@ -18,8 +18,9 @@ namespace moetrain::train {
 
 // When a launcher started several processes: connects this one to the NCCL world, sets the
 // process-wide mesh, points `config` at this process's GPU (cuda:LOCAL_RANK) and returns the mesh.
-// Null for a process alone.
-dist::Mesh* setup_process_mesh(io::JobConfig& config);
+// Null for a process alone. With `check_memory_fit` (a training job), a job whose planned peak does not fit this
+// process's device (train/memory_fit.h) is refused first, before any rendezvous.
+dist::Mesh* setup_process_mesh(io::JobConfig& config, bool check_memory_fit = false);
 
 // The mesh of `config` on `world` ranks: parallel.pp, cp and ep from the job, dp = world / (pp x cp x ep). Refuses
 // a world the mesh does not divide (dist::resolve_mesh).
@@ -29,7 +30,7 @@ dist::MeshShape job_mesh_shape(const io::JobConfig& config, int world);
 // as run_training_job builds it (timeouts from dist.timeout_s); rethrows the first failure after every rank joined.
 void run_on_thread_ranks(const io::JobConfig& config, const std::function<void(dist::Mesh&)>& fn);
 
-// Trains `config` on the ranks the launch gives; returns the first rank's summary (thread ranks) or
+// Trains `config` on the ranks the launch gives, once its planned peak is known to fit them; returns the first rank's summary (thread ranks) or
 // this process's.
 TrainSummary run_training_job(const io::JobConfig& config);
 

@@ -398,13 +398,13 @@ int64_t micro_batches_for(const io::TrainSection& train) {
   return std::max<int64_t>(train.global_batch, train.micro_batch) / train.micro_batch;
 }
 
-std::string gib(int64_t bytes) {
+}  // namespace
+
+std::string format_size(int64_t bytes) {
   const double b = static_cast<double>(bytes);
   if (std::llabs(bytes) >= (int64_t{1} << 30)) return fmt::format("{:.2f} GiB", b / (1 << 30));
   return fmt::format("{:.2f} MiB", b / (1 << 20));
 }
-
-}  // namespace
 
 MemoryPlan plan_memory(const io::JobConfig& config, int world) {
   MT_CHECK(world >= 1, "plan: --world must be >= 1 but is {}", world);
@@ -658,7 +658,7 @@ std::string format_memory_plan(const MemoryPlan& plan) {
     out += fmt::format("\n{} (x{}): {} parameters held, {} updated\n", r.label, r.ranks, r.held_parameters,
                        r.owned_parameters);
     const auto row = [&](const std::string& name, int64_t bytes, const std::string& note = "") {
-      out += fmt::format("  {:<34} {:>12}{}\n", name, gib(bytes), note.empty() ? "" : "  " + note);
+      out += fmt::format("  {:<34} {:>12}{}\n", name, format_size(bytes), note.empty() ? "" : "  " + note);
     };
     row("compute weights (bf16 copies)", r.weights,
         plan.compute_dtype == "bf16" ? "" : "(f32: compute reads the masters)");

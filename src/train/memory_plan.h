@@ -60,6 +60,9 @@ struct MemoryPlan {
 // world does not divide, a global batch the data ranks cannot share, DualPipeV with fewer than 2 * pp micro-batches.
 MemoryPlan plan_memory(const io::JobConfig& config, int world);
 
+// A size as the plan prints it: "1.23 GiB", or "4.56 MiB" under a GiB.
+std::string format_size(int64_t bytes);
+
 // The plan as the text `moetrain plan` prints: a header and one table per rank kind, sizes in GiB (MiB when small).
 std::string format_memory_plan(const MemoryPlan& plan);
 

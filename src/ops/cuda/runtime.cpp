@@ -147,6 +147,13 @@ void* cublaslt_workspace(size_t* bytes) {
   return state().workspace;
 }
 
+DeviceMemory device_memory() {
+  MT_CHECK(is_setup(), "cuda: the backend is not set up (setup_cuda)");
+  size_t free_bytes = 0, total_bytes = 0;
+  MT_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  return DeviceMemory{static_cast<int64_t>(free_bytes), static_cast<int64_t>(total_bytes)};
+}
+
 void synchronize(Device device) {
   if (device.is_cuda()) MT_CUDA_CHECK(cudaStreamSynchronize(state().stream));
 }
@@ -170,6 +177,7 @@ bool is_setup() { return false; }
 void* stream_handle(const Stream&) { MT_FAIL("cuda: this build has no CUDA backend"); }
 void* cublaslt_handle() { MT_FAIL("cuda: this build has no CUDA backend"); }
 void* cublaslt_workspace(size_t*) { MT_FAIL("cuda: this build has no CUDA backend"); }
+DeviceMemory device_memory() { MT_FAIL("cuda: this build has no CUDA backend"); }
 void synchronize(Device) {}
 StreamScope::StreamScope(const Stream&) {}
 StreamScope::~StreamScope() = default;

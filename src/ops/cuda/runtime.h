@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "core/device.h"
 
@@ -21,6 +22,14 @@ bool is_setup();
 void* stream_handle(const Stream& stream);
 void* cublaslt_handle();
 void* cublaslt_workspace(size_t* bytes);
+
+// The set-up device's free and total memory in bytes, as the driver reports them (cudaMemGetInfo): what the memory
+// fit check of a job (train/memory_fit.h) compares the planned peak against. Requires setup_cuda.
+struct DeviceMemory {
+  int64_t free_bytes = 0;
+  int64_t total_bytes = 0;
+};
+DeviceMemory device_memory();
 
 // Blocks until the device's compute stream is idle (metrics, host reads).
 void synchronize(Device device);
