@@ -30,8 +30,8 @@ dist::MeshShape job_mesh_shape(const io::JobConfig& config, int world);
 // as run_training_job builds it (timeouts from dist.timeout_s); rethrows the first failure after every rank joined.
 void run_on_thread_ranks(const io::JobConfig& config, const std::function<void(dist::Mesh&)>& fn);
 
-// Trains `config` on the ranks the launch gives, once its planned peak is known to fit them; returns the first rank's summary (thread ranks) or
-// this process's.
+// Trains `config` on the ranks the launch gives, once its planned peak is known to fit them; returns the first rank's
+// summary (thread ranks) or this process's.
 TrainSummary run_training_job(const io::JobConfig& config);
 
 }  // namespace moetrain::train

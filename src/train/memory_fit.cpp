@@ -57,8 +57,8 @@ void check_plan_fits(const MemoryPlan& plan, const MemoryBudget& budget) {
       format_size(need), budget.shared_by_ranks ? "every rank together, on one host" : "its largest rank",
       plan.ranks.size() > 1 || r.ranks > 1 ? fmt::format(", mesh {}", plan.mesh) : std::string(), budget.where,
       format_size(budget.available_bytes), r.label, format_size(r.weights), format_size(r.masters),
-      format_size(r.optimizer), format_size(r.gradients), format_size(r.activations), format_size(r.activations_per_micro_batch),
-      r.micro_batches_alive, format_size(r.workspace),
+      format_size(r.optimizer), format_size(r.gradients), format_size(r.activations),
+      format_size(r.activations_per_micro_batch), r.micro_batches_alive, format_size(r.workspace),
       r.note.empty() ? std::string() : fmt::format(" ({})", r.note));
 }
 
@@ -90,8 +90,8 @@ void check_job_fits_memory(const io::JobConfig& config, int world) {
       std::max_element(plan.ranks.begin(), plan.ranks.end(), [](const RankMemory& a, const RankMemory& b) {
         return a.peak() < b.peak();
       })->peak();
-  log_info("memory: planned peak {} per rank, {} available on {}", format_size(peak), format_size(budget.available_bytes),
-           budget.where);
+  log_info("memory: planned peak {} per rank, {} available on {}", format_size(peak),
+           format_size(budget.available_bytes), budget.where);
 }
 
 }  // namespace moetrain::train

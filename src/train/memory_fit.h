@@ -14,7 +14,7 @@ namespace moetrain::train {
 
 // The memory a job's ranks run in.
 struct MemoryBudget {
-  std::string where;          // "cuda:0 (free of 139.7 GiB)", "the host (MemAvailable)"
+  std::string where;  // "cuda:0 (free of 139.7 GiB)", "the host (MemAvailable)"
   int64_t available_bytes = 0;
   bool shared_by_ranks = false;  // thread ranks on the CPU share one host: their peaks add up
 };

@@ -263,7 +263,8 @@ struct Extents {
 Extents extents_of(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens,
                    const AttentionParams& params, const char* op) {
   MT_CHECK(cudnn_attention_supports(q.dtype(), q.size(2), v.size(2), params),
-           "{} (cuDNN): expected bf16 with (hd, hdv) in (64, 64), (128, 128) or (192, 128), max_seqlen > 0 and a "
+           "{} (cuDNN): expected bf16 with (hd, hdv) in (64, 64), (128, 128), (256, 256) or (192, 128), max_seqlen > 0 "
+           "and a "
            "sliding window only with the causal mask but found q {}, v {}, max_seqlen {}, sliding_window {}, causal {}",
            op, q.describe(), v.describe(), params.max_seqlen, params.sliding_window, params.causal);
   Extents e{q.size(0), q.size(1), k.size(1), q.size(2), v.size(2), cu_seqlens.numel() - 1, 0, 0, 0};
@@ -322,8 +323,9 @@ void execute(const Stream& stream, const GraphKey& key, const SdpaGraph& g, Vari
 }  // namespace
 
 bool cudnn_attention_supports(DType dtype, int64_t hd, int64_t hdv, const AttentionParams& params) {
-  // Equal head dims of 64 or 128 (Qwen3, GPT-OSS), and DeepSeek-V2's latent attention: q/k 192 (128 + 64 rope), v 128.
-  const bool dims = ((hd == 64 || hd == 128) && hdv == hd) || (hd == 192 && hdv == 128);
+  // Equal head dims of 64 or 128 (Qwen3, GPT-OSS) or 256 (Qwen3.5's full attention), and DeepSeek-V2's latent
+  // attention: q/k 192 (128 + 64 rope), v 128.
+  const bool dims = ((hd == 64 || hd == 128 || hd == 256) && hdv == hd) || (hd == 192 && hdv == 128);
   // A sliding window needs the causal mask here: the non-causal (symmetric) window stays on our kernels (cuDNN 9.14.0
   // also refuses non-causal windows over more than 1024 keys).
   return dtype == DType::BF16 && dims && params.max_seqlen > 0 && (params.sliding_window == 0 || params.causal);

@@ -16,6 +16,7 @@
 #include "ops/cuda/gated_delta.h"
 #include "ops/cuda/gated_delta_common.cuh"
 #include "ops/cuda/runtime.h"
+#include "ops/op_profile.h"
 
 namespace moetrain::ops::cuda {
 
@@ -585,23 +586,32 @@ Forward run_forward_state(const Stream& stream, const Tensor& k, const Tensor& v
   int32_t* start = static_cast<int32_t*>(f.table.raw_data());
   const int32_t* cu = static_cast<const int32_t*>(cu_seqlens.raw_data());
   MT_CUDA_CHECK(cudaMemsetAsync(start + d.slots, 0, sizeof(int32_t) * d.slots, cs));
-  chunk_table_kernel<<<static_cast<unsigned>(std::min<int64_t>((d.docs + kThreads - 1) / kThreads, 65535)), kThreads, 0,
-                       cs>>>(start, start + d.slots, cu, d.docs);
-  MT_CUDA_CHECK(cudaGetLastError());
+  {
+    const OpScope table_scope(stream, "gated_delta.chunk_table");
+    chunk_table_kernel<<<static_cast<unsigned>(std::min<int64_t>((d.docs + kThreads - 1) / kThreads, 65535)), kThreads,
+                         0, cs>>>(start, start + d.slots, cu, d.docs);
+    MT_CUDA_CHECK(cudaGetLastError());
+  }
   const dim3 chunk_grid(static_cast<unsigned>(d.slots), static_cast<unsigned>(d.hv));
-  prepare_kernel<T><<<chunk_grid, kThreads, prepare_shared(), cs>>>(
-      static_cast<float*>(f.w.raw_data()), static_cast<float*>(f.u.raw_data()),
-      keep_tmat ? static_cast<float*>(f.tmat.raw_data()) : nullptr, static_cast<const T*>(k.raw_data()),
-      static_cast<const T*>(v.raw_data()), static_cast<const float*>(g.raw_data()),
-      static_cast<const float*>(beta.raw_data()), f.start(), f.len(d), d);
-  MT_CUDA_CHECK(cudaGetLastError());
+  {
+    const OpScope prepare_scope(stream, "gated_delta.prepare");
+    prepare_kernel<T><<<chunk_grid, kThreads, prepare_shared(), cs>>>(
+        static_cast<float*>(f.w.raw_data()), static_cast<float*>(f.u.raw_data()),
+        keep_tmat ? static_cast<float*>(f.tmat.raw_data()) : nullptr, static_cast<const T*>(k.raw_data()),
+        static_cast<const T*>(v.raw_data()), static_cast<const float*>(g.raw_data()),
+        static_cast<const float*>(beta.raw_data()), f.start(), f.len(d), d);
+    MT_CUDA_CHECK(cudaGetLastError());
+  }
   const dim3 state_grid(static_cast<unsigned>(d.docs), static_cast<unsigned>(d.hv),
                         static_cast<unsigned>((d.dv + kColTile - 1) / kColTile));
-  state_forward_kernel<T><<<state_grid, kThreads, state_shared(), cs>>>(
-      static_cast<float*>(f.states.raw_data()), static_cast<float*>(f.big_u.raw_data()),
-      static_cast<const float*>(f.w.raw_data()), static_cast<const float*>(f.u.raw_data()),
-      static_cast<const T*>(k.raw_data()), static_cast<const float*>(g.raw_data()), cu, d);
-  MT_CUDA_CHECK(cudaGetLastError());
+  {
+    const OpScope state_scope(stream, "gated_delta.state_forward");
+    state_forward_kernel<T><<<state_grid, kThreads, state_shared(), cs>>>(
+        static_cast<float*>(f.states.raw_data()), static_cast<float*>(f.big_u.raw_data()),
+        static_cast<const float*>(f.w.raw_data()), static_cast<const float*>(f.u.raw_data()),
+        static_cast<const T*>(k.raw_data()), static_cast<const float*>(g.raw_data()), cu, d);
+    MT_CUDA_CHECK(cudaGetLastError());
+  }
   return f;
 }
 
@@ -613,12 +623,15 @@ void gated_delta_rule_chunked_forward(const Stream& stream, const Tensor& out, c
   const Dims d = dims_of(q, v, cu_seqlens, scale);
   dispatch_activation(q, "gated_delta_rule_forward", [&]<typename T>(T*) {
     const Forward f = run_forward_state<T>(stream, k, v, g, beta, cu_seqlens, d, false);
-    output_kernel<T><<<dim3(static_cast<unsigned>(d.slots), static_cast<unsigned>(d.hv)), kThreads, scores_shared(),
-                       native(stream)>>>(
-        static_cast<T*>(out.raw_data()), static_cast<const float*>(f.states.raw_data()),
-        static_cast<const float*>(f.big_u.raw_data()), static_cast<const T*>(q.raw_data()),
-        static_cast<const T*>(k.raw_data()), static_cast<const float*>(g.raw_data()), f.start(), f.len(d), d);
-    MT_CUDA_CHECK(cudaGetLastError());
+    {
+      const OpScope output_scope(stream, "gated_delta.output");
+      output_kernel<T><<<dim3(static_cast<unsigned>(d.slots), static_cast<unsigned>(d.hv)), kThreads, scores_shared(),
+                         native(stream)>>>(
+          static_cast<T*>(out.raw_data()), static_cast<const float*>(f.states.raw_data()),
+          static_cast<const float*>(f.big_u.raw_data()), static_cast<const T*>(q.raw_data()),
+          static_cast<const T*>(k.raw_data()), static_cast<const float*>(g.raw_data()), f.start(), f.len(d), d);
+      MT_CUDA_CHECK(cudaGetLastError());
+    }
   });
 }
 
@@ -637,33 +650,45 @@ void gated_delta_rule_chunked_backward(const Stream& stream, const Tensor& dq, c
     const T* dop = static_cast<const T*>(dout.raw_data());
     const float* gp = static_cast<const float*>(g.raw_data());
     float* du = static_cast<float*>(f.u.raw_data());  // u is dead once U is known
-    local_du_kernel<T><<<chunk_grid, kThreads, scores_shared(), cs>>>(du, dop, qp, kp, gp, f.start(), f.len(d), d);
-    MT_CUDA_CHECK(cudaGetLastError());
+    {
+      const OpScope local_du_scope(stream, "gated_delta.local_du");
+      local_du_kernel<T><<<chunk_grid, kThreads, scores_shared(), cs>>>(du, dop, qp, kp, gp, f.start(), f.len(d), d);
+      MT_CUDA_CHECK(cudaGetLastError());
+    }
     Tensor dstates = Tensor::empty({d.slots, d.hv, d.dk, d.dv}, DType::F32, dev);
     const dim3 state_grid(static_cast<unsigned>(d.docs), static_cast<unsigned>(d.hv),
                           static_cast<unsigned>((d.dv + kColTile - 1) / kColTile));
-    state_backward_kernel<T><<<state_grid, kThreads, state_shared(), cs>>>(
-        static_cast<float*>(dstates.raw_data()), du, static_cast<const float*>(f.w.raw_data()), qp, kp, dop, gp,
-        static_cast<const int32_t*>(cu_seqlens.raw_data()), d);
-    MT_CUDA_CHECK(cudaGetLastError());
+    {
+      const OpScope state_scope(stream, "gated_delta.state_backward");
+      state_backward_kernel<T><<<state_grid, kThreads, state_shared(), cs>>>(
+          static_cast<float*>(dstates.raw_data()), du, static_cast<const float*>(f.w.raw_data()), qp, kp, dop, gp,
+          static_cast<const int32_t*>(cu_seqlens.raw_data()), d);
+      MT_CUDA_CHECK(cudaGetLastError());
+    }
     Tensor dq_heads = Tensor::empty({d.tokens, d.hv, d.dk}, DType::F32, dev);
     Tensor dk_heads = Tensor::empty({d.tokens, d.hv, d.dk}, DType::F32, dev);
     const size_t shared = grad_shared(d);
     MT_CUDA_CHECK(
         cudaFuncSetAttribute(grad_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
-    grad_kernel<T><<<chunk_grid, kThreads, shared, cs>>>(
-        static_cast<float*>(dq_heads.raw_data()), static_cast<float*>(dk_heads.raw_data()),
-        static_cast<T*>(dv.raw_data()), static_cast<float*>(dg.raw_data()), static_cast<float*>(dbeta.raw_data()),
-        static_cast<const float*>(f.states.raw_data()), static_cast<const float*>(dstates.raw_data()),
-        static_cast<const float*>(f.big_u.raw_data()), du, static_cast<const float*>(f.tmat.raw_data()), dop, qp, kp,
-        static_cast<const T*>(v.raw_data()), gp, static_cast<const float*>(beta.raw_data()), f.start(), f.len(d), d);
-    MT_CUDA_CHECK(cudaGetLastError());
+    {
+      const OpScope grad_scope(stream, "gated_delta.grad");
+      grad_kernel<T><<<chunk_grid, kThreads, shared, cs>>>(
+          static_cast<float*>(dq_heads.raw_data()), static_cast<float*>(dk_heads.raw_data()),
+          static_cast<T*>(dv.raw_data()), static_cast<float*>(dg.raw_data()), static_cast<float*>(dbeta.raw_data()),
+          static_cast<const float*>(f.states.raw_data()), static_cast<const float*>(dstates.raw_data()),
+          static_cast<const float*>(f.big_u.raw_data()), du, static_cast<const float*>(f.tmat.raw_data()), dop, qp, kp,
+          static_cast<const T*>(v.raw_data()), gp, static_cast<const float*>(beta.raw_data()), f.start(), f.len(d), d);
+      MT_CUDA_CHECK(cudaGetLastError());
+    }
     const int64_t n = d.tokens * d.hk * d.dk;
-    group_sum_kernel<T><<<static_cast<unsigned>(std::min<int64_t>((n + kThreads - 1) / kThreads, int64_t(1) << 20)),
-                          kThreads, 0, cs>>>(static_cast<T*>(dq.raw_data()), static_cast<T*>(dk.raw_data()),
-                                             static_cast<const float*>(dq_heads.raw_data()),
-                                             static_cast<const float*>(dk_heads.raw_data()), d);
-    MT_CUDA_CHECK(cudaGetLastError());
+    {
+      const OpScope group_sum_scope(stream, "gated_delta.group_sum");
+      group_sum_kernel<T><<<static_cast<unsigned>(std::min<int64_t>((n + kThreads - 1) / kThreads, int64_t(1) << 20)),
+                            kThreads, 0, cs>>>(static_cast<T*>(dq.raw_data()), static_cast<T*>(dk.raw_data()),
+                                               static_cast<const float*>(dq_heads.raw_data()),
+                                               static_cast<const float*>(dk_heads.raw_data()), d);
+      MT_CUDA_CHECK(cudaGetLastError());
+    }
   });
 }
 
