@@ -121,8 +121,7 @@ void expect_close(const Results& got, const Results& want, double threshold, con
   for (const auto& [name, t] : pairs) {
     // A window of 1 makes each softmax a single 1, whose dq and dk are exactly 0: those are measured against the size
     // of dv, the gradient the same dout drives (bf16 leaves ~1e-6 there, from D = dout . out on the rounded out).
-    const double err =
-        l2_norm(*t.second) == 0.0 ? l2_norm(*t.first) / l2_norm(want.dv) : relative_error(*t.first, *t.second);
+    const double err = l2_norm(*t.second) == 0.0 ? l2_norm(*t.first) / l2_norm(want.dv) : relative_error(*t.first, *t.second);
     EXPECT_LT(err, threshold) << what << ": " << name << " relative error ||gpu - ref|| / ||ref|| = " << err
                               << " (max abs diff " << testing::max_abs_diff(*t.first, *t.second) << ")";
     std::printf("[ cuDNN    ] %s: %s relative error %.3e\n", what.c_str(), name, err);
@@ -142,8 +141,6 @@ std::vector<Case> reference_cases() {
       {"non_causal_gqa4_2_hd64", 4, 2, 64, mixed, false},
       // DeepSeek-V2's latent attention: q/k head dim 192 (128 + 64 rope), value head dim 128, a head per kv head.
       {"mixed_documents_mla4_hd192_hdv128", 4, 4, 192, mixed, true, 0, 128},
-      // Qwen3.5's full attention: head dim 256 (Qwen3.5-35B-A3B: 16 query heads over 2 kv heads).
-      {"mixed_documents_gqa16_2_hd256", 16, 2, 256, mixed},
       // Sliding windows (GPT-OSS: causal, 128 keys): documents of 1, 1, 65, 1, 300 and 32 tokens, shorter and longer
       // than the window; a window of 1 (each query sees itself only) and one of 37 off the tile sizes.
       {"mixed_documents_gqa8_1_hd64_window128", 8, 1, 64, mixed, true, 0, 0, 128},

@@ -263,7 +263,7 @@ struct Extents {
 Extents extents_of(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens,
                    const AttentionParams& params, const char* op) {
   MT_CHECK(cudnn_attention_supports(q.dtype(), q.size(2), v.size(2), params),
-           "{} (cuDNN): expected bf16 with (hd, hdv) in (64, 64), (128, 128), (256, 256) or (192, 128), max_seqlen > 0 "
+           "{} (cuDNN): expected bf16 with (hd, hdv) in (64, 64), (128, 128) or (192, 128), max_seqlen > 0 "
            "and a "
            "sliding window only with the causal mask but found q {}, v {}, max_seqlen {}, sliding_window {}, causal {}",
            op, q.describe(), v.describe(), params.max_seqlen, params.sliding_window, params.causal);
@@ -312,8 +312,15 @@ void add_tables(VariantPack& pack, const SdpaGraph& g, const RaggedTables& t) {
 }
 
 void execute(const Stream& stream, const GraphKey& key, const SdpaGraph& g, VariantPack& pack, Device device) {
-  // The workspace comes from the stream-ordered pool; its release is ordered after the graph's kernels.
+  // The workspace comes from the stream-ordered pool; its release is ordered after the graph's kernels. The backward's
+  // starts zeroed: cuDNN's Hopper backward before 9.18 can read its workspace before writing it (Transformer Engine
+  // zeroes it for that reason; at head dim 256 ours gave nan and inf from whatever the pool held, and repeatable
+  // values once zeroed).
   const Tensor workspace = Tensor::empty({std::max<int64_t>(g.workspace_bytes, 1)}, DType::U8, device);
+  if (key.backward) {
+    MT_CUDA_CHECK(cudaMemsetAsync(workspace.raw_data(), 0, static_cast<size_t>(workspace.numel()),
+                                  static_cast<cudaStream_t>(stream_handle(stream))));
+  }
   HandleSlot& slot = handle_for(device);
   const std::lock_guard<std::mutex> lock(slot.mutex);
   MT_CUDNN_CHECK(cudnnSetStream(slot.handle, static_cast<cudaStream_t>(stream_handle(stream))));
@@ -323,9 +330,11 @@ void execute(const Stream& stream, const GraphKey& key, const SdpaGraph& g, Vari
 }  // namespace
 
 bool cudnn_attention_supports(DType dtype, int64_t hd, int64_t hdv, const AttentionParams& params) {
-  // Equal head dims of 64 or 128 (Qwen3, GPT-OSS) or 256 (Qwen3.5's full attention), and DeepSeek-V2's latent
-  // attention: q/k 192 (128 + 64 rope), v 128.
-  const bool dims = ((hd == 64 || hd == 128 || hd == 256) && hdv == hd) || (hd == 192 && hdv == 128);
+  // Equal head dims of 64 or 128 (Qwen3, GPT-OSS), and DeepSeek-V2's latent attention: q/k 192 (128 + 64 rope), v 128.
+  // Not 256 (Qwen3.5's full attention): cuDNN 9.14's forward is right there but its Hopper backward gives wrong dq, dk
+  // and dv (relative errors 0.2 to 5 against the CPU, with both engines it offers, causal or not, one document or
+  // several, workspace zeroed or not: docs/gpu_notes.md, seventh session).
+  const bool dims = ((hd == 64 || hd == 128) && hdv == hd) || (hd == 192 && hdv == 128);
   // A sliding window needs the causal mask here: the non-causal (symmetric) window stays on our kernels (cuDNN 9.14.0
   // also refuses non-causal windows over more than 1024 keys).
   return dtype == DType::BF16 && dims && params.max_seqlen > 0 && (params.sliding_window == 0 || params.causal);
