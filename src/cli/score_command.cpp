@@ -179,7 +179,7 @@ void load_job_weights(const io::JobConfig& config, model::CausalLm& model) {
     log_info("weights: checkpoint {} (step {})", *latest, data.step);
   } else if (config.model.init == "pretrained") {
     const std::string folder = weights_folder(config.model.config);
-    model.params().load_hf(io::SafetensorsReader::open(folder));
+    model.load_hf_weights(io::SafetensorsReader::open(folder));
     log_info("weights: loaded from {}", folder);
   } else {
     model.params().init_random(config.train.seed, config.model.init_std);

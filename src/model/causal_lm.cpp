@@ -3,7 +3,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "core/log.h"
 #include "io/safetensors.h"
 #include "model/family.h"
 #include "model/precision.h"
@@ -59,8 +67,34 @@ void CausalLm::set_head_chunk(int64_t columns) {
 std::unique_ptr<CausalLm> CausalLm::from_hf(const std::string& dir, Device device, DType compute_dtype) {
   const ModelConfig config = load_model_config(dir);
   auto model = std::make_unique<CausalLm>(config, device, compute_dtype);
-  model->params().load_hf(io::SafetensorsReader::open(dir));
+  model->load_hf_weights(io::SafetensorsReader::open(dir));
   return model;
+}
+
+void CausalLm::load_hf_weights(const io::SafetensorsReader& reader) {
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  std::map<std::string, int64_t> left_out;  // by the name's first two components ("model.visual")
+  for (const std::string& name : reader.names()) {
+    const std::string read_as = config_.family->checkpoint_tensor_name(name);
+    if (!read_as.empty()) {
+      tensors.emplace_back(read_as, reader.tensor(name));  // mapped views
+      continue;
+    }
+    const size_t first = name.find('.');
+    const size_t second = first == std::string::npos ? first : name.find('.', first + 1);
+    ++left_out[name.substr(0, second) + ".*"];
+  }
+  if (!left_out.empty()) {
+    std::vector<std::string> parts;
+    int64_t count = 0;
+    for (const auto& [prefix, n] : left_out) {
+      parts.push_back(fmt::format("{} {}", n, prefix));
+      count += n;
+    }
+    log_info("checkpoint: {} tensor(s) the {} text model does not use are left out ({})", count, config_.model_type,
+             fmt::join(parts, ", "));
+  }
+  params_->load_hf_tensors(tensors);
 }
 
 void CausalLm::round_boundary(Tensor& hidden) const {

@@ -17,6 +17,10 @@
 #include "ops/linear_cross_entropy.h"
 #include "ops/norm.h"
 
+namespace moetrain::io {
+class SafetensorsReader;
+}  // namespace moetrain::io
+
 namespace moetrain::model {
 
 struct EpilogRecord {
@@ -42,6 +46,11 @@ class CausalLm {
   // A Hugging Face model folder: config.json and its safetensors (single file or sharded).
   static std::unique_ptr<CausalLm> from_hf(const std::string& dir, Device device = Device::cpu(),
                                            DType compute_dtype = DType::F32);
+
+  // Loads the weights of a Hugging Face checkpoint, each tensor under the name its family reads it by
+  // (Family::checkpoint_tensor_name: a multimodal checkpoint's text model); the tensors the family leaves out are
+  // counted by prefix in a log line. Every other check is ParameterStore::load_hf_tensors'.
+  void load_hf_weights(const io::SafetensorsReader& reader);
 
   const ModelConfig& config() const { return config_; }
   ParameterStore& params() { return *params_; }

@@ -64,6 +64,12 @@ class Family {
   };
   virtual NestedConfig nested_config(const std::string& /*model_type*/) const { return {}; }
 
+  // The name under which the engine reads a checkpoint tensor: a released multimodal checkpoint keeps its text model
+  // under another prefix (Qwen3.5's "model.language_model.") and carries parts the text model does not train (a
+  // vision tower, multi-token-prediction layers), as transformers' text model reads it. An empty name leaves the
+  // tensor out (CausalLm::load_hf_weights counts those by prefix in a log line). Default: every name as it is.
+  virtual std::string checkpoint_tensor_name(const std::string& name) const { return name; }
+
   // Fills the generic fields of ModelConfig and the family's own (ModelConfig::details) from config.json's top-level
   // object; refuses every value it does not support, naming the field.
   virtual ModelConfig parse_config(const io::JsonFields& fields) const = 0;

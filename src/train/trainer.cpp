@@ -417,7 +417,7 @@ void Trainer::reduce_across_ranks(model::StepLoss& loss) const {
 void Trainer::init_weights() {
   if (config_.model.init == "pretrained") {
     const std::string folder = weights_folder(config_.model.config);
-    model_->params().load_hf(io::SafetensorsReader::open(folder));
+    model_->load_hf_weights(io::SafetensorsReader::open(folder));
     log_info("weights: loaded from {}", folder);
   } else {
     model_->params().init_random(config_.train.seed, config_.model.init_std);

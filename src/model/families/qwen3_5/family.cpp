@@ -2,6 +2,9 @@
 // attention, then the dense MLP or the routed experts with the gated shared expert), FLOPs and certification.
 #include "model/families/qwen3_5/family.h"
 
+#include <string>
+#include <string_view>
+
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -142,6 +145,16 @@ class Qwen3_5Family final : public Family {
     if (model_type == "qwen3_5") return {"text_config", kDenseTextType};
     if (model_type == "qwen3_5_moe") return {"text_config", kMoeTextType};
     return {};
+  }
+
+  // The released checkpoints (Qwen3_5ForConditionalGeneration and its MoE twin) hold the text model under
+  // "model.language_model.", the vision tower under "model.visual." and the multi-token-prediction layers under
+  // "mtp.": transformers' text model drops the "language_model" level and ignores the other two.
+  std::string checkpoint_tensor_name(const std::string& name) const override {
+    constexpr std::string_view kWrapped = "model.language_model.";
+    if (name.starts_with(kWrapped)) return "model." + name.substr(kWrapped.size());
+    if (name.starts_with("model.visual.") || name.starts_with("mtp.")) return "";
+    return name;
   }
 
   ModelConfig parse_config(const io::JsonFields& fields) const override {
