@@ -91,7 +91,7 @@ void CausalLm::load_hf_weights(const io::SafetensorsReader& reader) {
       parts.push_back(fmt::format("{} {}", n, prefix));
       count += n;
     }
-    log_info("checkpoint: {} tensor(s) the {} text model does not use are left out ({})", count, config_.model_type,
+    log_info("checkpoint: left out {} tensor(s) that the {} model does not use ({})", count, config_.model_type,
              fmt::join(parts, ", "));
   }
   params_->load_hf_tensors(tensors);

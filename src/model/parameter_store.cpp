@@ -53,8 +53,8 @@ std::vector<ParamSpec> decoder_model_specs(const ModelConfig& config,
   specs.push_back(single_piece_spec("final_norm", {config.hidden_size}, ParamRole::Norm, -1, "model.norm.weight"));
   specs.back().init = final_norm_init;
   if (!config.tie_word_embeddings)
-    specs.push_back(single_piece_spec("lm_head", {config.vocab_size, config.hidden_size}, ParamRole::Head, -1,
-                                      "lm_head.weight"));
+    specs.push_back(
+        single_piece_spec("lm_head", {config.vocab_size, config.hidden_size}, ParamRole::Head, -1, "lm_head.weight"));
   return specs;
 }
 
@@ -350,7 +350,10 @@ void ParameterStore::init_random(uint64_t seed, double std) {
     Tensor host = Tensor::empty(specs_[i].shape, DType::F32);
     float* p = host.data<float>();
     const int64_t n = host.numel();
-    if (specs_[i].init != ParamInit::Normal) {
+    if (specs_[i].init == ParamInit::LogUniform) {
+      Rng rng = Rng::for_key(seed, specs_[i].name);  // a vector (one value per head): one sequential stream
+      for (int64_t j = 0; j < n; ++j) p[j] = static_cast<float>(std::log(0.01 + (16.0 - 0.01) * rng.uniform()));
+    } else if (specs_[i].init != ParamInit::Normal) {
       const float value = specs_[i].init == ParamInit::Ones ? 1.0f : 0.0f;
       for (int64_t j = 0; j < n; ++j) p[j] = value;
     } else {

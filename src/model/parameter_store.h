@@ -34,8 +34,9 @@ enum class ParamRole : uint8_t {
 };
 const char* param_role_name(ParamRole role);
 
-// How init_random fills a parameter.
-enum class ParamInit : uint8_t { Normal, Ones, Zeros };
+// How init_random fills a parameter. LogUniform: log(U(0.01, 16)), Gated DeltaNet's A_log as transformers starts it
+// (the decay rates A spread over [0.01, 16]).
+enum class ParamInit : uint8_t { Normal, Ones, Zeros, LogUniform };
 
 struct ParamSpec {
   std::string name;  // internal name, e.g. "layers.1.experts.gate_up" (an identifier: nothing parses it)

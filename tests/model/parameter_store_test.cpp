@@ -161,6 +161,31 @@ TEST(ParameterStore, ParallelInitEqualsOneSequentialStream) {
   }
 }
 
+// Gated DeltaNet's A_log starts as transformers starts it, log(U(0.01, 16)) per value head, and dt_bias at 1.
+TEST(ParameterStore, GatedDeltaNetDecaysStartAsTransformersStartsThem) {
+  const auto config = model::load_model_config(testing::test_data_path("golden/qwen3_5"));
+  ParameterStore store(config.family->param_specs(config));
+  store.init_random(5, 0.02);
+  int checked = 0;
+  for (const auto& spec : store.specs()) {
+    const std::vector<float> values = store.param(spec.name).to_vector<float>();
+    if (spec.fp32_pin == "A_log") {
+      EXPECT_EQ(spec.init, ParamInit::LogUniform) << spec.name;
+      Rng rng = Rng::for_key(5, spec.name);
+      for (float v : values) {
+        EXPECT_EQ(v, static_cast<float>(std::log(0.01 + (16.0 - 0.01) * rng.uniform()))) << spec.name;
+        EXPECT_GE(v, std::log(0.01f) - 1e-6f) << spec.name;
+        EXPECT_LT(v, std::log(16.0f)) << spec.name;
+      }
+      EXPECT_NE(values.front(), values.back()) << spec.name << ": one value per head, drawn apart";
+      ++checked;
+    } else if (spec.fp32_pin == "dt_bias") {
+      for (float v : values) EXPECT_EQ(v, 1.0f) << spec.name;
+    }
+  }
+  EXPECT_EQ(checked, 3);  // the golden model's three linear-attention layers
+}
+
 TEST(ParameterStore, F32ComputeReadsTheMastersAndBf16ComputeNeedsCuda) {
   const Shape shape{4, 3};
   ParameterStore store({single_piece_spec("w", shape, ParamRole::Dense, -1, "w")});

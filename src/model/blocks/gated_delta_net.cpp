@@ -63,8 +63,8 @@ std::vector<ParamSpec> GatedDeltaNet::param_specs(const GatedDeltaNetOptions& o,
   add("in_proj_a", {o.num_value_heads, h}, ParamRole::Dense, ParamInit::Normal);
   add("in_proj_b", {o.num_value_heads, h}, ParamRole::Dense, ParamInit::Normal);
   add("conv", {c, o.conv_kernel}, ParamRole::Dense, ParamInit::Normal);
-  // transformers starts A_log at log(U(0.01, 16)) and dt_bias at 1; the engine's inits start A_log at 0 (A = 1).
-  add("A_log", {o.num_value_heads}, ParamRole::Dense, ParamInit::Zeros);
+  // As transformers starts them: A_log at log(U(0.01, 16)), dt_bias at 1.
+  add("A_log", {o.num_value_heads}, ParamRole::Dense, ParamInit::LogUniform);
   specs.back().fp32_pin = "A_log";
   add("dt_bias", {o.num_value_heads}, ParamRole::Dense, ParamInit::Ones);
   specs.back().fp32_pin = "dt_bias";

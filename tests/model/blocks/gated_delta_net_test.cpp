@@ -243,7 +243,7 @@ TEST(GatedDeltaNetBlockSpecs, NameEveryWeightWithItsShapeRoleInitAndPin) {
     EXPECT_EQ(specs[i].fp32_pin, names[i] == "A_log" || names[i] == "dt_bias" ? names[i] : "");
     EXPECT_TRUE(specs[i].pieces.empty());
   }
-  EXPECT_EQ(specs[5].init, ParamInit::Zeros);  // A_log: A = 1
+  EXPECT_EQ(specs[5].init, ParamInit::LogUniform);  // A_log = log(U(0.01, 16)), as transformers
   EXPECT_EQ(specs[6].init, ParamInit::Ones);   // dt_bias, as transformers
   EXPECT_EQ(specs[7].init, ParamInit::Ones);   // the gated norm scales by w (not zero-centred)
 }
