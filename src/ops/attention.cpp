@@ -195,7 +195,7 @@ void attention_backward(Stream& stream, Tensor dq, Tensor dk, Tensor dv, const T
   check_params(params, s.tokens, cu_seqlens, op);
 #if MOETRAIN_HAS_CUDA
   if (device.is_cuda()) {
-    if (cuda::cudnn_attention_supports(dtype, s.hd, s.hdv, params)) {
+    if (cuda::cudnn_attention_backward_supports(dtype, s.hd, s.hdv, params)) {
       cuda::cudnn_attention_backward(stream, dq, dk, dv, dout, q, k, v, out, lse, cu_seqlens, params);
       return;
     }

@@ -1,9 +1,10 @@
 // Tests for the cuDNN attention path (ops/cuda/attention_cudnn.*) through the public ops (bf16, hd == hdv in
-// {64, 128}, max_seqlen known): forward (out, lse) and backward (dq, dk, dv) against the f32 CPU reference on the
-// same bf16 values (one document, unequal documents with single-token ones, batches that get padded with empty
-// documents, GQA 32/4 and 4/2, MHA, non-causal, causal sliding windows of 1, 37 and 128 keys), against our own CUDA
-// kernels at the workload of record (2 x 4096 tokens, 32/4 heads, hd 128), the graph cache, the dispatch rules, the
-// max_seqlen checks, and a throughput benchmark that only runs on request (--gtest_also_run_disabled_tests).
+// {64, 128, 256}, max_seqlen known; at 256 the backward on our kernels): forward (out, lse) and backward (dq, dk, dv)
+// against the f32 CPU reference on the same bf16 values (one document, unequal documents with single-token ones,
+// batches that get padded with empty documents, GQA 32/4 and 4/2, MHA, non-causal, causal sliding windows of 1, 37 and
+// 128 keys), against our own CUDA kernels at the workload of record (2 x 4096 tokens, 32/4 heads, hd 128), the graph
+// cache, the dispatch rules, the max_seqlen checks, and a throughput benchmark that only runs on request
+// (--gtest_also_run_disabled_tests).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -121,7 +122,8 @@ void expect_close(const Results& got, const Results& want, double threshold, con
   for (const auto& [name, t] : pairs) {
     // A window of 1 makes each softmax a single 1, whose dq and dk are exactly 0: those are measured against the size
     // of dv, the gradient the same dout drives (bf16 leaves ~1e-6 there, from D = dout . out on the rounded out).
-    const double err = l2_norm(*t.second) == 0.0 ? l2_norm(*t.first) / l2_norm(want.dv) : relative_error(*t.first, *t.second);
+    const double err =
+        l2_norm(*t.second) == 0.0 ? l2_norm(*t.first) / l2_norm(want.dv) : relative_error(*t.first, *t.second);
     EXPECT_LT(err, threshold) << what << ": " << name << " relative error ||gpu - ref|| / ||ref|| = " << err
                               << " (max abs diff " << testing::max_abs_diff(*t.first, *t.second) << ")";
     std::printf("[ cuDNN    ] %s: %s relative error %.3e\n", what.c_str(), name, err);
@@ -141,6 +143,9 @@ std::vector<Case> reference_cases() {
       {"non_causal_gqa4_2_hd64", 4, 2, 64, mixed, false},
       // DeepSeek-V2's latent attention: q/k head dim 192 (128 + 64 rope), value head dim 128, a head per kv head.
       {"mixed_documents_mla4_hd192_hdv128", 4, 4, 192, mixed, true, 0, 128},
+      // Qwen3.5's full attention, head dim 256: the forward on cuDNN, the backward on our kernels from its out and lse.
+      {"mixed_documents_gqa16_2_hd256", 16, 2, 256, mixed},
+      {"one_document_mha4_hd256", 4, 4, 256, {0, 256}},
       // Sliding windows (GPT-OSS: causal, 128 keys): documents of 1, 1, 65, 1, 300 and 32 tokens, shorter and longer
       // than the window; a window of 1 (each query sees itself only) and one of 37 off the tile sizes.
       {"mixed_documents_gqa8_1_hd64_window128", 8, 1, 64, mixed, true, 0, 0, 128},
@@ -253,6 +258,19 @@ TEST(CudaAttentionCudnn, CausalSlidingWindowRunsOnCudnnWithItsOwnGraphs) {
   const int64_t before = ops::cuda::cudnn_attention_graphs_built();
   run_attention(in, c, ours, gpu_device(), DType::BF16);
   EXPECT_EQ(ops::cuda::cudnn_attention_graphs_built(), before) << "max_seqlen 0 went to cuDNN";
+}
+
+TEST(CudaAttentionCudnn, HeadDim256RunsItsForwardOnCudnnAndItsBackwardOnOurKernels) {
+  MT_REQUIRE_GPU();
+  const Case c{"hd256_graphs", 16, 2, 256, {0, 77, 300}};
+  const ops::AttentionParams params = params_of(c);
+  EXPECT_TRUE(ops::cuda::cudnn_attention_supports(DType::BF16, 256, 256, params));
+  EXPECT_FALSE(ops::cuda::cudnn_attention_backward_supports(DType::BF16, 256, 256, params));
+  EXPECT_TRUE(ops::cuda::cudnn_attention_backward_supports(DType::BF16, 128, 128, params));
+  const int64_t before = ops::cuda::cudnn_attention_graphs_built();
+  const Results got = run_attention(random_inputs(c, 6000), c, params, gpu_device(), DType::BF16);
+  EXPECT_EQ(ops::cuda::cudnn_attention_graphs_built(), before + 1) << "one forward graph, no backward graph";
+  EXPECT_GT(l2_norm(got.dk), 0.0);
 }
 
 TEST(CudaAttentionCudnn, OtherCallsStayOnOurKernels) {

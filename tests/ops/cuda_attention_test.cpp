@@ -55,6 +55,10 @@ std::vector<Case> cases() {
       {"mha_hd96_hdv64", 4, 4, 96, 64, {0, 130, 131, 333}, causal(96)},
       {"gqa_hd64_non_causal_window20", 8, 2, 64, 64, kMixedDocs, non_causal},
       {"one_token", 2, 1, 64, 64, {0, 1}, causal(64)},
+      // Head dims past 128 take the wide tiles (4 rows per warp, 8 columns per lane): Qwen3.5's full attention (256)
+      // and an uneven pair.
+      {"gqa_hd256", 8, 2, 256, 256, kMixedDocs, causal(256)},
+      {"mha_hd200_hdv160", 4, 4, 200, 160, {0, 130, 131, 333}, causal(200)},
   };
 }
 
@@ -211,11 +215,11 @@ TEST(CudaAttention, RejectsWhatTheKernelsDoNotTake) {
   const Tensor cu = cu_tensor({0, 2, 6}).to(gpu());
   Stream& s = default_stream(gpu());
   const ops::AttentionParams params = causal(64);
-  {  // head dim above 128
-    const Tensor q = dev({tokens, 2, 160}, DType::F32), k = dev({tokens, 1, 160}, DType::F32);
+  {  // head dim above 256
+    const Tensor q = dev({tokens, 2, 288}, DType::F32), k = dev({tokens, 1, 288}, DType::F32);
     const Tensor v = dev({tokens, 1, 64}, DType::F32);
     Tensor out = Tensor::empty({tokens, 2, 64}, DType::F32, gpu()), lse = Tensor::empty({tokens, 2}, DType::F32, gpu());
-    expect_error([&] { ops::attention_forward(s, out, lse, q, k, v, cu, params); }, "head dims in [1, 128]");
+    expect_error([&] { ops::attention_forward(s, out, lse, q, k, v, cu, params); }, "head dims in [1, 256]");
   }
   const Tensor q = dev({tokens, 2, 64}, DType::BF16), k = dev({tokens, 1, 64}, DType::BF16);
   const Tensor v = dev({tokens, 1, 64}, DType::BF16);

@@ -18,13 +18,23 @@ namespace {
 
 constexpr int kThreads = 256;  // 8 warps per block
 constexpr int kWarps = kThreads / 32;
-constexpr int kRowsPerWarp = 8;                  // query rows (forward, dq) or key rows (dk, dv) a warp owns
-constexpr int kRowTile = kWarps * kRowsPerWarp;  // 64 rows per block
-constexpr int kKeysPerLane = 2;                  // forward and dq: a key tile of 64, two keys per lane
+constexpr int kKeysPerLane = 2;  // forward and dq: a key tile of 64, two keys per lane
 constexpr int kKeyTile = 32 * kKeysPerLane;
 constexpr int kQueryTile = 32;  // dk / dv: a query tile of 32, one query per lane
-constexpr int kMaxHeadDim = 128;
-constexpr int kChunks = kMaxHeadDim / 32;  // head-dim columns a lane owns: lane + 32 c
+constexpr int kMaxHeadDim = 256;
+
+// A kernel's tile shape: the head-dim columns a lane owns (lane + 32 c for c < kChunks, so head dims up to 32 kChunks)
+// and the query rows (forward, dq) or key rows (dk, dv) a warp owns. Head dims up to 128 take 8 rows per warp (tiles
+// of 64 rows); up to 256, 4 rows per warp (32), so that the f32 tiles in shared memory stay within what a block may
+// have (227 KiB) and the per-lane accumulators within the registers.
+template <int CHUNKS, int ROWS>
+struct TileShape {
+  static constexpr int kChunks = CHUNKS;
+  static constexpr int kRowsPerWarp = ROWS;
+  static constexpr int kRowTile = kWarps * ROWS;
+};
+using NarrowTiles = TileShape<4, 8>;  // head dims <= 128
+using WideTiles = TileShape<8, 4>;    // head dims <= 256
 constexpr unsigned kFullMask = 0xffffffffu;
 
 __device__ __forceinline__ float to_f32(float x) { return x; }
@@ -116,9 +126,10 @@ __device__ void load_rows(float* dst, int dst_stride, const T* src, int64_t src_
 // One block per (query tile, head). Each warp owns kRowsPerWarp query rows; for every key tile it computes the
 // scores of its rows against the tile (two keys per lane), updates the running max / sum of each row and adds the
 // tile's probabilities times V into per-lane accumulators (columns lane + 32 c).
-template <typename T>
+template <typename T, class S>
 __global__ void __launch_bounds__(kThreads)
     forward_kernel(T* out, float* lse, const T* q, const T* k, const T* v, const int32_t* cu, Dims n) {
+  constexpr int kRowsPerWarp = S::kRowsPerWarp, kRowTile = S::kRowTile, kChunks = S::kChunks;
   extern __shared__ float smem[];
   Tile tile;
   if (!find_tile(cu, n.num_docs, static_cast<int>(blockIdx.x), kRowTile, &tile)) return;
@@ -243,10 +254,11 @@ __global__ void __launch_bounds__(kThreads)
 
 // dq_i = scale * sum_j p_ij (dp_ij - D_i) k_j, p_ij = exp(scale q_i.k_j - lse_i), dp_ij = dout_i.v_j. One block per
 // (query tile, head), the layout of the forward; every dq element is one chain over ascending keys.
-template <typename T>
+template <typename T, class S>
 __global__ void __launch_bounds__(kThreads)
     dq_kernel(T* dq, const T* dout, const T* q, const T* k, const T* v, const float* lse, const float* row_term,
               const int32_t* cu, Dims n) {
+  constexpr int kRowsPerWarp = S::kRowsPerWarp, kRowTile = S::kRowTile, kChunks = S::kChunks;
   extern __shared__ float smem[];
   Tile tile;
   if (!find_tile(cu, n.num_docs, static_cast<int>(blockIdx.x), kRowTile, &tile)) return;
@@ -356,10 +368,11 @@ __global__ void __launch_bounds__(kThreads)
 // dv_j = sum_{h, i} p_ij dout_i and dk_j = scale * sum_{h, i} p_ij (dp_ij - D_i) q_i over the query heads h of kv
 // head g (ascending) and, within a head, the queries i that see key j (ascending). One block per (key tile, kv
 // head); each warp owns kRowsPerWarp keys, each lane one query of the current query tile.
-template <typename T>
+template <typename T, class S>
 __global__ void __launch_bounds__(kThreads)
     dkdv_kernel(T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const float* lse,
                 const float* row_term, const int32_t* cu, Dims n) {
+  constexpr int kRowsPerWarp = S::kRowsPerWarp, kRowTile = S::kRowTile, kChunks = S::kChunks;
   extern __shared__ float smem[];
   Tile tile;
   if (!find_tile(cu, n.num_docs, static_cast<int>(blockIdx.x), kRowTile, &tile)) return;
@@ -497,17 +510,23 @@ T* ptr(const Tensor& t) {
   return static_cast<T*>(t.raw_data());
 }
 
+template <class S>
 size_t forward_smem_bytes(const Dims& n) {
+  constexpr int kRowTile = S::kRowTile;
   return sizeof(float) * (static_cast<size_t>(kRowTile + kKeyTile) * (n.hd + 1) +
                           static_cast<size_t>(kKeyTile) * (n.hdv + 1) + static_cast<size_t>(kRowTile) * kKeyTile);
 }
 
+template <class S>
 size_t dq_smem_bytes(const Dims& n) {
+  constexpr int kRowTile = S::kRowTile;
   return sizeof(float) *
          (static_cast<size_t>(kRowTile + kKeyTile) * (n.hd + 1 + n.hdv + 1) + static_cast<size_t>(kRowTile) * kKeyTile);
 }
 
+template <class S>
 size_t dkdv_smem_bytes(const Dims& n) {
+  constexpr int kRowTile = S::kRowTile;
   return sizeof(float) * (static_cast<size_t>(kRowTile + kQueryTile) * (n.hd + 1 + n.hdv + 1) +
                           2 * static_cast<size_t>(kRowTile) * kQueryTile + 2 * static_cast<size_t>(kQueryTile));
 }
@@ -517,18 +536,18 @@ void allow_smem(Kernel kernel, size_t bytes) {
   MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
 }
 
-template <typename T>
+template <typename T, class S>
 void forward_typed(cudaStream_t stream, const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
                    const Tensor& v, const Tensor& cu_seqlens, const Dims& n) {
-  const size_t smem = forward_smem_bytes(n);
-  allow_smem(forward_kernel<T>, smem);
-  const dim3 grid(static_cast<unsigned>(num_tiles(n, kRowTile)), static_cast<unsigned>(n.nh));
-  forward_kernel<T><<<grid, kThreads, smem, stream>>>(ptr<T>(out), ptr<float>(lse), ptr<const T>(q), ptr<const T>(k),
-                                                      ptr<const T>(v), ptr<const int32_t>(cu_seqlens), n);
+  const size_t smem = forward_smem_bytes<S>(n);
+  allow_smem(forward_kernel<T, S>, smem);
+  const dim3 grid(static_cast<unsigned>(num_tiles(n, S::kRowTile)), static_cast<unsigned>(n.nh));
+  forward_kernel<T, S><<<grid, kThreads, smem, stream>>>(ptr<T>(out), ptr<float>(lse), ptr<const T>(q), ptr<const T>(k),
+                                                         ptr<const T>(v), ptr<const int32_t>(cu_seqlens), n);
   MT_CUDA_CHECK(cudaGetLastError());
 }
 
-template <typename T>
+template <typename T, class S>
 void backward_typed(cudaStream_t stream, const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
                     const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                     const Tensor& cu_seqlens, const Dims& n) {
@@ -539,18 +558,18 @@ void backward_typed(cudaStream_t stream, const Tensor& dq, const Tensor& dk, con
       ptr<float>(row_term), ptr<const T>(dout), ptr<const T>(out), pairs, n.hdv);
   MT_CUDA_CHECK(cudaGetLastError());
 
-  const size_t dq_smem = dq_smem_bytes(n);
-  allow_smem(dq_kernel<T>, dq_smem);
-  const dim3 dq_grid(static_cast<unsigned>(num_tiles(n, kRowTile)), static_cast<unsigned>(n.nh));
-  dq_kernel<T><<<dq_grid, kThreads, dq_smem, stream>>>(ptr<T>(dq), ptr<const T>(dout), ptr<const T>(q), ptr<const T>(k),
-                                                       ptr<const T>(v), ptr<const float>(lse),
-                                                       ptr<const float>(row_term), ptr<const int32_t>(cu_seqlens), n);
+  const size_t dq_smem = dq_smem_bytes<S>(n);
+  allow_smem(dq_kernel<T, S>, dq_smem);
+  const dim3 dq_grid(static_cast<unsigned>(num_tiles(n, S::kRowTile)), static_cast<unsigned>(n.nh));
+  dq_kernel<T, S><<<dq_grid, kThreads, dq_smem, stream>>>(
+      ptr<T>(dq), ptr<const T>(dout), ptr<const T>(q), ptr<const T>(k), ptr<const T>(v), ptr<const float>(lse),
+      ptr<const float>(row_term), ptr<const int32_t>(cu_seqlens), n);
   MT_CUDA_CHECK(cudaGetLastError());
 
-  const size_t dkdv_smem = dkdv_smem_bytes(n);
-  allow_smem(dkdv_kernel<T>, dkdv_smem);
-  const dim3 dkdv_grid(static_cast<unsigned>(num_tiles(n, kRowTile)), static_cast<unsigned>(n.nkv));
-  dkdv_kernel<T><<<dkdv_grid, kThreads, dkdv_smem, stream>>>(
+  const size_t dkdv_smem = dkdv_smem_bytes<S>(n);
+  allow_smem(dkdv_kernel<T, S>, dkdv_smem);
+  const dim3 dkdv_grid(static_cast<unsigned>(num_tiles(n, S::kRowTile)), static_cast<unsigned>(n.nkv));
+  dkdv_kernel<T, S><<<dkdv_grid, kThreads, dkdv_smem, stream>>>(
       ptr<T>(dk), ptr<T>(dv), ptr<const T>(dout), ptr<const T>(q), ptr<const T>(k), ptr<const T>(v),
       ptr<const float>(lse), ptr<const float>(row_term), ptr<const int32_t>(cu_seqlens), n);
   MT_CUDA_CHECK(cudaGetLastError());
@@ -563,9 +582,16 @@ void attention_forward(const Stream& stream, const Tensor& out, const Tensor& ls
   constexpr const char* op = "attention_forward";
   const Dims n = dims_of(q, k, v, cu_seqlens, params, op);
   const auto s = static_cast<cudaStream_t>(stream_handle(stream));
+  const bool wide = n.hd > 32 * NarrowTiles::kChunks || n.hdv > 32 * NarrowTiles::kChunks;
   switch (q.dtype()) {
-    case DType::F32: forward_typed<float>(s, out, lse, q, k, v, cu_seqlens, n); return;
-    case DType::BF16: forward_typed<__nv_bfloat16>(s, out, lse, q, k, v, cu_seqlens, n); return;
+    case DType::F32:
+      wide ? forward_typed<float, WideTiles>(s, out, lse, q, k, v, cu_seqlens, n)
+           : forward_typed<float, NarrowTiles>(s, out, lse, q, k, v, cu_seqlens, n);
+      return;
+    case DType::BF16:
+      wide ? forward_typed<__nv_bfloat16, WideTiles>(s, out, lse, q, k, v, cu_seqlens, n)
+           : forward_typed<__nv_bfloat16, NarrowTiles>(s, out, lse, q, k, v, cu_seqlens, n);
+      return;
     default: MT_FAIL("{}: the CUDA kernels take f32 or bf16 but found {}", op, q.describe());
   }
 }
@@ -576,9 +602,16 @@ void attention_backward(const Stream& stream, const Tensor& dq, const Tensor& dk
   constexpr const char* op = "attention_backward";
   const Dims n = dims_of(q, k, v, cu_seqlens, params, op);
   const auto s = static_cast<cudaStream_t>(stream_handle(stream));
+  const bool wide = n.hd > 32 * NarrowTiles::kChunks || n.hdv > 32 * NarrowTiles::kChunks;
   switch (q.dtype()) {
-    case DType::F32: backward_typed<float>(s, dq, dk, dv, dout, q, k, v, out, lse, cu_seqlens, n); return;
-    case DType::BF16: backward_typed<__nv_bfloat16>(s, dq, dk, dv, dout, q, k, v, out, lse, cu_seqlens, n); return;
+    case DType::F32:
+      wide ? backward_typed<float, WideTiles>(s, dq, dk, dv, dout, q, k, v, out, lse, cu_seqlens, n)
+           : backward_typed<float, NarrowTiles>(s, dq, dk, dv, dout, q, k, v, out, lse, cu_seqlens, n);
+      return;
+    case DType::BF16:
+      wide ? backward_typed<__nv_bfloat16, WideTiles>(s, dq, dk, dv, dout, q, k, v, out, lse, cu_seqlens, n)
+           : backward_typed<__nv_bfloat16, NarrowTiles>(s, dq, dk, dv, dout, q, k, v, out, lse, cu_seqlens, n);
+      return;
     default: MT_FAIL("{}: the CUDA kernels take f32 or bf16 but found {}", op, q.describe());
   }
 }

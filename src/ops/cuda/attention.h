@@ -11,7 +11,8 @@ namespace moetrain::ops::cuda {
 // The arguments are validated by ops::attention_forward / ops::attention_backward: q, k, v, out (and dout, dq, dk,
 // dv) in f32 or bf16 (one dtype), lse f32 [T, nh], cu_seqlens i32 [D + 1] on the same device. cu_seqlens' values
 // are the caller's contract (0 = c0 < c1 < ... < cD = T; validate_cu_seqlens on the host copy): the kernels read
-// them on the device and cannot report a bad one. hd and hdv must be at most 128 (checked here).
+// them on the device and cannot report a bad one. hd and hdv must be at most 256 (checked here; past 128 the tiles
+// hold half the rows).
 //
 // Work split: the queries (forward, dq) or keys (dk, dv) of every document are cut into tiles that start at the
 // document's first token, one thread block per (tile, head); a block finds its document by a binary search in

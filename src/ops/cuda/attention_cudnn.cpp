@@ -263,7 +263,7 @@ struct Extents {
 Extents extents_of(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens,
                    const AttentionParams& params, const char* op) {
   MT_CHECK(cudnn_attention_supports(q.dtype(), q.size(2), v.size(2), params),
-           "{} (cuDNN): expected bf16 with (hd, hdv) in (64, 64), (128, 128) or (192, 128), max_seqlen > 0 "
+           "{} (cuDNN): expected bf16 with (hd, hdv) in (64, 64), (128, 128), (256, 256) or (192, 128), max_seqlen > 0 "
            "and a "
            "sliding window only with the causal mask but found q {}, v {}, max_seqlen {}, sliding_window {}, causal {}",
            op, q.describe(), v.describe(), params.max_seqlen, params.sliding_window, params.causal);
@@ -330,14 +330,19 @@ void execute(const Stream& stream, const GraphKey& key, const SdpaGraph& g, Vari
 }  // namespace
 
 bool cudnn_attention_supports(DType dtype, int64_t hd, int64_t hdv, const AttentionParams& params) {
-  // Equal head dims of 64 or 128 (Qwen3, GPT-OSS), and DeepSeek-V2's latent attention: q/k 192 (128 + 64 rope), v 128.
-  // Not 256 (Qwen3.5's full attention): cuDNN 9.14's forward is right there but its Hopper backward gives wrong dq, dk
-  // and dv (relative errors 0.2 to 5 against the CPU, with both engines it offers, causal or not, one document or
-  // several, workspace zeroed or not: docs/gpu_notes.md, seventh session).
-  const bool dims = ((hd == 64 || hd == 128) && hdv == hd) || (hd == 192 && hdv == 128);
+  // Equal head dims of 64, 128 (Qwen3, GPT-OSS) or 256 (Qwen3.5's full attention), and DeepSeek-V2's latent
+  // attention: q/k 192 (128 + 64 rope), v 128.
+  const bool dims = ((hd == 64 || hd == 128 || hd == 256) && hdv == hd) || (hd == 192 && hdv == 128);
   // A sliding window needs the causal mask here: the non-causal (symmetric) window stays on our kernels (cuDNN 9.14.0
   // also refuses non-causal windows over more than 1024 keys).
   return dtype == DType::BF16 && dims && params.max_seqlen > 0 && (params.sliding_window == 0 || params.causal);
+}
+
+bool cudnn_attention_backward_supports(DType dtype, int64_t hd, int64_t hdv, const AttentionParams& params) {
+  // Not head dim 256: cuDNN 9.14's forward is right there, but its Hopper backward gives wrong dq, dk and dv (relative
+  // errors 0.2 to 5 against the CPU with both engines it offers, causal or not, one document or several, workspace
+  // zeroed or not: docs/gpu_notes.md, seventh session).
+  return cudnn_attention_supports(dtype, hd, hdv, params) && hd != 256;
 }
 
 int64_t cudnn_attention_graphs_built() { return g_graphs_built.load(); }
@@ -362,6 +367,10 @@ void cudnn_attention_backward(const Stream& stream, const Tensor& dq, const Tens
                               const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                               const Tensor& lse, const Tensor& cu_seqlens, const AttentionParams& params) {
   constexpr const char* op = "attention_backward";
+  MT_CHECK(cudnn_attention_backward_supports(q.dtype(), q.size(2), v.size(2), params),
+           "{} (cuDNN): head dim {} is not taken by the cuDNN backward (its results are wrong there); the backward of "
+           "this call runs on our kernels",
+           op, q.size(2));
   const Extents e = extents_of(q, k, v, cu_seqlens, params, op);
   const Device device = q.device();
   const int64_t token_bucket = std::max(kMinSeqBucket, next_power_of_two(e.tokens));

@@ -12,10 +12,13 @@
 
 namespace moetrain::ops::cuda {
 
-// Whether the cuDNN path takes a call: bf16, (hd, hdv) in (64, 64), (128, 128), (192, 128), a host-known longest
-// document (params.max_seqlen > 0), and a sliding window only with the causal mask (a band i - W < j <= i in each
-// document, the rule of the CPU reference). Everything else runs on the kernels of ops/cuda/attention.h.
+// Whether the cuDNN path takes a call: bf16, (hd, hdv) in (64, 64), (128, 128), (256, 256), (192, 128), a host-known
+// longest document (params.max_seqlen > 0), and a sliding window only with the causal mask (a band i - W < j <= i in
+// each document, the rule of the CPU reference). Everything else runs on the kernels of ops/cuda/attention.h.
 bool cudnn_attention_supports(DType dtype, int64_t hd, int64_t hdv, const AttentionParams& params);
+// Whether its backward takes the call too: not at head dim 256, whose backward then runs on our kernels from the cuDNN
+// forward's out and lse (the same natural-log lse layout, [T, nh] f32).
+bool cudnn_attention_backward_supports(DType dtype, int64_t hd, int64_t hdv, const AttentionParams& params);
 
 // The arguments are validated by ops::attention_forward / ops::attention_backward (shapes, dtypes, devices) and
 // must satisfy cudnn_attention_supports (checked again here). cu_seqlens i32 [D + 1] on the device: its values are
