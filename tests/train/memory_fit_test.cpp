@@ -15,23 +15,17 @@
 #include "io/job_config.h"
 #include "testing/gpu.h"
 #include "testing/test_data.h"
+#include "testing/tiny_moe_job.h"
 #include "train/launch.h"
 #include "train/memory_plan.h"
 
 namespace moetrain::train {
 namespace {
 
-std::string repo(const std::string& relative) { return std::string(MOETRAIN_TEST_DATA_DIR) + "/../../" + relative; }
-
 io::JobConfig tiny_job(const std::vector<std::string>& overrides) {
-  std::vector<std::string> all = {"model.config=" + repo("examples/tiny_moe/config.json"),
-                                  "data.mode=synthetic",
-                                  "train.steps=1",
-                                  "train.seq_len=64",
-                                  "train.micro_batch=2",
-                                  "metrics.console_every=100"};
+  std::vector<std::string> all = {"train.steps=1", "train.seq_len=64", "train.micro_batch=2"};
   all.insert(all.end(), overrides.begin(), overrides.end());
-  return io::parse_job_config("", "fit_job", all);
+  return testing::tiny_moe_job(all);
 }
 
 int64_t largest_peak(const MemoryPlan& plan) {

@@ -17,25 +17,20 @@
 #include "model/flops.h"
 #include "model/model_config.h"
 #include "testing/test_data.h"
+#include "testing/tiny_moe_job.h"
 #include "train/launch.h"
 
 namespace moetrain::train {
 namespace {
 
-std::string repo(const std::string& relative) { return std::string(MOETRAIN_TEST_DATA_DIR) + "/../../" + relative; }
+std::string repo(const std::string& relative) { return testing::repo_path(relative); }
 
-// The tiny example's model (8 layers, H 128, 8 experts top-2) on synthetic tokens, its loss settings, no checkpoint.
+// The tiny example's model on synthetic tokens, its loss settings, no checkpoint.
 io::JobConfig tiny_job(const std::vector<std::string>& overrides) {
-  std::vector<std::string> all = {"model.config=" + repo("examples/tiny_moe/config.json"),
-                                  "data.mode=synthetic",
-                                  "train.steps=2",
-                                  "train.seq_len=128",
-                                  "train.micro_batch=4",
-                                  "loss.load_balance_coef=0.01",
-                                  "loss.z_loss_coef=0.001",
-                                  "metrics.console_every=100"};
+  std::vector<std::string> all = {"train.steps=2", "train.seq_len=128", "train.micro_batch=4",
+                                  "loss.load_balance_coef=0.01", "loss.z_loss_coef=0.001"};
   all.insert(all.end(), overrides.begin(), overrides.end());
-  return io::parse_job_config("", "tiny_job", all);
+  return testing::tiny_moe_job(all);
 }
 
 int64_t predicted_total(const MemoryPlan& plan) {
