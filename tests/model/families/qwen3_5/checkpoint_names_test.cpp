@@ -14,6 +14,7 @@
 #include "io/json_fields.h"
 #include "io/safetensors.h"
 #include "model/causal_lm.h"
+#include "testing/cuda_compare.h"
 #include "testing/test_data.h"
 
 namespace moetrain::model {
@@ -61,13 +62,9 @@ Tensors tower_and_mtp() {
           {"mtp.fc.weight", filled({64, 128}, 2.0f)}};
 }
 
-std::string load_error(const std::string& dir) {
-  try {
-    CausalLm::from_hf(dir);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
+// Loading the folder fails with an error that names `needle`.
+void expect_load_error(const std::string& dir, const std::string& needle) {
+  testing::expect_error([&] { CausalLm::from_hf(dir); }, needle);
 }
 
 TEST(Qwen3_5Checkpoint, AMultimodalCheckpointLoadsTheWeightsOfTheTextModelItWraps) {
@@ -83,22 +80,20 @@ TEST(Qwen3_5Checkpoint, AMultimodalCheckpointLoadsTheWeightsOfTheTextModelItWrap
 }
 
 TEST(Qwen3_5Checkpoint, ATensorOutsideTheKnownPrefixesIsStillRefused) {
-  const std::string error =
-      load_error(multimodal_folder("qwen3_5_stray", wrapped_tensors({{"model.projector.weight", filled({4}, 1.0f)}})));
-  EXPECT_NE(error.find("unexpected tensor 'model.projector.weight'"), std::string::npos) << error;
+  expect_load_error(
+      multimodal_folder("qwen3_5_stray", wrapped_tensors({{"model.projector.weight", filled({4}, 1.0f)}})),
+      "unexpected tensor 'model.projector.weight'");
 }
 
 TEST(Qwen3_5Checkpoint, ATensorUnderBothNamesIsRefused) {
-  const std::string error =
-      load_error(multimodal_folder("qwen3_5_twice", wrapped_tensors({{"model.norm.weight", filled({64}, 1.0f)}})));
-  EXPECT_NE(error.find("tensor 'model.norm.weight' given twice"), std::string::npos) << error;
+  expect_load_error(multimodal_folder("qwen3_5_twice", wrapped_tensors({{"model.norm.weight", filled({64}, 1.0f)}})),
+                    "tensor 'model.norm.weight' given twice");
 }
 
 TEST(Qwen3_5Checkpoint, AMissingTextTensorIsNamedAsTheTextModelReadsIt) {
   Tensors tensors = wrapped_tensors({});
   std::erase_if(tensors, [](const auto& t) { return t.first == "model.language_model.norm.weight"; });
-  const std::string error = load_error(multimodal_folder("qwen3_5_missing", tensors));
-  EXPECT_NE(error.find("missing tensor 'model.norm.weight'"), std::string::npos) << error;
+  expect_load_error(multimodal_folder("qwen3_5_missing", tensors), "missing tensor 'model.norm.weight'");
 }
 
 }  // namespace
