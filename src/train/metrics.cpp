@@ -4,6 +4,8 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -23,6 +25,18 @@ std::string human_duration(double seconds) {
 }
 
 }  // namespace
+
+int64_t host_resident_bytes() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (!line.starts_with("VmRSS:")) continue;
+    std::istringstream fields(line.substr(6));
+    int64_t kib = 0;
+    return fields >> kib && kib > 0 && kib < (int64_t{1} << 52) ? kib * 1024 : 0;
+  }
+  return 0;
+}
 
 std::string format_progress_line(const StepMetrics& m) {
   std::string line = fmt::format("step {}/{} | loss {:.4f} | lb {:.3f}", m.step, m.total_steps, m.loss, m.lb_loss);
@@ -53,6 +67,7 @@ std::string format_jsonl_record(const StepMetrics& m) {
   j["tflops"] = m.tflops;
   j["mfu"] = m.mfu;
   j["peak_mem_bytes"] = m.peak_mem_bytes;
+  if (m.host_rss_bytes > 0) j["host_rss_bytes"] = m.host_rss_bytes;
   j["step_s"] = m.step_seconds;
   j["elapsed_s"] = m.elapsed_s;
   if (!m.layer_load_balance.empty()) j["layer_load_balance"] = m.layer_load_balance;

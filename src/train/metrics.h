@@ -13,6 +13,10 @@
 
 namespace moetrain::train {
 
+// The process's resident memory (VmRSS of /proc/self/status) in bytes; 0 where it cannot be read. A long run's host
+// memory shows in it (scripts/rss_check.sh reads it from the metrics file).
+int64_t host_resident_bytes();
+
 struct StepMetrics {
   int64_t step = 0;  // 1-based: steps completed
   int64_t total_steps = 0;
@@ -30,7 +34,8 @@ struct StepMetrics {
   double tflops = 0.0;  // model TFLOP/s per device (0 when unknown)
   double mfu = 0.0;     // fraction of the device peak (0 when the peak is unknown)
   int64_t peak_mem_bytes = 0;
-  double elapsed_s = 0.0;  // since the start of this run
+  int64_t host_rss_bytes = 0;  // the process's resident memory after the step (VmRSS; 0 where unknown)
+  double elapsed_s = 0.0;      // since the start of this run
   double eta_s = 0.0;
   // The load-balance value of each MoE layer, in layer order (same meaning as lb_loss: 1.0 = balanced),
   // token-weighted over the step's micro-batches and data ranks; empty for dense models.

@@ -599,6 +599,7 @@ TrainSummary Trainer::run(int64_t max_steps_this_run) {
     last_.tflops = last_.tokens_per_s / gpus * flops_per_token_ / 1e12;  // per device, as MFU needs
     last_.mfu = device_peak_flops_ > 0.0 ? last_.tflops * 1e12 / device_peak_flops_ : 0.0;
     last_.peak_mem_bytes = memory_stats(model_->device().kind).peak_bytes;
+    last_.host_rss_bytes = host_resident_bytes();
     last_.eta_s = last_.elapsed_s / static_cast<double>(taken) * static_cast<double>(total - step_);
     summary.layer_load_balance.insert(summary.layer_load_balance.end(), last_.layer_load_balance.begin(),
                                       last_.layer_load_balance.end());

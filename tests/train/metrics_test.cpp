@@ -1,8 +1,10 @@
 // Tests for train/metrics: the console line and the JSONL record report DeepSeek-V2's device-level balance only
-// when it is on, and keep every other key as it was.
+// when it is on, and keep every other key as it was; the process's resident memory is measured and recorded.
 #include "train/metrics.h"
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -47,6 +49,21 @@ TEST(Metrics, DeviceBalanceIsReportedOnlyWhenOn) {
                           "mfu", "peak_mem_bytes", "step_s", "elapsed_s"}) {
     EXPECT_TRUE(record_off.contains(key)) << key;
   }
+}
+
+// The process's resident memory: read from /proc/self/status, grown by touching 64 MiB, recorded when known.
+TEST(Metrics, HostResidentMemoryIsMeasuredAndRecorded) {
+  const int64_t before = host_resident_bytes();
+  ASSERT_GT(before, int64_t{1} << 20) << "VmRSS of this test process";
+  std::vector<char> touched(size_t{64} << 20, 1);
+  const int64_t after = host_resident_bytes();
+  EXPECT_GE(after - before, int64_t{60} << 20) << "64 MiB touched: " << before << " -> " << after;
+  EXPECT_EQ(touched[touched.size() / 2], 1);
+
+  StepMetrics m = some_step();
+  EXPECT_FALSE(nlohmann::json::parse(format_jsonl_record(m)).contains("host_rss_bytes"));  // unknown: left out
+  m.host_rss_bytes = after;
+  EXPECT_EQ(nlohmann::json::parse(format_jsonl_record(m))["host_rss_bytes"].get<int64_t>(), after);
 }
 
 }  // namespace
