@@ -75,8 +75,9 @@ void run_on_thread_ranks(const io::JobConfig& config, const std::function<void(d
 
 TrainSummary run_training_job(const io::JobConfig& config) {
   if (config.dist.local_ranks > 1) {
-    mesh_for(config, static_cast<int>(config.dist.local_ranks));  // a mesh error before a memory one
-    check_job_fits_memory(config, static_cast<int>(config.dist.local_ranks));
+    // A mesh or device error before a memory one (run_on_thread_ranks refuses thread ranks off the CPU).
+    mesh_for(config, static_cast<int>(config.dist.local_ranks));
+    if (config.model.device == "cpu") check_job_fits_memory(config, static_cast<int>(config.dist.local_ranks));
     TrainSummary first;
     run_on_thread_ranks(config, [&](dist::Mesh& mesh) {
       Trainer trainer(config, &mesh);

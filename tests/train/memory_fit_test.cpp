@@ -13,6 +13,7 @@
 #include "core/allocator.h"
 #include "core/error.h"
 #include "io/job_config.h"
+#include "testing/cuda_compare.h"
 #include "testing/gpu.h"
 #include "testing/test_data.h"
 #include "testing/tiny_moe_job.h"
@@ -100,6 +101,15 @@ TEST(MemoryFit, ATrainingJobWhoseActivationsCannotFitIsRefusedBeforeItAllocates)
   EXPECT_NE(error.find("GiB at its peak"), std::string::npos) << error;
   EXPECT_LT(seconds, 1.0);
   EXPECT_EQ(memory_stats(DeviceKind::CPU).live_bytes, live_before);
+}
+
+// Thread ranks run on the CPU only: on another device the launch's own error comes first, not a device query.
+TEST(MemoryFit, ThreadRanksOffTheCpuGetTheLaunchErrorFirst) {
+  testing::expect_error(
+      [] {
+        run_training_job(tiny_job({"dist.local_ranks=2", "train.global_batch=4", "model.device=cuda"}));
+      },
+      "runs thread ranks on the CPU");
 }
 
 TEST(MemoryFit, ATrainingJobThatFitsRuns) {
