@@ -6,6 +6,7 @@
 #   RESULTS_DIR=/tmp/bench bash bench/run_bench.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
+source scripts/gpu_env.sh
 out="${RESULTS_DIR:-/tmp/moetrain_bench}"
 mkdir -p "$out"
 export RESULTS_DIR="$out"

@@ -5,6 +5,7 @@
 #   RESULTS_DIR=/tmp/bench bash bench/run_family_bench.sh deepseek_v2_lite
 set -uo pipefail
 cd "$(dirname "$0")/.."
+source scripts/gpu_env.sh
 family="${1:?usage: run_family_bench.sh <family folder under bench/, e.g. deepseek_v2_lite, gpt_oss_20b>}"
 out="${RESULTS_DIR:-/tmp/moetrain_bench}"
 mkdir -p "$out"

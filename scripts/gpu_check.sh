@@ -6,6 +6,7 @@
 # (scripts/build.sh) and carried along; logs go to $RESULTS_DIR (default /tmp/moetrain_gpu).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+source scripts/gpu_env.sh
 out="${RESULTS_DIR:-/tmp/moetrain_gpu}"
 mkdir -p "$out"
 export MOETRAIN_TEST_DATA="$PWD/tests/data"

@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "dist/mesh.h"
 #include "io/job_config.h"
+#include "ops/cuda/runtime.h"
 #include "ops/op_profile.h"
 #include "train/fully_sharded.h"
 #include "train/launch.h"
@@ -116,12 +117,14 @@ int run_bench(const BenchOptions& options) {
                            {"flops_per_token", trainer.flops_per_token()},
                            {"memory", memory_breakdown(trainer, peak)},
                            {"startup_peak_GiB", startup_peak / kGiB}};
+  if (kind == DeviceKind::CUDA) result["cudnn_version"] = ops::cuda::cudnn_runtime_version();
   if (mesh != nullptr && mesh->rank() != 0) return 0;  // the reductions gave every rank the same figures
   std::printf("bench: %d rank(s)%s\n", world, mesh == nullptr ? "" : (", mesh " + mesh->shape().str()).c_str());
   std::printf("bench: %s, %lld layers, %lld parameters, %s compute on %s\n", result["model"].get<std::string>().c_str(),
               static_cast<long long>(result["layers"].get<int64_t>()),
               static_cast<long long>(result["parameters"].get<int64_t>()), config.model.compute_dtype.c_str(),
               config.model.device.c_str());
+  if (kind == DeviceKind::CUDA) std::printf("bench: cuDNN %d at run time\n", ops::cuda::cudnn_runtime_version());
   std::printf(
       "bench: %.0f tokens/step, %.3f s/step over %lld steps: %.1f tokens/s (%.1f per GPU), %.1f model TFLOP/s "
       "per GPU, MFU %.1f%%\n",

@@ -16,9 +16,13 @@ namespace moetrain::ops::cuda {
 // longest document (params.max_seqlen > 0), and a sliding window only with the causal mask (a band i - W < j <= i in
 // each document, the rule of the CPU reference). Everything else runs on the kernels of ops/cuda/attention.h.
 bool cudnn_attention_supports(DType dtype, int64_t hd, int64_t hdv, const AttentionParams& params);
-// Whether its backward takes the call too: not at head dim 256, whose backward then runs on our kernels from the cuDNN
-// forward's out and lse (the same natural-log lse layout, [T, nh] f32).
+// Whether its backward takes the call too: at head dim 256 only with cuDNN 9.19 or later at run time (older Hopper
+// backwards give wrong gradients there); otherwise that backward runs on our kernels from the cuDNN forward's out and
+// lse (the same natural-log lse layout, [T, nh] f32).
 bool cudnn_attention_backward_supports(DType dtype, int64_t hd, int64_t hdv, const AttentionParams& params);
+// The first cuDNN release whose head-dim-256 backward was seen right, as cudnnGetVersion() spells it.
+// Compared with ops::cuda::cudnn_runtime_version() (ops/cuda/runtime.h).
+inline constexpr int kCudnnFirstRightHeadDim256Backward = 91900;
 
 // The arguments are validated by ops::attention_forward / ops::attention_backward (shapes, dtypes, devices) and
 // must satisfy cudnn_attention_supports (checked again here). cu_seqlens i32 [D + 1] on the device: its values are

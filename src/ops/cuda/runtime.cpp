@@ -8,6 +8,7 @@
 
 #if MOETRAIN_HAS_CUDA
 #include <cublasLt.h>
+#include <cudnn.h>
 #include <cuda_runtime.h>
 
 #include "ops/cuda/check.h"
@@ -154,6 +155,8 @@ DeviceMemory device_memory() {
   return DeviceMemory{static_cast<int64_t>(free_bytes), static_cast<int64_t>(total_bytes)};
 }
 
+int cudnn_runtime_version() { return static_cast<int>(cudnnGetVersion()); }
+
 void synchronize(Device device) {
   if (device.is_cuda()) MT_CUDA_CHECK(cudaStreamSynchronize(state().stream));
 }
@@ -178,6 +181,7 @@ void* stream_handle(const Stream&) { MT_FAIL("cuda: this build has no CUDA backe
 void* cublaslt_handle() { MT_FAIL("cuda: this build has no CUDA backend"); }
 void* cublaslt_workspace(size_t*) { MT_FAIL("cuda: this build has no CUDA backend"); }
 DeviceMemory device_memory() { MT_FAIL("cuda: this build has no CUDA backend"); }
+int cudnn_runtime_version() { return 0; }
 void synchronize(Device) {}
 StreamScope::StreamScope(const Stream&) {}
 StreamScope::~StreamScope() = default;

@@ -31,6 +31,10 @@ struct DeviceMemory {
 };
 DeviceMemory device_memory();
 
+// cudnnGetVersion() of the cuDNN library loaded at run time (not the headers'): which one runs depends on the library
+// path (scripts/gpu_env.sh). 0 in a build without CUDA.
+int cudnn_runtime_version();
+
 // Blocks until the device's compute stream is idle (metrics, host reads).
 void synchronize(Device device);
 
