@@ -7,10 +7,12 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include "ops/cuda/async_copy.cuh"
 #include "ops/cuda/check.h"
 #include "ops/cuda/float_io.cuh"
 #include "ops/cuda/gated_delta.h"
@@ -129,20 +131,40 @@ __device__ void row_sums(int rows, int n, F f, R row) {
   __syncthreads();
 }
 
-// The chunk's gates in shared memory: gc (the cumulative log-decay from the chunk's start, its first token included),
-// beta (unless null), G = exp(gc), F = exp(gc_last - gc). Ends with a barrier.
+// The chunk's cumulative log-decay by warp 0, from the raw gates raw[i * raw_stride], i < len: gc (the sum from
+// the chunk's start, its own token included; skipped when gc is null), G = exp(gc), F = exp(gc_last - gc). A scan over
+// lanes of two tokens each, in a fixed order. The caller's barrier makes them visible.
+__device__ void scan_chunk_gates(float* gc, float* G, float* F, const float* raw, int len, int64_t raw_stride = 1) {
+  if (threadIdx.x >= 32) return;
+  const int lane = threadIdx.x, i0 = 2 * lane, i1 = i0 + 1;
+  const float a = i0 < len ? raw[i0 * raw_stride] : 0.0f, b = i1 < len ? raw[i1 * raw_stride] : 0.0f;
+  float inclusive = a + b;
+#pragma unroll
+  for (int offset = 1; offset < 32; offset <<= 1) {
+    const float before = __shfl_up_sync(0xffffffffu, inclusive, offset);
+    if (lane >= offset) inclusive += before;
+  }
+  const float exclusive = __shfl_up_sync(0xffffffffu, inclusive, 1);
+  const float g0 = (lane == 0 ? 0.0f : exclusive) + a, g1 = g0 + b;
+  const float g_last = __shfl_sync(0xffffffffu, ((len - 1) & 1) ? g1 : g0, (len - 1) / 2);
+  if (i0 < len) {
+    if (gc != nullptr) gc[i0] = g0;
+    G[i0] = expf(g0);
+    F[i0] = expf(g_last - g0);
+  }
+  if (i1 < len) {
+    if (gc != nullptr) gc[i1] = g1;
+    G[i1] = expf(g1);
+    F[i1] = expf(g_last - g1);
+  }
+}
+
+// The chunk's gates in shared memory: gc, beta (unless null), G, F (scan_chunk_gates). Ends with a barrier.
 __device__ void load_gates(float* gates, const float* g, const float* beta, int64_t t0, int len, int h, int hv) {
   float *gc = gates, *bt = gates + kChunk, *G = bt + kChunk, *F = G + kChunk;
-  for (int i = threadIdx.x; i < len; i += kThreads) gc[i] = g[(t0 + i) * hv + h];
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int i = 1; i < len; ++i) gc[i] += gc[i - 1];
-  }
-  __syncthreads();
-  for (int i = threadIdx.x; i < len; i += kThreads) {
-    if (beta != nullptr) bt[i] = beta[(t0 + i) * hv + h];
-    G[i] = expf(gc[i]);
-    F[i] = expf(gc[len - 1] - gc[i]);
+  scan_chunk_gates(gc, G, F, g + t0 * hv + h, len, hv);
+  if (beta != nullptr) {
+    for (int i = threadIdx.x; i < len; i += kThreads) bt[i] = beta[(t0 + i) * hv + h];
   }
   __syncthreads();
 }
@@ -214,47 +236,188 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// The state passes (state_forward_kernel, state_backward_kernel) walk a document's chunks in order, so their time is
+// the latency of one chunk times the chunks. Each stages the operands of the chunks ahead in shared memory by
+// asynchronous copies (kStages buffers) while it computes on the current one, and every product reads shared memory
+// only: a thread owns a 4 x 2 block of the chunk's rows (U, dU) and an 8 x 2 block of the state (S, dS), which it
+// also keeps in registers. Staged rows of width dk are padded to a multiple of 8 (zeros) for 16-byte reads.
+__host__ __device__ constexpr int staged_width(int dk) { return (dk + 7) / 8 * 8; }
+
+// floats of one staged chunk: w [kChunk][ks] f32, u (forward) or du (backward) [kChunk][kColTile] f32, the raw
+// gates [kChunk], then T rows: k (and q in the backward) [kChunk][ks], and dO [kChunk][kColTile] in the backward.
+template <typename T>
+__host__ __device__ constexpr int64_t staged_chunk_floats(int ks, bool backward) {
+  const int64_t t_elems = int64_t(kChunk) * ks * (backward ? 2 : 1) + (backward ? kChunk * kColTile : 0);
+  return int64_t(kChunk) * ks + kChunk * kColTile + kChunk + t_elems * int64_t(sizeof(T)) / 4;
+}
+
+// floats before the staged chunks: G, F, the state [kMaxDim][kColTile], one or two [kChunk][kColTile] row blocks.
+constexpr int64_t state_pass_fixed_floats(bool backward) {
+  return 2 * kChunk + kMaxDim * kColTile + (backward ? 2 : 1) * kChunk * kColTile;
+}
+
+template <typename T>
+size_t state_pass_shared(int dk, bool backward, int stages) {
+  return sizeof(float) * (state_pass_fixed_floats(backward) + stages * staged_chunk_floats<T>(staged_width(dk), backward));
+}
+
+// Four and eight consecutive elements of a staged row as floats (16-byte aligned for eight, 8 or 16 for four).
+__device__ __forceinline__ void load_row4(const float* p, float* out) {
+  const float4 x = *reinterpret_cast<const float4*>(p);
+  out[0] = x.x, out[1] = x.y, out[2] = x.z, out[3] = x.w;
+}
+__device__ __forceinline__ void load_row4(const __nv_bfloat16* p, float* out) {
+  const uint2 x = *reinterpret_cast<const uint2*>(p);
+  const __nv_bfloat162* pair = reinterpret_cast<const __nv_bfloat162*>(&x);
+  const float2 a = __bfloat1622float2(pair[0]), b = __bfloat1622float2(pair[1]);
+  out[0] = a.x, out[1] = a.y, out[2] = b.x, out[3] = b.y;
+}
+template <typename E>
+__device__ __forceinline__ void load_row8(const E* p, float* out) {
+  if constexpr (sizeof(E) == 4) {
+    load_row4(p, out);
+    load_row4(p + 4, out + 4);
+  } else {
+    const uint4 x = *reinterpret_cast<const uint4*>(p);
+    const __nv_bfloat162* pair = reinterpret_cast<const __nv_bfloat162*>(&x);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 f = __bfloat1622float2(pair[i]);
+      out[2 * i] = f.x, out[2 * i + 1] = f.y;
+    }
+  }
+}
+
+// acc[r][c] += sum_e a[(row0 + r) * ks + e] b[e * kColTile + col0 + c] for r < 4, c < 2, e < ks: a thread's 4 x 2
+// block of a [kChunk][ks] x [ks][kColTile] product, both operands in shared memory.
+template <typename E>
+__device__ __forceinline__ void rows_times_state(float (&acc)[4][2], const E* a, int ks, const float* b, int row0,
+                                                 int col0) {
+  for (int e = 0; e < ks; e += 4) {
+    float2 bv[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) bv[q] = *reinterpret_cast<const float2*>(b + (e + q) * kColTile + col0);
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      float av[4];
+      load_row4(a + (row0 + r) * ks + e, av);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        acc[r][0] += av[q] * bv[q].x;
+        acc[r][1] += av[q] * bv[q].y;
+      }
+    }
+  }
+}
+
 // Per (document, value head, 32 value columns), chunk after chunk from S = 0: keep S as the chunk's start state,
 // U = u - w S, S = G_last S + (diag(F) K)^T U.
-template <typename T>
+template <typename T, int kStages>
 __global__ void __launch_bounds__(kThreads)
     state_forward_kernel(float* states, float* big_u, const float* w, const float* u, const T* k, const float* g,
                          const int32_t* cu, Dims d) {
   const int64_t doc = blockIdx.x;
   const int h = blockIdx.y, kh = h / d.group, c0 = blockIdx.z * kColTile;
   const int nc = d.dv - c0 < kColTile ? d.dv - c0 : kColTile;
-  extern __shared__ float smem[];
-  float* gates = smem;
-  const float *G = gates + 2 * kChunk, *F = G + kChunk;
-  float* s = gates + kGateFloats;      // [dk][kColTile]
-  float* su = s + kMaxDim * kColTile;  // [kChunk][kColTile]
-  float* stage = su + kChunk * kColTile;
-  for (int e = threadIdx.x; e < d.dk * kColTile; e += kThreads) s[e] = 0.0f;
+  const int ks = staged_width(d.dk);
+  const int ty = threadIdx.x / 16, tx = threadIdx.x % 16;
+  extern __shared__ __align__(16) float smem[];
+  float *G = smem, *F = G + kChunk;
+  float* s = F + kChunk;               // [kMaxDim][kColTile]
+  float* su = s + kMaxDim * kColTile;  // [kChunk][kColTile]: F_i U_ij
+  float* staged = su + kChunk * kColTile;
+  const int64_t chunk_floats = staged_chunk_floats<T>(ks, false);
+  const auto w_rows = [&](int64_t b) { return staged + b * chunk_floats; };
+  const auto u_rows = [&](int64_t b) { return w_rows(b) + kChunk * ks; };
+  const auto g_raw = [&](int64_t b) { return u_rows(b) + kChunk * kColTile; };
+  const auto k_rows = [&](int64_t b) { return reinterpret_cast<T*>(g_raw(b) + kChunk); };
+  for (int64_t e = threadIdx.x; e < kMaxDim * kColTile + kChunk * kColTile + kStages * chunk_floats; e += kThreads) {
+    s[e] = 0.0f;  // the state, and the staged rows' padding
+  }
+  __syncthreads();
   const int64_t begin = cu[doc], end = cu[doc + 1], base = begin / kChunk + doc;
-  const int64_t kstride = int64_t(d.hk) * d.dk;
-  for (int64_t c = 0; begin + c * kChunk < end; ++c) {
-    const int64_t t0 = begin + c * kChunk, slot = base + c;
-    const int len = static_cast<int>(end - t0 < kChunk ? end - t0 : kChunk);
-    load_gates(gates, g, nullptr, t0, len, h, d.hv);  // its barrier also orders the zeroing / last update of s
+  const int64_t chunks = (end - begin + kChunk - 1) / kChunk;
+  const int64_t kstride = int64_t(d.hk) * d.dk, vstride = int64_t(d.hv) * d.dv, hstride = int64_t(d.hv) * d.dk;
+  const auto chunk_len = [&](int64_t c) { return static_cast<int>(end - begin - c * kChunk < kChunk ? end - begin - c * kChunk : kChunk); };
+  const auto stage_chunk = [&](int64_t c) {
+    if (c < chunks) {
+      const int64_t t0 = begin + c * kChunk, b = c % kStages;
+      const int len = chunk_len(c);
+      copy_rows_async(w_rows(b), ks, w + head_key_row(d, t0, h), hstride, len, d.dk);
+      copy_rows_async(u_rows(b), kColTile, u + value_row(d, t0, h) + c0, vstride, len, nc);
+      copy_rows_async(g_raw(b), 1, g + t0 * d.hv + h, d.hv, len, 1);
+      copy_rows_async(k_rows(b), ks, k + key_row(d, t0, kh), kstride, len, d.dk);
+    }
+    commit_copies();
+  };
+  float state[8][2] = {};
+  if (kStages > 1) stage_chunk(0);
+  for (int64_t c = 0; c < chunks; ++c) {
+    if (kStages > 1) {
+      stage_chunk(c + 1);
+      wait_copies<1>();
+    } else {
+      stage_chunk(c);
+      wait_copies<0>();
+    }
+    __syncthreads();
+    const int64_t t0 = begin + c * kChunk, slot = base + c, b = c % kStages;
+    const int len = chunk_len(c);
+    scan_chunk_gates(nullptr, G, F, g_raw(b), len);
     float* dst = states + state_at(d, slot, h) + c0;
-    for (int e = threadIdx.x; e < d.dk * nc; e += kThreads)
-      dst[(e / nc) * d.dv + e % nc] = s[(e / nc) * kColTile + e % nc];
-    const T* kc = k + key_row(d, t0, kh);
-    block_gemm<4, 2, true, true>(
-        len, nc, d.dk, [&](int i, int e) { return w[head_key_row(d, t0 + i, h) + e]; },
-        [&](int e, int j) { return s[e * kColTile + j]; },
-        [&](int i, int j, float x) {
-          const int64_t at = value_row(d, t0 + i, h) + c0 + j;
-          const float val = u[at] - x;
-          big_u[at] = val;
-          su[i * kColTile + j] = val;
-        },
-        stage);
-    const float last = G[len - 1];
-    block_gemm<4, 2, false, true>(
-        d.dk, nc, len, [&](int m, int i) { return F[i] * load_float(kc + i * kstride + m); },
-        [&](int i, int j) { return su[i * kColTile + j]; },
-        [&](int m, int j, float x) { s[m * kColTile + j] = last * s[m * kColTile + j] + x; }, stage);
+#pragma unroll
+    for (int r = 0; r < 8; ++r) {
+#pragma unroll
+      for (int cc = 0; cc < 2; ++cc) {
+        const int m = ty * 8 + r, j = tx * 2 + cc;
+        if (m < d.dk && j < nc) dst[int64_t(m) * d.dv + j] = state[r][cc];
+      }
+    }
+    __syncthreads();
+    {
+      float acc[4][2] = {};
+      if (ty * 4 < len) rows_times_state(acc, w_rows(b), ks, s, ty * 4, tx * 2);
+      const float* ub = u_rows(b);
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+#pragma unroll
+        for (int cc = 0; cc < 2; ++cc) {
+          const int i = ty * 4 + r, j = tx * 2 + cc;
+          if (i >= len) continue;
+          float val = 0.0f;
+          if (j < nc) {
+            val = ub[i * kColTile + j] - acc[r][cc];
+            big_u[value_row(d, t0 + i, h) + c0 + j] = val;
+          }
+          su[i * kColTile + j] = F[i] * val;
+        }
+      }
+    }
+    __syncthreads();
+    if (ty * 8 < d.dk) {
+      const float last = G[len - 1];
+      float acc[8][2] = {};
+      const T* kb = k_rows(b);
+      for (int i = 0; i < len; ++i) {
+        float kv[8];
+        load_row8(kb + i * ks + ty * 8, kv);
+        const float2 uv = *reinterpret_cast<const float2*>(su + i * kColTile + tx * 2);
+#pragma unroll
+        for (int r = 0; r < 8; ++r) {
+          acc[r][0] += kv[r] * uv.x;
+          acc[r][1] += kv[r] * uv.y;
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < 8; ++r) {
+#pragma unroll
+        for (int cc = 0; cc < 2; ++cc) {
+          state[r][cc] = last * state[r][cc] + acc[r][cc];
+          s[(ty * 8 + r) * kColTile + tx * 2 + cc] = state[r][cc];
+        }
+      }
+    }
+    __syncthreads();  // the state for the next chunk's U; this chunk's buffer free for the copies ahead
   }
 }
 
@@ -325,52 +488,128 @@ __global__ void __launch_bounds__(kThreads)
 
 // Per (document, value head, 32 value columns), chunk after chunk backwards from dS = 0 at the document's end: keep
 // dS as the gradient of the chunk's end state, dU = du + diag(F) K dS (completing du in place), then
-// dS = G_last dS + (diag(G) Q')^T dO - w^T dU as one product over [diag(G) Q' ; -w]^T and [dO ; dU].
-template <typename T>
+// dS = G_last dS + Q'^T diag(G) dO - w^T dU.
+template <typename T, int kStages>
 __global__ void __launch_bounds__(kThreads)
     state_backward_kernel(float* dstates, float* du, const float* w, const T* q, const T* k, const T* dout,
                           const float* g, const int32_t* cu, Dims d) {
   const int64_t doc = blockIdx.x;
   const int h = blockIdx.y, kh = h / d.group, c0 = blockIdx.z * kColTile;
   const int nc = d.dv - c0 < kColTile ? d.dv - c0 : kColTile;
-  extern __shared__ float smem[];
-  float* gates = smem;
-  const float *G = gates + 2 * kChunk, *F = G + kChunk;
-  float* ds = gates + kGateFloats;       // [dk][kColTile]
-  float* sdu = ds + kMaxDim * kColTile;  // [kChunk][kColTile]
-  float* stage = sdu + kChunk * kColTile;
-  for (int e = threadIdx.x; e < d.dk * kColTile; e += kThreads) ds[e] = 0.0f;
+  const int ks = staged_width(d.dk);
+  const int ty = threadIdx.x / 16, tx = threadIdx.x % 16;
+  extern __shared__ __align__(16) float smem[];
+  float *G = smem, *F = G + kChunk;
+  float* ds = F + kChunk;                // [kMaxDim][kColTile]
+  float* sdu = ds + kMaxDim * kColTile;  // [kChunk][kColTile]: dU
+  float* sdo = sdu + kChunk * kColTile;  // [kChunk][kColTile]: G_i scale dO_ij
+  float* staged = sdo + kChunk * kColTile;
+  const int64_t chunk_floats = staged_chunk_floats<T>(ks, true);
+  const auto w_rows = [&](int64_t b) { return staged + b * chunk_floats; };
+  const auto du_rows = [&](int64_t b) { return w_rows(b) + kChunk * ks; };
+  const auto g_raw = [&](int64_t b) { return du_rows(b) + kChunk * kColTile; };
+  const auto k_rows = [&](int64_t b) { return reinterpret_cast<T*>(g_raw(b) + kChunk); };
+  const auto q_rows = [&](int64_t b) { return k_rows(b) + kChunk * ks; };
+  const auto do_rows = [&](int64_t b) { return q_rows(b) + kChunk * ks; };
+  for (int64_t e = threadIdx.x; e < kMaxDim * kColTile + 2 * kChunk * kColTile + kStages * chunk_floats;
+       e += kThreads) {
+    ds[e] = 0.0f;  // the state gradient, and the staged rows' padding
+  }
+  __syncthreads();
   const int64_t begin = cu[doc], end = cu[doc + 1], base = begin / kChunk + doc;
   const int64_t chunks = (end - begin + kChunk - 1) / kChunk;
-  const int64_t kstride = int64_t(d.hk) * d.dk, vstride = int64_t(d.hv) * d.dv;
-  for (int64_t c = chunks - 1; c >= 0; --c) {
-    const int64_t t0 = begin + c * kChunk, slot = base + c;
-    const int len = static_cast<int>(end - t0 < kChunk ? end - t0 : kChunk);
-    load_gates(gates, g, nullptr, t0, len, h, d.hv);
+  const int64_t kstride = int64_t(d.hk) * d.dk, vstride = int64_t(d.hv) * d.dv, hstride = int64_t(d.hv) * d.dk;
+  const auto chunk_len = [&](int64_t c) {
+    return static_cast<int>(end - begin - c * kChunk < kChunk ? end - begin - c * kChunk : kChunk);
+  };
+  // The n-th chunk walked is chunk chunks - 1 - n.
+  const auto stage_chunk = [&](int64_t n) {
+    if (n < chunks) {
+      const int64_t c = chunks - 1 - n, t0 = begin + c * kChunk, b = n % kStages;
+      const int len = chunk_len(c);
+      copy_rows_async(w_rows(b), ks, w + head_key_row(d, t0, h), hstride, len, d.dk);
+      copy_rows_async(du_rows(b), kColTile, du + value_row(d, t0, h) + c0, vstride, len, nc);
+      copy_rows_async(g_raw(b), 1, g + t0 * d.hv + h, d.hv, len, 1);
+      copy_rows_async(k_rows(b), ks, k + key_row(d, t0, kh), kstride, len, d.dk);
+      copy_rows_async(q_rows(b), ks, q + key_row(d, t0, kh), kstride, len, d.dk);
+      copy_rows_async(do_rows(b), kColTile, dout + value_row(d, t0, h) + c0, vstride, len, nc);
+    }
+    commit_copies();
+  };
+  float grad[8][2] = {};
+  if (kStages > 1) stage_chunk(0);
+  for (int64_t n = 0; n < chunks; ++n) {
+    if (kStages > 1) {
+      stage_chunk(n + 1);
+      wait_copies<1>();
+    } else {
+      stage_chunk(n);
+      wait_copies<0>();
+    }
+    __syncthreads();
+    const int64_t c = chunks - 1 - n, t0 = begin + c * kChunk, slot = base + c, b = n % kStages;
+    const int len = chunk_len(c);
+    scan_chunk_gates(nullptr, G, F, g_raw(b), len);
     float* dst = dstates + state_at(d, slot, h) + c0;
-    for (int e = threadIdx.x; e < d.dk * nc; e += kThreads)
-      dst[(e / nc) * d.dv + e % nc] = ds[(e / nc) * kColTile + e % nc];
-    const T* qc = q + key_row(d, t0, kh);
-    const T* kc = k + key_row(d, t0, kh);
-    const T* dorow = dout + value_row(d, t0, h) + c0;
-    float* duc = du + value_row(d, t0, h) + c0;
-    block_gemm<4, 2, true, true>(
-        len, nc, d.dk, [&](int i, int e) { return F[i] * load_float(kc + i * kstride + e); },
-        [&](int e, int j) { return ds[e * kColTile + j]; },
-        [&](int i, int j, float x) {
-          const float val = duc[i * vstride + j] + x;
-          duc[i * vstride + j] = val;
+#pragma unroll
+    for (int r = 0; r < 8; ++r) {
+#pragma unroll
+      for (int cc = 0; cc < 2; ++cc) {
+        const int m = ty * 8 + r, j = tx * 2 + cc;
+        if (m < d.dk && j < nc) dst[int64_t(m) * d.dv + j] = grad[r][cc];
+      }
+    }
+    __syncthreads();
+    {
+      float acc[4][2] = {};
+      if (ty * 4 < len) rows_times_state(acc, k_rows(b), ks, ds, ty * 4, tx * 2);
+      const float* dub = du_rows(b);
+      const T* dob = do_rows(b);
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+#pragma unroll
+        for (int cc = 0; cc < 2; ++cc) {
+          const int i = ty * 4 + r, j = tx * 2 + cc;
+          if (i >= len) continue;
+          float val = 0.0f, o = 0.0f;
+          if (j < nc) {
+            val = dub[i * kColTile + j] + F[i] * acc[r][cc];
+            du[value_row(d, t0 + i, h) + c0 + j] = val;
+            o = G[i] * d.scale * load_float(dob + i * kColTile + j);
+          }
           sdu[i * kColTile + j] = val;
-        },
-        stage);
-    const float last = G[len - 1];
-    block_gemm<4, 2, false, true>(
-        d.dk, nc, 2 * len,
-        [&](int m, int e) {
-          return e < len ? G[e] * d.scale * load_float(qc + e * kstride + m) : -w[head_key_row(d, t0 + e - len, h) + m];
-        },
-        [&](int e, int j) { return e < len ? load_float(dorow + e * vstride + j) : sdu[(e - len) * kColTile + j]; },
-        [&](int m, int j, float x) { ds[m * kColTile + j] = last * ds[m * kColTile + j] + x; }, stage);
+          sdo[i * kColTile + j] = o;
+        }
+      }
+    }
+    __syncthreads();
+    if (ty * 8 < d.dk) {
+      const float last = G[len - 1];
+      float acc[8][2] = {};
+      const T* qb = q_rows(b);
+      const float* wb = w_rows(b);
+      for (int e = 0; e < len; ++e) {
+        float qv[8], wv[8];
+        load_row8(qb + e * ks + ty * 8, qv);
+        load_row8(wb + e * ks + ty * 8, wv);
+        const float2 ov = *reinterpret_cast<const float2*>(sdo + e * kColTile + tx * 2);
+        const float2 uv = *reinterpret_cast<const float2*>(sdu + e * kColTile + tx * 2);
+#pragma unroll
+        for (int r = 0; r < 8; ++r) {
+          acc[r][0] += qv[r] * ov.x - wv[r] * uv.x;
+          acc[r][1] += qv[r] * ov.y - wv[r] * uv.y;
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < 8; ++r) {
+#pragma unroll
+        for (int cc = 0; cc < 2; ++cc) {
+          grad[r][cc] = last * grad[r][cc] + acc[r][cc];
+          ds[(ty * 8 + r) * kColTile + tx * 2 + cc] = grad[r][cc];
+        }
+      }
+    }
+    __syncthreads();  // dS for the next chunk's dU; this chunk's buffer free for the copies ahead
   }
 }
 
@@ -556,9 +795,28 @@ Dims dims_of(const Tensor& q, const Tensor& v, const Tensor& cu_seqlens, float s
   return d;
 }
 
+// Runs launch(kernel, shared bytes) for a state pass with two staged chunks when they fit in a block's shared memory
+// (bf16 activations at dk = 128 do), else one; the kernel is kernel_of(std::integral_constant<int, stages>).
+template <typename T, bool kBackward, class KernelOf, class Launch>
+void launch_state_pass(int dk, KernelOf kernel_of, Launch launch) {
+  int device = 0, optin = 0;
+  MT_CUDA_CHECK(cudaGetDevice(&device));
+  MT_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  const auto run = [&](auto stages) {
+    const auto kernel = kernel_of(stages);
+    const size_t shared = state_pass_shared<T>(dk, kBackward, decltype(stages)::value);
+    MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
+    launch(kernel, shared);
+  };
+  if (state_pass_shared<T>(dk, kBackward, 2) <= static_cast<size_t>(optin)) {
+    run(std::integral_constant<int, 2>{});
+  } else {
+    run(std::integral_constant<int, 1>{});
+  }
+}
+
 // Shared memory of each kernel, in bytes.
 size_t prepare_shared() { return sizeof(float) * (kGateFloats + 2 * kSquare + kStageFloats); }
-size_t state_shared() { return sizeof(float) * (kGateFloats + kMaxDim * kColTile + kChunk * kColTile + kStageFloats); }
 size_t scores_shared() { return sizeof(float) * (kGateFloats + kSquare + kStageFloats); }
 size_t grad_shared(const Dims& d) {
   return sizeof(float) * (kGateFloats + 3 * kChunk + kThreads + 4 * kSquare + kChunk * d.dv + kStageFloats);
@@ -606,11 +864,15 @@ Forward run_forward_state(const Stream& stream, const Tensor& k, const Tensor& v
                         static_cast<unsigned>((d.dv + kColTile - 1) / kColTile));
   {
     const OpScope state_scope(stream, "gated_delta.state_forward");
-    state_forward_kernel<T><<<state_grid, kThreads, state_shared(), cs>>>(
-        static_cast<float*>(f.states.raw_data()), static_cast<float*>(f.big_u.raw_data()),
-        static_cast<const float*>(f.w.raw_data()), static_cast<const float*>(f.u.raw_data()),
-        static_cast<const T*>(k.raw_data()), static_cast<const float*>(g.raw_data()), cu, d);
-    MT_CUDA_CHECK(cudaGetLastError());
+    launch_state_pass<T, false>(
+        d.dk, [](auto stages) { return state_forward_kernel<T, decltype(stages)::value>; },
+        [&](auto kernel, size_t shared) {
+          kernel<<<state_grid, kThreads, shared, cs>>>(
+              static_cast<float*>(f.states.raw_data()), static_cast<float*>(f.big_u.raw_data()),
+              static_cast<const float*>(f.w.raw_data()), static_cast<const float*>(f.u.raw_data()),
+              static_cast<const T*>(k.raw_data()), static_cast<const float*>(g.raw_data()), cu, d);
+          MT_CUDA_CHECK(cudaGetLastError());
+        });
   }
   return f;
 }
@@ -660,10 +922,14 @@ void gated_delta_rule_chunked_backward(const Stream& stream, const Tensor& dq, c
                           static_cast<unsigned>((d.dv + kColTile - 1) / kColTile));
     {
       const OpScope state_scope(stream, "gated_delta.state_backward");
-      state_backward_kernel<T><<<state_grid, kThreads, state_shared(), cs>>>(
-          static_cast<float*>(dstates.raw_data()), du, static_cast<const float*>(f.w.raw_data()), qp, kp, dop, gp,
-          static_cast<const int32_t*>(cu_seqlens.raw_data()), d);
-      MT_CUDA_CHECK(cudaGetLastError());
+      launch_state_pass<T, true>(
+          d.dk, [](auto stages) { return state_backward_kernel<T, decltype(stages)::value>; },
+          [&](auto kernel, size_t shared) {
+            kernel<<<state_grid, kThreads, shared, cs>>>(
+                static_cast<float*>(dstates.raw_data()), du, static_cast<const float*>(f.w.raw_data()), qp, kp, dop,
+                gp, static_cast<const int32_t*>(cu_seqlens.raw_data()), d);
+            MT_CUDA_CHECK(cudaGetLastError());
+          });
     }
     Tensor dq_heads = Tensor::empty({d.tokens, d.hv, d.dk}, DType::F32, dev);
     Tensor dk_heads = Tensor::empty({d.tokens, d.hv, d.dk}, DType::F32, dev);
