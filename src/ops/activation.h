@@ -37,7 +37,8 @@ void clamped_swiglu_backward(Stream& stream, Tensor dgate_up, const Tensor& dy, 
 // attention's output gate) or [N, 1] (one per row, broadcast over it: the shared expert's gate). One float dtype.
 void sigmoid_gate_forward(Stream& stream, Tensor y, const Tensor& x, const Tensor& gate);
 // dx = dy * sigmoid(gate) (overwritten; may alias dy) and dgate = (dy * x) * s * (1 - s), s = sigmoid(gate)
-// (overwritten), where a row gate [N, 1] first sums dy * x over its row in ascending order.
+// (overwritten), where a row gate [N, 1] first sums dy * x over its row in a fixed order (the CPU in ascending
+// columns; CUDA one warp per row, lane-strided partial sums and a fixed butterfly).
 void sigmoid_gate_backward(Stream& stream, Tensor dx, Tensor dgate, const Tensor& dy, const Tensor& x,
                            const Tensor& gate);
 

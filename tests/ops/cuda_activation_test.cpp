@@ -259,9 +259,9 @@ TEST(CudaClampedSwiglu, RejectsF64AndBadParamsOnCuda) {
 }
 
 // The sigmoid gate against the CPU: per element expf (2 ulp) and at most a fused multiply-add, so 1e-6 as SwiGLU; the
-// row gate's gradient sums dy * x over up to 3000 columns in one thread in the CPU's order, where nvcc may fuse each
-// step into an FMA (one rounding fewer per step): 1e-5 relative covers ~sqrt(3000) such differences of 2^-24 each with
-// a margin, and a wrong term is off by O(1).
+// row gate's gradient sums dy * x over up to 3000 columns, one warp per row in lane-strided partial sums where the
+// CPU sums in ascending order (and nvcc may fuse each step into an FMA): both orders round ~3000 times at 2^-24 of a
+// partial sum, so 1e-5 relative covers ~sqrt(3000) such differences with a margin, and a wrong term is off by O(1).
 TEST(CudaSigmoidGate, F32AndBf16MatchCpu) {
   MT_REQUIRE_GPU();
   const std::vector<Shape> shapes = {{1, 1}, {7, 301}, {3, 3000}, {256, 128}, {0, 16}};

@@ -125,21 +125,26 @@ __global__ void sigmoid_gate_backward_kernel(T* dx, T* dgate, const T* dy, const
   }
 }
 
-// A gate per row: one thread per row, its sum in ascending column order.
+// A gate per row: one warp per row (the rows are wide: the model's hidden size), its lanes striding the columns so the
+// loads coalesce, the partial sums then combined by a fixed butterfly: deterministic.
+constexpr int kRowsPerBlock = kThreads / 32;
+
 template <typename T>
 __global__ void sigmoid_row_gate_backward_kernel(T* dx, T* dgate, const T* dy, const T* x, const T* gate, int64_t rows,
                                                  int64_t width) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t n = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; n < rows; n += stride) {
+  const int lane = threadIdx.x % 32;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * kRowsPerBlock;
+  for (int64_t n = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32; n < rows; n += warps) {
     const float s = sigmoid_of(load_float(gate + n));
     float sum = 0.0f;
-    for (int64_t j = 0; j < width; ++j) {
+    for (int64_t j = lane; j < width; j += 32) {
       const int64_t i = n * width + j;
       const float d = load_float(dy + i);
       sum += d * load_float(x + i);
       store_float(dx + i, d * s);
     }
-    store_float(dgate + n, sum * (s * (1.0f - s)));
+    for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    if (lane == 0) store_float(dgate + n, sum * (s * (1.0f - s)));
   }
 }
 
@@ -249,7 +254,7 @@ void launch_sigmoid_gate_backward(cudaStream_t stream, const Tensor& dx, const T
                                   const Tensor& x, const Tensor& gate) {
   const int64_t rows = x.size(0), width = x.size(1);
   if (gate.size(1) == 1) {
-    sigmoid_row_gate_backward_kernel<<<blocks_for(rows), kThreads, 0, stream>>>(
+    sigmoid_row_gate_backward_kernel<<<blocks_for(rows * 32), kThreads, 0, stream>>>(
         static_cast<T*>(dx.raw_data()), static_cast<T*>(dgate.raw_data()), static_cast<const T*>(dy.raw_data()),
         static_cast<const T*>(x.raw_data()), static_cast<const T*>(gate.raw_data()), rows, width);
   } else {

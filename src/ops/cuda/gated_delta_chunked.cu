@@ -66,30 +66,54 @@ __device__ __forceinline__ float warp_sum(float v) {
 template <int RM, int RN, bool A_KFAST, bool B_NFAST, class FA, class FB, class FE>
 __device__ void block_gemm(int M, int N, int K, FA a, FB b, FE epilogue, float* stage) {
   constexpr int TM = 16 * RM, TN = 16 * RN;
+  // Elements of a and b each thread stages per step: read into registers one step ahead, so the loads of step
+  // k0 + kStep are in flight while the block multiplies step k0 out of shared memory.
+  constexpr int kAPerThread = (kStep * TM + kThreads - 1) / kThreads, kBPerThread = (kStep * TN + kThreads - 1) / kThreads;
   static_assert(kStep * (TM + 1 + TN + 1) <= kStageFloats, "block_gemm: staging too small");
   float* as = stage;                     // [kStep][TM + 1]
   float* bs = stage + kStep * (TM + 1);  // [kStep][TN + 1]
   const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
   for (int m0 = 0; m0 < M; m0 += TM) {
     for (int n0 = 0; n0 < N; n0 += TN) {
+      float a_next[kAPerThread], b_next[kBPerThread];
+      const auto fetch = [&](int k0) {
+#pragma unroll
+        for (int p = 0; p < kAPerThread; ++p) {
+          const int e = tid + p * kThreads;
+          const int kk = A_KFAST ? e % kStep : e / TM, mm = A_KFAST ? e / kStep : e % TM;
+          const int m = m0 + mm, k = k0 + kk;
+          a_next[p] = (e < kStep * TM && m < M && k < K) ? a(m, k) : 0.0f;
+        }
+#pragma unroll
+        for (int p = 0; p < kBPerThread; ++p) {
+          const int e = tid + p * kThreads;
+          const int kk = B_NFAST ? e / TN : e % kStep, nn = B_NFAST ? e % TN : e / kStep;
+          const int n = n0 + nn, k = k0 + kk;
+          b_next[p] = (e < kStep * TN && n < N && k < K) ? b(k, n) : 0.0f;
+        }
+      };
       float acc[RM][RN];
 #pragma unroll
       for (int r = 0; r < RM; ++r) {
 #pragma unroll
         for (int c = 0; c < RN; ++c) acc[r][c] = 0.0f;
       }
+      fetch(0);
       for (int k0 = 0; k0 < K; k0 += kStep) {
-        for (int e = tid; e < kStep * TM; e += kThreads) {
+#pragma unroll
+        for (int p = 0; p < kAPerThread; ++p) {
+          const int e = tid + p * kThreads;
           const int kk = A_KFAST ? e % kStep : e / TM, mm = A_KFAST ? e / kStep : e % TM;
-          const int m = m0 + mm, k = k0 + kk;
-          as[kk * (TM + 1) + mm] = (m < M && k < K) ? a(m, k) : 0.0f;
+          if (e < kStep * TM) as[kk * (TM + 1) + mm] = a_next[p];
         }
-        for (int e = tid; e < kStep * TN; e += kThreads) {
+#pragma unroll
+        for (int p = 0; p < kBPerThread; ++p) {
+          const int e = tid + p * kThreads;
           const int kk = B_NFAST ? e / TN : e % kStep, nn = B_NFAST ? e % TN : e / kStep;
-          const int n = n0 + nn, k = k0 + kk;
-          bs[kk * (TN + 1) + nn] = (n < N && k < K) ? b(k, n) : 0.0f;
+          if (e < kStep * TN) bs[kk * (TN + 1) + nn] = b_next[p];
         }
         __syncthreads();
+        if (k0 + kStep < K) fetch(k0 + kStep);
 #pragma unroll
         for (int kk = 0; kk < kStep; ++kk) {
           float ar[RM], br[RN];
