@@ -251,15 +251,17 @@ void gated_delta_gates_backward(Stream& s, Tensor da, Tensor db, Tensor dA_log, 
 }
 
 void gated_delta_rule_forward(Stream& s, Tensor out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
-                              const Tensor& beta, const Tensor& cu_seqlens, float scale) {
+                              const Tensor& beta, const Tensor& cu_seqlens, float scale, GatedDeltaSaved* saved) {
   OpScope profile(s, "gated_delta");
   constexpr const char* op = "gated_delta_rule_forward";
+  if (saved != nullptr) saved->tensors.clear();
   GdnDTypes dtypes{};
   check_rule(s, q, k, v, g, beta, cu_seqlens, scale, &dtypes, op);
   check_argument(out, v.shape(), dtypes.act, s, op, "out");
 #if MOETRAIN_HAS_CUDA
   if (s.device().is_cuda()) {
-    cuda::gated_delta_rule_chunked_forward(s, out, q, k, v, g, beta, cu_seqlens, scale);
+    cuda::gated_delta_rule_chunked_forward(s, out, q, k, v, g, beta, cu_seqlens, scale,
+                                           saved == nullptr ? nullptr : &saved->tensors);
     return;
   }
 #endif
@@ -268,7 +270,7 @@ void gated_delta_rule_forward(Stream& s, Tensor out, const Tensor& q, const Tens
 
 void gated_delta_rule_backward(Stream& s, Tensor dq, Tensor dk, Tensor dv, Tensor dg, Tensor dbeta, const Tensor& dout,
                                const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
-                               const Tensor& cu_seqlens, float scale) {
+                               const Tensor& cu_seqlens, float scale, const GatedDeltaSaved* saved) {
   OpScope profile(s, "gated_delta");
   constexpr const char* op = "gated_delta_rule_backward";
   GdnDTypes dtypes{};
@@ -281,10 +283,13 @@ void gated_delta_rule_backward(Stream& s, Tensor dq, Tensor dk, Tensor dv, Tenso
   check_argument(dbeta, {r.tokens, r.hv}, dtypes.aux, s, op, "dbeta");
 #if MOETRAIN_HAS_CUDA
   if (s.device().is_cuda()) {
-    cuda::gated_delta_rule_chunked_backward(s, dq, dk, dv, dg, dbeta, dout, q, k, v, g, beta, cu_seqlens, scale);
+    const bool reuse = saved != nullptr && !saved->tensors.empty();
+    cuda::gated_delta_rule_chunked_backward(s, dq, dk, dv, dg, dbeta, dout, q, k, v, g, beta, cu_seqlens, scale,
+                                            reuse ? &saved->tensors : nullptr);
     return;
   }
 #endif
+  static_cast<void>(saved);  // the CPU reference keeps nothing in a forward: its backward recomputes
   cpu::gated_delta_rule_backward(dq, dk, dv, dg, dbeta, dout, q, k, v, g, beta, cu_seqlens, scale);
 }
 

@@ -3,6 +3,8 @@
 // over packed documents, and the SiLU-gated output RMSNorm; each with its backward.
 #pragma once
 
+#include <vector>
+
 #include "core/device.h"
 #include "core/tensor.h"
 
@@ -44,13 +46,23 @@ void gated_delta_gates_backward(Stream& s, Tensor da, Tensor db, Tensor dA_log, 
 // repeat_interleave); g, beta [T, Hv]; out [T, Hv, dv]. `scale` multiplies q here (transformers: 1 / sqrt(dk)).
 // Per document and value head, S (dk x dv) from 0, for each token t in order:
 //   S = exp(g_t) * S;  u = beta_t * (v_t - S^T k_t);  S = S + k_t u^T;  out_t = S^T (scale * q_t).
+//
+// `saved`, when given, receives what the backward would otherwise recompute: on CUDA the chunked kernels' w, U,
+// chunk-start states and Tm (f32; about 4 (dk + dv) + 4 dk dv / 64 + 64 bytes per token and value head, 300 MB for
+// 4096 tokens of Qwen3.5's 32 heads of 128); the CPU keeps nothing there.
+struct GatedDeltaSaved {
+  std::vector<Tensor> tensors;  // the backend's; empty: nothing saved
+};
 void gated_delta_rule_forward(Stream& s, Tensor out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
-                              const Tensor& beta, const Tensor& cu_seqlens, float scale);
+                              const Tensor& beta, const Tensor& cu_seqlens, float scale,
+                              GatedDeltaSaved* saved = nullptr);
 // dq, dk [T, Hk, dk], dv [T, Hv, dv], dg, dbeta [T, Hv], all overwritten (dq / dk summed over the value heads sharing a
-// key head, in ascending head order). CUDA: dk <= 128 and dv <= 128.
+// key head, in ascending head order). CUDA: dk <= 128 and dv <= 128. `saved`: what the forward on these same inputs
+// kept (its shapes are checked, its contents are the caller's contract), or null / empty to recompute it; the results
+// are the same bytes either way (the kernels are deterministic), and `saved` is left as it was.
 void gated_delta_rule_backward(Stream& s, Tensor dq, Tensor dk, Tensor dv, Tensor dg, Tensor dbeta, const Tensor& dout,
                                const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
-                               const Tensor& cu_seqlens, float scale);
+                               const Tensor& cu_seqlens, float scale, const GatedDeltaSaved* saved = nullptr);
 
 // The output norm of Gated DeltaNet (transformers' Qwen3_5RMSNormGated, not zero-centred): y = w * (x * rstd) *
 // silu(z) per row of x, z [N, D] (any shape, viewed as [numel / D, D]), rstd = 1 / sqrt(mean(x^2) + eps); w [D]; rstd

@@ -131,6 +131,19 @@ void check_rule(const RuleCase& c, DType dtype, uint64_t seed) {
   EXPECT_TRUE(testing::same_bytes(first_out, out_d)) << "out";
   backward();
   for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(testing::same_bytes(first[i], got[i])) << names[i];
+  // A backward from the forward's saved intermediates gives the same bytes as one that recomputes them, and leaves
+  // them as they were (a second backward from them gives the same bytes again).
+  GatedDeltaSaved saved;
+  gated_delta_rule_forward(gpu(), out_d, in.q.device, in.k.device, in.v.device, gd, bd, cud, in.scale, &saved);
+  EXPECT_TRUE(testing::same_bytes(first_out, out_d)) << "out, saving";
+  EXPECT_EQ(saved.tensors.size(), 5u);
+  for (int run = 0; run < 2; ++run) {
+    gated_delta_rule_backward(gpu(), got[0], got[1], got[2], got[3], got[4], in.dout.device, in.q.device, in.k.device,
+                              in.v.device, gd, bd, cud, in.scale, &saved);
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_TRUE(testing::same_bytes(first[i], got[i])) << names[i] << " from the saved forward, run " << run;
+    }
+  }
 }
 
 // Documents of 1, 63, 64, 65, 130, 200, 1 and 7 tokens: chunks clipped at a document's end, chunk boundaries inside
@@ -142,6 +155,30 @@ TEST(CudaGatedDelta, RuleMatchesCpuOnPackedDocuments) {
   // Hv = 2 Hk, dk = 16 and dv = 32: a value-column tile of the state passes holds all of v.
   const RuleCase small{kPackedDocs, 2, 4, 16, 32};
   for (DType dtype : {DType::F32, DType::BF16}) check_rule(small, dtype, 1);
+}
+
+TEST(CudaGatedDelta, SavedIntermediatesOfAnotherCallAreRefused) {
+  MT_REQUIRE_GPU();
+  // A backward given what a forward of another shape saved names the tensor that does not fit, and writes nothing.
+  const RuleCase small{{0, 5, 70}, 1, 2, 16, 32}, other{{0, 5, 90}, 1, 2, 16, 32};
+  const RuleInputs in = rule_inputs(small, DType::F32, 9), in_other = rule_inputs(other, DType::F32, 9);
+  GatedDeltaSaved saved;
+  Tensor out_other = Tensor::empty(in_other.v.device.shape(), DType::F32, Device::cuda(0));
+  gated_delta_rule_forward(gpu(), out_other, in_other.q.device, in_other.k.device, in_other.v.device,
+                           on_gpu(in_other.g), on_gpu(in_other.beta), on_gpu(in_other.cu), in_other.scale, &saved);
+  const Shape qshape = in.q.host.shape(), vshape = in.v.host.shape(), gshape = in.g.shape();
+  Tensor dq = Tensor::zeros(qshape, DType::F32, Device::cuda(0)),
+         dk = Tensor::zeros(qshape, DType::F32, Device::cuda(0));
+  Tensor dv = Tensor::zeros(vshape, DType::F32, Device::cuda(0));
+  Tensor dg = Tensor::zeros(gshape, DType::F32, Device::cuda(0)),
+         dbeta = Tensor::zeros(gshape, DType::F32, Device::cuda(0));
+  testing::expect_error_containing(
+      [&] {
+        gated_delta_rule_backward(gpu(), dq, dk, dv, dg, dbeta, in.dout.device, in.q.device, in.k.device, in.v.device,
+                                  on_gpu(in.g), on_gpu(in.beta), on_gpu(in.cu), in.scale, &saved);
+      },
+      {"gated_delta_rule_backward (CUDA): the saved chunk table is", "saved by another call?"});
+  EXPECT_TRUE(testing::same_bytes(Tensor::zeros(vshape, DType::F32), dv)) << "dv was written";
 }
 
 TEST(CudaGatedDelta, RuleMatchesCpuAtOddHeadDims) {

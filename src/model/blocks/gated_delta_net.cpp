@@ -21,15 +21,16 @@ namespace {
 constexpr float kL2NormEps = 1e-6f;
 
 struct GatedDeltaRecord final : MixerRecord {
-  Tensor x;               // [T, H] block input (already normed)
-  Tensor qkv;             // in_proj_qkv's output [T, C]
-  Tensor conv;            // after the conv and SiLU [T, C]
-  Tensor q, k, v;         // split: [T, Hk, dk], [T, Hk, dk], [T, Hv, dv]
-  Tensor q_norm, k_norm;  // L2-normalised q and k
-  Tensor z, a, b;         // [T, Hv dv], [T, Hv], [T, Hv]
-  Tensor g, beta;         // the gates [T, Hv]
-  Tensor core;            // the rule's output [T, Hv, dv]
-  Tensor normed, rstd;    // the gated norm's output [T, Hv, dv] and its rstd [T Hv]
+  Tensor x;                         // [T, H] block input (already normed)
+  Tensor qkv;                       // in_proj_qkv's output [T, C]
+  Tensor conv;                      // after the conv and SiLU [T, C]
+  Tensor q, k, v;                   // split: [T, Hk, dk], [T, Hk, dk], [T, Hv, dv]
+  Tensor q_norm, k_norm;            // L2-normalised q and k
+  Tensor z, a, b;                   // [T, Hv dv], [T, Hv], [T, Hv]
+  Tensor g, beta;                   // the gates [T, Hv]
+  Tensor core;                      // the rule's output [T, Hv, dv]
+  ops::GatedDeltaSaved rule_saved;  // the rule's forward intermediates, so its backward does not recompute them
+  Tensor normed, rstd;              // the gated norm's output [T, Hv, dv] and its rstd [T Hv]
   const MicroBatch* batch = nullptr;
   // Kept by backward_input for backward_weight.
   Tensor d_out, d_qkv, d_z, d_a, d_b;
@@ -143,7 +144,8 @@ Tensor GatedDeltaNet::forward(MixerRecord& record, const Tensor& x, const MicroB
   ops::gated_delta_gates_forward(s, r.g, r.beta, r.a, r.b, w_a_log_, w_dt_bias_);
 
   r.core = Tensor::empty({T, hv, dv}, dt, dev);
-  ops::gated_delta_rule_forward(s, r.core, r.q_norm, r.k_norm, r.v, r.g, r.beta, batch.cu_seqlens, scale_);
+  ops::gated_delta_rule_forward(s, r.core, r.q_norm, r.k_norm, r.v, r.g, r.beta, batch.cu_seqlens, scale_,
+                                &r.rule_saved);
   r.normed = Tensor::empty({T, hv, dv}, dt, dev);
   r.rstd = Tensor::empty({T * hv}, statistics_dtype(dt), dev);
   ops::gated_rmsnorm_forward(s, r.normed.view({T * hv, dv}), r.rstd, r.core.view({T * hv, dv}), r.z.view({T * hv, dv}),
@@ -178,7 +180,8 @@ Tensor GatedDeltaNet::backward_input(MixerRecord& record, const Tensor& d_out) c
   Tensor d_g = Tensor::empty(r.g.shape(), r.g.dtype(), dev);
   Tensor d_beta = Tensor::empty(r.beta.shape(), r.beta.dtype(), dev);
   ops::gated_delta_rule_backward(s, d_q_norm, d_k_norm, d_v, d_g, d_beta, d_core, r.q_norm, r.k_norm, r.v, r.g, r.beta,
-                                 r.batch->cu_seqlens, scale_);
+                                 r.batch->cu_seqlens, scale_, &r.rule_saved);
+  r.rule_saved = {};  // its last use: give the memory back before the projections' backward
 
   r.d_a = Tensor::empty(r.a.shape(), dt, dev);
   r.d_b = Tensor::empty(r.b.shape(), dt, dev);

@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -68,7 +70,8 @@ __device__ void block_gemm(int M, int N, int K, FA a, FB b, FE epilogue, float* 
   constexpr int TM = 16 * RM, TN = 16 * RN;
   // Elements of a and b each thread stages per step: read into registers one step ahead, so the loads of step
   // k0 + kStep are in flight while the block multiplies step k0 out of shared memory.
-  constexpr int kAPerThread = (kStep * TM + kThreads - 1) / kThreads, kBPerThread = (kStep * TN + kThreads - 1) / kThreads;
+  constexpr int kAPerThread = (kStep * TM + kThreads - 1) / kThreads,
+                kBPerThread = (kStep * TN + kThreads - 1) / kThreads;
   static_assert(kStep * (TM + 1 + TN + 1) <= kStageFloats, "block_gemm: staging too small");
   float* as = stage;                     // [kStep][TM + 1]
   float* bs = stage + kStep * (TM + 1);  // [kStep][TN + 1]
@@ -282,7 +285,8 @@ constexpr int64_t state_pass_fixed_floats(bool backward) {
 
 template <typename T>
 size_t state_pass_shared(int dk, bool backward, int stages) {
-  return sizeof(float) * (state_pass_fixed_floats(backward) + stages * staged_chunk_floats<T>(staged_width(dk), backward));
+  return sizeof(float) *
+         (state_pass_fixed_floats(backward) + stages * staged_chunk_floats<T>(staged_width(dk), backward));
 }
 
 // Four and eight consecutive elements of a staged row as floats (16-byte aligned for eight, 8 or 16 for four).
@@ -362,7 +366,9 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t begin = cu[doc], end = cu[doc + 1], base = begin / kChunk + doc;
   const int64_t chunks = (end - begin + kChunk - 1) / kChunk;
   const int64_t kstride = int64_t(d.hk) * d.dk, vstride = int64_t(d.hv) * d.dv, hstride = int64_t(d.hv) * d.dk;
-  const auto chunk_len = [&](int64_t c) { return static_cast<int>(end - begin - c * kChunk < kChunk ? end - begin - c * kChunk : kChunk); };
+  const auto chunk_len = [&](int64_t c) {
+    return static_cast<int>(end - begin - c * kChunk < kChunk ? end - begin - c * kChunk : kChunk);
+  };
   const auto stage_chunk = [&](int64_t c) {
     if (c < chunks) {
       const int64_t t0 = begin + c * kChunk, b = c % kStages;
@@ -901,14 +907,42 @@ Forward run_forward_state(const Stream& stream, const Tensor& k, const Tensor& v
   return f;
 }
 
+// The forward's intermediates as gated_delta_rule_chunked_forward saved them: {table, w, U, states, Tm}, each checked
+// against the shapes these dims give (u is not needed by the backward and not kept).
+Forward forward_from_saved(const std::vector<Tensor>& saved, const Dims& d, Device dev) {
+  MT_CHECK(saved.size() == 5,
+           "gated_delta_rule_backward (CUDA): expected the 5 tensors a chunked forward saves but found {}",
+           saved.size());
+  const std::vector<std::pair<const char*, Shape>> expected = {{"chunk table", {2, d.slots}},
+                                                               {"w", {d.tokens, d.hv, d.dk}},
+                                                               {"U", {d.tokens, d.hv, d.dv}},
+                                                               {"states", {d.slots, d.hv, d.dk, d.dv}},
+                                                               {"Tm", {d.slots, d.hv, kChunk, kChunk}}};
+  for (size_t i = 0; i < expected.size(); ++i) {
+    const DType dtype = i == 0 ? DType::I32 : DType::F32;
+    MT_CHECK(saved[i].shape() == expected[i].second && saved[i].dtype() == dtype && saved[i].device() == dev &&
+                 saved[i].is_contiguous(),
+             "gated_delta_rule_backward (CUDA): the saved {} is {}, expected {} {} on {} (saved by another call?)",
+             expected[i].first, saved[i].describe(), dtype_name(dtype), shape_str(expected[i].second), dev.str());
+  }
+  Forward f;
+  f.table = saved[0];
+  f.w = saved[1];
+  f.big_u = saved[2];
+  f.states = saved[3];
+  f.tmat = saved[4];
+  return f;
+}
+
 }  // namespace
 
 void gated_delta_rule_chunked_forward(const Stream& stream, const Tensor& out, const Tensor& q, const Tensor& k,
                                       const Tensor& v, const Tensor& g, const Tensor& beta, const Tensor& cu_seqlens,
-                                      float scale) {
+                                      float scale, std::vector<Tensor>* saved) {
   const Dims d = dims_of(q, v, cu_seqlens, scale);
   dispatch_activation(q, "gated_delta_rule_forward", [&]<typename T>(T*) {
-    const Forward f = run_forward_state<T>(stream, k, v, g, beta, cu_seqlens, d, false);
+    const Forward f = run_forward_state<T>(stream, k, v, g, beta, cu_seqlens, d, saved != nullptr);
+    if (saved != nullptr) *saved = {f.table, f.w, f.big_u, f.states, f.tmat};
     {
       const OpScope output_scope(stream, "gated_delta.output");
       output_kernel<T><<<dim3(static_cast<unsigned>(d.slots), static_cast<unsigned>(d.hv)), kThreads, scores_shared(),
@@ -924,18 +958,20 @@ void gated_delta_rule_chunked_forward(const Stream& stream, const Tensor& out, c
 void gated_delta_rule_chunked_backward(const Stream& stream, const Tensor& dq, const Tensor& dk, const Tensor& dv,
                                        const Tensor& dg, const Tensor& dbeta, const Tensor& dout, const Tensor& q,
                                        const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
-                                       const Tensor& cu_seqlens, float scale) {
+                                       const Tensor& cu_seqlens, float scale, const std::vector<Tensor>* saved) {
   const Dims d = dims_of(q, v, cu_seqlens, scale);
   const cudaStream_t cs = native(stream);
   dispatch_activation(q, "gated_delta_rule_backward", [&]<typename T>(T*) {
-    const Forward f = run_forward_state<T>(stream, k, v, g, beta, cu_seqlens, d, true);
     const Device dev = q.device();
+    const Forward f = saved != nullptr ? forward_from_saved(*saved, d, dev)
+                                       : run_forward_state<T>(stream, k, v, g, beta, cu_seqlens, d, true);
     const dim3 chunk_grid(static_cast<unsigned>(d.slots), static_cast<unsigned>(d.hv));
     const T* qp = static_cast<const T*>(q.raw_data());
     const T* kp = static_cast<const T*>(k.raw_data());
     const T* dop = static_cast<const T*>(dout.raw_data());
     const float* gp = static_cast<const float*>(g.raw_data());
-    float* du = static_cast<float*>(f.u.raw_data());  // u is dead once U is known
+    Tensor du_rows = Tensor::empty({d.tokens, d.hv, d.dv}, DType::F32, dev);
+    float* du = static_cast<float*>(du_rows.raw_data());
     {
       const OpScope local_du_scope(stream, "gated_delta.local_du");
       local_du_kernel<T><<<chunk_grid, kThreads, scores_shared(), cs>>>(du, dop, qp, kp, gp, f.start(), f.len(d), d);
@@ -949,9 +985,9 @@ void gated_delta_rule_chunked_backward(const Stream& stream, const Tensor& dq, c
       launch_state_pass<T, true>(
           d.dk, [](auto stages) { return state_backward_kernel<T, decltype(stages)::value>; },
           [&](auto kernel, size_t shared) {
-            kernel<<<state_grid, kThreads, shared, cs>>>(
-                static_cast<float*>(dstates.raw_data()), du, static_cast<const float*>(f.w.raw_data()), qp, kp, dop,
-                gp, static_cast<const int32_t*>(cu_seqlens.raw_data()), d);
+            kernel<<<state_grid, kThreads, shared, cs>>>(static_cast<float*>(dstates.raw_data()), du,
+                                                         static_cast<const float*>(f.w.raw_data()), qp, kp, dop, gp,
+                                                         static_cast<const int32_t*>(cu_seqlens.raw_data()), d);
             MT_CUDA_CHECK(cudaGetLastError());
           });
     }
@@ -985,8 +1021,9 @@ void gated_delta_rule_chunked_backward(const Stream& stream, const Tensor& dq, c
 int64_t gated_delta_rule_chunked_workspace_bytes(int64_t tokens, int64_t docs, int64_t hv, int64_t dk, int64_t dv,
                                                  bool backward) {
   const int64_t slots = tokens / kChunk + docs;
-  int64_t floats = tokens * hv * (dk + 2 * dv) + slots * hv * dk * dv;                      // w, u, U, states
-  if (backward) floats += slots * hv * (kChunk * kChunk + dk * dv) + 2 * tokens * hv * dk;  // Tm, dS, dq / dk rows
+  int64_t floats = tokens * hv * (dk + 2 * dv) + slots * hv * dk * dv;  // w, u, U, states
+  if (backward)
+    floats += slots * hv * (kChunk * kChunk + dk * dv) + tokens * hv * (2 * dk + dv);  // Tm, dS, dq / dk, dU
   return 4 * floats + 2 * slots * int64_t(sizeof(int32_t));
 }
 

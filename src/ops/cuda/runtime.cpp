@@ -8,8 +8,8 @@
 
 #if MOETRAIN_HAS_CUDA
 #include <cublasLt.h>
-#include <cudnn.h>
 #include <cuda_runtime.h>
+#include <cudnn.h>
 
 #include "ops/cuda/check.h"
 #endif
