@@ -159,7 +159,8 @@ TEST(CudaGatedDelta, RuleMatchesCpuOnPackedDocuments) {
 
 TEST(CudaGatedDelta, SavedIntermediatesOfAnotherCallAreRefused) {
   MT_REQUIRE_GPU();
-  // A backward given what a forward of another shape saved names the tensor that does not fit, and writes nothing.
+  // A backward given what a forward of 90 tokens saved, for a call of 70 (the same number of chunk slots, so the chunk
+  // table fits), names the first tensor that does not fit, and writes nothing.
   const RuleCase small{{0, 5, 70}, 1, 2, 16, 32}, other{{0, 5, 90}, 1, 2, 16, 32};
   const RuleInputs in = rule_inputs(small, DType::F32, 9), in_other = rule_inputs(other, DType::F32, 9);
   GatedDeltaSaved saved;
@@ -177,7 +178,8 @@ TEST(CudaGatedDelta, SavedIntermediatesOfAnotherCallAreRefused) {
         gated_delta_rule_backward(gpu(), dq, dk, dv, dg, dbeta, in.dout.device, in.q.device, in.k.device, in.v.device,
                                   on_gpu(in.g), on_gpu(in.beta), on_gpu(in.cu), in.scale, &saved);
       },
-      {"gated_delta_rule_backward (CUDA): the saved chunk table is", "saved by another call?"});
+      {"gated_delta_rule_backward (CUDA): the saved w is f32[90, 2, 16]", "expected f32 [70, 2, 16]",
+       "saved by another call?"});
   EXPECT_TRUE(testing::same_bytes(Tensor::zeros(vshape, DType::F32), dv)) << "dv was written";
 }
 
