@@ -338,6 +338,47 @@ __device__ __forceinline__ void rows_times_state(float (&acc)[4][2], const E* a,
   }
 }
 
+// The state passes' shared steps. A thread's 8 x 2 block of the state (rows ty * 8 + r, columns tx * 2 + c) is written
+// to the chunk's slot (dst: the slot's first row, column c0 of the tile) for rows < dk and columns < nc.
+__device__ __forceinline__ void store_state_block(float* dst, const float (&block)[8][2], int ty, int tx, int dk,
+                                                  int dv, int nc) {
+#pragma unroll
+  for (int r = 0; r < 8; ++r) {
+#pragma unroll
+    for (int cc = 0; cc < 2; ++cc) {
+      const int m = ty * 8 + r, j = tx * 2 + cc;
+      if (m < dk && j < nc) dst[int64_t(m) * dv + j] = block[r][cc];
+    }
+  }
+}
+
+// block = last * block + acc, mirrored into the shared state [kMaxDim][kColTile] for the next chunk's products.
+__device__ __forceinline__ void decay_and_add(float (&block)[8][2], const float (&acc)[8][2], float last, float* shared,
+                                              int ty, int tx) {
+#pragma unroll
+  for (int r = 0; r < 8; ++r) {
+#pragma unroll
+    for (int cc = 0; cc < 2; ++cc) {
+      block[r][cc] = last * block[r][cc] + acc[r][cc];
+      shared[(ty * 8 + r) * kColTile + tx * 2 + cc] = block[r][cc];
+    }
+  }
+}
+
+// Before the n-th chunk of a pass: with two buffers, stage chunk n + 1 and wait for chunk n's copies (staged one
+// step earlier); with one, stage chunk n and wait for it. Then a barrier makes the copies visible.
+template <int kStages, class Stage>
+__device__ __forceinline__ void await_chunk(int64_t n, Stage stage_chunk) {
+  if constexpr (kStages > 1) {
+    stage_chunk(n + 1);
+    wait_copies<1>();
+  } else {
+    stage_chunk(n);
+    wait_copies<0>();
+  }
+  __syncthreads();
+}
+
 // Per (document, value head, 32 value columns), chunk after chunk from S = 0: keep S as the chunk's start state,
 // U = u - w S, S = G_last S + (diag(F) K)^T U.
 template <typename T, int kStages>
@@ -383,26 +424,11 @@ __global__ void __launch_bounds__(kThreads)
   float state[8][2] = {};
   if (kStages > 1) stage_chunk(0);
   for (int64_t c = 0; c < chunks; ++c) {
-    if (kStages > 1) {
-      stage_chunk(c + 1);
-      wait_copies<1>();
-    } else {
-      stage_chunk(c);
-      wait_copies<0>();
-    }
-    __syncthreads();
+    await_chunk<kStages>(c, stage_chunk);
     const int64_t t0 = begin + c * kChunk, slot = base + c, b = c % kStages;
     const int len = chunk_len(c);
     scan_chunk_gates(nullptr, G, F, g_raw(b), len);
-    float* dst = states + state_at(d, slot, h) + c0;
-#pragma unroll
-    for (int r = 0; r < 8; ++r) {
-#pragma unroll
-      for (int cc = 0; cc < 2; ++cc) {
-        const int m = ty * 8 + r, j = tx * 2 + cc;
-        if (m < d.dk && j < nc) dst[int64_t(m) * d.dv + j] = state[r][cc];
-      }
-    }
+    store_state_block(states + state_at(d, slot, h) + c0, state, ty, tx, d.dk, d.dv, nc);
     __syncthreads();
     {
       float acc[4][2] = {};
@@ -438,14 +464,7 @@ __global__ void __launch_bounds__(kThreads)
           acc[r][1] += kv[r] * uv.y;
         }
       }
-#pragma unroll
-      for (int r = 0; r < 8; ++r) {
-#pragma unroll
-        for (int cc = 0; cc < 2; ++cc) {
-          state[r][cc] = last * state[r][cc] + acc[r][cc];
-          s[(ty * 8 + r) * kColTile + tx * 2 + cc] = state[r][cc];
-        }
-      }
+      decay_and_add(state, acc, last, s, ty, tx);
     }
     __syncthreads();  // the state for the next chunk's U; this chunk's buffer free for the copies ahead
   }
@@ -569,26 +588,11 @@ __global__ void __launch_bounds__(kThreads)
   float grad[8][2] = {};
   if (kStages > 1) stage_chunk(0);
   for (int64_t n = 0; n < chunks; ++n) {
-    if (kStages > 1) {
-      stage_chunk(n + 1);
-      wait_copies<1>();
-    } else {
-      stage_chunk(n);
-      wait_copies<0>();
-    }
-    __syncthreads();
+    await_chunk<kStages>(n, stage_chunk);
     const int64_t c = chunks - 1 - n, t0 = begin + c * kChunk, slot = base + c, b = n % kStages;
     const int len = chunk_len(c);
     scan_chunk_gates(nullptr, G, F, g_raw(b), len);
-    float* dst = dstates + state_at(d, slot, h) + c0;
-#pragma unroll
-    for (int r = 0; r < 8; ++r) {
-#pragma unroll
-      for (int cc = 0; cc < 2; ++cc) {
-        const int m = ty * 8 + r, j = tx * 2 + cc;
-        if (m < d.dk && j < nc) dst[int64_t(m) * d.dv + j] = grad[r][cc];
-      }
-    }
+    store_state_block(dstates + state_at(d, slot, h) + c0, grad, ty, tx, d.dk, d.dv, nc);
     __syncthreads();
     {
       float acc[4][2] = {};
@@ -630,14 +634,7 @@ __global__ void __launch_bounds__(kThreads)
           acc[r][1] += qv[r] * ov.y - wv[r] * uv.y;
         }
       }
-#pragma unroll
-      for (int r = 0; r < 8; ++r) {
-#pragma unroll
-        for (int cc = 0; cc < 2; ++cc) {
-          grad[r][cc] = last * grad[r][cc] + acc[r][cc];
-          ds[(ty * 8 + r) * kColTile + tx * 2 + cc] = grad[r][cc];
-        }
-      }
+      decay_and_add(grad, acc, last, ds, ty, tx);
     }
     __syncthreads();  // dS for the next chunk's dU; this chunk's buffer free for the copies ahead
   }
