@@ -55,6 +55,28 @@ MicroBatch MicroBatch::packed(const Tensor& input_ids, const Tensor& targets, co
   return mb;
 }
 
+MicroBatch MicroBatch::decode_step(const Tensor& input_ids, const Tensor& position_ids) {
+  expect_dtype(input_ids, DType::I32, "decode step input_ids");
+  expect_dtype(position_ids, DType::I32, "decode step position_ids");
+  MT_CHECK(input_ids.dim() == 1 && input_ids.numel() >= 1 && input_ids.device().is_cpu(),
+           "decode step input_ids: expected a non-empty [B] on the CPU but found {}", input_ids.describe());
+  expect_shape(position_ids, input_ids.shape(), "decode step position_ids");
+  const int64_t rows = input_ids.numel();
+  const int32_t* pos = position_ids.data<int32_t>();
+  for (int64_t t = 0; t < rows; ++t) {
+    MT_CHECK(pos[t] >= 0, "decode step position_ids: position {} of token {} is negative", pos[t], t);
+  }
+  std::vector<int32_t> cu(static_cast<size_t>(rows + 1));
+  for (int64_t t = 0; t <= rows; ++t) cu[static_cast<size_t>(t)] = static_cast<int32_t>(t);
+  MicroBatch mb;
+  mb.input_ids = input_ids.clone();
+  mb.targets = Tensor::from_vector(std::vector<int32_t>(static_cast<size_t>(rows), ops::kIgnoreIndex), {rows});
+  mb.cu_seqlens = Tensor::from_vector(cu, {rows + 1});
+  mb.cu_seqlens_host = mb.cu_seqlens;
+  mb.position_ids = position_ids.clone();
+  return mb;
+}
+
 int64_t MicroBatch::max_document_length() const {
   if (!cu_seqlens_host.defined() || !cu_seqlens_host.device().is_cpu()) return 0;
   const int32_t* cu = cu_seqlens_host.data<int32_t>();

@@ -11,6 +11,7 @@
 namespace moetrain::model {
 
 struct RouterLossSettings;
+class DecodeCache;
 
 struct MicroBatch {
   Tensor input_ids;        // i32 [T]
@@ -25,6 +26,8 @@ struct MicroBatch {
   // device). Each router selects its experts from them by its own rule and weighs those experts from its own logits
   // (ops::router_forward_given). Null: every router selects from its own logits (training, scoring).
   const std::vector<Tensor>* pinned_routing = nullptr;
+  // A generation call (model/decode_cache.h): the token mixers read and extend this cache. Null: training, scoring.
+  DecodeCache* decode = nullptr;
 
   int64_t num_tokens() const { return input_ids.numel(); }
   int64_t num_documents() const { return cu_seqlens.numel() - 1; }
@@ -39,6 +42,10 @@ struct MicroBatch {
   static MicroBatch from_rows(const Tensor& input_ids, const Tensor& targets);
   // Documents packed into one run; positions restart at each cu_seqlens boundary.
   static MicroBatch packed(const Tensor& input_ids, const Tensor& targets, const Tensor& cu_seqlens);
+  // A generation step: token t (input_ids i32 [B]) is the newest of sequence t, at position_ids[t] (i32 [B], >= 0);
+  // its earlier tokens live in the DecodeCache the caller sets. Each token is a document of its own for every op but
+  // the cached attention; no targets.
+  static MicroBatch decode_step(const Tensor& input_ids, const Tensor& position_ids);
 
   // Fails closed on anything a kernel would misread: dtypes, shapes, cu_seqlens rules, positions
   // that do not restart per document, ids or targets outside the vocabulary.

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "core/tensor.h"
 #include "model/batch.h"
@@ -43,6 +44,8 @@ class DecoderLayer {
 
   virtual int64_t index() const = 0;
   virtual bool has_experts() const = 0;
+  // "" when stage 1 takes a generation call (model/decode_cache.h), else what it lacks.
+  virtual std::string decoding_support() const = 0;
 
   virtual std::unique_ptr<LayerRecord> new_record() const = 0;
 

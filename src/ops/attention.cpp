@@ -206,6 +206,42 @@ void attention_backward(Stream& stream, Tensor dq, Tensor dk, Tensor dv, const T
   cpu::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, cu_seqlens, params);
 }
 
+void attention_decode_forward(Stream& stream, Tensor out, Tensor lse, const Tensor& q, const Tensor& k_cache,
+                              const Tensor& v_cache, const Tensor& lengths, const AttentionParams& params) {
+  OpScope profile(stream, "attention");
+  constexpr const char* op = "attention_decode_forward";
+  const Device device = check_tensor_backend(stream, q, op, "q");
+  MT_CHECK(device.is_cpu(),
+           "{}: decoding attention runs on the CPU only for now (no CUDA kernel yet), but q is {}; generate on the "
+           "CPU",
+           op, q.describe());
+  MT_CHECK(q.dim() == 3, "{}: expected q [B, nh, hd] but found {}", op, q.describe());
+  MT_CHECK(k_cache.dim() == 4, "{}: expected k_cache [B, C, nkv, hd] but found {}", op, k_cache.describe());
+  MT_CHECK(v_cache.dim() == 4, "{}: expected v_cache [B, C, nkv, hdv] but found {}", op, v_cache.describe());
+  MT_CHECK(q.dtype() == DType::F32 || q.dtype() == DType::F64, "{}: expected q in f32 or f64 but found {}", op,
+           q.describe());
+  const int64_t rows = q.size(0), nh = q.size(1), hd = q.size(2), capacity = k_cache.size(1), nkv = k_cache.size(2),
+                hdv = v_cache.size(3);
+  MT_CHECK(nkv > 0 && nh % nkv == 0, "{}: the query heads (nh = {}) must be a multiple of the kv heads (nkv = {})", op,
+           nh, nkv);
+  check_argument(q, {rows, nh, hd}, q.dtype(), device, op, "q");
+  check_argument(k_cache, {rows, capacity, nkv, hd}, q.dtype(), device, op, "k_cache");
+  check_argument(v_cache, {rows, capacity, nkv, hdv}, q.dtype(), device, op, "v_cache");
+  check_argument(out, {rows, nh, hdv}, q.dtype(), device, op, "out");
+  check_argument(lse, {rows, nh}, lse_dtype(q), device, op, "lse");
+  check_argument(lengths, {rows}, DType::I32, device, op, "lengths");
+  MT_CHECK(params.causal, "{}: decoding is causal (a token sees its prefix), but params.causal is false", op);
+  MT_CHECK(params.sliding_window >= 0, "{}: sliding_window must be >= 0 (0 = unlimited) but found {}", op,
+           params.sliding_window);
+  const int32_t* len = lengths.data<int32_t>();
+  for (int64_t b = 0; b < rows; ++b) {
+    MT_CHECK(len[b] >= 1 && len[b] <= capacity, "{}: lengths[{}] = {} must be in [1, C = {}] (the cached rows)", op, b,
+             len[b], capacity);
+  }
+  if (rows == 0 || nh == 0) return;
+  cpu::attention_decode_forward(out, lse, q, k_cache, v_cache, lengths, params);
+}
+
 void attention_sinks_forward(Stream& stream, Tensor out, Tensor lse, const Tensor& sinks) {
   OpScope profile(stream, "attention");
   constexpr const char* op = "attention_sinks_forward";

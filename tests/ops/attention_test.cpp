@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include "core/error.h"
 #include "testing/test_data.h"
 
 namespace moetrain {
@@ -206,6 +207,66 @@ TEST(Attention, PackedDocumentRowsAreBitwiseIdenticalToTheDocumentAlone) {
     expect_rows_identical(gp.dk, 8, ga.dk, 0, 7, "dk");
     expect_rows_identical(gp.dv, 8, ga.dv, 0, 7, "dv");
   }
+}
+
+TEST(Attention, DecodingOverACacheGivesTheTrainingForwardsBytes) {
+  // Three sequences of 9, 1 and 14 tokens packed as documents; a cache of capacity 16 holds each sequence's keys and
+  // values (the rows past its length are garbage, never read). Decoding each sequence's newest token over its cache
+  // gives the bytes of that token's row in the packed forward: causal, and with windows shorter than a sequence.
+  for (DType dtype : {DType::F32, DType::F64}) {
+    const std::vector<int32_t> cu{0, 9, 10, 24}, lengths{9, 1, 14};
+    const int64_t capacity = 16;
+    const Dims d{24, 6, 2, 8, 5};
+    const Inputs in = random_inputs(d, dtype, 41);
+    Rng rng(42);
+    Tensor k_cache = random_tensor({3, capacity, d.nkv, d.hd}, dtype, rng);
+    Tensor v_cache = random_tensor({3, capacity, d.nkv, d.hdv}, dtype, rng);
+    Tensor q_newest = Tensor::empty({3, d.nh, d.hd}, dtype);
+    for (int64_t b = 0; b < 3; ++b) {
+      k_cache.select(b).slice(0, lengths[b]).copy_from(in.k.slice(cu[b], cu[b + 1]));
+      v_cache.select(b).slice(0, lengths[b]).copy_from(in.v.slice(cu[b], cu[b + 1]));
+      q_newest.select(b).copy_from(in.q.select(cu[b + 1] - 1));
+    }
+    for (int window : {0, 3, 9}) {
+      SCOPED_TRACE(std::string(dtype_name(dtype)) + " window " + std::to_string(window));
+      ops::AttentionParams params;
+      params.softmax_scale = 0.4f;
+      params.sliding_window = window;
+      const Outputs full = run_forward(in, cu, params);
+      Tensor out = Tensor::empty({3, d.nh, d.hdv}, dtype), lse = Tensor::empty({3, d.nh}, dtype);
+      ops::attention_decode_forward(Stream::cpu(), out, lse, q_newest, k_cache, v_cache,
+                                    Tensor::from_vector(lengths, {3}), params);
+      for (int64_t b = 0; b < 3; ++b) {
+        expect_rows_identical(out, b, full.out, cu[b + 1] - 1, 1, "out");
+        expect_rows_identical(lse, b, full.lse, cu[b + 1] - 1, 1, "lse");
+      }
+    }
+  }
+}
+
+TEST(Attention, DecodingRefusesBadCachesAndLengths) {
+  Rng rng(43);
+  const Tensor q = random_tensor({2, 4, 8}, DType::F32, rng);
+  const Tensor k = random_tensor({2, 5, 2, 8}, DType::F32, rng), v = random_tensor({2, 5, 2, 8}, DType::F32, rng);
+  Tensor out = Tensor::empty({2, 4, 8}, DType::F32), lse = Tensor::empty({2, 4}, DType::F32);
+  const ops::AttentionParams params{0.3f, true, 0};
+  const auto refused = [&](const Tensor& kc, const Tensor& lengths, const ops::AttentionParams& p,
+                           const std::string& needle) {
+    try {
+      ops::attention_decode_forward(Stream::cpu(), out, lse, q, kc, v, lengths, p);
+      ADD_FAILURE() << "accepted; expected an error containing '" << needle << "'";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  refused(k, Tensor::from_vector<int32_t>({3, 0}, {2}), params, "lengths[1] = 0 must be in [1, C = 5]");
+  refused(k, Tensor::from_vector<int32_t>({6, 1}, {2}), params, "lengths[0] = 6 must be in [1, C = 5]");
+  refused(k, Tensor::from_vector<int32_t>({1}, {1}), params, "attention_decode_forward: lengths");
+  refused(random_tensor({2, 5, 3, 8}, DType::F32, rng), Tensor::from_vector<int32_t>({1, 1}, {2}), params,
+          "must be a multiple of the kv heads");
+  ops::AttentionParams bidirectional = params;
+  bidirectional.causal = false;
+  refused(k, Tensor::from_vector<int32_t>({1, 1}, {2}), bidirectional, "decoding is causal");
 }
 
 TEST(Attention, ResultsAreIdenticalForAnyThreadCount) {

@@ -55,6 +55,10 @@ class GqaAttention final : public TokenMixer {
   Tensor forward(MixerRecord& record, const Tensor& x, const MicroBatch& batch) const override;
   Tensor backward_input(MixerRecord& record, const Tensor& d_out) const override;
   void backward_weight(MixerRecord& record) const override;
+  // Generation: the prefill attends as training does and keeps every prompt's keys and values; a step appends each
+  // sequence's new token to them and attends over its cached prefix (ops::attention_decode_forward, the same
+  // per-query instructions as the training forward).
+  std::string decoding_support() const override { return ""; }
 
  private:
   ops::AttentionParams attention_for(const MicroBatch& batch) const;

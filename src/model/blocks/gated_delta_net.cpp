@@ -107,6 +107,7 @@ int64_t GatedDeltaNet::conv_channels() const {
 std::unique_ptr<MixerRecord> GatedDeltaNet::new_record() const { return std::make_unique<GatedDeltaRecord>(); }
 
 Tensor GatedDeltaNet::forward(MixerRecord& record, const Tensor& x, const MicroBatch& batch) const {
+  MT_CHECK(batch.decode == nullptr, "gated delta net: {}", decoding_support());
   GatedDeltaRecord& r = as_gated_delta(record);
   Stream& s = default_stream(x.device());
   const int64_t T = x.size(0), hk = options_.num_key_heads, hv = options_.num_value_heads;

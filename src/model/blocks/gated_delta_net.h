@@ -42,6 +42,10 @@ class GatedDeltaNet final : public TokenMixer {
   Tensor forward(MixerRecord& record, const Tensor& x, const MicroBatch& batch) const override;
   Tensor backward_input(MixerRecord& record, const Tensor& d_out) const override;
   void backward_weight(MixerRecord& record) const override;
+  std::string decoding_support() const override {
+    return "Gated DeltaNet keeps no decoding state yet (generation needs its per-sequence conv window and recurrent "
+           "state)";
+  }
 
   int64_t conv_channels() const;
 

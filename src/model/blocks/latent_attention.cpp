@@ -111,6 +111,7 @@ ops::AttentionParams LatentAttention::attention_for(const MicroBatch& batch) con
 }
 
 Tensor LatentAttention::forward(MixerRecord& record, const Tensor& x, const MicroBatch& batch) const {
+  MT_CHECK(batch.decode == nullptr, "latent attention: {}", decoding_support());
   LatentRecord& r = as_latent(record);
   const LatentAttentionOptions& o = options_;
   Stream& s = default_stream(x.device());

@@ -50,6 +50,9 @@ class LatentAttention final : public TokenMixer {
   Tensor forward(MixerRecord& record, const Tensor& x, const MicroBatch& batch) const override;
   Tensor backward_input(MixerRecord& record, const Tensor& d_out) const override;
   void backward_weight(MixerRecord& record) const override;
+  std::string decoding_support() const override {
+    return "latent attention keeps no decoding cache yet (generation needs its compressed KV cache)";
+  }
 
  private:
   ops::AttentionParams attention_for(const MicroBatch& batch) const;

@@ -50,6 +50,7 @@ class PreNormLayer final : public DecoderLayer {
 
   int64_t index() const override { return options_.layer; }
   bool has_experts() const override { return router_ != nullptr; }
+  std::string decoding_support() const override { return mixer_->decoding_support(); }
 
   std::unique_ptr<LayerRecord> new_record() const override;
   Dispatch stage1_forward(LayerRecord& record, const Tensor& hidden, const MicroBatch& batch) const override;

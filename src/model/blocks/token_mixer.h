@@ -5,6 +5,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "core/tensor.h"
 #include "model/batch.h"
@@ -27,6 +28,9 @@ class TokenMixer {
   virtual Tensor backward_input(MixerRecord& record, const Tensor& d_out) const = 0;
   // Accumulates the weight gradients and frees the record's tensors.
   virtual void backward_weight(MixerRecord& record) const = 0;
+  // Whether forward takes a generation call (a batch with a DecodeCache, model/decode_cache.h). "" when it does, else
+  // what it lacks, for the refusal.
+  virtual std::string decoding_support() const { return "this token mixer keeps no decoding state yet"; }
 };
 
 }  // namespace moetrain::model

@@ -87,6 +87,38 @@ Dims dims_of(const Tensor& q, const Tensor& k, const Tensor& v) {
   return {q.size(0), nh, nkv, q.size(2), v.size(2), nh / nkv};
 }
 
+// One (query, head) of the forward: scores of the visible keys (rows keys.begin .. keys.end - 1 of k and v, kv head g,
+// row stride nkv * hd / nkv * hdv), their softmax and the weighted sum of the values into oi [hdv]; returns the
+// log-sum-exp. The training forward and the decoding forward (a cached prefix) both call it, so a query's bytes are
+// the same whichever ran it, wherever its keys lie in memory.
+template <typename T>
+T attend_one(const T* qi, const T* kp, const T* vp, Span keys, int64_t g, const Dims& n, T scale, std::vector<T>& p,
+             T* oi) {
+  p.resize(static_cast<size_t>(keys.end - keys.begin));
+  T max = -std::numeric_limits<T>::infinity();
+  for (int64_t j0 = keys.begin; j0 < keys.end; j0 += kBlock) {
+    const T* rows[kBlock];
+    for (int64_t b = 0; b < kBlock; ++b) rows[b] = kp + (std::min(j0 + b, keys.end - 1) * n.nkv + g) * n.hd;
+    T dots[kBlock];
+    dot_block(qi, rows, n.hd, dots);
+    for (int64_t b = 0; b < std::min(kBlock, keys.end - j0); ++b) {
+      const T s = dots[b] * scale;
+      p[static_cast<size_t>(j0 + b - keys.begin)] = s;
+      max = std::max(max, s);
+    }
+  }
+  T sum = T(0);
+  for (T& x : p) {
+    x = std::exp(x - max);
+    sum += x;
+  }
+  std::fill(oi, oi + n.hdv, T(0));
+  for (int64_t j = keys.begin; j < keys.end; ++j) {
+    axpy(oi, p[static_cast<size_t>(j - keys.begin)] / sum, vp + (j * n.nkv + g) * n.hdv, n.hdv);
+  }
+  return max + std::log(sum);
+}
+
 template <typename T>
 void forward_impl(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                   const Tensor& cu_seqlens, const AttentionParams& params) {
@@ -104,33 +136,33 @@ void forward_impl(const Tensor& out, const Tensor& lse, const Tensor& q, const T
     std::vector<T> p;  // scores, then probabilities, of the visible keys of one (query, head)
 #pragma omp for schedule(dynamic, 4)
     for (int64_t pair = 0; pair < pairs; ++pair) {
-      const int64_t i = pair / n.nh, h = pair % n.nh, g = h / n.group;
+      const int64_t i = pair / n.nh, h = pair % n.nh;
       const Span keys = visible_keys(i, docs[static_cast<size_t>(i)], params);
-      p.resize(static_cast<size_t>(keys.end - keys.begin));
-      const T* qi = qp + pair * n.hd;
-      T max = -std::numeric_limits<T>::infinity();
-      for (int64_t j0 = keys.begin; j0 < keys.end; j0 += kBlock) {
-        const T* rows[kBlock];
-        for (int64_t b = 0; b < kBlock; ++b) rows[b] = kp + (std::min(j0 + b, keys.end - 1) * n.nkv + g) * n.hd;
-        T dots[kBlock];
-        dot_block(qi, rows, n.hd, dots);
-        for (int64_t b = 0; b < std::min(kBlock, keys.end - j0); ++b) {
-          const T s = dots[b] * scale;
-          p[static_cast<size_t>(j0 + b - keys.begin)] = s;
-          max = std::max(max, s);
-        }
-      }
-      T sum = T(0);
-      for (T& x : p) {
-        x = std::exp(x - max);
-        sum += x;
-      }
-      T* oi = op + pair * n.hdv;
-      std::fill(oi, oi + n.hdv, T(0));
-      for (int64_t j = keys.begin; j < keys.end; ++j) {
-        axpy(oi, p[static_cast<size_t>(j - keys.begin)] / sum, vp + (j * n.nkv + g) * n.hdv, n.hdv);
-      }
-      lp[pair] = max + std::log(sum);
+      lp[pair] = attend_one(qp + pair * n.hd, kp, vp, keys, h / n.group, n, scale, p, op + pair * n.hdv);
+    }
+  }
+}
+
+// The decoding forward: query b (its sequence's newest token, at position lengths[b] - 1) over rows 0 ..
+// lengths[b] - 1 of its sequence's cache, the keys the training forward shows that token in its document.
+template <typename T>
+void decode_impl(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                 const Tensor& lengths, const AttentionParams& params) {
+  const int64_t rows = q.size(0), capacity = k_cache.size(1);
+  const Dims n{rows, q.size(1), k_cache.size(2), q.size(2), v_cache.size(3), q.size(1) / k_cache.size(2)};
+  const T scale = static_cast<T>(params.softmax_scale);
+  const int32_t* len = lengths.data<int32_t>();
+  const int64_t pairs = rows * n.nh;
+#pragma omp parallel
+  {
+    std::vector<T> p;
+#pragma omp for schedule(dynamic, 4)
+    for (int64_t pair = 0; pair < pairs; ++pair) {
+      const int64_t b = pair / n.nh, h = pair % n.nh, last = len[b] - 1;
+      const Span keys = visible_keys(last, Span{0, len[b]}, params);
+      lse.data<T>()[pair] = attend_one(q.data<T>() + pair * n.hd, k_cache.data<T>() + b * capacity * n.nkv * n.hd,
+                                       v_cache.data<T>() + b * capacity * n.nkv * n.hdv, keys, h / n.group, n, scale, p,
+                                       out.data<T>() + pair * n.hdv);
     }
   }
 }
@@ -231,6 +263,12 @@ void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, co
                        const Tensor& cu_seqlens, const AttentionParams& params) {
   dispatch_float(q.dtype(), "attention_forward",
                  [&]<typename T>() { forward_impl<T>(out, lse, q, k, v, cu_seqlens, params); });
+}
+
+void attention_decode_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k_cache,
+                              const Tensor& v_cache, const Tensor& lengths, const AttentionParams& params) {
+  dispatch_float(q.dtype(), "attention_decode_forward",
+                 [&]<typename T>() { decode_impl<T>(out, lse, q, k_cache, v_cache, lengths, params); });
 }
 
 void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,

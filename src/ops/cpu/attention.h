@@ -12,6 +12,8 @@ namespace moetrain::ops::cpu {
 // (when > 0); without causal masking the window is symmetric, |i - j| < sliding_window.
 void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                        const Tensor& cu_seqlens, const AttentionParams& params);
+void attention_decode_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k_cache,
+                              const Tensor& v_cache, const Tensor& lengths, const AttentionParams& params);
 void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
                         const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                         const Tensor& cu_seqlens, const AttentionParams& params);
