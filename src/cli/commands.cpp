@@ -12,6 +12,7 @@
 #include "cli/check_golden.h"
 #include "cli/convert_command.h"
 #include "cli/data_command.h"
+#include "cli/generate_command.h"
 #include "cli/plan_command.h"
 #include "cli/report_command.h"
 #include "cli/score_command.h"
@@ -40,6 +41,7 @@ int run_main(int argc, char** argv) {
   add_data_command(app, command);
   add_convert_command(app, command);
   add_score_command(app, command);
+  add_generate_command(app, command);
   add_report_command(app, command);
   add_plan_command(app, command);
 
