@@ -8,7 +8,7 @@
 
 #include "core/device.h"
 #include "core/error.h"
-#include "model/decode_cache.h"
+#include "model/blocks/cached_attention.h"
 #include "model/precision.h"
 #include "ops/activation.h"
 #include "ops/bias.h"
@@ -124,36 +124,6 @@ GqaAttention::GqaAttention(const AttentionOptions& options, ParameterStore& stor
 
 std::unique_ptr<MixerRecord> GqaAttention::new_record() const { return std::make_unique<AttentionRecord>(); }
 
-namespace {
-
-// The prefill: document b of the batch is sequence b's prompt; its keys and values become rows 0 .. len - 1 of b's
-// cache.
-void keep_prompts(KvCache& cache, const Tensor& k, const Tensor& v, const MicroBatch& batch) {
-  const int64_t docs = batch.num_documents();
-  MT_CHECK(docs == cache.k.size(0),
-           "attention (prefill): the batch holds {} documents but the decode cache {} sequences (one prompt each)",
-           docs, cache.k.size(0));
-  const int32_t* cu = batch.cu_seqlens_host.data<int32_t>();
-  for (int64_t b = 0; b < docs; ++b) {
-    cache.k.select(b).slice(0, cu[b + 1] - cu[b]).copy_from(k.slice(cu[b], cu[b + 1]));
-    cache.v.select(b).slice(0, cu[b + 1] - cu[b]).copy_from(v.slice(cu[b], cu[b + 1]));
-  }
-}
-
-// A step: token b is sequence b's newest, at row lengths[b] - 1 of its cache.
-void append_to_cache(KvCache& cache, const Tensor& k, const Tensor& v, const DecodeCache& decode) {
-  MT_CHECK(k.size(0) == decode.sequences(),
-           "attention (decode step): the batch holds {} tokens but the decode cache {} sequences (one token each)",
-           k.size(0), decode.sequences());
-  const int32_t* len = decode.lengths().data<int32_t>();
-  for (int64_t b = 0; b < decode.sequences(); ++b) {
-    cache.k.select(b).slice(len[b] - 1, len[b]).copy_from(k.slice(b, b + 1));
-    cache.v.select(b).slice(len[b] - 1, len[b]).copy_from(v.slice(b, b + 1));
-  }
-}
-
-}  // namespace
-
 // The longest document lets the CUDA backend plan cuDNN's attention for the batch (bf16); the CPU
 // reference ignores it.
 ops::AttentionParams GqaAttention::attention_for(const MicroBatch& batch) const {
@@ -204,14 +174,7 @@ Tensor GqaAttention::forward(MixerRecord& record, const Tensor& x, const MicroBa
 
   r.attn = Tensor::empty({T, nh, hd}, dt, dev);
   r.lse = Tensor::empty({T, nh}, statistics_dtype(dt), dev);
-  if (batch.decode != nullptr && batch.decode->phase() == DecodeCache::Phase::kStep) {
-    KvCache& cache = batch.decode->kv(this, nkv, hd, hd, dt, dev);
-    append_to_cache(cache, r.k_rot, r.v, *batch.decode);
-    ops::attention_decode_forward(s, r.attn, r.lse, r.q_rot, cache.k, cache.v, batch.decode->lengths(), attention_);
-  } else {
-    if (batch.decode != nullptr) keep_prompts(batch.decode->kv(this, nkv, hd, hd, dt, dev), r.k_rot, r.v, batch);
-    ops::attention_forward(s, r.attn, r.lse, r.q_rot, r.k_rot, r.v, batch.cu_seqlens, attention_for(batch));
-  }
+  attend(s, r.attn, r.lse, r.q_rot, r.k_rot, r.v, batch, attention_for(batch), this);
   // The sinks rescale each (token, head) from its log-sum-exp; the backward below then runs the plain attention
   // backward on the rescaled output and log-sum-exp, which is the exact gradient of the softmax with the sink.
   if (options_.sinks) ops::attention_sinks_forward(s, r.attn, r.lse, w_sinks_);

@@ -24,7 +24,7 @@ struct GatedMlpOptions {
   int64_t intermediate_size = 0;
   int64_t num_experts = 0;  // 0: one dense MLP; E > 0: an expert bank of E MLPs
   GatedActivation activation = GatedActivation::SwiGlu;
-  float swiglu_alpha = 1.702f;        // ClampedSwiGlu's alpha and limit
+  float swiglu_alpha = 1.702f;  // ClampedSwiGlu's alpha and limit
   float swiglu_limit = 7.0f;
   bool bias = false;                  // biases on gate_up and down (GPT-OSS)
   ParamRole role = ParamRole::Dense;  // Dense, SharedExpert, or ExpertBank for a bank

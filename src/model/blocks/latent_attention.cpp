@@ -5,6 +5,7 @@
 
 #include "core/device.h"
 #include "core/error.h"
+#include "model/blocks/cached_attention.h"
 #include "model/precision.h"
 #include "ops/columns.h"
 #include "ops/elementwise.h"
@@ -111,7 +112,6 @@ ops::AttentionParams LatentAttention::attention_for(const MicroBatch& batch) con
 }
 
 Tensor LatentAttention::forward(MixerRecord& record, const Tensor& x, const MicroBatch& batch) const {
-  MT_CHECK(batch.decode == nullptr, "latent attention: {}", decoding_support());
   LatentRecord& r = as_latent(record);
   const LatentAttentionOptions& o = options_;
   Stream& s = default_stream(x.device());
@@ -160,7 +160,7 @@ Tensor LatentAttention::forward(MixerRecord& record, const Tensor& x, const Micr
 
   r.attn = Tensor::empty({T, nh, dv}, dt, dev);
   r.lse = Tensor::empty({T, nh}, statistics_dtype(dt), dev);
-  ops::attention_forward(s, r.attn, r.lse, r.Q, r.K, r.V, batch.cu_seqlens, attention_for(batch));
+  attend(s, r.attn, r.lse, r.Q, r.K, r.V, batch, attention_for(batch), this);
   Tensor out = Tensor::empty({T, o.hidden_size}, dt, dev);
   ops::linear_forward(s, out, r.attn.view({T, -1}), w_o_);
   return out;

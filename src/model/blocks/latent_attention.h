@@ -50,9 +50,9 @@ class LatentAttention final : public TokenMixer {
   Tensor forward(MixerRecord& record, const Tensor& x, const MicroBatch& batch) const override;
   Tensor backward_input(MixerRecord& record, const Tensor& d_out) const override;
   void backward_weight(MixerRecord& record) const override;
-  std::string decoding_support() const override {
-    return "latent attention keeps no decoding cache yet (generation needs its compressed KV cache)";
-  }
+  // Generation caches each token's per-head keys (rope | nope) and values, as attention takes them (model/blocks/
+  // cached_attention.h); the compressed latent cache DeepSeek-V2 serves with is a memory saving not made yet.
+  std::string decoding_support() const override { return ""; }
 
  private:
   ops::AttentionParams attention_for(const MicroBatch& batch) const;
