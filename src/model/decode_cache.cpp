@@ -53,4 +53,10 @@ KvCache& DecodeCache::kv(const void* owner, int64_t kv_heads, int64_t head_dim, 
   return cache;
 }
 
+std::vector<Tensor>& DecodeCache::state(const void* owner, const std::function<std::vector<Tensor>()>& make) {
+  auto [it, made] = state_.try_emplace(owner);
+  if (made) it->second = make();
+  return it->second;
+}
+
 }  // namespace moetrain::model

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <vector>
 
@@ -41,6 +42,9 @@ class DecodeCache {
   // The cache of `owner` (the token mixer that fills it), made on first use with these extents and zero rows; a later
   // call must ask for the same extents.
   KvCache& kv(const void* owner, int64_t kv_heads, int64_t head_dim, int64_t value_dim, DType dtype, Device device);
+  // Any other per-sequence state of `owner` (Gated DeltaNet's conv inputs and recurrent state): `make` builds it on
+  // first use; the owner checks what it finds.
+  std::vector<Tensor>& state(const void* owner, const std::function<std::vector<Tensor>()>& make);
 
  private:
   int64_t sequences_ = 0;
@@ -48,6 +52,7 @@ class DecodeCache {
   Phase phase_ = Phase::kNone;
   Tensor lengths_;
   std::map<const void*, KvCache> kv_;
+  std::map<const void*, std::vector<Tensor>> state_;
 };
 
 }  // namespace moetrain::model

@@ -5,6 +5,7 @@
 #include "ops/gated_delta.h"
 
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -203,6 +204,85 @@ TEST(GatedDelta, RuleForwardMatchesRecurrencePerDocument) {
   // One document for everything gives other values: the documents really restart.
   gated_delta_rule_forward(Stream::cpu(), out, in.q, in.k, in.v, in.g, in.beta, cu_of({0, 80}), float(scale));
   EXPECT_GT(testing::max_abs_diff(out, direct_rule(in, kRuleDocs, double(float(scale)))), 1e-3);
+}
+
+TEST(GatedDelta, DecodingStepsGiveTheForwardsBytes) {
+  // Two sequences of 7 and 12 tokens: the prefill of their first 4 and 9 tokens keeps each one's state and conv
+  // inputs; the remaining tokens one step at a time give the bytes the forward over the whole sequences gives them.
+  Rng rng(12);
+  const int64_t hk = 2, hv = 4, dk = 5, dv = 3, C = 9, K = 4, capacity = 12;
+  const std::vector<int32_t> cu{0, 7, 19}, prompt{4, 9};
+  const RuleInputs in = rule_inputs(19, hk, hv, dk, dv, rng);
+  const Tensor x = random_tensor({19, C}, DType::F64, rng), w = random_tensor({C, K}, DType::F64, rng);
+  const float scale = 0.4f;
+  Tensor out = Tensor::empty({19, hv, dv}, DType::F64), y = Tensor::empty({19, C}, DType::F64);
+  gated_delta_rule_forward(Stream::cpu(), out, in.q, in.k, in.v, in.g, in.beta, cu_of(cu), scale);
+  causal_conv1d_silu_forward(Stream::cpu(), y, x, w, cu_of(cu));
+
+  // The prefill: the prompts as documents.
+  const auto prompt_rows = [&](const Tensor& t) {
+    Tensor p = Tensor::empty(
+        [&] {
+          Shape s = t.shape();
+          s[0] = 13;
+          return s;
+        }(),
+        t.dtype());
+    p.slice(0, 4).copy_from(t.slice(0, 4));
+    p.slice(4, 13).copy_from(t.slice(7, 16));
+    return p;
+  };
+  Tensor state = Tensor::empty({2, hv, dk, dv}, DType::F64), prefill_out = Tensor::empty({13, hv, dv}, DType::F64);
+  gated_delta_rule_prefill(Stream::cpu(), prefill_out, state, prompt_rows(in.q), prompt_rows(in.k), prompt_rows(in.v),
+                           prompt_rows(in.g), prompt_rows(in.beta), cu_of({0, 4, 13}), scale);
+  EXPECT_EQ(std::memcmp(prefill_out.slice(0, 4).raw_data(), out.slice(0, 4).raw_data(), 4 * hv * dv * 8), 0);
+  EXPECT_EQ(std::memcmp(prefill_out.slice(4, 13).raw_data(), out.slice(7, 16).raw_data(), 9 * hv * dv * 8), 0);
+  Tensor history = Tensor::zeros({2, capacity, C}, DType::F64);
+  history.select(0).slice(0, 4).copy_from(x.slice(0, 4));
+  history.select(1).slice(0, 9).copy_from(x.slice(7, 16));
+
+  // Three steps: token 4 + n of sequence 0 and 9 + n of sequence 1.
+  for (int32_t n = 0; n < 3; ++n) {
+    const int64_t t0 = 4 + n, t1 = 7 + 9 + n;
+    const auto step_rows = [&](const Tensor& t) {
+      Tensor p = Tensor::empty(
+          [&] {
+            Shape s = t.shape();
+            s[0] = 2;
+            return s;
+          }(),
+          t.dtype());
+      p.slice(0, 1).copy_from(t.slice(t0, t0 + 1));
+      p.slice(1, 2).copy_from(t.slice(t1, t1 + 1));
+      return p;
+    };
+    Tensor step_out = Tensor::empty({2, hv, dv}, DType::F64), step_y = Tensor::empty({2, C}, DType::F64);
+    gated_delta_rule_decode(Stream::cpu(), step_out, state, step_rows(in.q), step_rows(in.k), step_rows(in.v),
+                            step_rows(in.g), step_rows(in.beta), scale);
+    history.select(0).slice(4 + n, 5 + n).copy_from(x.slice(t0, t0 + 1));
+    history.select(1).slice(9 + n, 10 + n).copy_from(x.slice(t1, t1 + 1));
+    causal_conv1d_silu_decode(Stream::cpu(), step_y, history, w, Tensor::from_vector<int32_t>({5 + n, 10 + n}, {2}));
+    const Tensor want_out = step_rows(out), want_y = step_rows(y);
+    EXPECT_EQ(std::memcmp(step_out.raw_data(), want_out.raw_data(), want_out.nbytes()), 0) << "rule, step " << n;
+    EXPECT_EQ(std::memcmp(step_y.raw_data(), want_y.raw_data(), want_y.nbytes()), 0) << "conv, step " << n;
+  }
+  // Bad shapes and lengths are refused by name.
+  Tensor y2 = Tensor::empty({2, C}, DType::F64);
+  expect_error(
+      [&] {
+        causal_conv1d_silu_decode(Stream::cpu(), y2, history, w, cu_of({0, 13}));
+      },
+      "causal_conv1d_silu_decode: lengths");
+  expect_error(
+      [&] {
+        causal_conv1d_silu_decode(Stream::cpu(), y2, history, w, cu_of({13, 1}));
+      },
+      "lengths[0] = 13 must be in [1, capacity = 12]");
+  Tensor wrong_state = Tensor::empty({2, hv, dk, dv + 1}, DType::F64), o2 = Tensor::empty({2, hv, dv}, DType::F64);
+  const Tensor q2 = in.q.slice(0, 2), k2 = in.k.slice(0, 2), v2 = in.v.slice(0, 2), g2 = in.g.slice(0, 2),
+               b2 = in.beta.slice(0, 2);
+  expect_error([&] { gated_delta_rule_decode(Stream::cpu(), o2, wrong_state, q2, k2, v2, g2, b2, scale); },
+               "gated_delta_rule_decode: state");
 }
 
 TEST(GatedDelta, RuleBackwardMatchesFiniteDifferences) {

@@ -1,9 +1,9 @@
 // Tests of generate (pipeline/generation.h): the KV-cached decoding against the full forward that `score` runs. For
 // every sequence generate makes, scoring the whole sequence at once gives, bit for bit, the log-probs generate
 // reported, and greedy decoding picks each position's argmax of the full forward's logits; in exact mode and out of
-// it, greedy and sampled, for the tiny Qwen3-MoE example, for GPT-OSS (sinks, and a sliding window shorter than
-// the sequences) and for DeepSeek-V2 (latent attention). Families whose token mixers keep no decoding state yet are
-// refused by layer, as is every bad request.
+// it, greedy and sampled, for the tiny Qwen3-MoE example, GPT-OSS (sinks, and a sliding window shorter than the
+// sequences), DeepSeek-V2 (latent attention) and Qwen3.5 dense and MoE (Gated DeltaNet). Every bad request is refused
+// by name.
 #include "pipeline/generation.h"
 
 #include <cmath>
@@ -191,11 +191,15 @@ TEST(Generation, BadRequestsAreRefusedByName) {
   expect_refused(*model, r, "input_ids must be a contiguous int32 [B, P] tensor on the CPU");
 }
 
-TEST(Generation, FamiliesWithoutDecodingStateAreRefusedByLayer) {
-  const GenerationRequest request = request_of({{1, 2, 3}}, 2, 0.0, 0);
-  expect_refused(*golden_model("qwen3_5_moe", 26), request,
-                 "generate: qwen3_5_moe_text cannot be decoded: decoder layer 0: Gated DeltaNet keeps no decoding "
-                 "state yet");
+TEST(Generation, Qwen3_5GatedDeltaNetDecodesAsTheFullForwardScores) {
+  // Qwen3.5-MoE's golden config: Gated DeltaNet layers (the conv over each sequence's inputs, the recurrent state per
+  // value head) beside gated full attention with partial rope, and the shared expert; the dense Qwen3.5 too.
+  for (const std::string family : {"qwen3_5_moe", "qwen3_5"}) {
+    SCOPED_TRACE(family);
+    std::unique_ptr<model::CausalLm> model = golden_model(family, 26);
+    for (const bool exact : {true, false}) expect_generation_matches_score(*model, exact, 0.0);
+    expect_generation_matches_score(*model, true, 0.9);
+  }
 }
 
 TEST(Generation, TheDecodeCacheRefusesStepsOutOfOrderOrPastItsCapacity) {

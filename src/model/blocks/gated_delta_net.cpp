@@ -4,9 +4,11 @@
 #include "model/blocks/gated_delta_net.h"
 
 #include <cmath>
+#include <optional>
 
 #include "core/device.h"
 #include "core/error.h"
+#include "model/decode_cache.h"
 #include "model/precision.h"
 #include "ops/columns.h"
 #include "ops/elementwise.h"
@@ -106,8 +108,41 @@ int64_t GatedDeltaNet::conv_channels() const {
 
 std::unique_ptr<MixerRecord> GatedDeltaNet::new_record() const { return std::make_unique<GatedDeltaRecord>(); }
 
+GatedDeltaNet::DecodeState GatedDeltaNet::decode_state(DecodeCache& cache, int64_t channels, DType dtype,
+                                                       Device device) const {
+  const int64_t rows = cache.sequences(), hv = options_.num_value_heads;
+  const Shape inputs{rows, cache.capacity(), channels}, rule{rows, hv, options_.key_head_dim, options_.value_head_dim};
+  std::vector<Tensor>& held = cache.state(this, [&] {
+    return std::vector<Tensor>{Tensor::zeros(inputs, dtype, device), Tensor::zeros(rule, dtype, device)};
+  });
+  MT_CHECK(held.size() == 2 && held[0].shape() == inputs && held[1].shape() == rule && held[0].dtype() == dtype,
+           "gated delta net: its decoding state is not the {} conv inputs and {} states it keeps", shape_str(inputs),
+           shape_str(rule));
+  return {held[0], held[1]};
+}
+
+// The conv's inputs of every sequence so far: the prefill's prompts (document b is sequence b), or a step's token b
+// at row lengths[b] - 1 of sequence b.
+void GatedDeltaNet::keep_conv_inputs(const DecodeState& state, const Tensor& qkv, const MicroBatch& batch) const {
+  const DecodeCache& cache = *batch.decode;
+  const int32_t* len = cache.lengths().data<int32_t>();
+  if (cache.phase() == DecodeCache::Phase::kStep) {
+    MT_CHECK(qkv.size(0) == cache.sequences(),
+             "gated delta net (decode step): the batch holds {} tokens but the decode cache {} sequences", qkv.size(0),
+             cache.sequences());
+    for (int64_t b = 0; b < cache.sequences(); ++b)
+      state.conv_inputs.select(b).slice(len[b] - 1, len[b]).copy_from(qkv.slice(b, b + 1));
+    return;
+  }
+  MT_CHECK(batch.num_documents() == cache.sequences(),
+           "gated delta net (prefill): the batch holds {} documents but the decode cache {} sequences",
+           batch.num_documents(), cache.sequences());
+  const int32_t* cu = batch.cu_seqlens_host.data<int32_t>();
+  for (int64_t b = 0; b < cache.sequences(); ++b)
+    state.conv_inputs.select(b).slice(0, cu[b + 1] - cu[b]).copy_from(qkv.slice(cu[b], cu[b + 1]));
+}
+
 Tensor GatedDeltaNet::forward(MixerRecord& record, const Tensor& x, const MicroBatch& batch) const {
-  MT_CHECK(batch.decode == nullptr, "gated delta net: {}", decoding_support());
   GatedDeltaRecord& r = as_gated_delta(record);
   Stream& s = default_stream(x.device());
   const int64_t T = x.size(0), hk = options_.num_key_heads, hv = options_.num_value_heads;
@@ -120,7 +155,16 @@ Tensor GatedDeltaNet::forward(MixerRecord& record, const Tensor& x, const MicroB
   r.qkv = Tensor::empty({T, c}, dt, dev);
   ops::linear_forward(s, r.qkv, x, w_qkv_);
   r.conv = Tensor::empty({T, c}, dt, dev);
-  ops::causal_conv1d_silu_forward(s, r.conv, r.qkv, w_conv_, batch.cu_seqlens);
+  std::optional<DecodeState> decoding;
+  if (batch.decode != nullptr) {
+    decoding = decode_state(*batch.decode, c, dt, dev);
+    keep_conv_inputs(*decoding, r.qkv, batch);
+  }
+  if (decoding && batch.decode->phase() == DecodeCache::Phase::kStep) {
+    ops::causal_conv1d_silu_decode(s, r.conv, decoding->conv_inputs, w_conv_, batch.decode->lengths());
+  } else {
+    ops::causal_conv1d_silu_forward(s, r.conv, r.qkv, w_conv_, batch.cu_seqlens);
+  }
   // The conv's channels are q (Hk dk), k (Hk dk), then v (Hv dv), as transformers splits them.
   r.q = Tensor::empty({T, hk, dk}, dt, dev);
   r.k = Tensor::empty({T, hk, dk}, dt, dev);
@@ -145,8 +189,15 @@ Tensor GatedDeltaNet::forward(MixerRecord& record, const Tensor& x, const MicroB
   ops::gated_delta_gates_forward(s, r.g, r.beta, r.a, r.b, w_a_log_, w_dt_bias_);
 
   r.core = Tensor::empty({T, hv, dv}, dt, dev);
-  ops::gated_delta_rule_forward(s, r.core, r.q_norm, r.k_norm, r.v, r.g, r.beta, batch.cu_seqlens, scale_,
-                                &r.rule_saved);
+  if (!decoding) {
+    ops::gated_delta_rule_forward(s, r.core, r.q_norm, r.k_norm, r.v, r.g, r.beta, batch.cu_seqlens, scale_,
+                                  &r.rule_saved);
+  } else if (batch.decode->phase() == DecodeCache::Phase::kStep) {
+    ops::gated_delta_rule_decode(s, r.core, decoding->rule_state, r.q_norm, r.k_norm, r.v, r.g, r.beta, scale_);
+  } else {
+    ops::gated_delta_rule_prefill(s, r.core, decoding->rule_state, r.q_norm, r.k_norm, r.v, r.g, r.beta,
+                                  batch.cu_seqlens, scale_);
+  }
   r.normed = Tensor::empty({T, hv, dv}, dt, dev);
   r.rstd = Tensor::empty({T * hv}, statistics_dtype(dt), dev);
   ops::gated_rmsnorm_forward(s, r.normed.view({T * hv, dv}), r.rstd, r.core.view({T * hv, dv}), r.z.view({T * hv, dv}),

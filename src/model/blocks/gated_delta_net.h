@@ -17,6 +17,8 @@
 
 namespace moetrain::model {
 
+class DecodeCache;
+
 struct GatedDeltaNetOptions {
   int64_t hidden_size = 0;
   int64_t num_key_heads = 0;    // Hk: q and k heads
@@ -42,14 +44,21 @@ class GatedDeltaNet final : public TokenMixer {
   Tensor forward(MixerRecord& record, const Tensor& x, const MicroBatch& batch) const override;
   Tensor backward_input(MixerRecord& record, const Tensor& d_out) const override;
   void backward_weight(MixerRecord& record) const override;
-  std::string decoding_support() const override {
-    return "Gated DeltaNet keeps no decoding state yet (generation needs its per-sequence conv window and recurrent "
-           "state)";
-  }
+  // Generation keeps every sequence's conv inputs and its recurrent state per value head (model/decode_cache.h); a
+  // step runs the forward's per-token code on them (ops::causal_conv1d_silu_decode, ops::gated_delta_rule_decode).
+  std::string decoding_support() const override { return ""; }
 
   int64_t conv_channels() const;
 
  private:
+  // Its part of a generation's cache: the conv inputs [B, capacity, conv channels] and the rule's state [B, Hv, dk,
+  // dv] of every sequence (views of the tensors the cache holds).
+  struct DecodeState {
+    Tensor conv_inputs, rule_state;
+  };
+  DecodeState decode_state(DecodeCache& cache, int64_t channels, DType dtype, Device device) const;
+  void keep_conv_inputs(const DecodeState& state, const Tensor& qkv, const MicroBatch& batch) const;
+
   GatedDeltaNetOptions options_;
   float scale_ = 1.0f;
   Tensor w_qkv_, w_z_, w_a_, w_b_, w_conv_, w_a_log_, w_dt_bias_, w_norm_, w_out_;

@@ -96,9 +96,24 @@ RuleDims rule_dims(const Tensor& q, const Tensor& v) {
   return d;
 }
 
+// One token of one (sequence, value head): the state update, then out_t = S^T (scale q_t). The forward and the
+// decoding step both run it, so a token's bytes are the same whichever computed it.
+template <typename T>
+void rule_token(T* S, T* u, T* qs, const T* qt, const T* kt, const T* vt, T gt, T bt, T* ot, const RuleDims& d,
+                T scale) {
+  rule_step(S, u, kt, vt, gt, bt, d.dk, d.dv);
+  for (int64_t i = 0; i < d.dk; ++i) qs[i] = qt[i] * scale;
+  for (int64_t j = 0; j < d.dv; ++j) {
+    T sum = 0;
+    for (int64_t i = 0; i < d.dk; ++i) sum += S[i * d.dv + j] * qs[i];
+    ot[j] = sum;
+  }
+}
+
+// final_state (null: not kept) [D, Hv, dk, dv] receives each (document, value head)'s state after its last token.
 template <typename T>
 void rule_forward(T* out, const T* q, const T* k, const T* v, const T* g, const T* beta, const int32_t* cu,
-                  int64_t docs, const RuleDims& d, T scale) {
+                  int64_t docs, const RuleDims& d, T scale, T* final_state) {
   const int64_t items = docs * d.hv;
 #pragma omp parallel for schedule(dynamic)
   for (int64_t item = 0; item < items; ++item) {
@@ -106,17 +121,10 @@ void rule_forward(T* out, const T* q, const T* k, const T* v, const T* g, const 
     std::vector<T> S(static_cast<size_t>(d.dk * d.dv), T(0)), u(static_cast<size_t>(d.dv)),
         qs(static_cast<size_t>(d.dk));
     for (int64_t t = cu[doc]; t < cu[doc + 1]; ++t) {
-      const T* kt = k + (t * d.hk + hk) * d.dk;
-      const T* qt = q + (t * d.hk + hk) * d.dk;
-      rule_step(S.data(), u.data(), kt, v + (t * d.hv + h) * d.dv, g[t * d.hv + h], beta[t * d.hv + h], d.dk, d.dv);
-      for (int64_t i = 0; i < d.dk; ++i) qs[static_cast<size_t>(i)] = qt[i] * scale;
-      T* ot = out + (t * d.hv + h) * d.dv;
-      for (int64_t j = 0; j < d.dv; ++j) {
-        T sum = 0;
-        for (int64_t i = 0; i < d.dk; ++i) sum += S[static_cast<size_t>(i * d.dv + j)] * qs[static_cast<size_t>(i)];
-        ot[j] = sum;
-      }
+      rule_token(S.data(), u.data(), qs.data(), q + (t * d.hk + hk) * d.dk, k + (t * d.hk + hk) * d.dk,
+                 v + (t * d.hv + h) * d.dv, g[t * d.hv + h], beta[t * d.hv + h], out + (t * d.hv + h) * d.dv, d, scale);
     }
+    if (final_state != nullptr) std::copy(S.begin(), S.end(), final_state + item * d.dk * d.dv);
   }
 }
 
@@ -367,11 +375,41 @@ void gated_delta_gates_backward(const Tensor& da, const Tensor& db, const Tensor
 }
 
 void gated_delta_rule_forward(const Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
-                              const Tensor& beta, const Tensor& cu_seqlens, float scale) {
+                              const Tensor& beta, const Tensor& cu_seqlens, float scale, const Tensor& final_state) {
   const RuleDims d = rule_dims(q, v);
   dispatch_float(q.dtype(), "gated_delta_rule_forward", [&]<typename T>() {
     rule_forward(out.data<T>(), q.data<T>(), k.data<T>(), v.data<T>(), g.data<T>(), beta.data<T>(),
-                 cu_seqlens.data<int32_t>(), cu_seqlens.numel() - 1, d, T(scale));
+                 cu_seqlens.data<int32_t>(), cu_seqlens.numel() - 1, d, T(scale),
+                 final_state.defined() ? final_state.data<T>() : nullptr);
+  });
+}
+
+void gated_delta_rule_decode(const Tensor& out, const Tensor& state, const Tensor& q, const Tensor& k, const Tensor& v,
+                             const Tensor& g, const Tensor& beta, float scale) {
+  const RuleDims d = rule_dims(q, v);
+  dispatch_float(q.dtype(), "gated_delta_rule_decode", [&]<typename T>() {
+#pragma omp parallel for schedule(static)
+    for (int64_t item = 0; item < d.tokens * d.hv; ++item) {
+      const int64_t b = item / d.hv, h = item % d.hv, hk = h / d.group;
+      std::vector<T> u(static_cast<size_t>(d.dv)), qs(static_cast<size_t>(d.dk));
+      rule_token(state.data<T>() + item * d.dk * d.dv, u.data(), qs.data(), q.data<T>() + (b * d.hk + hk) * d.dk,
+                 k.data<T>() + (b * d.hk + hk) * d.dk, v.data<T>() + item * d.dv, g.data<T>()[item],
+                 beta.data<T>()[item], out.data<T>() + item * d.dv, d, T(scale));
+    }
+  });
+}
+
+void causal_conv1d_silu_decode(const Tensor& y, const Tensor& history, const Tensor& w, const Tensor& lengths) {
+  const int64_t rows = history.size(0), channels = history.size(2), kernel = w.size(1);
+  dispatch_float(history.dtype(), "causal_conv1d_silu_decode", [&]<typename T>() {
+    const int32_t* len = lengths.data<int32_t>();
+    for (int64_t b = 0; b < rows; ++b) {
+      const T* xb = history.data<T>() + b * history.size(1) * channels;
+      for (int64_t c = 0; c < channels; ++c) {
+        const T pre = conv_pre(xb, w.data<T>(), int64_t(len[b]) - 1, c, channels, kernel, 0);
+        y.data<T>()[b * channels + c] = pre * sigmoid(pre);
+      }
+    }
   });
 }
 

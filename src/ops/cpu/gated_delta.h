@@ -17,9 +17,16 @@ void gated_delta_gates_forward(const Tensor& g, const Tensor& beta, const Tensor
 void gated_delta_gates_backward(const Tensor& da, const Tensor& db, const Tensor& dA_log, const Tensor& ddt_bias,
                                 const Tensor& dg, const Tensor& dbeta, const Tensor& a, const Tensor& b,
                                 const Tensor& A_log, const Tensor& dt_bias);
-// The recurrence of ops::gated_delta_rule_forward, one (document, value head) per task.
+// The recurrence of ops::gated_delta_rule_forward, one (document, value head) per task; final_state (undefined: not
+// kept) [D, Hv, dk, dv] receives each one's last state (ops::gated_delta_rule_prefill).
 void gated_delta_rule_forward(const Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
-                              const Tensor& beta, const Tensor& cu_seqlens, float scale);
+                              const Tensor& beta, const Tensor& cu_seqlens, float scale,
+                              const Tensor& final_state = Tensor());
+// ops::gated_delta_rule_decode and ops::causal_conv1d_silu_decode: the forward's per-token code on one token per
+// sequence.
+void gated_delta_rule_decode(const Tensor& out, const Tensor& state, const Tensor& q, const Tensor& k, const Tensor& v,
+                             const Tensor& g, const Tensor& beta, float scale);
+void causal_conv1d_silu_decode(const Tensor& y, const Tensor& history, const Tensor& w, const Tensor& lengths);
 // The reverse scan. The states it needs are recomputed from the forward: the state before every chunk of
 // kGatedDeltaCheckpoint tokens is kept, and each chunk's states are recomputed from it, so the memory is
 // (len / kGatedDeltaCheckpoint + kGatedDeltaCheckpoint) states per task, not len.
