@@ -20,44 +20,6 @@ namespace moetrain::pipeline {
 
 namespace {
 
-void validate_request(const model::CausalLm& model, const GenerationRequest& request) {
-  MT_CHECK(model.device().is_cpu(),
-           "generate: decoding runs on the CPU only for now (its cached attention has no CUDA kernel yet), but the "
-           "model is on {}; set model.device = cpu",
-           model.device().str());
-  const Tensor& ids = request.input_ids;
-  MT_CHECK(ids.defined() && ids.dtype() == DType::I32 && ids.dim() == 2 && ids.device().is_cpu() && ids.is_contiguous(),
-           "generate: input_ids must be a contiguous int32 [B, P] tensor on the CPU but is {}",
-           ids.defined() ? ids.describe() : std::string("missing"));
-  const int64_t rows = ids.size(0), width = ids.size(1);
-  MT_CHECK(rows >= 1 && width >= 1, "generate: input_ids must hold at least one row of one token but is {}",
-           ids.describe());
-  MT_CHECK(static_cast<int64_t>(request.lengths.size()) == rows,
-           "generate: expected {} prompt lengths (one per row of input_ids) but found {}", rows,
-           request.lengths.size());
-  MT_CHECK(request.max_new_tokens >= 1, "generate: max_new_tokens must be >= 1 but is {}", request.max_new_tokens);
-  MT_CHECK(request.max_new_tokens <= INT32_MAX - width,
-           "generate: P + max_new_tokens = {} + {} exceeds 2^31 - 1 tokens per row", width, request.max_new_tokens);
-  MT_CHECK(std::isfinite(request.temperature) && request.temperature >= 0.0,
-           "generate: temperature must be finite and >= 0 (0: greedy) but is {}", request.temperature);
-  const int64_t vocab = model.config().vocab_size;
-  const int32_t* id = ids.data<int32_t>();
-  for (int64_t b = 0; b < rows; ++b) {
-    const int32_t len = request.lengths[static_cast<size_t>(b)];
-    MT_CHECK(len >= 1 && len <= width, "generate: lengths[{}] = {} must be in [1, P = {}]", b, len, width);
-    for (int64_t t = 0; t < len; ++t) {
-      const int32_t token = id[b * width + t];
-      MT_CHECK(token >= 0 && token < vocab, "generate: input_ids[{}, {}] = {} is outside the vocabulary [0, {})", b, t,
-               token, vocab);
-    }
-  }
-  for (const auto& layer : model.layers()) {
-    const std::string missing = layer->decoding_support();
-    MT_CHECK(missing.empty(), "generate: {} cannot be decoded: decoder layer {}: {}", model.config().model_type,
-             layer->index(), missing);
-  }
-}
-
 // Every decoder layer after the embedding; the head runs here, twice a step (generation_step).
 StageLayers layers_without_head(const model::CausalLm& model) {
   StageLayers stage;
@@ -104,6 +66,44 @@ StepChoice choose(const model::CausalLm& model, const Tensor& newest, double tem
 
 }  // namespace
 
+void validate_generation(const model::CausalLm& model, const GenerationRequest& request) {
+  MT_CHECK(model.device().is_cpu(),
+           "generate: decoding runs on the CPU only for now (its cached attention has no CUDA kernel yet), but the "
+           "model is on {}; set model.device = cpu",
+           model.device().str());
+  const Tensor& ids = request.input_ids;
+  MT_CHECK(ids.defined() && ids.dtype() == DType::I32 && ids.dim() == 2 && ids.device().is_cpu() && ids.is_contiguous(),
+           "generate: input_ids must be a contiguous int32 [B, P] tensor on the CPU but is {}",
+           ids.defined() ? ids.describe() : std::string("missing"));
+  const int64_t rows = ids.size(0), width = ids.size(1);
+  MT_CHECK(rows >= 1 && width >= 1, "generate: input_ids must hold at least one row of one token but is {}",
+           ids.describe());
+  MT_CHECK(static_cast<int64_t>(request.lengths.size()) == rows,
+           "generate: expected {} prompt lengths (one per row of input_ids) but found {}", rows,
+           request.lengths.size());
+  MT_CHECK(request.max_new_tokens >= 1, "generate: max_new_tokens must be >= 1 but is {}", request.max_new_tokens);
+  MT_CHECK(request.max_new_tokens <= INT32_MAX - width,
+           "generate: P + max_new_tokens = {} + {} exceeds 2^31 - 1 tokens per row", width, request.max_new_tokens);
+  MT_CHECK(std::isfinite(request.temperature) && request.temperature >= 0.0,
+           "generate: temperature must be finite and >= 0 (0: greedy) but is {}", request.temperature);
+  const int64_t vocab = model.config().vocab_size;
+  const int32_t* id = ids.data<int32_t>();
+  for (int64_t b = 0; b < rows; ++b) {
+    const int32_t len = request.lengths[static_cast<size_t>(b)];
+    MT_CHECK(len >= 1 && len <= width, "generate: lengths[{}] = {} must be in [1, P = {}]", b, len, width);
+    for (int64_t t = 0; t < len; ++t) {
+      const int32_t token = id[b * width + t];
+      MT_CHECK(token >= 0 && token < vocab, "generate: input_ids[{}, {}] = {} is outside the vocabulary [0, {})", b, t,
+               token, vocab);
+    }
+  }
+  for (const auto& layer : model.layers()) {
+    const std::string missing = layer->decoding_support();
+    MT_CHECK(missing.empty(), "generate: {} cannot be decoded: decoder layer {}: {}", model.config().model_type,
+             layer->index(), missing);
+  }
+}
+
 int32_t pick_token(const float* logits, int64_t vocab, double temperature, double uniform) {
   MT_CHECK(vocab >= 1, "generate: a row of {} logits", vocab);
   int64_t best = 0;
@@ -128,7 +128,7 @@ int32_t pick_token(const float* logits, int64_t vocab, double temperature, doubl
 }
 
 Generation generate(const model::CausalLm& model, const GenerationRequest& request) {
-  validate_request(model, request);
+  validate_generation(model, request);
   const int64_t rows = request.input_ids.size(0), width = request.input_ids.size(1), steps = request.max_new_tokens;
   const Device device = model.device();
   const int32_t* prompt = request.input_ids.data<int32_t>();

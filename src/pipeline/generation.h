@@ -26,8 +26,11 @@ struct Generation {
   Tensor logprobs;  // f32 [B, N]: log p(sampled token | its prefix) under the model, before temperature
 };
 
-// Validates the request against the model (token ids in its vocabulary, every layer able to decode: the error names
-// the first layer that is not and why), then decodes on the model's device. Single rank.
+// Validates the request against the model (generate's first step): the CPU, input_ids and lengths, token ids in its
+// vocabulary, max_new_tokens, temperature, every layer able to decode (the error names the first that is not, and
+// why).
+void validate_generation(const model::CausalLm& model, const GenerationRequest& request);
+// validate_generation, then the decoding on the model's device. Single rank.
 Generation generate(const model::CausalLm& model, const GenerationRequest& request);
 
 // The token a row of logits (f32 [V] on the CPU) gives: the first maximum at temperature 0, else a draw from

@@ -7,19 +7,23 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
+#include "cli/generate_command.h"
 #include "cli/score_command.h"
 #include "core/error.h"
 #include "core/tensor.h"
 #include "exact/wire_checks.h"
 #include "io/job_config.h"
 #include "io/safetensors.h"
+#include "model/causal_lm.h"
 #include "model/hf_adapter.h"
 #include "model/model_config.h"
+#include "pipeline/generation.h"
 #include "train/checkpoint.h"
 #include "train/data/indexed_dataset.h"
 #include "train/data/loader.h"
@@ -220,6 +224,25 @@ void score_input(const uint8_t* data, size_t size) {
   });
 }
 
+void generate_input(const uint8_t* data, size_t size) {
+  const std::string path = scratch_folder() + "/generate_input.safetensors";
+  write_bytes(path, data, size);
+  // A one-layer model with the tiny example's vocabulary: what generate validates against (its vocabulary and its
+  // layers' decoding support).
+  static const std::unique_ptr<model::CausalLm> tiny = std::make_unique<model::CausalLm>(model::parse_model_config(
+      R"({"model_type": "qwen3_moe", "vocab_size": 257, "hidden_size": 16, "intermediate_size": 32,
+          "moe_intermediate_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
+          "head_dim": 8, "num_experts": 2, "num_experts_per_tok": 1, "norm_topk_prob": true, "rms_norm_eps": 1e-06,
+          "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"}, "max_position_embeddings": 64,
+          "tie_word_embeddings": false})",
+      "fuzz/generate_model.json"));
+  refusals_allowed([&] {
+    cli::GenerateOptions options;
+    options.max_new_tokens = 2;
+    pipeline::validate_generation(*tiny, cli::read_generate_input(path, options));
+  });
+}
+
 std::vector<std::pair<std::string, Target>> all_targets() {
   return {{"safetensors_header", &safetensors_header},
           {"safetensors_index", &safetensors_index},
@@ -229,7 +252,8 @@ std::vector<std::pair<std::string, Target>> all_targets() {
           {"checkpoint_manifest", &checkpoint_manifest},
           {"checkpoint_state", &checkpoint_state},
           {"checkpoint_shards", &checkpoint_shards},
-          {"score_input", &score_input}};
+          {"score_input", &score_input},
+          {"generate_input", &generate_input}};
 }
 
 }  // namespace moetrain::fuzz

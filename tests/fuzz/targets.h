@@ -1,6 +1,7 @@
 // defines: the fuzz targets, one per parser of untrusted input: the bytes of a safetensors file's header, a sharded
 // set's model.safetensors.index.json, a model's config.json (every family through the registry), a job's TOML, a
-// Megatron .idx, a checkpoint's manifest.json, state.json and shards.json, and the input file of `moetrain score`.
+// Megatron .idx, a checkpoint's manifest.json, state.json and shards.json, and the input files of `moetrain score`
+// and `moetrain generate`.
 // Each returns normally for an input the parser accepts or refuses with moetrain's Error (a clear message); anything
 // else (another exception, a crash, a sanitizer report) is a finding. They serve the libFuzzer binaries
 // (tests/fuzz/fuzzer_main.cpp, scripts/fuzz.sh), the replay of the committed corpus in the CPU test suite
@@ -34,6 +35,10 @@ void checkpoint_shards(const uint8_t* data, size_t size);
 // The --input file of `moetrain score` (a safetensors file), written to a temporary folder of the process and read
 // with cli::read_score_input for a vocabulary of 257; when accepted, its micro-batches of 2 rows built and checked.
 void score_input(const uint8_t* data, size_t size);
+// The --input file of `moetrain generate` (a safetensors file), written to a temporary folder of the process, read
+// with cli::read_generate_input and validated against the tiny example's model (vocabulary 257), as generate does
+// before it decodes.
+void generate_input(const uint8_t* data, size_t size);
 
 // The targets by name (the function names above), for the replays and scripts/fuzz.sh.
 using Target = void (*)(const uint8_t*, size_t);
