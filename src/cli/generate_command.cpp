@@ -77,10 +77,6 @@ int run_generate(const GenerateOptions& options) {
       "generate: runs on one rank (parallel.pp = ep = cp = 1, dist.local_ranks = 1) but the job asks for pp {}, "
       "ep {}, cp {}, {} local ranks",
       config.parallel.pp, config.parallel.ep, config.parallel.cp, config.dist.local_ranks);
-  MT_CHECK(config.model.device == "cpu",
-           "generate: decoding runs on the CPU only for now (its cached attention has no CUDA kernel yet), but "
-           "model.device is {}; set --model.device=cpu",
-           config.model.device);
   const fs::path out_path = checked_out_path(options);
   std::unique_ptr<model::CausalLm> model = make_model_for_job(config);
   const pipeline::GenerationRequest request = read_generate_input(options.input, options);

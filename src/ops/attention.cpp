@@ -15,6 +15,7 @@
 #if MOETRAIN_HAS_CUDA
 #include "ops/cuda/attention.h"
 #include "ops/cuda/attention_cudnn.h"
+#include "ops/cuda/attention_decode.h"
 #include "ops/cuda/attention_sinks.h"
 #endif
 
@@ -211,15 +212,16 @@ void attention_decode_forward(Stream& stream, Tensor out, Tensor lse, const Tens
   OpScope profile(stream, "attention");
   constexpr const char* op = "attention_decode_forward";
   const Device device = check_tensor_backend(stream, q, op, "q");
-  MT_CHECK(device.is_cpu(),
-           "{}: decoding attention runs on the CPU only for now (no CUDA kernel yet), but q is {}; generate on the "
-           "CPU",
-           op, q.describe());
   MT_CHECK(q.dim() == 3, "{}: expected q [B, nh, hd] but found {}", op, q.describe());
   MT_CHECK(k_cache.dim() == 4, "{}: expected k_cache [B, C, nkv, hd] but found {}", op, k_cache.describe());
   MT_CHECK(v_cache.dim() == 4, "{}: expected v_cache [B, C, nkv, hdv] but found {}", op, v_cache.describe());
-  MT_CHECK(q.dtype() == DType::F32 || q.dtype() == DType::F64, "{}: expected q in f32 or f64 but found {}", op,
-           q.describe());
+  if (device.is_cuda()) {
+    MT_CHECK(q.dtype() == DType::F32 || q.dtype() == DType::BF16, "{}: expected q in f32 or bf16 on CUDA but found {}",
+             op, q.describe());
+  } else {
+    MT_CHECK(q.dtype() == DType::F32 || q.dtype() == DType::F64, "{}: expected q in f32 or f64 but found {}", op,
+             q.describe());
+  }
   const int64_t rows = q.size(0), nh = q.size(1), hd = q.size(2), capacity = k_cache.size(1), nkv = k_cache.size(2),
                 hdv = v_cache.size(3);
   MT_CHECK(nkv > 0 && nh % nkv == 0, "{}: the query heads (nh = {}) must be a multiple of the kv heads (nkv = {})", op,
@@ -229,7 +231,8 @@ void attention_decode_forward(Stream& stream, Tensor out, Tensor lse, const Tens
   check_argument(v_cache, {rows, capacity, nkv, hdv}, q.dtype(), device, op, "v_cache");
   check_argument(out, {rows, nh, hdv}, q.dtype(), device, op, "out");
   check_argument(lse, {rows, nh}, lse_dtype(q), device, op, "lse");
-  check_argument(lengths, {rows}, DType::I32, device, op, "lengths");
+  // The lengths are host-known (the decode cache counts them): checked here, uploaded for CUDA.
+  check_argument(lengths, {rows}, DType::I32, Device::cpu(), op, "lengths", "the host");
   MT_CHECK(params.causal, "{}: decoding is causal (a token sees its prefix), but params.causal is false", op);
   MT_CHECK(params.sliding_window >= 0, "{}: sliding_window must be >= 0 (0 = unlimited) but found {}", op,
            params.sliding_window);
@@ -239,6 +242,12 @@ void attention_decode_forward(Stream& stream, Tensor out, Tensor lse, const Tens
              len[b], capacity);
   }
   if (rows == 0 || nh == 0) return;
+#if MOETRAIN_HAS_CUDA
+  if (device.is_cuda()) {
+    cuda::attention_decode_forward(stream, out, lse, q, k_cache, v_cache, lengths.to(device), params);
+    return;
+  }
+#endif
   cpu::attention_decode_forward(out, lse, q, k_cache, v_cache, lengths, params);
 }
 

@@ -33,10 +33,11 @@ void attention_forward(Stream& stream, Tensor out, Tensor lse, const Tensor& q, 
                        const Tensor& cu_seqlens, const AttentionParams& params);
 // Decoding with a cache (generation): row b of q [B, nh, hd] is the newest token of sequence b, at position
 // lengths[b] - 1, whose keys and values (its own included) are rows 0 .. lengths[b] - 1 of k_cache [B, C, nkv, hd] and
-// v_cache [B, C, nkv, hdv] (1 <= lengths[b] <= C; lengths i32 [B] on the CPU). out [B, nh, hdv], lse [B, nh]. It sees
-// the keys attention_forward shows that token in its document (causal, the sliding window) and computes each query
-// with the same instructions, so its bytes equal the training forward's for the same keys. params.causal must be
-// true; max_seqlen is ignored. CPU only for now (f32 or f64).
+// v_cache [B, C, nkv, hdv] (1 <= lengths[b] <= C; lengths i32 [B] on the CPU, the host's count). out [B, nh, hdv], lse
+// [B, nh]. It sees the keys attention_forward shows that token in its document (causal, the sliding window) and
+// computes each query with the same instructions, so its bytes equal the training forward's for the same keys.
+// params.causal must be true; max_seqlen is ignored. CPU (f32, f64) and CUDA (f32, bf16; its own kernel, the same keys,
+// not the training kernels' bytes).
 void attention_decode_forward(Stream& stream, Tensor out, Tensor lse, const Tensor& q, const Tensor& k_cache,
                               const Tensor& v_cache, const Tensor& lengths, const AttentionParams& params);
 // dq, dk, dv are overwritten (not accumulated). Reductions run in ascending token order.

@@ -293,27 +293,29 @@ void gated_delta_rule_backward(Stream& s, Tensor dq, Tensor dk, Tensor dv, Tenso
   cpu::gated_delta_rule_backward(dq, dk, dv, dg, dbeta, dout, q, k, v, g, beta, cu_seqlens, scale);
 }
 
-namespace {
-
-// Generation runs on the CPU only for now: the decoding ops have no CUDA kernels.
-void require_cpu_decoding(const Stream& s, const char* op) {
-  MT_CHECK(s.device().is_cpu(),
-           "{}: decoding runs on the CPU only for now (no CUDA kernel yet), but the stream is on {}", op,
-           s.device().str());
+// [0, 1, ..., B] on the stream's device: generation's steps, one token per sequence.
+Tensor one_token_per_document(const Stream& s, int64_t rows) {
+  std::vector<int32_t> cu(static_cast<size_t>(rows + 1));
+  for (int64_t b = 0; b <= rows; ++b) cu[static_cast<size_t>(b)] = static_cast<int32_t>(b);
+  const Tensor host = Tensor::from_vector(cu, {rows + 1});
+  return s.device().is_cpu() ? host : host.to(s.device());
 }
-
-}  // namespace
 
 void gated_delta_rule_prefill(Stream& s, Tensor out, Tensor final_state, const Tensor& q, const Tensor& k,
                               const Tensor& v, const Tensor& g, const Tensor& beta, const Tensor& cu_seqlens,
                               float scale) {
   OpScope profile(s, "gated_delta");
   constexpr const char* op = "gated_delta_rule_prefill";
-  require_cpu_decoding(s, op);
   GdnDTypes dtypes{};
   const RuleShape r = check_rule(s, q, k, v, g, beta, cu_seqlens, scale, &dtypes, op);
   check_argument(out, v.shape(), dtypes.act, s, op, "out");
-  check_argument(final_state, {cu_seqlens.numel() - 1, r.hv, r.dk, r.dv}, dtypes.act, s, op, "final_state");
+  check_argument(final_state, {cu_seqlens.numel() - 1, r.hv, r.dk, r.dv}, dtypes.aux, s, op, "final_state");
+#if MOETRAIN_HAS_CUDA
+  if (s.device().is_cuda()) {
+    cuda::gated_delta_rule_sequential_forward(s, out, q, k, v, g, beta, cu_seqlens, scale, Tensor(), final_state);
+    return;
+  }
+#endif
   cpu::gated_delta_rule_forward(out, q, k, v, g, beta, cu_seqlens, scale, final_state);
 }
 
@@ -321,42 +323,47 @@ void gated_delta_rule_decode(Stream& s, Tensor out, Tensor state, const Tensor& 
                              const Tensor& g, const Tensor& beta, float scale) {
   OpScope profile(s, "gated_delta");
   constexpr const char* op = "gated_delta_rule_decode";
-  require_cpu_decoding(s, op);
   GdnDTypes dtypes{};
   const int64_t rows = q.defined() && q.dim() == 3 ? q.size(0) : 0;
-  const Tensor one_token_each = Tensor::from_vector(
-      [&] {
-        std::vector<int32_t> cu(static_cast<size_t>(rows + 1));
-        for (int64_t b = 0; b <= rows; ++b) cu[static_cast<size_t>(b)] = static_cast<int32_t>(b);
-        return cu;
-      }(),
-      {rows + 1});
-  const RuleShape r = check_rule(s, q, k, v, g, beta, one_token_each, scale, &dtypes, op);
+  const Tensor cu = one_token_per_document(s, rows);
+  const RuleShape r = check_rule(s, q, k, v, g, beta, cu, scale, &dtypes, op);
   check_argument(out, v.shape(), dtypes.act, s, op, "out");
-  check_argument(state, {r.tokens, r.hv, r.dk, r.dv}, dtypes.act, s, op, "state");
+  check_argument(state, {r.tokens, r.hv, r.dk, r.dv}, dtypes.aux, s, op, "state");
+#if MOETRAIN_HAS_CUDA
+  if (s.device().is_cuda()) {
+    cuda::gated_delta_rule_sequential_forward(s, out, q, k, v, g, beta, cu, scale, state, state);
+    return;
+  }
+#endif
   cpu::gated_delta_rule_decode(out, state, q, k, v, g, beta, scale);
 }
 
 void causal_conv1d_silu_decode(Stream& s, Tensor y, const Tensor& history, const Tensor& w, const Tensor& lengths) {
   OpScope profile(s, "gated_delta");
   constexpr const char* op = "causal_conv1d_silu_decode";
-  require_cpu_decoding(s, op);
   GdnDTypes dtypes = check_first(s, history, op, "history");
   MT_CHECK(history.dim() == 3 && history.size(0) > 0 && history.size(1) > 0 && history.size(2) > 0,
            "{}: expected history [B, capacity, C] with every size > 0 but found {}", op, history.describe());
   const int64_t rows = history.size(0), capacity = history.size(1), channels = history.size(2);
-  const std::string what = fmt::format("{}: w", op);
-  expect_defined(w, what);
-  MT_CHECK(w.dim() == 2 && w.size(0) == channels && w.size(1) > 0, "{}: expected w [C = {}, K] with K > 0 but found {}",
-           op, channels, w.describe());
-  expect_dtype(w, dtypes.act, what);
+  check_conv(s, history.view({rows * capacity, channels}), w, &dtypes, op);
   check_argument(y, {rows, channels}, dtypes.act, s, op, "y");
-  check_argument(lengths, {rows}, DType::I32, s, op, "lengths");
+  // The lengths are host-known (the decode cache counts them): checked here, uploaded for CUDA.
+  const std::string what = fmt::format("{}: lengths", op);
+  expect_shape(lengths, {rows}, what);
+  expect_dtype(lengths, DType::I32, what);
+  MT_CHECK(lengths.device().is_cpu() && lengths.is_contiguous(), "{}: expected a contiguous CPU tensor but found {}",
+           what, lengths.describe());
   const int32_t* len = lengths.data<int32_t>();
   for (int64_t b = 0; b < rows; ++b) {
     MT_CHECK(len[b] >= 1 && len[b] <= capacity, "{}: lengths[{}] = {} must be in [1, capacity = {}]", op, b, len[b],
              capacity);
   }
+#if MOETRAIN_HAS_CUDA
+  if (s.device().is_cuda()) {
+    cuda::causal_conv1d_silu_decode(s, y, history, w, lengths.to(s.device()));
+    return;
+  }
+#endif
   cpu::causal_conv1d_silu_decode(y, history, w, lengths);
 }
 

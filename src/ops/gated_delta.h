@@ -64,17 +64,20 @@ void gated_delta_rule_backward(Stream& s, Tensor dq, Tensor dk, Tensor dv, Tenso
                                const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
                                const Tensor& cu_seqlens, float scale, const GatedDeltaSaved* saved = nullptr);
 
-// Generation (CPU only for now; docs/generation.md). The prefill: gated_delta_rule_forward over the prompts (the
-// documents of cu_seqlens), also leaving each document's final state in final_state [D, Hv, dk, dv].
+// Generation (docs/generation.md). The prefill: gated_delta_rule_forward over the prompts (the documents of
+// cu_seqlens), also leaving each document's final state in final_state [D, Hv, dk, dv] (the gates' dtype: f32 on
+// CUDA, where the prefill runs the sequential scan, whose state lives in registers, not the chunked kernels).
 void gated_delta_rule_prefill(Stream& s, Tensor out, Tensor final_state, const Tensor& q, const Tensor& k,
                               const Tensor& v, const Tensor& g, const Tensor& beta, const Tensor& cu_seqlens,
                               float scale);
 // A step: row b of q, k [B, Hk, dk], v [B, Hv, dv], g, beta [B, Hv] is sequence b's newest token, state [B, Hv, dk,
-// dv] its state before it (updated in place); out [B, Hv, dv]. The forward's per-token code: the same bytes.
+// dv] its state before it (updated in place; the gates' dtype); out [B, Hv, dv]. The CPU forward's per-token code:
+// its bytes.
 void gated_delta_rule_decode(Stream& s, Tensor out, Tensor state, const Tensor& q, const Tensor& k, const Tensor& v,
                              const Tensor& g, const Tensor& beta, float scale);
 // A step of the conv: sequence b's conv inputs so far are rows 0 .. lengths[b] - 1 of history [B, capacity, C], the
-// newest last; y [B, C] is the newest one's output, as causal_conv1d_silu_forward computes it in its document.
+// newest last (lengths i32 [B] on the CPU); y [B, C] is the newest one's output, as causal_conv1d_silu_forward
+// computes it in its document.
 void causal_conv1d_silu_decode(Stream& s, Tensor y, const Tensor& history, const Tensor& w, const Tensor& lengths);
 
 // The output norm of Gated DeltaNet (transformers' Qwen3_5RMSNormGated, not zero-centred): y = w * (x * rstd) *

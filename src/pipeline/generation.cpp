@@ -67,10 +67,6 @@ StepChoice choose(const model::CausalLm& model, const Tensor& newest, double tem
 }  // namespace
 
 void validate_generation(const model::CausalLm& model, const GenerationRequest& request) {
-  MT_CHECK(model.device().is_cpu(),
-           "generate: decoding runs on the CPU only for now (its cached attention has no CUDA kernel yet), but the "
-           "model is on {}; set model.device = cpu",
-           model.device().str());
   const Tensor& ids = request.input_ids;
   MT_CHECK(ids.defined() && ids.dtype() == DType::I32 && ids.dim() == 2 && ids.device().is_cpu() && ids.is_contiguous(),
            "generate: input_ids must be a contiguous int32 [B, P] tensor on the CPU but is {}",

@@ -26,7 +26,7 @@ struct Generation {
   Tensor logprobs;  // f32 [B, N]: log p(sampled token | its prefix) under the model, before temperature
 };
 
-// Validates the request against the model (generate's first step): the CPU, input_ids and lengths, token ids in its
+// Validates the request against the model (generate's first step): input_ids and lengths, token ids in its
 // vocabulary, max_new_tokens, temperature, every layer able to decode (the error names the first that is not, and
 // why).
 void validate_generation(const model::CausalLm& model, const GenerationRequest& request);

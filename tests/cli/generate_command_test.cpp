@@ -113,8 +113,6 @@ TEST(GenerateCommand, MalformedInputsFlagsAndJobsAreRefusedBeforeAnythingIsWritt
   flags = good;
   flags.temperature = -1.0;
   expect_refused("negative temperature", {{"input_ids", ids}}, {"temperature must be finite and >= 0"}, flags);
-  expect_refused("cuda", {{"input_ids", ids}}, {"decoding runs on the CPU only for now", "model.device is cuda"},
-                 options_in(dir, {"model.device=cuda"}));
   expect_refused("pp 2", {{"input_ids", ids}}, {"generate: runs on one rank", "pp 2"},
                  options_in(dir, {"parallel.pp=2"}));
   GenerateOptions onto_input = good;

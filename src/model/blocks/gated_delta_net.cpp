@@ -113,7 +113,9 @@ GatedDeltaNet::DecodeState GatedDeltaNet::decode_state(DecodeCache& cache, int64
   const int64_t rows = cache.sequences(), hv = options_.num_value_heads;
   const Shape inputs{rows, cache.capacity(), channels}, rule{rows, hv, options_.key_head_dim, options_.value_head_dim};
   std::vector<Tensor>& held = cache.state(this, [&] {
-    return std::vector<Tensor>{Tensor::zeros(inputs, dtype, device), Tensor::zeros(rule, dtype, device)};
+    // The recurrent state in the gates' dtype (f32 under bf16 compute), as the kernels keep it.
+    return std::vector<Tensor>{Tensor::zeros(inputs, dtype, device),
+                               Tensor::zeros(rule, statistics_dtype(dtype), device)};
   });
   MT_CHECK(held.size() == 2 && held[0].shape() == inputs && held[1].shape() == rule && held[0].dtype() == dtype,
            "gated delta net: its decoding state is not the {} conv inputs and {} states it keeps", shape_str(inputs),

@@ -102,6 +102,18 @@ __global__ void conv_forward_kernel(T* y, const T* x, const W* w, const int32_t*
   }
 }
 
+// Generation: sequence b's newest conv input is row lengths[b] - 1 of its history [B, capacity, C].
+template <typename T, typename W>
+__global__ void conv_decode_kernel(T* y, const T* history, const W* w, const int32_t* lengths, int64_t rows,
+                                   int64_t capacity, int64_t channels, int64_t kernel) {
+  const int64_t n = rows * channels;
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t b = e / channels, c = e % channels;
+    const float pre = conv_pre(history + b * capacity * channels, w, int64_t(lengths[b]) - 1, c, channels, kernel, 0);
+    store_float(y + e, pre * sigmoid(pre));
+  }
+}
+
 template <typename T, typename W>
 __global__ void conv_dpre_kernel(float* dpre, const T* dy, const T* x, const W* w, const int32_t* start, int64_t tokens,
                                  int64_t channels, int64_t kernel) {
@@ -334,7 +346,7 @@ __device__ __forceinline__ float rule_step(float (&s)[kMaxRows], const float* ks
 template <typename T>
 __global__ void __launch_bounds__(kMaxRuleThreads)
     rule_forward_kernel(T* out, const T* q, const T* k, const T* v, const float* g, const float* beta,
-                        const int32_t* cu, RuleDims d, float scale) {
+                        const int32_t* cu, RuleDims d, float scale, const float* initial_state, float* final_state) {
   extern __shared__ float smem[];
   float* qs = smem;
   float* ks = qs + d.dk;
@@ -344,9 +356,14 @@ __global__ void __launch_bounds__(kMaxRuleThreads)
   for (int64_t item = blockIdx.x; item < d.docs * d.hv; item += gridDim.x) {
     const int64_t doc = item / d.hv;
     const int h = static_cast<int>(item % d.hv), kh = h / d.group;
+    // The (document, head)'s state [dk, dv] in initial_state / final_state (f32, row-major): row i, column col.
+    const int64_t state_at = item * int64_t(d.dk) * d.dv + col;
     float s[kMaxRows];
 #pragma unroll
-    for (int r = 0; r < kMaxRows; ++r) s[r] = 0.0f;
+    for (int r = 0; r < kMaxRows; ++r) {
+      const int i = lane4 + kLanesPerColumn * r;
+      s[r] = initial_state != nullptr && active && i < d.dk ? initial_state[state_at + int64_t(i) * d.dv] : 0.0f;
+    }
     for (int64_t t = cu[doc]; t < cu[doc + 1]; ++t) {
       load_token(qs, ks, vs, static_cast<float*>(nullptr), q, k, v, static_cast<const T*>(nullptr), t, h, kh, d, scale);
       __syncthreads();
@@ -360,6 +377,13 @@ __global__ void __launch_bounds__(kMaxRuleThreads)
       o = column_sum(o);
       if (active && lane4 == 0) store_float(out + (t * d.hv + h) * d.dv + col, o);
       __syncthreads();
+    }
+    if (final_state != nullptr && active) {
+#pragma unroll
+      for (int r = 0; r < kMaxRows; ++r) {
+        const int i = lane4 + kLanesPerColumn * r;
+        if (i < d.dk) final_state[state_at + int64_t(i) * d.dv] = s[r];
+      }
     }
   }
 }
@@ -558,6 +582,19 @@ void causal_conv1d_silu_forward(const Stream& stream, const Tensor& y, const Ten
   MT_CUDA_CHECK(cudaGetLastError());
 }
 
+void causal_conv1d_silu_decode(const Stream& stream, const Tensor& y, const Tensor& history, const Tensor& w,
+                               const Tensor& lengths) {
+  const int64_t rows = history.size(0), capacity = history.size(1), channels = history.size(2), kernel = w.size(1);
+  dispatch_activation(history, "causal_conv1d_silu_decode", [&]<typename T>(T*) {
+    dispatch_activation(w, "causal_conv1d_silu_decode: w", [&]<typename W>(W*) {
+      conv_decode_kernel<<<blocks_for(rows * channels, kThreads), kThreads, 0, native(stream)>>>(
+          static_cast<T*>(y.raw_data()), static_cast<const T*>(history.raw_data()), static_cast<const W*>(w.raw_data()),
+          static_cast<const int32_t*>(lengths.raw_data()), rows, capacity, channels, kernel);
+    });
+  });
+  MT_CUDA_CHECK(cudaGetLastError());
+}
+
 void causal_conv1d_silu_backward(const Stream& stream, const Tensor& dx, const Tensor& dw, const Tensor& dy,
                                  const Tensor& x, const Tensor& w, const Tensor& cu_seqlens) {
   const int64_t tokens = x.size(0), channels = x.size(1), kernel = w.size(1);
@@ -656,7 +693,7 @@ void gated_delta_gates_backward(const Stream& stream, const Tensor& da, const Te
 
 void gated_delta_rule_sequential_forward(const Stream& stream, const Tensor& out, const Tensor& q, const Tensor& k,
                                          const Tensor& v, const Tensor& g, const Tensor& beta, const Tensor& cu_seqlens,
-                                         float scale) {
+                                         float scale, const Tensor& initial_state, const Tensor& final_state) {
   const RuleDims d = rule_dims(q, v, cu_seqlens);
   const int threads = rule_threads(d);
   const size_t shared = sizeof(float) * static_cast<size_t>(2 * d.dk + d.dv);
@@ -665,7 +702,9 @@ void gated_delta_rule_sequential_forward(const Stream& stream, const Tensor& out
     rule_forward_kernel<<<grid, threads, shared, native(stream)>>>(
         static_cast<T*>(out.raw_data()), static_cast<const T*>(q.raw_data()), static_cast<const T*>(k.raw_data()),
         static_cast<const T*>(v.raw_data()), static_cast<const float*>(g.raw_data()),
-        static_cast<const float*>(beta.raw_data()), static_cast<const int32_t*>(cu_seqlens.raw_data()), d, scale);
+        static_cast<const float*>(beta.raw_data()), static_cast<const int32_t*>(cu_seqlens.raw_data()), d, scale,
+        initial_state.defined() ? static_cast<const float*>(initial_state.raw_data()) : nullptr,
+        final_state.defined() ? static_cast<float*>(final_state.raw_data()) : nullptr);
   });
   MT_CUDA_CHECK(cudaGetLastError());
 }

@@ -16,6 +16,9 @@ namespace moetrain::ops::cuda {
 // in ascending order, then the chunks in ascending order.
 void causal_conv1d_silu_forward(const Stream& stream, const Tensor& y, const Tensor& x, const Tensor& w,
                                 const Tensor& cu_seqlens);
+// Generation's conv step (ops::causal_conv1d_silu_decode): lengths i32 [B] on the device.
+void causal_conv1d_silu_decode(const Stream& stream, const Tensor& y, const Tensor& history, const Tensor& w,
+                               const Tensor& lengths);
 void causal_conv1d_silu_backward(const Stream& stream, const Tensor& dx, const Tensor& dw, const Tensor& dy,
                                  const Tensor& x, const Tensor& w, const Tensor& cu_seqlens);
 void l2norm_forward(const Stream& stream, const Tensor& y, const Tensor& x, float eps);
@@ -26,10 +29,13 @@ void gated_delta_gates_backward(const Stream& stream, const Tensor& da, const Te
                                 const Tensor& ddt_bias, const Tensor& dg, const Tensor& dbeta, const Tensor& a,
                                 const Tensor& b, const Tensor& A_log, const Tensor& dt_bias);
 // One block per (document, value head), 4 threads per value column, each holding ceil(dk / 4) rows of the state
-// (dk <= 128, dv <= 128).
+// (dk <= 128, dv <= 128). Generation's prefill and steps (ops::gated_delta_rule_prefill / _decode): a document
+// starts from initial_state (f32 [D, Hv, dk, dv]; undefined: 0) and leaves its last state in final_state (the same
+// shape, may be the same tensor; undefined: not kept).
 void gated_delta_rule_sequential_forward(const Stream& stream, const Tensor& out, const Tensor& q, const Tensor& k,
                                          const Tensor& v, const Tensor& g, const Tensor& beta, const Tensor& cu_seqlens,
-                                         float scale);
+                                         float scale, const Tensor& initial_state = Tensor(),
+                                         const Tensor& final_state = Tensor());
 // The reverse scan: a forward pass keeps the state before every kGdnChunk tokens (f32, (T / kGdnChunk + documents) *
 // Hv states), then each chunk's states are recomputed from it into a per-block scratch and walked backwards. dq and dk
 // go through a per-value-head f32 buffer summed over the head group in ascending order.

@@ -1,0 +1,20 @@
+// defines: the CUDA kernel of generation's attention step (ops::attention_decode_forward): each sequence's newest
+// token over its cached keys and values.
+#pragma once
+
+#include "core/device.h"
+#include "core/tensor.h"
+#include "ops/attention.h"
+
+namespace moetrain::ops::cuda {
+
+// Arguments validated by ops::attention_decode_forward: q [B, nh, hd], k_cache [B, C, nkv, hd], v_cache [B, C, nkv,
+// hdv], out [B, nh, hdv] in f32 or bf16 (computed in f32), lse [B, nh] f32, lengths i32 [B] on the device (values in
+// [1, C], checked on the host copy). One block per (sequence, head): the scores of the visible keys (causal, the
+// sliding window) into an f32 scratch [B, nh, C], their max and sum in a fixed tree, then the weighted sum of the
+// values in ascending key order. Deterministic.
+void attention_decode_forward(const Stream& stream, const Tensor& out, const Tensor& lse, const Tensor& q,
+                              const Tensor& k_cache, const Tensor& v_cache, const Tensor& lengths,
+                              const AttentionParams& params);
+
+}  // namespace moetrain::ops::cuda
