@@ -65,11 +65,12 @@ __device__ __forceinline__ float warp_sum(float v) {
 // in memory (so the staging loads walk k), else consecutive m; B_NFAST: b's consecutive n, else consecutive k. Every
 // thread of the block calls it with the same M, N, K; it ends with a barrier, so the epilogue's writes are visible to
 // the block after it. Inputs and outputs must not overlap.
-template <int RM, int RN, bool A_KFAST, bool B_NFAST, class FA, class FB, class FE>
+template <int RM, int RN, bool A_KFAST, bool B_NFAST, bool PREFETCH = true, class FA, class FB, class FE>
 __device__ void block_gemm(int M, int N, int K, FA a, FB b, FE epilogue, float* stage) {
   constexpr int TM = 16 * RM, TN = 16 * RN;
-  // Elements of a and b each thread stages per step: read into registers one step ahead, so the loads of step
-  // k0 + kStep are in flight while the block multiplies step k0 out of shared memory.
+  // Elements of a and b each thread stages per step. With PREFETCH they are read into registers one step ahead, so
+  // the loads of step k0 + kStep are in flight while the block multiplies step k0 out of shared memory; without, each
+  // step reads its own (fewer live registers: kernels whose occupancy hides the latency better, as prepare's).
   constexpr int kAPerThread = (kStep * TM + kThreads - 1) / kThreads,
                 kBPerThread = (kStep * TN + kThreads - 1) / kThreads;
   static_assert(kStep * (TM + 1 + TN + 1) <= kStageFloats, "block_gemm: staging too small");
@@ -101,8 +102,9 @@ __device__ void block_gemm(int M, int N, int K, FA a, FB b, FE epilogue, float* 
 #pragma unroll
         for (int c = 0; c < RN; ++c) acc[r][c] = 0.0f;
       }
-      fetch(0);
+      if constexpr (PREFETCH) fetch(0);
       for (int k0 = 0; k0 < K; k0 += kStep) {
+        if constexpr (!PREFETCH) fetch(k0);
 #pragma unroll
         for (int p = 0; p < kAPerThread; ++p) {
           const int e = tid + p * kThreads;
@@ -116,7 +118,7 @@ __device__ void block_gemm(int M, int N, int K, FA a, FB b, FE epilogue, float* 
           if (e < kStep * TN) bs[kk * (TN + 1) + nn] = b_next[p];
         }
         __syncthreads();
-        if (k0 + kStep < K) fetch(k0 + kStep);
+        if (PREFETCH && k0 + kStep < K) fetch(k0 + kStep);
 #pragma unroll
         for (int kk = 0; kk < kStep; ++kk) {
           float ar[RM], br[RN];
@@ -230,7 +232,7 @@ __global__ void __launch_bounds__(kThreads)
   const T* kc = k + key_row(d, t0, kh);
   const T* vc = v + value_row(d, t0, h);
   const int64_t kstride = int64_t(d.hk) * d.dk, vstride = int64_t(d.hv) * d.dv;
-  block_gemm<4, 4, true, false>(
+  block_gemm<4, 4, true, false, false>(
       len, len, d.dk, [&](int i, int e) { return load_float(kc + i * kstride + e); },
       [&](int e, int j) { return load_float(kc + j * kstride + e); },
       [&](int i, int j, float s) { a[i * kLd + j] = j < i ? bt[i] * s * expf(gc[i] - gc[j]) : 0.0f; }, stage);
@@ -248,10 +250,10 @@ __global__ void __launch_bounds__(kThreads)
   }
   __syncthreads();
   const auto tm_at = [&](int i, int j) { return tm[i * kLd + j]; };
-  block_gemm<4, 4, true, true>(
+  block_gemm<4, 4, true, true, false>(
       len, d.dk, len, tm_at, [&](int j, int e) { return bt[j] * G[j] * load_float(kc + j * kstride + e); },
       [&](int i, int e, float s) { w[head_key_row(d, t0 + i, h) + e] = s; }, stage);
-  block_gemm<4, 4, true, true>(
+  block_gemm<4, 4, true, true, false>(
       len, d.dv, len, tm_at, [&](int j, int e) { return bt[j] * load_float(vc + j * vstride + e); },
       [&](int i, int e, float s) { u[value_row(d, t0 + i, h) + e] = s; }, stage);
   if (tmat != nullptr) {
