@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -206,6 +207,20 @@ TEST(GatedDelta, RuleForwardMatchesRecurrencePerDocument) {
   EXPECT_GT(testing::max_abs_diff(out, direct_rule(in, kRuleDocs, double(float(scale)))), 1e-3);
 }
 
+// The rows [begin, end) of each span of t, one after another.
+Tensor rows_of(const Tensor& t, const std::vector<std::pair<int64_t, int64_t>>& spans) {
+  Shape shape = t.shape();
+  shape[0] = 0;
+  for (const auto& [begin, end] : spans) shape[0] += end - begin;
+  Tensor out = Tensor::empty(shape, t.dtype());
+  int64_t at = 0;
+  for (const auto& [begin, end] : spans) {
+    out.slice(at, at + end - begin).copy_from(t.slice(begin, end));
+    at += end - begin;
+  }
+  return out;
+}
+
 TEST(GatedDelta, DecodingStepsGiveTheForwardsBytes) {
   // Two sequences of 7 and 12 tokens: the prefill of their first 4 and 9 tokens keeps each one's state and conv
   // inputs; the remaining tokens one step at a time give the bytes the forward over the whole sequences gives them.
@@ -220,18 +235,7 @@ TEST(GatedDelta, DecodingStepsGiveTheForwardsBytes) {
   causal_conv1d_silu_forward(Stream::cpu(), y, x, w, cu_of(cu));
 
   // The prefill: the prompts as documents.
-  const auto prompt_rows = [&](const Tensor& t) {
-    Tensor p = Tensor::empty(
-        [&] {
-          Shape s = t.shape();
-          s[0] = 13;
-          return s;
-        }(),
-        t.dtype());
-    p.slice(0, 4).copy_from(t.slice(0, 4));
-    p.slice(4, 13).copy_from(t.slice(7, 16));
-    return p;
-  };
+  const auto prompt_rows = [&](const Tensor& t) { return rows_of(t, {{0, 4}, {7, 16}}); };
   Tensor state = Tensor::empty({2, hv, dk, dv}, DType::F64), prefill_out = Tensor::empty({13, hv, dv}, DType::F64);
   gated_delta_rule_prefill(Stream::cpu(), prefill_out, state, prompt_rows(in.q), prompt_rows(in.k), prompt_rows(in.v),
                            prompt_rows(in.g), prompt_rows(in.beta), cu_of({0, 4, 13}), scale);
@@ -244,18 +248,7 @@ TEST(GatedDelta, DecodingStepsGiveTheForwardsBytes) {
   // Three steps: token 4 + n of sequence 0 and 9 + n of sequence 1.
   for (int32_t n = 0; n < 3; ++n) {
     const int64_t t0 = 4 + n, t1 = 7 + 9 + n;
-    const auto step_rows = [&](const Tensor& t) {
-      Tensor p = Tensor::empty(
-          [&] {
-            Shape s = t.shape();
-            s[0] = 2;
-            return s;
-          }(),
-          t.dtype());
-      p.slice(0, 1).copy_from(t.slice(t0, t0 + 1));
-      p.slice(1, 2).copy_from(t.slice(t1, t1 + 1));
-      return p;
-    };
+    const auto step_rows = [&](const Tensor& t) { return rows_of(t, {{t0, t0 + 1}, {t1, t1 + 1}}); };
     Tensor step_out = Tensor::empty({2, hv, dv}, DType::F64), step_y = Tensor::empty({2, C}, DType::F64);
     gated_delta_rule_decode(Stream::cpu(), step_out, state, step_rows(in.q), step_rows(in.k), step_rows(in.v),
                             step_rows(in.g), step_rows(in.beta), scale);
