@@ -14,10 +14,10 @@ struct AttentionParams {
   int sliding_window = 0;  // 0: unlimited; w > 0: a query sees the w most recent keys (itself included)
   // Host-known length of the longest document in cu_seqlens (0 = unknown). On CUDA, bf16 calls with (hd, hdv) in
   // (64, 64), (128, 128), (256, 256), (192, 128), max_seqlen > 0 and, if there is a sliding window, the causal mask run
-  // on cuDNN's fused SDPA (ops/cuda/attention_cudnn.h), which needs it to size its graphs (at head dim 256 the forward
-  // only: cuDNN 9.14's backward is wrong there); every other call runs on our own kernels. Must be >= the longest
-  // document (checked on the CPU; on CUDA a longer document traps the device, since the host cannot read cu_seqlens
-  // there).
+  // on cuDNN's fused SDPA (ops/cuda/attention_cudnn.h), which needs it to size its graphs (at head dim 256 the backward
+  // only with cuDNN 9.19 or later at run time: 9.14's is wrong there); every other call runs on our own kernels. Must
+  // be >= the longest document (checked on the CPU; on CUDA a longer document traps the device, since the host cannot
+  // read cu_seqlens there).
   //
   // Determinism: cuDNN's forward is deterministic, its backward is NOT (dq is accumulated in f32 with atomics), so
   // lanes that need bitwise-reproducible gradients must leave max_seqlen at 0 (our kernels: deterministic and
