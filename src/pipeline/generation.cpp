@@ -13,6 +13,7 @@
 #include "model/batch.h"
 #include "model/decode_cache.h"
 #include "ops/loss.h"
+#include "ops/row_gather.h"
 #include "pipeline/partition.h"
 #include "pipeline/stage_chunk.h"
 
@@ -27,13 +28,6 @@ StageLayers layers_without_head(const model::CausalLm& model) {
   stage.end_layer = static_cast<int64_t>(model.layers().size());
   stage.has_embedding = true;
   return stage;
-}
-
-// rows[b] of hidden [T, H] as [B, H].
-Tensor gather_rows(const Tensor& hidden, const std::vector<int64_t>& rows) {
-  Tensor out = Tensor::empty({static_cast<int64_t>(rows.size()), hidden.size(1)}, hidden.dtype(), hidden.device());
-  for (size_t b = 0; b < rows.size(); ++b) out.select(static_cast<int64_t>(b)).copy_from(hidden.select(rows[b]));
-  return out;
 }
 
 struct StepChoice {
@@ -140,7 +134,7 @@ Generation generate(const model::CausalLm& model, const GenerationRequest& reque
 
   // The prefill: the prompts as the documents of one packed batch.
   std::vector<int32_t> ids, cu{0};
-  std::vector<int64_t> newest;
+  std::vector<int32_t> newest;
   for (int64_t b = 0; b < rows; ++b) {
     const int32_t len = request.lengths[static_cast<size_t>(b)];
     for (int32_t t = 0; t < len; ++t) {
@@ -162,7 +156,10 @@ Generation generate(const model::CausalLm& model, const GenerationRequest& reque
   StageChunk chunk(model, layers_without_head(model), nullptr);
   Tensor hidden = chunk.forward(0, prefill.to(device), Tensor(), 0.0).hidden;
   chunk.drop(0);
-  Tensor newest_rows = gather_rows(hidden, newest);
+  Tensor newest_rows = Tensor::empty({rows, hidden.size(1)}, hidden.dtype(), device);
+  const Tensor newest_index = Tensor::from_vector(newest, {rows});
+  ops::gather_rows(default_stream(device), newest_rows, hidden,
+                   device.is_cpu() ? newest_index : newest_index.to(device));
   for (int64_t n = 0; n < steps; ++n) {
     const StepChoice step = choose(model, newest_rows, request.temperature, rngs);
     const float* lp = step.logprobs.data<float>();
