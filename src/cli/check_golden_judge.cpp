@@ -60,6 +60,48 @@ double relative_error(const Tensor& ours, const Tensor& ref) {
   return ratio(diff, norm);
 }
 
+void EnsembleStats::add(const std::string& name, const Tensor& member) {
+  const Tensor values = host_f64(member);
+  const double* v = values.data<double>();
+  Running& r = quantities_[name];
+  if (r.count == 0) {
+    r.mean.assign(static_cast<size_t>(values.numel()), 0.0);
+    r.m2.assign(static_cast<size_t>(values.numel()), 0.0);
+  }
+  MT_CHECK(static_cast<int64_t>(r.mean.size()) == values.numel(),
+           "check-golden: ensemble member of '{}' has {} elements, the first had {}", name, values.numel(),
+           r.mean.size());
+  ++r.count;
+  for (size_t i = 0; i < r.mean.size(); ++i) {
+    const double delta = v[i] - r.mean[i];
+    r.mean[i] += delta / r.count;
+    r.m2[i] += delta * (v[i] - r.mean[i]);
+  }
+}
+
+int EnsembleStats::members(const std::string& name) const {
+  const auto it = quantities_.find(name);
+  return it == quantities_.end() ? 0 : it->second.count;
+}
+
+std::pair<double, double> EnsembleStats::center_and_spread(const std::string& name, const Tensor& ref) const {
+  const auto it = quantities_.find(name);
+  MT_CHECK(it != quantities_.end() && it->second.count >= 2,
+           "check-golden: the ensemble has {} member(s) of '{}', expected at least 2", members(name), name);
+  const Running& r = it->second;
+  const Tensor b = host_f64(ref);
+  MT_CHECK(static_cast<int64_t>(r.mean.size()) == b.numel(), "check-golden: ensemble '{}' of {} elements against {}",
+           name, r.mean.size(), ref.describe());
+  const double* pb = b.data<double>();
+  double diff = 0.0, norm = 0.0, variance = 0.0;
+  for (size_t i = 0; i < r.mean.size(); ++i) {
+    diff += (r.mean[i] - pb[i]) * (r.mean[i] - pb[i]);
+    norm += pb[i] * pb[i];
+    variance += r.m2[i] / (r.count - 1);
+  }
+  return {ratio(diff, norm), ratio(variance, norm)};
+}
+
 void Report::group(const std::string& name, const std::vector<std::pair<std::string, double>>& errors,
                    double threshold) {
   double worst = 0.0;
@@ -76,7 +118,7 @@ void Report::group(const std::string& name, const std::vector<std::pair<std::str
 }
 
 void Report::judged(const std::string& name, const std::vector<Judged>& tensors, const std::string& yardstick,
-                    const std::string& rule) {
+                    const std::string& rule, const std::string& measured) {
   // The deciding tensor: the one nearest to or furthest over its bound (NaN first).
   const Judged* decider = nullptr;
   double decider_ratio = -1.0;
@@ -96,7 +138,7 @@ void Report::judged(const std::string& name, const std::vector<Judged>& tensors,
     line(false, fmt::format("{:<28} nothing to compare [0 tensor(s)]", name));
     return;
   }
-  line(ok, fmt::format("{:<28} ours {:.3e} {} {:.3e} bound {:.3e} in {} [{} tensor(s){}; bound = {}]", name,
+  line(ok, fmt::format("{:<28} {} {:.3e} {} {:.3e} bound {:.3e} in {} [{} tensor(s){}; bound = {}]", name, measured,
                        decider->ours, yardstick, decider->theirs, decider->bound, decider->name, tensors.size(),
                        over ? fmt::format(", {} over their bound", over) : std::string(), rule));
 }

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <set>
 #include <string>
 #include <utility>
@@ -55,6 +56,51 @@ double bf16_bound(double theirs);
 // qwen3) errs by at most 0.37 of the update (the MoE block of a layer where its routing flipped), 0.25 elsewhere.
 inline constexpr double kTrajectoryUpdateShare = 0.5;
 
+// The fp32 trajectory of a model that amplifies rounding. Five AdamW steps are nearly sign steps (|m^/sqrt(v^)| ~ 1
+// whatever the gradient's size), so an element whose gradient sits below the rounding noise of its sum moves by a
+// full learning rate one way or the other, the next steps' gradients carry that on, and in an MoE a weight moved so
+// may flip a top-k choice. Two correct fp32 implementations then differ after five steps by far more than the fp32
+// thresholds: on Qwen3.5's public dumps transformers itself, replaying the trajectory in float64 on the CPU, misses
+// its own CUDA reference (grad norm 1.5e-4 against 1e-4 on qwen3_5; loss 5.0e-4 against 1e-5 on qwen3_5_moe), and
+// our run, given our weights after step k, takes step k + 1 as float64 transformers does (docs/architecture.md).
+// Where our run misses a threshold, check-golden measures how far this trajectory carries one rounding: a rounding
+// ensemble of kEnsembleMembers more runs of ours, each of which, before every step, replaces every fp32 master
+// weight w by w (1 + u r), r uniform in [-1, 1), u = 2^-24, rounded back to fp32. That is the backward-error model of
+// fp32 arithmetic (a stable fp32 computation is the exact one on inputs off by about u), and its size is measured:
+// over the six families' public dumps our batch logits differ from the reference's 1.06 to 1.20 times as much as
+// one such perturbation moves them.
+// The ensemble gives, per quantity (the step losses, the step gradient norms, each final tensor), its mean over the
+// members and ours, and its spread: sqrt(sum over elements of the members' variance), both relative to ||ref||. The
+// reference, one more run that differs by roundings, is consistent with ours when the mean is within
+//   kEnsembleSpreads x spread + the fp32 threshold
+// of it. kEnsembleSpreads = 4: transformers' own replays (float64, fp32 with the chunked or the recurrent delta rule,
+// fp32 with each row its own micro-batch), each taken as the reference over the public and three CPU-made dumps of
+// both Qwen3.5 families, lie within 2.84 spreads (the public dumps within 2.28); 4 leaves room for an ensemble of
+// nine runs estimating its spread. A bug moves every element of every step the same way, by more than rounding
+// spreads: on qwen3_5 a learning rate 5% off, a weight decay of 0 or 0.2, or beta2 of 0.9 or 0.999 fails; on
+// qwen3_5_moe, whose top-k flips spread it 10x wider, the learning rate does (the other families' trajectories stay
+// on the fp32 thresholds and hold the same optimizer). No trajectory shows the clip's level:
+// AdamW does not see a gradient's scale.
+inline constexpr int kEnsembleMembers = 8;
+inline constexpr double kEnsembleSpreads = 4.0;
+inline constexpr double kUnitRoundoffF32 = 1.0 / 16777216.0;  // 2^-24
+
+// Running mean and variance per element of named quantities over the members of an ensemble (Welford, in f64).
+class EnsembleStats {
+ public:
+  void add(const std::string& name, const Tensor& member);  // any device and float dtype; same size every time
+  int members(const std::string& name) const;
+  // ||mean - ref|| / ||ref|| and sqrt(sum of the members' variances) / ||ref|| (unbiased, needs two members).
+  std::pair<double, double> center_and_spread(const std::string& name, const Tensor& ref) const;
+
+ private:
+  struct Running {
+    int count = 0;
+    std::vector<double> mean, m2;
+  };
+  std::map<std::string, Running> quantities_;
+};
+
 // ||ours - ref|| / ||ref|| in f64 (0 when both are zero, inf when only ref is zero); ours may live on the GPU.
 double relative_error(const Tensor& ours, const Tensor& ref);
 
@@ -76,8 +122,9 @@ class Report {
   void group(const std::string& name, const std::vector<std::pair<std::string, double>>& errors, double threshold);
   // bf16: every tensor within its own bound, or the group fails. The line names the tensor closest to (or
   // furthest over) its bound with ours, the yardstick and the bound; `rule` says how the bound was made.
+  // `measured` names what Judged::ours holds (the rounding ensemble judges its mean's error).
   void judged(const std::string& name, const std::vector<Judged>& tensors, const std::string& yardstick,
-              const std::string& rule);
+              const std::string& rule, const std::string& measured = "ours");
   void line(bool ok, const std::string& text);
   // A line that neither passes nor fails: what a check set aside, and why.
   void info(const std::string& text);

@@ -1,7 +1,7 @@
 // Tests for check-golden's judgement (cli/check_golden_judge.*), none needing a GPU: the bf16 bound (1.5 x
 // transformers' own bf16 error + 2^-8, per tensor), the report lines of both rules, the yardstick read from a dump
 // (a missing bf16ref tensor is an error naming it), the loss yardstick, top-k flips and their near-tie
-// explanation, and which tensors of a free pass the routing-pinned pass excuses.
+// explanation, which tensors of a free pass the routing-pinned pass excuses, and the rounding ensemble's statistics.
 #include "cli/check_golden_judge.h"
 
 #include <algorithm>
@@ -119,6 +119,41 @@ std::string write_dump(bool with_bf16ref_grad) {
   tensors.emplace_back("loss", Tensor::from_vector<float>({static_cast<float>((ce0 + ce1) / 2)}, {1}));
   io::write_safetensors(dir + "/reference.safetensors", tensors);
   return dir + "/reference.safetensors";
+}
+
+// The rounding ensemble's statistics: the mean of the members against the reference, and the spread
+// sqrt(sum of unbiased per-element variances), both relative to ||ref||.
+TEST(CheckGoldenJudge, EnsembleCenterAndSpreadOfKnownMembers) {
+  EnsembleStats stats;
+  stats.add("q", Tensor::from_vector<double>({1.0, 2.0}, {2}));
+  stats.add("q", Tensor::from_vector<float>({3.0f, 2.0f}, {2}));  // any float dtype
+  stats.add("q", Tensor::from_vector<double>({2.0, 5.0}, {2}));
+  EXPECT_EQ(stats.members("q"), 3);
+  EXPECT_EQ(stats.members("other"), 0);
+  // mean (2, 3); variances (1, 3); reference (2, 0): ||mean - ref|| = 3, ||ref|| = 2.
+  const auto [center, spread] = stats.center_and_spread("q", Tensor::from_vector<double>({2.0, 0.0}, {2}));
+  EXPECT_DOUBLE_EQ(center, 1.5);
+  EXPECT_DOUBLE_EQ(spread, std::sqrt(4.0) / 2.0);
+}
+
+TEST(CheckGoldenJudge, EnsembleRefusesMismatchedSizesAndTooFewMembers) {
+  EnsembleStats stats;
+  stats.add("q", Tensor::from_vector<double>({1.0, 2.0}, {2}));
+  try {
+    stats.center_and_spread("q", Tensor::from_vector<double>({1.0, 2.0}, {2}));
+    ADD_FAILURE() << "a spread from one member was given";
+  } catch (const Error& e) {
+    EXPECT_TRUE(contains(e.what(), "1 member(s) of 'q', expected at least 2")) << e.what();
+  }
+  try {
+    stats.add("q", Tensor::from_vector<double>({1.0, 2.0, 3.0}, {3}));
+    ADD_FAILURE() << "a member of another size was accepted";
+  } catch (const Error& e) {
+    EXPECT_TRUE(contains(e.what(), "has 3 elements, the first had 2")) << e.what();
+  }
+  stats.add("q", Tensor::from_vector<double>({1.0, 2.0}, {2}));
+  EXPECT_THROW(stats.center_and_spread("q", Tensor::from_vector<double>({1.0}, {1})), Error);
+  EXPECT_THROW(stats.center_and_spread("missing", Tensor::from_vector<double>({1.0}, {1})), Error);
 }
 
 TEST(CheckGoldenJudge, TheirsIsBf16RefAgainstTheFp32Reference) {

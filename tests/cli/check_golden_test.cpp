@@ -4,6 +4,7 @@
 // dump without the bf16 yardstick fail closed.
 #include "cli/check_golden.h"
 
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #include "io/safetensors.h"
+#include "model/causal_lm.h"
 #include "testing/test_data.h"
 
 namespace moetrain::cli {
@@ -34,12 +36,10 @@ TEST_P(CheckGoldenFamily, BatchCaseMatchesTransformers) {
 TEST_P(CheckGoldenFamily, PackedCaseMatchesTransformers) {
   EXPECT_EQ(run_check_golden(options_for(GetParam(), "packed")), 0);
 }
-// The trajectory's fp32 thresholds hold transformers' own runs on other hardware for these families. Not for Qwen3.5:
-// its 5 AdamW steps amplify rounding (Adam's first steps are nearly sign steps; the MoE's top-k flips), so transformers
-// 5.17 itself, replaying the dumped trajectory on the CPU, misses its CUDA reference by more than the thresholds
-// (qwen3_5 in f64: grad norm 2.9e-4 against 1e-4; qwen3_5_moe in f32: loss 5e-4 against 1e-5, grad norm 1.5e-2,
-// final weights 3.2e-3 against 1e-4), as the engine's CPU run does (grad norm 6.9e-4; loss 8.4e-4, grad norm 1.7e-2,
-// weights 3.2e-3). The bf16 judgement below still runs their trajectories against its own bounds.
+// The trajectory: the fp32 thresholds, or for Qwen3.5, whose 5 AdamW steps carry a rounding further than they allow
+// (transformers itself, replaying the dumped trajectory in float64 on the CPU, misses its CUDA reference: grad norm
+// 1.5e-4 against 1e-4 on qwen3_5, loss 5.0e-4 against 1e-5 on qwen3_5_moe), the rounding ensemble
+// (check_golden_judge.h).
 class CheckGoldenTrajectory : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(CheckGoldenTrajectory, TrajectoryCaseMatchesTransformers) {
@@ -47,7 +47,68 @@ TEST_P(CheckGoldenTrajectory, TrajectoryCaseMatchesTransformers) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Golden, CheckGoldenTrajectory,
-                         ::testing::Values("qwen3", "qwen3_moe", "deepseek_v2", "gpt_oss"));
+                         ::testing::Values("qwen3", "qwen3_moe", "deepseek_v2", "gpt_oss", "qwen3_5", "qwen3_5_moe"));
+
+std::string trajectory_output(const CheckGoldenOptions& o, int* code) {
+  ::testing::internal::CaptureStdout();
+  *code = run_check_golden(o);
+  return ::testing::internal::GetCapturedStdout();
+}
+
+TEST(CheckGolden, OnlyATrajectoryOverAThresholdIsJudgedByTheRoundingEnsemble) {
+  int code = -1;
+  const std::string qwen3 = trajectory_output(options_for("qwen3", "trajectory"), &code);
+  EXPECT_EQ(code, 0) << qwen3;
+  EXPECT_EQ(qwen3.find("ensemble"), std::string::npos) << qwen3;
+  EXPECT_NE(qwen3.find("[ ok ] trajectory/grad_norm"), std::string::npos) << qwen3;
+  const std::string hybrid = trajectory_output(options_for("qwen3_5", "trajectory"), &code);
+  EXPECT_EQ(code, 0) << hybrid;
+  EXPECT_NE(hybrid.find("judged by a rounding ensemble of 8 more runs"), std::string::npos) << hybrid;
+  for (const char* group : {"loss", "grad_norm", "final_weights"}) {
+    EXPECT_NE(hybrid.find(std::string("[ ok ] trajectory/ensemble/") + group), std::string::npos) << group << hybrid;
+  }
+  EXPECT_NE(hybrid.find("bound = fp32 threshold + 4 x spread"), std::string::npos) << hybrid;
+}
+
+// A reference whose every trajectory update is `scale` times the dumped one, as a mis-scaled learning rate would
+// make it: W_0 + scale (W_ref - W_0) for every final tensor.
+std::string reference_with_scaled_updates(const std::string& family, double scale) {
+  const std::string dir = testing::test_data_path("golden/" + family);
+  const io::SafetensorsReader ref = io::SafetensorsReader::open(dir + "/reference.safetensors");
+  const auto model = model::CausalLm::from_hf(dir);
+  std::map<std::string, Tensor> start;
+  for (auto& [name, tensor] : model->params().export_hf_runtime(
+           false, [&](const std::string& fused) { return ref.contains("traj.final." + fused); })) {
+    start.emplace("traj.final." + name, tensor.to(DType::F64));
+  }
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (const std::string& name : ref.names()) {
+    Tensor t = ref.tensor(name).clone();
+    if (name.rfind("traj.final.", 0) == 0) {
+      const Tensor w0 = start.at(name);
+      Tensor moved = t.to(DType::F64);
+      double* m = moved.data<double>();
+      const double* w = w0.data<double>();
+      for (int64_t i = 0; i < moved.numel(); ++i) m[i] = w[i] + scale * (m[i] - w[i]);
+      t = moved.to(DType::F32);
+    }
+    tensors.emplace_back(name, t);
+  }
+  const std::string path = testing::make_temp_dir(family + "_scaled_updates") + "/reference.safetensors";
+  io::write_safetensors(path, tensors);
+  return path;
+}
+
+TEST(CheckGolden, RoundingEnsembleRejectsAnUpdateTenPercentOff) {
+  for (const char* family : {"qwen3_5", "qwen3_5_moe"}) {
+    CheckGoldenOptions o = options_for(family, "trajectory");
+    o.reference = reference_with_scaled_updates(family, 1.1);
+    int code = -1;
+    const std::string out = trajectory_output(o, &code);
+    EXPECT_EQ(code, 1) << family << out;
+    EXPECT_NE(out.find("[FAIL] trajectory/ensemble/final_weights"), std::string::npos) << family << out;
+  }
+}
 
 // The bf16 rules over the f32 path: ours (~1e-6) is far inside every bound, so every case passes, and the lines
 // show the yardstick. On an MoE model the packed and trajectory cases check routing against an f32 shadow.
@@ -88,10 +149,10 @@ TEST_P(CheckGoldenMoeFamily, RoutingPinnedPassRunsAndPassesOnTheF32Path) {
   const int code = run_check_golden(o);
   const std::string out = ::testing::internal::GetCapturedStdout();
   EXPECT_EQ(code, 0) << out;
-  for (const char* group : {"batch/pinned/logits", "batch/pinned/grads", "packed/pinned/logits",
-                            "packed/pinned/router_logits", "packed/pinned/grads", "trajectory/pinned/loss",
-                            "trajectory/pinned/router_logits", "trajectory/pinned/final_weights", "batch/grads",
-                            "trajectory/final_weights"}) {
+  for (const char* group :
+       {"batch/pinned/logits", "batch/pinned/grads", "packed/pinned/logits", "packed/pinned/router_logits",
+        "packed/pinned/grads", "trajectory/pinned/loss", "trajectory/pinned/router_logits",
+        "trajectory/pinned/final_weights", "batch/grads", "trajectory/final_weights"}) {
     EXPECT_NE(out.find(std::string("[ ok ] ") + group), std::string::npos) << group << "\n" << out;
   }
   EXPECT_EQ(out.find("excused"), std::string::npos) << out;  // nothing over its bound, nothing excused
