@@ -244,6 +244,12 @@ void RoutingCheck::add_pass(const std::vector<Tensor>& ref_layers, const std::ve
     const int64_t experts = r_all.size(1);
     MT_CHECK(k > 0 && k < experts, "check-golden: top-{} of {} experts", k, experts);
     const double sigma = explain_near_ties ? robust_sigma(o_all, r_all) : 0.0;
+    Tensor moved_all;  // our router logits after one rounding, where given
+    if (after_one_rounding != nullptr) {
+      moved_all = host_f64(after_one_rounding->at(layer)).to(DType::F32);
+      MT_CHECK(moved_all.numel() == o_all.numel(), "check-golden: router logits of MoE layer {} after one rounding: {}",
+               layer, moved_all.describe());
+    }
     std::vector<int64_t> flipped_now;  // explained flips of this layer: they explain later layers only
     for (int64_t t = 0; t < r_all.size(0); ++t, ++choices) {
       const float* r = r_all.data<float>() + t * experts;
@@ -252,7 +258,14 @@ void RoutingCheck::add_pass(const std::vector<Tensor>& ref_layers, const std::ve
       std::vector<float> sorted(r, r + experts);
       std::sort(sorted.begin(), sorted.end(), std::greater<float>());
       const double margin = sorted[static_cast<size_t>(k - 1)] - sorted[static_cast<size_t>(k)];
-      const bool near_tie = explain_near_ties && flip_is_near_tie(margin, sigma);
+      double moved = 0.0;  // how far one rounding of the weights moved this token's logits
+      if (after_one_rounding != nullptr) {
+        const float* m = moved_all.data<float>() + t * experts;
+        for (int64_t e = 0; e < experts; ++e) moved = std::max(moved, std::abs(double(m[e]) - double(o[e])));
+      }
+      const bool by_sigma = explain_near_ties && flip_is_near_tie(margin, sigma);
+      const bool by_rounding = explain_near_ties && !by_sigma && flip_is_near_tie(margin, moved);
+      const bool near_tie = by_sigma || by_rounding;
       const bool downstream = explain_near_ties && first_flip[sequence_of[size_t(t)]] <= t;
       ++flips;
       if (near_tie || downstream) {
@@ -263,7 +276,11 @@ void RoutingCheck::add_pass(const std::vector<Tensor>& ref_layers, const std::ve
       }
       if (flips <= 3) {
         const std::string why =
-            near_tie     ? fmt::format(" (near-tie: within {} x sqrt(2) x sigma, sigma {:.2e})", kNearTieSigmas, sigma)
+            by_sigma      ? fmt::format(" (near-tie: within {} x sqrt(2) x sigma, sigma {:.2e})", kNearTieSigmas, sigma)
+            : by_rounding ? fmt::format(
+                                " (near-tie: within {} x sqrt(2) x {:.2e}, how far one fp32 rounding of every weight "
+                                "moves this token's router logits)",
+                                kNearTieSigmas, moved)
             : downstream ? " (after a near-tie flip of its sequence in an earlier MoE layer)"
                          : "";
         details += fmt::format("; {}MoE layer {} token {}: reference margin {:.2e}{}", where, layer, t, margin, why);

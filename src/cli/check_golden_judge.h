@@ -182,6 +182,12 @@ double robust_sigma(const Tensor& ours, const Tensor& ref);
 // any other flip fails.
 struct RoutingCheck {
   bool explain_near_ties = false;
+  // fp32: per MoE layer, our router logits [tokens, E] after one fp32 rounding of every weight (the rounding
+  // ensemble's perturbation, check_golden.cpp). A flip is then also a near tie when its margin is within
+  // kNearTieSigmas x sqrt(2) x how far that rounding moved the token's logits (the largest move over its experts):
+  // the reference's own rounding moves a token as far as ours does, and in a model that amplifies rounding
+  // (Qwen3.5-MoE) a few tokens move far more than the layer's median says. Null: sigma alone.
+  const std::vector<Tensor>* after_one_rounding = nullptr;
   int64_t choices = 0;
   int64_t flips = 0;
   int64_t unexplained = 0;

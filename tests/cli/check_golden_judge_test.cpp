@@ -238,6 +238,29 @@ TEST(CheckGoldenJudge, Bf16ExplainsANearTieFlipWithinRounding) {
   EXPECT_TRUE(f32.near_tie_layers.empty());
 }
 
+// fp32: token 7's second and third experts trade places at a margin (0.05) far beyond the layer's sigma (1.5e-3), but
+// one fp32 rounding of the weights moves that token's logits by 0.01: within 5 x sqrt(2) of it, a near tie. The same
+// flip with a move of 1e-3 is not.
+TEST(CheckGoldenJudge, F32ExplainsAFlipWithinHowFarOneRoundingMovesTheToken) {
+  for (const auto& [move, explained] : {std::pair<float, bool>{0.01f, true}, {1e-3f, false}}) {
+    Router r(20);
+    r.set(r.ref, 7, {3.0f, 2.0f, 1.95f, 0.0f});
+    r.set(r.ours, 7, {3.0f, 1.95f, 2.0f, 0.0f});
+    std::vector<float> rounded = r.ours;
+    rounded[7 * 4 + 1] += move;
+    const std::vector<Tensor> after{Tensor::from_vector(rounded, {20, 4})};
+    RoutingCheck f32;
+    f32.explain_near_ties = true;
+    f32.after_one_rounding = &after;
+    f32.add_pass({r.reference()}, {r.our()}, 2, one_sequence(20));
+    EXPECT_EQ(f32.flips, 1);
+    EXPECT_EQ(f32.ok(), explained) << f32.summary();
+    if (explained) {
+      EXPECT_TRUE(contains(f32.summary(), "how far one fp32 rounding of every weight moves")) << f32.summary();
+    }
+  }
+}
+
 TEST(CheckGoldenJudge, Bf16FailsAFlipThatRoundingCannotMake) {
   // Token 7 is [3, 0, 1, 2]: expert 2 (third) lifted by 1.6 over expert 3 (second), a margin of 1. Our error at
   // the swapped experts covers the margin (as every flip's does), but the layer's rounding (sigma 1.5e-3) is far

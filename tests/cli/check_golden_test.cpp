@@ -4,6 +4,7 @@
 // dump without the bf16 yardstick fail closed.
 #include "cli/check_golden.h"
 
+#include <algorithm>
 #include <map>
 #include <string>
 #include <utility>
@@ -190,6 +191,35 @@ std::string reference_without(const std::string& tag, bool (*drop)(const std::st
   const std::string path = testing::make_temp_dir(tag) + "/reference.safetensors";
   io::write_safetensors(path, kept);
   return path;
+}
+
+// In f32 a top-k flip is excused only at a margin our own f32 error can cross (then a routing-pinned pass is held to
+// the fp32 thresholds); a reference that routes token 0 of the first MoE layer to its least likely expert is a flip
+// no rounding makes, and fails.
+TEST(CheckGolden, F32FailsAFlipThatRoundingCannotMake) {
+  const io::SafetensorsReader ref =
+      io::SafetensorsReader::open(testing::test_data_path("golden/qwen3_5_moe/reference.safetensors"));
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (const std::string& name : ref.names()) {
+    Tensor t = ref.tensor(name).clone();
+    if (name == "router_logits.0") {
+      float* row = t.data<float>();  // token 0's [E] logits: its best and its worst expert trade places
+      const int64_t experts = t.size(1);
+      const auto [lo, hi] = std::minmax_element(row, row + experts);
+      std::swap(*lo, *hi);
+    }
+    tensors.emplace_back(name, t);
+  }
+  const std::string path = testing::make_temp_dir("swapped_routing") + "/reference.safetensors";
+  io::write_safetensors(path, tensors);
+  CheckGoldenOptions o = options_for("qwen3_5_moe", "batch");
+  o.reference = path;
+  int code = -1;
+  const std::string out = trajectory_output(o, &code);
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_NE(out.find("[FAIL] batch/routing"), std::string::npos) << out;
+  EXPECT_NE(out.find("1 not explained by rounding"), std::string::npos) << out;
+  EXPECT_EQ(out.find("batch/pinned"), std::string::npos) << out;
 }
 
 TEST(CheckGolden, Bf16JudgementNamesAMissingBf16RefTensor) {

@@ -26,8 +26,8 @@ struct GatedDeltaRecord final : MixerRecord {
   Tensor x;                         // [T, H] block input (already normed)
   Tensor qkv;                       // in_proj_qkv's output [T, C]
   Tensor conv;                      // after the conv and SiLU [T, C]
-  Tensor q, k, v;                   // split: [T, Hk, dk], [T, Hk, dk], [T, Hv, dv]
-  Tensor q_norm, k_norm;            // L2-normalised q and k
+  Tensor q, k, v;                   // split: [T, Hk, dk], [T, Hk, dk], [T, Hv, dv], in the rule's dtype
+  Tensor q_norm, k_norm;            // L2-normalised q and k (the rule's dtype)
   Tensor z, a, b;                   // [T, Hv dv], [T, Hv], [T, Hv]
   Tensor g, beta;                   // the gates [T, Hv]
   Tensor core;                      // the rule's output [T, Hv, dv]
@@ -167,15 +167,20 @@ Tensor GatedDeltaNet::forward(MixerRecord& record, const Tensor& x, const MicroB
   } else {
     ops::causal_conv1d_silu_forward(s, r.conv, r.qkv, w_conv_, batch.cu_seqlens);
   }
-  // The conv's channels are q (Hk dk), k (Hk dk), then v (Hv dv), as transformers splits them.
-  r.q = Tensor::empty({T, hk, dk}, dt, dev);
-  r.k = Tensor::empty({T, hk, dk}, dt, dev);
-  r.v = Tensor::empty({T, hv, dv}, dt, dev);
-  ops::copy_columns(s, r.q.view({T, -1}), 0, r.conv, 0, hk * dk);
-  ops::copy_columns(s, r.k.view({T, -1}), 0, r.conv, hk * dk, hk * dk);
-  ops::copy_columns(s, r.v.view({T, -1}), 0, r.conv, 2 * hk * dk, hv * dv);
-  r.q_norm = Tensor::empty(r.q.shape(), dt, dev);
-  r.k_norm = Tensor::empty(r.k.shape(), dt, dev);
+  // The conv's channels are q (Hk dk), k (Hk dk), then v (Hv dv), as transformers splits them. The rule runs in the
+  // gates' dtype, f32 under bf16 compute, as transformers runs it under autocast: q, k and v leave the conv rounded
+  // to bf16, then q and k are L2-normalised in f32 and nothing is rounded until the rule's output.
+  const DType rule_dt = statistics_dtype(dt);
+  const Tensor conv = rule_dt == dt ? r.conv : Tensor::empty({T, c}, rule_dt, dev);
+  if (rule_dt != dt) ops::cast(s, conv, r.conv);
+  r.q = Tensor::empty({T, hk, dk}, rule_dt, dev);
+  r.k = Tensor::empty({T, hk, dk}, rule_dt, dev);
+  r.v = Tensor::empty({T, hv, dv}, rule_dt, dev);
+  ops::copy_columns(s, r.q.view({T, -1}), 0, conv, 0, hk * dk);
+  ops::copy_columns(s, r.k.view({T, -1}), 0, conv, hk * dk, hk * dk);
+  ops::copy_columns(s, r.v.view({T, -1}), 0, conv, 2 * hk * dk, hv * dv);
+  r.q_norm = Tensor::empty(r.q.shape(), rule_dt, dev);
+  r.k_norm = Tensor::empty(r.k.shape(), rule_dt, dev);
   ops::l2norm_forward(s, r.q_norm.view({T * hk, dk}), r.q.view({T * hk, dk}), kL2NormEps);
   ops::l2norm_forward(s, r.k_norm.view({T * hk, dk}), r.k.view({T * hk, dk}), kL2NormEps);
 
@@ -191,15 +196,17 @@ Tensor GatedDeltaNet::forward(MixerRecord& record, const Tensor& x, const MicroB
   ops::gated_delta_gates_forward(s, r.g, r.beta, r.a, r.b, w_a_log_, w_dt_bias_);
 
   r.core = Tensor::empty({T, hv, dv}, dt, dev);
+  const Tensor core = rule_dt == dt ? r.core : Tensor::empty({T, hv, dv}, rule_dt, dev);
   if (!decoding) {
-    ops::gated_delta_rule_forward(s, r.core, r.q_norm, r.k_norm, r.v, r.g, r.beta, batch.cu_seqlens, scale_,
+    ops::gated_delta_rule_forward(s, core, r.q_norm, r.k_norm, r.v, r.g, r.beta, batch.cu_seqlens, scale_,
                                   &r.rule_saved);
   } else if (batch.decode->phase() == DecodeCache::Phase::kStep) {
-    ops::gated_delta_rule_decode(s, r.core, decoding->rule_state, r.q_norm, r.k_norm, r.v, r.g, r.beta, scale_);
+    ops::gated_delta_rule_decode(s, core, decoding->rule_state, r.q_norm, r.k_norm, r.v, r.g, r.beta, scale_);
   } else {
-    ops::gated_delta_rule_prefill(s, r.core, decoding->rule_state, r.q_norm, r.k_norm, r.v, r.g, r.beta,
-                                  batch.cu_seqlens, scale_);
+    ops::gated_delta_rule_prefill(s, core, decoding->rule_state, r.q_norm, r.k_norm, r.v, r.g, r.beta, batch.cu_seqlens,
+                                  scale_);
   }
+  if (rule_dt != dt) ops::cast(s, r.core, core);  // the output's one rounding (transformers' .to(initial_dtype))
   r.normed = Tensor::empty({T, hv, dv}, dt, dev);
   r.rstd = Tensor::empty({T * hv}, statistics_dtype(dt), dev);
   ops::gated_rmsnorm_forward(s, r.normed.view({T * hv, dv}), r.rstd, r.core.view({T * hv, dv}), r.z.view({T * hv, dv}),
@@ -228,13 +235,20 @@ Tensor GatedDeltaNet::backward_input(MixerRecord& record, const Tensor& d_out) c
                               d_normed.view({T * hv, dv}), r.core.view({T * hv, dv}), r.z.view({T * hv, dv}), w_norm_,
                               r.rstd, options_.norm_eps);
 
-  Tensor d_q_norm = Tensor::empty(r.q.shape(), dt, dev);
-  Tensor d_k_norm = Tensor::empty(r.k.shape(), dt, dev);
-  Tensor d_v = Tensor::empty(r.v.shape(), dt, dev);
+  // In the rule's dtype back to the conv's output, whose gradient is rounded once (the forward's mirror).
+  const DType rule_dt = r.q.dtype();
+  Tensor d_core_rule = d_core;
+  if (rule_dt != dt) {
+    d_core_rule = Tensor::empty(d_core.shape(), rule_dt, dev);
+    ops::cast(s, d_core_rule, d_core);
+  }
+  Tensor d_q_norm = Tensor::empty(r.q.shape(), rule_dt, dev);
+  Tensor d_k_norm = Tensor::empty(r.k.shape(), rule_dt, dev);
+  Tensor d_v = Tensor::empty(r.v.shape(), rule_dt, dev);
   Tensor d_g = Tensor::empty(r.g.shape(), r.g.dtype(), dev);
   Tensor d_beta = Tensor::empty(r.beta.shape(), r.beta.dtype(), dev);
-  ops::gated_delta_rule_backward(s, d_q_norm, d_k_norm, d_v, d_g, d_beta, d_core, r.q_norm, r.k_norm, r.v, r.g, r.beta,
-                                 r.batch->cu_seqlens, scale_, &r.rule_saved);
+  ops::gated_delta_rule_backward(s, d_q_norm, d_k_norm, d_v, d_g, d_beta, d_core_rule, r.q_norm, r.k_norm, r.v, r.g,
+                                 r.beta, r.batch->cu_seqlens, scale_, &r.rule_saved);
   r.rule_saved = {};  // its last use: give the memory back before the projections' backward
 
   r.d_a = Tensor::empty(r.a.shape(), dt, dev);
@@ -245,13 +259,15 @@ Tensor GatedDeltaNet::backward_input(MixerRecord& record, const Tensor& d_out) c
 
   // d(conv output) [T, C]: the L2 norms' input gradients of q and k, then v's.
   Tensor d_conv = Tensor::empty({T, c}, dt, dev);
-  Tensor d_q = Tensor::empty(r.q.shape(), dt, dev);
-  Tensor d_k = Tensor::empty(r.k.shape(), dt, dev);
+  Tensor d_conv_rule = rule_dt == dt ? d_conv : Tensor::empty({T, c}, rule_dt, dev);
+  Tensor d_q = Tensor::empty(r.q.shape(), rule_dt, dev);
+  Tensor d_k = Tensor::empty(r.k.shape(), rule_dt, dev);
   ops::l2norm_backward(s, d_q.view({T * hk, dk}), d_q_norm.view({T * hk, dk}), r.q.view({T * hk, dk}), kL2NormEps);
   ops::l2norm_backward(s, d_k.view({T * hk, dk}), d_k_norm.view({T * hk, dk}), r.k.view({T * hk, dk}), kL2NormEps);
-  ops::copy_columns(s, d_conv, 0, d_q.view({T, -1}), 0, hk * dk);
-  ops::copy_columns(s, d_conv, hk * dk, d_k.view({T, -1}), 0, hk * dk);
-  ops::copy_columns(s, d_conv, 2 * hk * dk, d_v.view({T, -1}), 0, hv * dv);
+  ops::copy_columns(s, d_conv_rule, 0, d_q.view({T, -1}), 0, hk * dk);
+  ops::copy_columns(s, d_conv_rule, hk * dk, d_k.view({T, -1}), 0, hk * dk);
+  ops::copy_columns(s, d_conv_rule, 2 * hk * dk, d_v.view({T, -1}), 0, hv * dv);
+  if (rule_dt != dt) ops::cast(s, d_conv, d_conv_rule);
   r.d_qkv = Tensor::empty({T, c}, dt, dev);
   r.d_conv_w = Tensor::zeros(g_conv_.shape(), g_conv_.dtype(), dev);
   ops::causal_conv1d_silu_backward(s, r.d_qkv, r.d_conv_w, d_conv, r.qkv, w_conv_, r.batch->cu_seqlens);
