@@ -81,12 +81,8 @@ class UniqueKeyParser {
   bool key(std::string& k) {
     if (stack_.empty()) {
       member_key_ = k;
-      if (on_member_) {
-        // Streamed members are not kept, so their names are, to find a repeat at the end.
-        member_names_.push_back(k);
-      } else {
-        MT_CHECK(!root.contains(k), "{} has key '{}' twice", what_, k);
-      }
+      // Streamed members are not kept: their caller finds a repeated name (parse_safetensors_header, after sorting).
+      if (!on_member_) MT_CHECK(!root.contains(k), "{} has key '{}' twice", what_, k);
     } else {
       MT_CHECK(!stack_.back()->contains(k), "{} has key '{}' twice in the entry of '{}' (duplicate names)", what_, k,
                member_key_);
@@ -98,14 +94,6 @@ class UniqueKeyParser {
   bool end_array() { return close(); }
   bool parse_error(std::size_t position, const std::string&, const nlohmann::detail::exception& e) {
     MT_FAIL("{} is not valid JSON at byte {}: {}", what_, position, e.what());
-  }
-
-  // After the parse: a member name given twice (streamed members).
-  std::optional<std::string> repeated_member() {
-    std::sort(member_names_.begin(), member_names_.end());
-    const auto it = std::adjacent_find(member_names_.begin(), member_names_.end());
-    if (it == member_names_.end()) return std::nullopt;
-    return *it;
   }
 
  private:
@@ -152,7 +140,6 @@ class UniqueKeyParser {
   std::string member_key_;    // the current top-level key
   std::string key_;           // the last key read
   json member_;
-  std::vector<std::string> member_names_;
 };
 
 // Parses `text` as one JSON object whose keys are unique at every level; throws moetrain::Error starting with
@@ -349,19 +336,25 @@ SafetensorsHeader parse_safetensors_header(std::string_view text, uint64_t data_
   const std::string what = fmt::format("safetensors: header of {}", path);
   SafetensorsHeader header;
   std::vector<SafetensorsEntry> entries;
+  int metadata_members = 0;
   UniqueKeyParser parser(what, [&](std::string& name, json& value) {
     if (name == kMetadataKey) {
+      ++metadata_members;
       header.metadata = parse_metadata(value, path);
     } else {
       entries.push_back(parse_entry(name, value, path));
     }
   });
   parse_unique_json(text, parser, what);
-  if (const std::optional<std::string> repeated = parser.repeated_member()) {
-    MT_FAIL("{} names tensor '{}' twice (duplicate names)", what, *repeated);
-  }
+  MT_CHECK(metadata_members <= 1, "{} names tensor '{}' twice (duplicate names)", what, kMetadataKey);
+  // Sorted by name, a repeated name sits next to itself: one sort serves both the check and the map.
   std::sort(entries.begin(), entries.end(),
             [](const SafetensorsEntry& a, const SafetensorsEntry& b) { return a.name < b.name; });
+  const auto repeated =
+      std::adjacent_find(entries.begin(), entries.end(),
+                         [](const SafetensorsEntry& a, const SafetensorsEntry& b) { return a.name == b.name; });
+  MT_CHECK(repeated == entries.end(), "{} names tensor '{}' twice (duplicate names)", what,
+           repeated == entries.end() ? std::string() : repeated->name);
   for (SafetensorsEntry& entry : entries) {
     std::string name = entry.name;
     header.entries.emplace_hint(header.entries.end(), std::move(name), std::move(entry));
