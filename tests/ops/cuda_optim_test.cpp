@@ -235,6 +235,48 @@ TEST(CudaAdamWMulti, ManySmallTensorsMatchPerTensorBitwise) {
   check_multi_against_single(shapes, copies, 2, 0.9);
 }
 
+// A copy of `t` on the GPU whose base sits one element past a 256-byte-aligned allocation: off 16 bytes (f32) or 8
+// (bf16), so its chunks take the element-by-element path instead of four elements per 16-byte load.
+Tensor misaligned_gpu_copy(const Tensor& t) {
+  Tensor buffer = Tensor::zeros({t.numel() + 1}, t.dtype(), Device::cuda(0));
+  Tensor view = buffer.slice(1, t.numel() + 1).view(t.shape());
+  view.copy_from(t.device().is_cpu() ? on_gpu(t) : t);
+  return view;
+}
+
+TEST(CudaAdamWMulti, MisalignedTensorsMatchCpuBitwise) {
+  MT_REQUIRE_GPU();
+  Rng rng(93);
+  const std::vector<Shape> shapes{{8192 * 3}, {4096}, {33, 64}};
+  MultiLists cpu = make_lists(shapes, rng);
+  std::vector<Tensor> p, m, v, copies;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    p.push_back(misaligned_gpu_copy(cpu.p[i]));
+    m.push_back(misaligned_gpu_copy(cpu.m[i]));
+    v.push_back(misaligned_gpu_copy(cpu.v[i]));
+    copies.push_back(misaligned_gpu_copy(Tensor::zeros(shapes[i], DType::BF16)));
+  }
+  for (int64_t step = 1; step <= 3; ++step) {
+    std::vector<Tensor> grads, grads_gpu;
+    for (const Shape& shape : shapes) grads.push_back(random_tensor(shape, DType::F32, rng, 1e-2));
+    for (const Tensor& g : grads) grads_gpu.push_back(misaligned_gpu_copy(g));
+    const ops::AdamWParams hyper{3e-4, 0.9, 0.95, 1e-8, 0.0, step};
+    ops::adamw_step_multi(gpu(), p, m, v, grads_gpu, copies, cpu.decay, hyper);
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      ops::AdamWParams one = hyper;
+      one.weight_decay = cpu.decay[i];
+      ops::adamw_step(Stream::cpu(), cpu.p[i], cpu.m[i], cpu.v[i], grads[i], one);
+    }
+  }
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    SCOPED_TRACE(::testing::Message() << "tensor " << i);
+    expect_same_bits(on_cpu(p[i]), cpu.p[i], "param: misaligned multi vs CPU");
+    expect_same_bits(on_cpu(m[i]), cpu.m[i], "exp_avg: misaligned multi vs CPU");
+    expect_same_bits(on_cpu(v[i]), cpu.v[i], "exp_avg_sq: misaligned multi vs CPU");
+    EXPECT_TRUE(same_bytes(on_cpu(copies[i]), cpu.p[i].to(DType::BF16))) << "bf16 copy differs from the cast";
+  }
+}
+
 TEST(CudaAdamWMulti, RepeatedRunsGiveIdenticalBitsAndReuseTheTable) {
   MT_REQUIRE_GPU();
   Rng rng(92);

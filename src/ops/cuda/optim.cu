@@ -1,7 +1,8 @@
 // defines: the CUDA optimizer kernels: AdamW with the explicit round-to-nearest intrinsics (__fmul_rn, ...), which
 // nvcc never fuses into a multiply-add, so each step rounds exactly as the CPU's -ffp-contract=off code does; sums
 // of squares as two fixed trees in f64 (within chunks, then over the chunks); the multi-tensor AdamW runs the same
-// element code over a cached device table of tensors, chunk by chunk, and can write each param's bf16 copy.
+// element code over a cached device table of tensors, chunk by chunk (four elements per 16-byte load where the
+// chunk is aligned), and can write each param's bf16 copy.
 #include "ops/cuda/optim.h"
 
 #include <cmath>
@@ -35,13 +36,10 @@ struct AdamWScalars {
   bool apply_decay;
 };
 
-// One element of the AdamW update, ops/cpu/optim.cpp's steps each rounded to nearest in f32.
-__device__ __forceinline__ void adamw_element(float* p, float* m, float* v, const float* g, const AdamWScalars& s) {
+// One element of the AdamW update, ops/cpu/optim.cpp's steps each rounded to nearest in f32, on values in registers.
+__device__ __forceinline__ void adamw_update(float& param, float& avg, float& avg_sq, float grad,
+                                             const AdamWScalars& s) {
   const bool small_weight = fabsf(s.one_minus_beta1) < 0.5f;
-  float param = *p;
-  float avg = *m;
-  float avg_sq = *v;
-  const float grad = *g;
   if (s.apply_decay) param = __fmul_rn(param, s.decay);  // param.mul_(1 - lr * wd)
   // exp_avg.lerp_(grad, 1 - b1), at::lerp's two branches.
   const float diff = __fsub_rn(grad, avg);
@@ -51,6 +49,12 @@ __device__ __forceinline__ void adamw_element(float* p, float* m, float* v, cons
   avg_sq = __fadd_rn(avg_sq, __fmul_rn(s.one_minus_beta2, __fmul_rn(grad, grad)));  // .addcmul_(g, g, 1 - b2)
   const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(avg_sq), s.bias_correction2_sqrt), s.eps);
   param = __fadd_rn(param, __fmul_rn(s.neg_step_size, __fdiv_rn(avg, denom)));  // param.addcdiv_(m, denom, -ss)
+}
+
+// The same on one element in memory.
+__device__ __forceinline__ void adamw_element(float* p, float* m, float* v, const float* g, const AdamWScalars& s) {
+  float param = *p, avg = *m, avg_sq = *v;
+  adamw_update(param, avg, avg_sq, *g, s);
   *p = param;
   *m = avg;
   *v = avg_sq;
@@ -90,6 +94,42 @@ struct MultiTensorEntry {
 };
 static_assert(sizeof(MultiTensorEntry) == 5 * sizeof(void*) + 3 * 8 + 2 * 4, "MultiTensorEntry must not be padded");
 
+// Whether a chunk [begin, end) of a table row can move four elements per load: a whole number of fours, with the
+// f32 streams on 16 bytes and a bf16 copy on 8 (the tensors' bases decide; chunks start at multiples of 8192).
+__device__ __forceinline__ bool four_aligned(const MultiTensorEntry& e, int64_t begin, int64_t end) {
+  const auto on = [](const void* ptr, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; };
+  if ((end - begin) % 4 != 0) return false;
+  if (!on(e.p + begin, 16) || !on(e.m + begin, 16) || !on(e.v + begin, 16) || !on(e.g + begin, 16)) return false;
+  if (e.copy_kind == kCopyBf16) return on(static_cast<uint16_t*>(e.copy) + begin, 8);
+  if (e.copy_kind == kCopyF32) return on(static_cast<float*>(e.copy) + begin, 16);
+  return true;
+}
+
+// The chunk four elements per thread at a time: 16-byte loads and stores, the same element code, the same bytes.
+__device__ __forceinline__ void adamw_chunk_by_four(const MultiTensorEntry& e, int64_t begin, int64_t end,
+                                                    const AdamWScalars& t) {
+  for (int64_t i = begin + 4 * static_cast<int64_t>(threadIdx.x); i < end; i += 4 * static_cast<int64_t>(blockDim.x)) {
+    float4 p = *reinterpret_cast<const float4*>(e.p + i);
+    float4 m = *reinterpret_cast<const float4*>(e.m + i);
+    float4 v = *reinterpret_cast<const float4*>(e.v + i);
+    const float4 g = *reinterpret_cast<const float4*>(e.g + i);
+    adamw_update(p.x, m.x, v.x, g.x, t);
+    adamw_update(p.y, m.y, v.y, g.y, t);
+    adamw_update(p.z, m.z, v.z, g.z, t);
+    adamw_update(p.w, m.w, v.w, g.w, t);
+    *reinterpret_cast<float4*>(e.p + i) = p;
+    *reinterpret_cast<float4*>(e.m + i) = m;
+    *reinterpret_cast<float4*>(e.v + i) = v;
+    if (e.copy_kind == kCopyBf16) {
+      const uint2 packed{uint32_t(f32_to_bf16_bits(p.x)) | (uint32_t(f32_to_bf16_bits(p.y)) << 16),
+                         uint32_t(f32_to_bf16_bits(p.z)) | (uint32_t(f32_to_bf16_bits(p.w)) << 16)};
+      *reinterpret_cast<uint2*>(static_cast<uint16_t*>(e.copy) + i) = packed;
+    } else if (e.copy_kind == kCopyF32) {
+      *reinterpret_cast<float4*>(static_cast<float*>(e.copy) + i) = p;
+    }
+  }
+}
+
 // Block b takes chunks b, b + gridDim.x, ...; a chunk is kAdamWMultiChunk consecutive elements of one tensor (the
 // last chunk of a tensor may be shorter). `s` holds the scalars shared by all tensors; the decay is per tensor.
 __global__ void adamw_multi_kernel(const MultiTensorEntry* table, int32_t entries, int64_t total_chunks, double lr,
@@ -113,6 +153,10 @@ __global__ void adamw_multi_kernel(const MultiTensorEntry* table, int32_t entrie
     t.apply_decay = e.weight_decay != 0.0;
     const int64_t begin = (chunk - e.first_chunk) * kAdamWMultiChunk;
     const int64_t end = begin + kAdamWMultiChunk < e.numel ? begin + kAdamWMultiChunk : e.numel;
+    if (four_aligned(e, begin, end)) {
+      adamw_chunk_by_four(e, begin, end, t);
+      continue;
+    }
     for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
       adamw_element(e.p + i, e.m + i, e.v + i, e.g + i, t);
       if (e.copy_kind == kCopyBf16) {
