@@ -348,8 +348,11 @@ SafetensorsHeader parse_safetensors_header(std::string_view text, uint64_t data_
   parse_unique_json(text, parser, what);
   MT_CHECK(metadata_members <= 1, "{} names tensor '{}' twice (duplicate names)", what, kMetadataKey);
   // Sorted by name, a repeated name sits next to itself: one sort serves both the check and the map.
-  std::sort(entries.begin(), entries.end(),
-            [](const SafetensorsEntry& a, const SafetensorsEntry& b) { return a.name < b.name; });
+  // Writers list the tensors sorted (safetensors' own writers do): then the sort is a check. Otherwise a stable sort,
+  // whose merges stay O(n log n) on nearly sorted input, where std::sort's introsort fell back to a heap sort.
+  const auto by_name = [](const SafetensorsEntry& a, const SafetensorsEntry& b) { return a.name < b.name; };
+  if (!std::is_sorted(entries.begin(), entries.end(), by_name))
+    std::stable_sort(entries.begin(), entries.end(), by_name);
   const auto repeated =
       std::adjacent_find(entries.begin(), entries.end(),
                          [](const SafetensorsEntry& a, const SafetensorsEntry& b) { return a.name == b.name; });

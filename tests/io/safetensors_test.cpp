@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -592,12 +593,25 @@ double thread_cpu_seconds() {
   return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
 }
 
+// The least CPU time of three runs of `body`: the work it does, without what a busy machine adds to one run (on the
+// shared 2-core box one parse ranges from 1.3 to 2.1 CPU seconds as the other tests load its memory).
+template <typename Body>
+double least_cpu_seconds(Body body) {
+  double least = INFINITY;
+  for (int run = 0; run < 3; ++run) {
+    const double start = thread_cpu_seconds();
+    body();
+    least = std::min(least, thread_cpu_seconds() - start);
+  }
+  return least;
+}
+
 TEST(SafetensorsHeader, AMillionTensorsParseInLinearTime) {
   constexpr int64_t kTensors = 1'000'000;
   const std::string header = many_tensor_header(kTensors);
-  const double start = thread_cpu_seconds();
-  const SafetensorsHeader parsed = parse_safetensors_header(header, 4 * kTensors, "million.safetensors");
-  const double seconds = thread_cpu_seconds() - start;
+  SafetensorsHeader parsed;
+  const double seconds =
+      least_cpu_seconds([&] { parsed = parse_safetensors_header(header, 4 * kTensors, "million.safetensors"); });
   ASSERT_EQ(parsed.entries.size(), static_cast<size_t>(kTensors));
   EXPECT_EQ(parsed.entries.at("t0999999").begin, 4 * (kTensors - 1));
   // Issue 20's bound; the quadratic parser took over 10 minutes here.
@@ -607,10 +621,11 @@ TEST(SafetensorsHeader, AMillionTensorsParseInLinearTime) {
   std::string repeated = header;
   const std::string last = R"("t0999999":)";
   repeated.replace(repeated.rfind(last), last.size(), R"("t0000007":)");
-  const double start_repeated = thread_cpu_seconds();
-  expect_error([&] { parse_safetensors_header(repeated, 4 * kTensors, "million.safetensors"); },
-               {"million.safetensors", "names tensor 't0000007' twice"});
-  EXPECT_LT(thread_cpu_seconds() - start_repeated, 2.0);
+  const double refused = least_cpu_seconds([&] {
+    expect_error([&] { parse_safetensors_header(repeated, 4 * kTensors, "million.safetensors"); },
+                 {"million.safetensors", "names tensor 't0000007' twice"});
+  });
+  EXPECT_LT(refused, 2.0) << "refusing a 1M-tensor header took " << refused << " CPU seconds";
 }
 
 TEST(SafetensorsHeader, BytesAfterANulAreRefused) {
