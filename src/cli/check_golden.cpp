@@ -603,8 +603,9 @@ void run_trajectory_case(Report& report, const std::string& model_dir, Device de
     golden::EnsembleStats ensemble;
     run_rounding_ensemble(ensemble, model_dir, device, ref, all_batches, golden::kUnitRoundoffBf16);
     const auto widen = [&](TrajectoryGroups& g) {
-      for (Judged& j : g.loss)
+      for (Judged& j : g.loss) {
         j.bound += golden::kEnsembleSpreads * ensemble.center_and_spread(j.name, ref_losses).second;
+      }
       for (Judged& j : g.grad_norm) {
         j.bound += golden::kEnsembleSpreads * ensemble.center_and_spread(j.name, ref_norms).second;
       }
