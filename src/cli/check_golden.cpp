@@ -434,12 +434,16 @@ void judge_fp32_trajectory(Report& report, const std::string& model_dir, Device 
     report.group("trajectory/final_weights", weight_errors, th.trajectory_weights);
     return;
   }
-  const auto worst_weight = *std::max_element(weight_errors.begin(), weight_errors.end(),
-                                              [](const auto& a, const auto& b) { return a.second < b.second; });
-  report.info(fmt::format(
-      "{:<28} ours over an fp32 threshold (loss {:.3e}, grad norm {:.3e}, final weights {:.3e} "
-      "in {}): judged by a rounding ensemble of {} more runs",
-      "trajectory", loss_error, norm_error, worst_weight.second, worst_weight.first, golden::kEnsembleMembers));
+  std::string worst_weight = "none compared";
+  if (!weight_errors.empty()) {
+    const auto worst = *std::max_element(weight_errors.begin(), weight_errors.end(),
+                                         [](const auto& a, const auto& b) { return a.second < b.second; });
+    worst_weight = fmt::format("{:.3e} in {}", worst.second, worst.first);
+  }
+  report.info(
+      fmt::format("{:<28} ours over an fp32 threshold (loss {:.3e}, grad norm {:.3e}, final weights {}): "
+                  "judged by a rounding ensemble of {} more runs",
+                  "trajectory", loss_error, norm_error, worst_weight, golden::kEnsembleMembers));
   golden::EnsembleStats ensemble;
   add_trajectory_run(ensemble, ref, ours, losses, norms);
   run_rounding_ensemble(ensemble, model_dir, device, ref, steps, golden::kUnitRoundoffF32);

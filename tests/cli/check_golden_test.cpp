@@ -137,6 +137,25 @@ TEST_P(CheckGoldenFamily, Bf16JudgementPassesTheF32Path) {
 INSTANTIATE_TEST_SUITE_P(Golden, CheckGoldenFamily,
                          ::testing::Values("qwen3", "qwen3_moe", "deepseek_v2", "gpt_oss", "qwen3_5", "qwen3_5_moe"));
 
+// A dump without the trajectory's final weights fails closed, naming them, also where the ensemble judges the rest.
+TEST(CheckGolden, TrajectoryWithoutFinalWeightsFailsNamingThem) {
+  const io::SafetensorsReader ref =
+      io::SafetensorsReader::open(testing::test_data_path("golden/qwen3_5/reference.safetensors"));
+  std::vector<std::pair<std::string, Tensor>> kept;
+  for (const std::string& name : ref.names()) {
+    if (name.rfind("traj.final.", 0) != 0) kept.emplace_back(name, ref.tensor(name).clone());
+  }
+  const std::string path = testing::make_temp_dir("no_final_weights") + "/reference.safetensors";
+  io::write_safetensors(path, kept);
+  CheckGoldenOptions o = options_for("qwen3_5", "trajectory");
+  o.reference = path;
+  int code = -1;
+  const std::string out = trajectory_output(o, &code);
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_NE(out.find("the reference has no 'traj.final.model.embed_tokens.weight'"), std::string::npos) << out;
+  EXPECT_NE(out.find("final weights none compared"), std::string::npos) << out;
+}
+
 // The bf16 judgement of a trajectory over its bounds widens them by a bf16 rounding ensemble's spread. A reference
 // whose updates are a quarter of the dumped ones (our f32 path then errs by three of its updates) still fails on
 // qwen3_5; qwen3_5_moe's bf16 ensemble spreads its final weights by up to a third of their update (transformers' own
