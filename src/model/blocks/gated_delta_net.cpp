@@ -25,7 +25,6 @@ constexpr float kL2NormEps = 1e-6f;
 struct GatedDeltaRecord final : MixerRecord {
   Tensor x;                         // [T, H] block input (already normed)
   Tensor qkv;                       // in_proj_qkv's output [T, C]
-  Tensor conv;                      // after the conv and SiLU [T, C]
   Tensor q, k, v;                   // split: [T, Hk, dk], [T, Hk, dk], [T, Hv, dv], in the rule's dtype
   Tensor q_norm, k_norm;            // L2-normalised q and k (the rule's dtype)
   Tensor z, a, b;                   // [T, Hv dv], [T, Hv], [T, Hv]
@@ -156,23 +155,24 @@ Tensor GatedDeltaNet::forward(MixerRecord& record, const Tensor& x, const MicroB
 
   r.qkv = Tensor::empty({T, c}, dt, dev);
   ops::linear_forward(s, r.qkv, x, w_qkv_);
-  r.conv = Tensor::empty({T, c}, dt, dev);
+  // The conv's output is only split into q, k and v: the record keeps those, not it.
+  const Tensor conv_out = Tensor::empty({T, c}, dt, dev);
   std::optional<DecodeState> decoding;
   if (batch.decode != nullptr) {
     decoding = decode_state(*batch.decode, c, dt, dev);
     keep_conv_inputs(*decoding, r.qkv, batch);
   }
   if (decoding && batch.decode->phase() == DecodeCache::Phase::kStep) {
-    ops::causal_conv1d_silu_decode(s, r.conv, decoding->conv_inputs, w_conv_, batch.decode->lengths());
+    ops::causal_conv1d_silu_decode(s, conv_out, decoding->conv_inputs, w_conv_, batch.decode->lengths());
   } else {
-    ops::causal_conv1d_silu_forward(s, r.conv, r.qkv, w_conv_, batch.cu_seqlens);
+    ops::causal_conv1d_silu_forward(s, conv_out, r.qkv, w_conv_, batch.cu_seqlens);
   }
   // The conv's channels are q (Hk dk), k (Hk dk), then v (Hv dv), as transformers splits them. The rule runs in the
   // gates' dtype, f32 under bf16 compute, as transformers runs it under autocast: q, k and v leave the conv rounded
   // to bf16, then q and k are L2-normalised in f32 and nothing is rounded until the rule's output.
   const DType rule_dt = statistics_dtype(dt);
-  const Tensor conv = rule_dt == dt ? r.conv : Tensor::empty({T, c}, rule_dt, dev);
-  if (rule_dt != dt) ops::cast(s, conv, r.conv);
+  const Tensor conv = rule_dt == dt ? conv_out : Tensor::empty({T, c}, rule_dt, dev);
+  if (rule_dt != dt) ops::cast(s, conv, conv_out);
   r.q = Tensor::empty({T, hk, dk}, rule_dt, dev);
   r.k = Tensor::empty({T, hk, dk}, rule_dt, dev);
   r.v = Tensor::empty({T, hv, dv}, rule_dt, dev);
