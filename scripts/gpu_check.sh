@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # defines: the batch of GPU checks run on the GPU machine in one call: the CUDA op parity tests
 # (every Cuda* test of every test binary), check-golden on the GPU for every family's dump in tests/data/golden, in f32
-# and bf16, and a short GPU training run of
+# and bf16 (an f32 residual stream, and for information a bf16 one), and a short GPU training run of
 # the tiny example (bf16 compute) whose loss curve docs/training.md compares with the CPU's. Binaries are built on the development machine
 # (scripts/build.sh) and carried along; logs go to $RESULTS_DIR (default /tmp/moetrain_gpu).
 set -uo pipefail
@@ -35,6 +35,11 @@ for dir in tests/data/golden/*/; do
       status=1
     fi
   done
+  # bf16 above keeps the residual stream in f32, as the reference's autocast does; the engine's default recipe
+  # (model.residual_dtype = compute: a bf16 stream) is reported beside it, for information.
+  "$moetrain" check-golden --device cuda --dtype bf16 --residual compute --model "$dir" \
+    --reference "$dir/reference.safetensors" >"$out/golden_${family}_bf16_stream.log" 2>&1
+  echo "check-golden $family cuda bf16 with a bf16 stream (information): $(tail -1 "$out/golden_${family}_bf16_stream.log")"
 done
 
 # The tiny example on the GPU in bf16 compute, from the seed and the data of the CPU run it is compared

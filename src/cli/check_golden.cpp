@@ -336,6 +336,20 @@ void run_packed_case(Report& report, model::CausalLm& model, model::CausalLm* sh
   run_forward_backward_case(report, "packed", "packed.", model, shadow, batch, ref, bf16, pin_always);
 }
 
+// The compute dtype and the residual stream's (CausalLm::stream_dtype): bf16 compute is judged with an f32 stream
+// by default, the recipe of the reference's autocast (--residual).
+struct Precision {
+  DType compute = DType::F32;
+  DType stream = DType::F32;
+};
+constexpr Precision kF32{DType::F32, DType::F32};
+
+std::unique_ptr<model::CausalLm> load_model(const std::string& model_dir, Device device, Precision precision) {
+  auto model = model::CausalLm::from_hf(model_dir, device, precision.compute);
+  model->set_stream_dtype(precision.stream);
+  return model;
+}
+
 // A member of a rounding ensemble: its seed and the relative size u of the rounding it adds before every step.
 struct EnsembleMember {
   uint64_t seed = 0;
@@ -351,8 +365,8 @@ struct Stepper {
   std::optional<EnsembleMember> member;
   int64_t steps_taken = 0;
 
-  Stepper(const std::string& model_dir, Device d, DType dtype, std::optional<EnsembleMember> m = std::nullopt)
-      : model(model::CausalLm::from_hf(model_dir, d, dtype)),
+  Stepper(const std::string& model_dir, Device d, Precision precision, std::optional<EnsembleMember> m = std::nullopt)
+      : model(load_model(model_dir, d, precision)),
         optimizer(std::make_unique<train::AdamW>(model->params(), train::AdamWConfig{1e-3, 0.9, 0.95, 1e-8, 0.1})),
         device(d),
         member(m) {}
@@ -402,7 +416,7 @@ void run_rounding_ensemble(golden::EnsembleStats& ensemble, const std::string& m
                            const io::SafetensorsReader& ref, const std::vector<std::vector<model::MicroBatch>>& steps,
                            double unit) {
   for (int seed = 1; seed <= golden::kEnsembleMembers; ++seed) {
-    Stepper run(model_dir, device, DType::F32, EnsembleMember{static_cast<uint64_t>(seed), unit});
+    Stepper run(model_dir, device, kF32, EnsembleMember{static_cast<uint64_t>(seed), unit});
     std::vector<double> losses, norms;
     for (const auto& batches : steps) {
       const auto [loss, norm] = run.step(batches);
@@ -494,14 +508,14 @@ bool trajectory_within(const TrajectoryGroups& free, const TrajectoryGroups* hel
 // reference's). A third model, pinned, steps in bf16 with every router selecting from the shadow's router logits of
 // the step (MicroBatch::pinned_routing): where our free run's near-tie flips carry it over a bound, the pinned run
 // shows whether removing them removes the excess (check_golden_judge.h).
-void run_trajectory_case(Report& report, const std::string& model_dir, Device device, DType dtype,
+void run_trajectory_case(Report& report, const std::string& model_dir, Device device, Precision precision,
                          const io::SafetensorsReader& ref, bool bf16, bool pin_always) {
   const Thresholds th;
-  Stepper ours(model_dir, device, dtype);
+  Stepper ours(model_dir, device, precision);
   std::unique_ptr<Stepper> shadow, pinned;
   if (bf16 && ours.model->config().is_moe()) {
-    shadow = std::make_unique<Stepper>(model_dir, device, DType::F32);
-    pinned = std::make_unique<Stepper>(model_dir, device, dtype);
+    shadow = std::make_unique<Stepper>(model_dir, device, kF32);
+    pinned = std::make_unique<Stepper>(model_dir, device, precision);
   }
   std::map<std::string, Tensor> start;
   if (bf16) {
@@ -665,29 +679,33 @@ int run_check_golden(const CheckGoldenOptions& options) {
            options.cases);
   MT_CHECK(options.dtype == "f32" || options.dtype == "bf16",
            "check-golden: --dtype expects f32 or bf16 but found '{}'", options.dtype);
+  MT_CHECK(options.residual == "f32" || options.residual == "compute",
+           "check-golden: --residual expects f32 or compute but found '{}'", options.residual);
   const Device device = parse_device(options.device);
   const DType dtype = options.dtype == "bf16" ? DType::BF16 : DType::F32;
+  const Precision precision{dtype, options.residual == "f32" ? DType::F32 : dtype};
   MT_CHECK(dtype == DType::F32 || device.is_cuda(), "check-golden: --dtype bf16 needs --device cuda (found {})",
            device.str());
   if (device.is_cuda()) ops::cuda::setup_cuda(device.index);
   const bool bf16 = dtype == DType::BF16 || options.judge_as_bf16;
   const io::SafetensorsReader ref = io::SafetensorsReader::open(options.reference);
-  auto model = model::CausalLm::from_hf(options.model_dir, device, dtype);
-  std::printf("check-golden: %s (%s, %lld parameters) against %s on %s, %s compute%s\n", options.model_dir.c_str(),
-              model->config().model_type.c_str(), static_cast<long long>(model->params().num_parameters()),
-              options.reference.c_str(), device.str().c_str(), options.dtype.c_str(),
+  auto model = load_model(options.model_dir, device, precision);
+  std::printf("check-golden: %s (%s, %lld parameters) against %s on %s, %s compute, %s residual stream%s\n",
+              options.model_dir.c_str(), model->config().model_type.c_str(),
+              static_cast<long long>(model->params().num_parameters()), options.reference.c_str(), device.str().c_str(),
+              options.dtype.c_str(), std::string(dtype_name(precision.stream)).c_str(),
               bf16 ? ", judged against transformers' own bf16 error (bf16ref.*)" : "");
   const bool all = options.cases == "all";
   std::unique_ptr<model::CausalLm> shadow;
   if (bf16 && model->config().is_moe() && (all || options.cases == "packed")) {
-    shadow = model::CausalLm::from_hf(options.model_dir, device, DType::F32);
+    shadow = load_model(options.model_dir, device, kF32);
   }
   Report report;
   const bool pin = options.pin_routing_always;
   if (all || options.cases == "batch") run_batch_case(report, *model, shadow.get(), ref, bf16, pin);
   if (all || options.cases == "packed") run_packed_case(report, *model, shadow.get(), ref, bf16, pin);
   if (all || options.cases == "trajectory") {
-    run_trajectory_case(report, options.model_dir, device, dtype, ref, bf16, pin);
+    run_trajectory_case(report, options.model_dir, device, precision, ref, bf16, pin);
   }
   std::printf("%d passed, %d failed\n", report.passed(), report.failed());
   return report.failed() == 0 ? 0 : 1;

@@ -14,6 +14,9 @@ struct CheckGoldenOptions {
   std::string device = "cpu";
   // Compute dtype: f32, or bf16 on CUDA (fp32 masters), judged against transformers' own bf16 error (bf16ref.*).
   std::string dtype = "f32";
+  // The residual stream under bf16 compute: f32 (default), as the reference's autocast keeps it, or "compute" (bf16,
+  // the engine's default recipe; model.residual_dtype). Under f32 compute both are f32.
+  std::string residual = "f32";
   std::string cases = "all";  // batch | packed | trajectory | all
   // Tests only: judge an f32 run by the bf16 rules, so that everything of --dtype bf16 but its kernels runs on
   // the CPU (the command line never sets it).

@@ -33,6 +33,10 @@ int run_main(int argc, char** argv) {
   check->add_option("--reference", golden.reference, "reference.safetensors of the dump")->required();
   check->add_option("--device", golden.device, "cpu | cuda[:N]")->capture_default_str();
   check->add_option("--dtype", golden.dtype, "compute dtype: f32 | bf16 (CUDA)")->capture_default_str();
+  check
+      ->add_option("--residual", golden.residual,
+                   "residual stream under bf16 compute: f32 (as the reference's autocast) | compute")
+      ->capture_default_str();
   check->add_option("--case", golden.cases, "batch | packed | trajectory | all")->capture_default_str();
   check->callback([&] { command = [&] { return run_check_golden(golden); }; });
 

@@ -19,6 +19,10 @@ struct ModelSection {
   // f32: everything in fp32. bf16 (CUDA): bf16 weights copies and activations, fp32 accumulation,
   // fp32 masters, gradients and optimizer state.
   std::string compute_dtype = "f32";
+  // The residual stream (the hidden state between layers and its gradient): "compute" keeps it in the compute dtype
+  // (bf16 under bf16 compute, as Megatron-Core and torchtitan do by default); "f32" keeps it in f32 under bf16 compute
+  // as autocast does (Megatron-Core's fp32_residual_connection), at 2 more bytes per element of the stream.
+  std::string residual_dtype = "compute";
   // The LM head and the cross-entropy fused over vocabulary chunks of this many columns (the [T, V]
   // logits never exist); 0: the logits are materialised (in the compute dtype) and the loss read from them.
   int64_t head_chunk = 8192;

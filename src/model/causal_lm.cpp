@@ -36,7 +36,8 @@ const Family& family_of(const ModelConfig& config) {
 CausalLm::CausalLm(const ModelConfig& config, Device device, DType compute_dtype)
     : config_(config),
       device_(device),
-      params_(std::make_unique<ParameterStore>(family_of(config).param_specs(config), device, compute_dtype)) {
+      params_(std::make_unique<ParameterStore>(family_of(config).param_specs(config), device, compute_dtype)),
+      stream_dtype_(compute_dtype) {
   final_norm_ = config.family->final_norm(config);
   for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer)
     layers_.push_back(config.family->make_layer(config_, *params_, layer));
@@ -97,6 +98,13 @@ void CausalLm::load_hf_weights(const io::SafetensorsReader& reader) {
   params_->load_hf_tensors(tensors);
 }
 
+void CausalLm::set_stream_dtype(DType dtype) {
+  MT_CHECK(dtype == compute_dtype() || dtype == DType::F32,
+           "model: the residual stream must be in the compute dtype ({}) or in f32, not {}",
+           dtype_name(compute_dtype()), dtype_name(dtype));
+  stream_dtype_ = dtype;
+}
+
 void CausalLm::round_boundary(Tensor& hidden) const {
   if (exact_ && hidden.dtype() == DType::F32) ops::round_to_bf16_inplace(default_stream(hidden.device()), hidden);
 }
@@ -116,7 +124,7 @@ Tensor token_logprobs_from_losses(const Tensor& losses, const Tensor& targets) {
 }
 
 Tensor CausalLm::embed_forward(const MicroBatch& batch) const {
-  Tensor hidden = Tensor::empty({batch.num_tokens(), config_.hidden_size}, params_->compute_dtype(), device_);
+  Tensor hidden = Tensor::empty({batch.num_tokens(), config_.hidden_size}, stream_dtype_, device_);
   ops::embedding_forward(default_stream(device_), hidden, batch.input_ids,
                          params_->weight(params_->find_role(ParamRole::Embedding)->name));
   return hidden;
@@ -130,18 +138,19 @@ void CausalLm::embed_backward(const MicroBatch& batch, const Tensor& d_hidden) c
 namespace {
 
 // The epilog's first step, shared by both heads: the record's inputs, the final norm, and room for the losses.
+// The norm reads the stream in its dtype and writes the compute dtype, which the head reads.
 void start_epilog(EpilogRecord& r, const Tensor& hidden, const MicroBatch& batch, const Tensor& norm_weight,
-                  const ops::RmsNormParams& norm, Device device) {
+                  const ops::RmsNormParams& norm, DType compute, Device device) {
   const int64_t T = hidden.size(0);
   const Tensor input = hidden;  // `hidden` may be a field of `r`
   r = EpilogRecord{};
   r.hidden = input;
   r.batch = &batch;
-  r.rstd = Tensor::empty({T}, statistics_dtype(hidden.dtype()), device);
-  r.normed = Tensor::empty(hidden.shape(), hidden.dtype(), device);
+  r.rstd = Tensor::empty({T}, statistics_dtype(compute), device);
+  r.normed = Tensor::empty(hidden.shape(), compute, device);
   ops::rmsnorm_forward(default_stream(device), r.normed, r.rstd, hidden, norm_weight, norm);
-  r.losses = Tensor::empty({T}, statistics_dtype(hidden.dtype()), device);
-  r.lse = Tensor::empty({T}, statistics_dtype(hidden.dtype()), device);
+  r.losses = Tensor::empty({T}, statistics_dtype(compute), device);
+  r.lse = Tensor::empty({T}, statistics_dtype(compute), device);
 }
 
 }  // namespace
@@ -151,9 +160,9 @@ LossSum CausalLm::head_forward(EpilogRecord& r, const Tensor& hidden, const Micr
   MT_CHECK(std::isfinite(loss_scale) && loss_scale >= 0.0,
            "head_forward: expected a finite loss scale >= 0 (0: forward only) but found {}", loss_scale);
   Stream& s = default_stream(device_);
-  start_epilog(r, hidden, batch, final_norm_weight(), final_norm_, device_);
+  start_epilog(r, hidden, batch, final_norm_weight(), final_norm_, compute_dtype(), device_);
   if (!head_is_fused(keep_logits)) {
-    r.logits = Tensor::empty({hidden.size(0), config_.vocab_size}, hidden.dtype(), device_);
+    r.logits = Tensor::empty({hidden.size(0), config_.vocab_size}, compute_dtype(), device_);
     ops::linear_forward(s, r.logits, r.normed, head_weight());
     ops::cross_entropy_forward(s, r.losses, r.lse, r.logits, batch.targets);
   } else if (loss_scale > 0.0) {

@@ -58,6 +58,13 @@ class CausalLm {
   const std::vector<std::unique_ptr<DecoderLayer>>& layers() const { return layers_; }
   Device device() const { return device_; }
   DType compute_dtype() const { return params_->compute_dtype(); }
+  // The residual stream's dtype: the hidden state between layers (the embedding's output, each layer's input and
+  // output, what a pipeline stage sends) and its gradient. The compute dtype by default (Megatron-Core's and
+  // torchtitan's bf16 stream); f32 under bf16 compute keeps the stream as autocast does (Megatron-Core's
+  // fp32_residual_connection): each norm reads f32 and writes bf16, each residual add sums into f32, and the
+  // stream's gradient is summed in f32 across the layers. Set before the first forward.
+  DType stream_dtype() const { return stream_dtype_; }
+  void set_stream_dtype(DType dtype);
 
   // The exact program (docs/design.md section 6): when on, the f32 hidden state is rounded to bf16
   // values after the embedding and after every decoder layer, i.e. at every boundary where a
@@ -103,6 +110,7 @@ class CausalLm {
   std::vector<std::unique_ptr<DecoderLayer>> layers_;
   ops::RmsNormParams final_norm_;
   bool exact_ = false;
+  DType stream_dtype_;
   int64_t head_chunk_ = ops::kLinearCrossEntropyChunk;
 };
 

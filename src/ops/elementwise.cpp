@@ -36,6 +36,17 @@ void check_castable(const Tensor& t, const Stream& stream, const char* op, const
            "{}: expected {} in f64, f32 or bf16 but found {}", op, name, t.describe());
 }
 
+// The addend of add_forward and accumulate: shaped as the sum; on the CPU in its dtype, on CUDA in f32 or bf16 (a
+// bf16 activation added into an f32 residual stream under bf16 compute).
+void check_addend(const Tensor& t, const Tensor& sum, const Stream& stream, const char* op, const char* name) {
+  if (stream.device().is_cuda()) {
+    check_float(t, stream, op, name);
+    check_argument(t, sum.shape(), t.dtype(), stream, op, name);
+    return;
+  }
+  check_like(t, sum, stream, op, name);
+}
+
 }  // namespace
 
 void add_forward(Stream& stream, Tensor out, const Tensor& a, const Tensor& b) {
@@ -43,8 +54,11 @@ void add_forward(Stream& stream, Tensor out, const Tensor& a, const Tensor& b) {
   constexpr const char* op = "add_forward";
   check_stream_backend(stream, op);
   check_float(a, stream, op, "a");
-  check_like(b, a, stream, op, "b");
+  check_addend(b, a, stream, op, "b");
   check_like(out, a, stream, op, "out");
+  MT_CHECK(out.numel() == 0 || out.raw_data() != b.raw_data() || out.dtype() == b.dtype(),
+           "{}: out may overwrite b only in the same dtype, but out is {} and b is {}", op, dtype_name(out.dtype()),
+           dtype_name(b.dtype()));
 #if MOETRAIN_HAS_CUDA
   if (a.device().is_cuda()) {
     cuda::add_forward(stream, out, a, b);
@@ -59,7 +73,7 @@ void accumulate(Stream& stream, Tensor acc, const Tensor& x) {
   constexpr const char* op = "accumulate";
   check_stream_backend(stream, op);
   check_float(acc, stream, op, "acc");
-  check_like(x, acc, stream, op, "x");
+  check_addend(x, acc, stream, op, "x");
 #if MOETRAIN_HAS_CUDA
   if (acc.device().is_cuda()) {
     cuda::accumulate(stream, acc, x);

@@ -6,9 +6,10 @@
 
 namespace moetrain::ops {
 
-// out = a + b (out may alias a or b). Same shape and float dtype.
+// out = a + b (out may alias a, or b of its dtype). One shape; out and a of one float dtype; b in it too on the CPU,
+// in f32 or bf16 on CUDA (a bf16 activation added into an f32 residual stream), the sum rounded once to out's dtype.
 void add_forward(Stream& stream, Tensor out, const Tensor& a, const Tensor& b);
-// acc += x
+// acc += x, with x typed as add_forward's b.
 void accumulate(Stream& stream, Tensor acc, const Tensor& x);
 // x *= factor
 void scale_inplace(Stream& stream, Tensor x, double factor);

@@ -22,8 +22,9 @@ struct RowsView {
   int64_t dim = 0;
 };
 
-// The dtypes of each backend. CPU: one float dtype (f32 or f64, x's) for everything. CUDA: x, y, dy, dx in f32 or
-// bf16 (x's); w, dw and rstd in f32.
+// The dtypes of each backend. CPU: one float dtype (f32 or f64, x's) for everything. CUDA: x, y, dy, dx (and the
+// fused add's a, b, sum) each in f32 or bf16, independently: an f32 residual stream feeds bf16 activations (y) and
+// takes their gradients (dy) under bf16 compute; w, dw and rstd in f32.
 struct NormDTypes {
   DType activation;
   DType weight;
@@ -47,6 +48,21 @@ RowsView check_x(const Tensor& x, const Stream& stream, NormDTypes* dtypes, cons
   MT_CHECK(x.dim() >= 1 && x.size(-1) > 0, "{}: expected {} with a non-empty last dimension D but found {}", op, name,
            x.describe());
   return {x.numel() / x.size(-1), x.size(-1)};
+}
+
+// An activation operand other than x: shaped as x; in x's dtype on the CPU, in f32 or bf16 on CUDA.
+void check_activation(const Tensor& t, const Shape& shape, const NormDTypes& dtypes, const Stream& stream,
+                      const char* op, const char* name) {
+  const bool cuda_float = stream.device().is_cuda() && (t.dtype() == DType::F32 || t.dtype() == DType::BF16);
+  check_argument(t, shape, cuda_float ? t.dtype() : dtypes.activation, stream, op, name);
+}
+
+// In-place forms (an output over an input) need one dtype: a kernel rewrites an element only after reading it, in
+// its own width.
+void check_alias(const Tensor& out, const Tensor& in, const char* op, const char* out_name, const char* in_name) {
+  MT_CHECK(out.numel() == 0 || out.raw_data() != in.raw_data() || out.dtype() == in.dtype(),
+           "{}: {} may overwrite {} only in the same dtype, but {} is {} and {} is {}", op, out_name, in_name, out_name,
+           dtype_name(out.dtype()), in_name, dtype_name(in.dtype()));
 }
 
 // rstd holds one value per row; any shape with N elements (e.g. [N] or x's leading dimensions) is accepted.
@@ -75,7 +91,7 @@ void rmsnorm_forward(Stream& stream, Tensor y, Tensor rstd, const Tensor& x, con
   NormDTypes dtypes{};
   const RowsView view = check_x(x, stream, &dtypes, op, "x");
   check_argument(w, {view.dim}, dtypes.weight, stream, op, "w");
-  check_argument(y, x.shape(), dtypes.activation, stream, op, "y");
+  check_activation(y, x.shape(), dtypes, stream, op, "y");
   check_rstd(rstd, view, dtypes.rstd, stream, op);
   check_params(params, op);
 #if MOETRAIN_HAS_CUDA
@@ -94,10 +110,18 @@ void add_rmsnorm_forward(Stream& stream, Tensor sum, Tensor y, Tensor rstd, cons
   check_stream_backend(stream, op);
   NormDTypes dtypes{};
   const RowsView view = check_x(a, stream, &dtypes, op, "a");
-  check_argument(b, a.shape(), dtypes.activation, stream, op, "b");
+  check_activation(b, a.shape(), dtypes, stream, op, "b");
   check_argument(w, {view.dim}, dtypes.weight, stream, op, "w");
-  check_argument(sum, a.shape(), dtypes.activation, stream, op, "sum");
-  check_argument(y, a.shape(), dtypes.activation, stream, op, "y");
+  check_activation(sum, a.shape(), dtypes, stream, op, "sum");
+  check_activation(y, a.shape(), dtypes, stream, op, "y");
+  check_alias(sum, a, op, "sum", "a");
+  check_alias(sum, b, op, "sum", "b");
+  check_alias(y, a, op, "y", "a");
+  check_alias(y, b, op, "y", "b");
+  // The residual (sum, a) and the activations (y, b) each share a dtype: the kernels are built for those pairs.
+  MT_CHECK(sum.dtype() == a.dtype() && y.dtype() == b.dtype(),
+           "{}: expected sum in a's dtype ({}) and y in b's ({}) but found sum {} and y {}", op, dtype_name(a.dtype()),
+           dtype_name(b.dtype()), dtype_name(sum.dtype()), dtype_name(y.dtype()));
   check_rstd(rstd, view, dtypes.rstd, stream, op);
   check_params(params, op);
   MT_CHECK(sum.numel() == 0 || sum.raw_data() != y.raw_data(),
@@ -120,8 +144,12 @@ void rmsnorm_backward_input(Stream& stream, Tensor dx, const Tensor& dy, const T
   NormDTypes dtypes{};
   const RowsView view = check_x(x, stream, &dtypes, op, "x");
   check_argument(w, {view.dim}, dtypes.weight, stream, op, "w");
-  check_argument(dy, x.shape(), dtypes.activation, stream, op, "dy");
-  check_argument(dx, x.shape(), dtypes.activation, stream, op, "dx");
+  check_activation(dy, x.shape(), dtypes, stream, op, "dy");
+  check_activation(dx, x.shape(), dtypes, stream, op, "dx");
+  check_alias(dx, dy, op, "dx", "dy");
+  // The gradient of x in x's dtype (the stream's gradient in the stream's dtype): the kernels are built for that.
+  MT_CHECK(dx.dtype() == x.dtype(), "{}: expected dx in x's dtype ({}) but found {}", op, dtype_name(x.dtype()),
+           dtype_name(dx.dtype()));
   check_rstd(rstd, view, dtypes.rstd, stream, op);
   check_params(params, op);
 #if MOETRAIN_HAS_CUDA
@@ -140,7 +168,7 @@ void rmsnorm_backward_weight(Stream& stream, Tensor dw, const Tensor& dy, const 
   NormDTypes dtypes{};
   const RowsView view = check_x(x, stream, &dtypes, op, "x");
   check_argument(dw, {view.dim}, dtypes.weight, stream, op, "dw");
-  check_argument(dy, x.shape(), dtypes.activation, stream, op, "dy");
+  check_activation(dy, x.shape(), dtypes, stream, op, "dy");
   check_rstd(rstd, view, dtypes.rstd, stream, op);
 #if MOETRAIN_HAS_CUDA
   if (x.device().is_cuda()) {

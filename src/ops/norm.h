@@ -13,17 +13,20 @@ struct RmsNormParams {
   bool zero_centered = false;
 };
 
-// y = x * rstd * scale, rstd[n] = 1 / sqrt(mean(x[n]^2) + eps). rstd [N] has x's float dtype.
+// y = x * rstd * scale, rstd[n] = 1 / sqrt(mean(x[n]^2) + eps). On the CPU every activation (x, y, dy, dx) has one
+// float dtype, rstd and w too. On CUDA each activation is f32 or bf16 on its own (an f32 residual stream x with bf16
+// outputs y under bf16 compute); rstd, w and dw are f32.
 void rmsnorm_forward(Stream& stream, Tensor y, Tensor rstd, const Tensor& x, const Tensor& w,
                      const RmsNormParams& params);
 // The residual add fused with the norm that follows it: sum = a + b (rounded to its dtype, as add_forward writes
 // it), then y and rstd as rmsnorm_forward(y, rstd, sum, w) computes them from that rounded sum, in one pass over the
-// rows. Same dtypes and shapes as rmsnorm_forward with x = a (b and sum shaped and typed as a). sum may alias a or b
-// (the residual updated in place); y may alias a or b but not sum. On the CPU the results are those of add_forward
+// rows. Same dtypes and shapes as rmsnorm_forward with x = a (b and sum shaped as a; on the CPU typed as a, on CUDA
+// each in f32 or bf16: an f32 residual a plus a bf16 mixer output b). sum may alias a or b (the residual updated in
+// place); y may alias a or b but not sum; an alias needs one dtype. On the CPU the results are those of add_forward
 // then rmsnorm_forward bit for bit; on CUDA those of the two CUDA ops.
 void add_rmsnorm_forward(Stream& stream, Tensor sum, Tensor y, Tensor rstd, const Tensor& a, const Tensor& b,
                          const Tensor& w, const RmsNormParams& params);
-// dx = rstd * (scale*dy - xhat * mean(scale*dy*xhat)), xhat = x * rstd. dx may alias dy.
+// dx = rstd * (scale*dy - xhat * mean(scale*dy*xhat)), xhat = x * rstd. dx may alias dy of its dtype.
 void rmsnorm_backward_input(Stream& stream, Tensor dx, const Tensor& dy, const Tensor& x, const Tensor& w,
                             const Tensor& rstd, const RmsNormParams& params);
 // dw += sum_n dy[n] * xhat[n] (rows summed in ascending order). Same for both variants.

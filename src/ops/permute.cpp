@@ -37,6 +37,18 @@ void check_float_dtype(const Tensor& t, Device device, const char* op, const cha
   }
 }
 
+// A token-side tensor (x's gradient, y, dy): on the CPU in the rows' dtype; on CUDA in f32 or bf16 on its own (an f32
+// residual stream beside bf16 expert rows under bf16 compute).
+void check_token_side(const Tensor& t, const Shape& shape, DType rows_dtype, Device device, const char* op,
+                      const char* name) {
+  if (device.is_cuda()) {
+    check_float_dtype(t, device, op, name);
+    check_argument(t, shape, t.dtype(), device, op, name);
+    return;
+  }
+  check_argument(t, shape, rows_dtype, device, op, name);
+}
+
 // The routing weights' dtype: f32 on CUDA (the router computes in f32, whatever the activations), the
 // activations' on the CPU.
 DType weight_dtype(DType activations, Device device) { return device.is_cuda() ? DType::F32 : activations; }
@@ -124,7 +136,7 @@ void permute_backward(Stream& stream, Tensor dx, const Tensor& dpermuted, const 
   check_float_dtype(dpermuted, device, op, "dpermuted");
   const int64_t hidden = dpermuted.size(1);
   check_argument(dpermuted, {plan.num_tokens * plan.top_k, hidden}, dpermuted.dtype(), device, op, "dpermuted");
-  check_argument(dx, {plan.num_tokens, hidden}, dpermuted.dtype(), device, op, "dx");
+  check_token_side(dx, {plan.num_tokens, hidden}, dpermuted.dtype(), device, op, "dx");
 #if MOETRAIN_HAS_CUDA
   if (device.is_cuda()) {
     cuda::permute_backward(stream, dx, dpermuted, plan);
@@ -146,7 +158,7 @@ void unpermute_forward(Stream& stream, Tensor y, const Tensor& expert_out, const
   const DType dtype = expert_out.dtype();
   check_argument(expert_out, {plan.num_tokens * plan.top_k, hidden}, dtype, device, op, "expert_out");
   check_argument(topk_weight, {plan.num_tokens, plan.top_k}, weight_dtype(dtype, device), device, op, "topk_weight");
-  check_argument(y, {plan.num_tokens, hidden}, dtype, device, op, "y");
+  check_token_side(y, {plan.num_tokens, hidden}, dtype, device, op, "y");
 #if MOETRAIN_HAS_CUDA
   if (device.is_cuda()) {
     cuda::unpermute_forward(stream, y, expert_out, topk_weight, plan);
@@ -163,15 +175,15 @@ void unpermute_backward(Stream& stream, Tensor dexpert_out, Tensor dtopk_weight,
   const Device device = check_tensor_backend(stream, dy, op, "dy");
   check_plan(plan, device, op);
   MT_CHECK(dy.dim() == 2, "{}: expected dy [T, H] but found {}", op, dy.describe());
-  check_float_dtype(dy, device, op, "dy");
+  MT_CHECK(expert_out.dim() == 2, "{}: expected expert_out [T*K, H] but found {}", op, expert_out.describe());
+  check_float_dtype(expert_out, device, op, "expert_out");
   const int64_t hidden = dy.size(1);
-  const DType dtype = dy.dtype();
-  check_argument(dy, {plan.num_tokens, hidden}, dtype, device, op, "dy");
+  const DType dtype = expert_out.dtype();
+  check_token_side(dy, {plan.num_tokens, hidden}, dtype, device, op, "dy");
   check_argument(expert_out, {plan.num_tokens * plan.top_k, hidden}, dtype, device, op, "expert_out");
   check_argument(topk_weight, {plan.num_tokens, plan.top_k}, weight_dtype(dtype, device), device, op, "topk_weight");
   check_argument(dexpert_out, {plan.num_tokens * plan.top_k, hidden}, dtype, device, op, "dexpert_out");
-  check_argument(dtopk_weight, {plan.num_tokens, plan.top_k}, weight_dtype(dtype, device), device, op,
-                 "dtopk_weight");
+  check_argument(dtopk_weight, {plan.num_tokens, plan.top_k}, weight_dtype(dtype, device), device, op, "dtopk_weight");
 #if MOETRAIN_HAS_CUDA
   if (device.is_cuda()) {
     cuda::unpermute_backward(stream, dexpert_out, dtopk_weight, dy, expert_out, topk_weight, plan);

@@ -28,7 +28,8 @@ void permute_forward(Stream& stream, Tensor permuted, const Tensor& x, const Rou
 // dx [T, H] = sum over k (ascending) of dpermuted[choice_row[t*K + k]]
 void permute_backward(Stream& stream, Tensor dx, const Tensor& dpermuted, const RoutingPlan& plan);
 // y [T, H] = sum over k (ascending) of weight[t, k] * expert_out[choice_row[t*K + k]]. The routing
-// weights (topk_weight, dtopk_weight) are f32 on CUDA whatever the activations' dtype.
+// weights (topk_weight, dtopk_weight) are f32 on CUDA whatever the activations' dtype. On CUDA the token side (dx of
+// permute_backward, y here, dy below) may be f32 while the rows are bf16: an f32 residual stream under bf16 compute.
 void unpermute_forward(Stream& stream, Tensor y, const Tensor& expert_out, const Tensor& topk_weight,
                        const RoutingPlan& plan);
 // dexpert_out [T*K, H] and dtopk_weight [T, K] from dy [T, H]

@@ -34,10 +34,10 @@ std::vector<std::vector<const ChunkStep*>> slices_of(const std::vector<ChunkStep
 }  // namespace
 
 void check_wire_dtype(const model::CausalLm& model, DType wire, const char* who) {
-  const DType compute = model.compute_dtype();
-  MT_CHECK(wire == compute || (wire == DType::BF16 && compute == DType::F32),
-           "{}: the wire dtype must be the model's compute dtype ({}) or bf16 with an f32 model, found {}", who,
-           dtype_name(compute), dtype_name(wire));
+  const DType stream = model.stream_dtype();
+  MT_CHECK(wire == stream || (wire == DType::BF16 && stream == DType::F32),
+           "{}: the wire dtype must be the model's residual stream dtype ({}) or bf16 with an f32 stream, found {}",
+           who, dtype_name(stream), dtype_name(wire));
 }
 
 Tensor activation_to_wire(const Tensor& activation, DType wire, const std::string& what) {
@@ -61,9 +61,9 @@ Tensor activation_to_wire(const Tensor& activation, DType wire, const std::strin
   return out;
 }
 
-Tensor activation_from_wire(const Tensor& wire, DType compute) {
-  if (wire.dtype() == compute) return wire;
-  Tensor out = Tensor::empty(wire.shape(), compute, wire.device());
+Tensor activation_from_wire(const Tensor& wire, DType stream) {
+  if (wire.dtype() == stream) return wire;
+  Tensor out = Tensor::empty(wire.shape(), stream, wire.device());
   ops::cast(default_stream(wire.device()), out, wire);
   return out;
 }
@@ -108,7 +108,7 @@ DualPipeVExecutor::DualPipeVExecutor(const model::CausalLm& model, const Partiti
       comm_(pp_comm),
       rank_(pp_comm.rank()),
       num_ranks_(pp_comm.size()),
-      wire_dtype_(model.compute_dtype()) {
+      wire_dtype_(model.stream_dtype()) {
   MT_CHECK(partition.pp == num_ranks_,
            "pipeline: the partition is for pp = {} ranks but the pipeline communicator '{}' has {} ranks", partition.pp,
            comm_.name(), num_ranks_);
@@ -207,7 +207,7 @@ void DualPipeVExecutor::commit(const std::vector<Transfer>& sends, const std::ve
              "pipeline: rank {}: {} announces [T = {}, H = {}] with {} documents; expected T > 0, H = {} and at least "
              "one document",
              rank_, describe(t), h[4], h[5], h[6], H);
-    const DType dtype = t.kind == TransferKind::Activation ? wire_dtype_ : model_.compute_dtype();
+    const DType dtype = t.kind == TransferKind::Activation ? wire_dtype_ : model_.stream_dtype();
     recv_payload[i] = Tensor::empty({h[4], H}, dtype, device);
     if (t.kind == TransferKind::Activation)
       recv_meta[i] = Tensor::empty({int64_t{h[6]} + 1 + h[4]}, DType::I32, device);
@@ -233,7 +233,7 @@ void DualPipeVExecutor::commit(const std::vector<Transfer>& sends, const std::ve
                                 fmt::format("rank {}: {}", rank_, describe(t)));
       m.batch.router_loss = (*batches_)[static_cast<size_t>(t.microbatch)].router_loss;
       if (wire_check_) wire_check_(m.payload, m.batch);
-      m.payload = activation_from_wire(m.payload, model_.compute_dtype());
+      m.payload = activation_from_wire(m.payload, model_.stream_dtype());
     }
     const MessageKey key{t.kind, t.chunk, t.microbatch};
     MT_CHECK(inbox_.count(key) == 0, "pipeline: rank {} received {} twice", rank_, describe(t));

@@ -27,9 +27,10 @@ namespace moetrain::pipeline {
 // Wire protocol, per message of the schedule (both rounds are posted as one group at each commit point):
 //   round 1: a header, i32 [kHeaderInts] = {kWireMagic, kind, chunk, micro-batch, T, H, D}, so that the receiver
 //            can size the payload and check that it got the message the schedule names;
-//   round 2: the payload, compute dtype [T, H] (the activation or the gradient), and for activations the
+//   round 2: the payload, stream dtype [T, H] (the activation or the gradient), and for activations the
 //            micro-batch's metadata, i32 [D + 1 + T] = cu_seqlens then position_ids.
-// Activations travel in the wire dtype (set_wire_dtype; default the compute dtype), gradients in the compute dtype.
+// Activations travel in the wire dtype (set_wire_dtype; default the model's residual stream dtype), gradients in the
+// stream dtype.
 inline constexpr int kHeaderInts = 7;
 inline constexpr int32_t kWireMagic = 0x4450'5631;  // "DPV1"
 
@@ -40,14 +41,14 @@ inline constexpr int32_t kWireMagic = 0x4450'5631;  // "DPV1"
 using WireCheck = std::function<void(const Tensor& activation, const model::MicroBatch& batch)>;
 
 // The wire helpers of the protocol (DualPipeVExecutor and ForwardPipeline).
-// Refuses a wire dtype other than the model's compute dtype or bf16 with an f32 model; `who` names the caller.
+// Refuses a wire dtype other than the model's residual stream dtype or bf16 with an f32 stream; `who` names the caller.
 void check_wire_dtype(const model::CausalLm& model, DType wire, const char* who);
 // The activation as it travels: itself when it is in the wire dtype already, else cast to bf16, refused with a
 // clear error when a value is not on the bf16 grid (a bf16 wire with an f32 model needs exact mode). `what` names
 // the activation in the error.
 Tensor activation_to_wire(const Tensor& activation, DType wire, const std::string& what);
-// Back to the compute dtype on receipt (exact: every bf16 value is an f32 value).
-Tensor activation_from_wire(const Tensor& wire, DType compute);
+// Back to the stream dtype on receipt (exact: every bf16 value is an f32 value).
+Tensor activation_from_wire(const Tensor& wire, DType stream);
 // The metadata that travels with an activation: i32 [D + 1 + T] = cu_seqlens then position_ids, on `device`.
 Tensor encode_metadata(const model::MicroBatch& batch, Device device);
 // A micro-batch holding the received metadata (cu_seqlens, its host copy, position_ids; no tokens or targets) on
@@ -68,9 +69,9 @@ class DualPipeVExecutor {
   DualPipeVExecutor(const model::CausalLm& model, const Partition& partition, dist::Communicator& pp_comm,
                     dist::Communicator* ep = nullptr);
 
-  // Dtype of the activations sent between ranks (default: the model's compute dtype). BF16 with an f32 model: cast
+  // Dtype of the activations sent between ranks (default: the model's stream dtype). BF16 with an f32 stream: cast
   // on send (refused with a clear error if a value is not on the bf16 grid, i.e. not exact mode), cast back on
-  // receipt. Gradients always travel in the compute dtype.
+  // receipt. Gradients always travel in the stream dtype.
   void set_wire_dtype(DType dtype);
   DType wire_dtype() const { return wire_dtype_; }
   void set_wire_check(WireCheck check) { wire_check_ = std::move(check); }

@@ -25,7 +25,7 @@ ForwardPipeline::ForwardPipeline(const model::CausalLm& model, const Partition& 
       ep_(ep),
       rank_(pp.rank()),
       num_ranks_(pp.size()),
-      wire_dtype_(model.compute_dtype()) {
+      wire_dtype_(model.stream_dtype()) {
   MT_CHECK(partition.pp == num_ranks_,
            "forward pipeline: the partition is for pp = {} ranks but the pipeline communicator '{}' has {} ranks",
            partition.pp, pp_.name(), num_ranks_);
@@ -157,7 +157,7 @@ Tensor ForwardPipeline::recv_activation(int stage, int mb, int peer, const model
   batch = decode_metadata(meta, h[4], h[6], device, what);
   batch.router_loss = local.router_loss;
   if (wire_check_) wire_check_(wire, batch);
-  return activation_from_wire(wire, model_.compute_dtype());
+  return activation_from_wire(wire, model_.stream_dtype());
 }
 
 std::vector<Tensor> ForwardPipeline::run(const std::vector<model::MicroBatch>& batches, model::StepLoss* loss) {

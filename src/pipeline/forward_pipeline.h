@@ -31,7 +31,7 @@ class ForwardPipeline {
   ForwardPipeline(const ForwardPipeline&) = delete;
   ForwardPipeline& operator=(const ForwardPipeline&) = delete;
 
-  // Wire dtype of the activations sent between ranks (default: the model's compute dtype). BF16 with an f32
+  // Wire dtype of the activations sent between ranks (default: the model's residual stream dtype). BF16 with an f32
   // model: cast on send (refused with a clear error if a value is not on the bf16 grid, i.e. not exact mode), cast
   // back on receipt.
   void set_wire_dtype(DType dtype);

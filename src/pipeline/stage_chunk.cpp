@@ -144,9 +144,9 @@ std::vector<ChunkStep> StageChunk::plan_forward(int microbatch, const model::Mic
   } else {
     expect_defined(input, "pipeline: stage input");
     MT_CHECK(input.dim() == 2 && input.size(1) == model_.config().hidden_size &&
-                 input.size(0) == batch.position_ids.numel() && input.dtype() == model_.compute_dtype(),
+                 input.size(0) == batch.position_ids.numel() && input.dtype() == model_.stream_dtype(),
              "pipeline: stage {} expects its input as {}[{}, {}] (T from the micro-batch's position_ids) but found {}",
-             stage_.stage, dtype_name(model_.compute_dtype()), batch.position_ids.numel(), model_.config().hidden_size,
+             stage_.stage, dtype_name(model_.stream_dtype()), batch.position_ids.numel(), model_.config().hidden_size,
              input.describe());
   }
   if (stage_.has_head) {
@@ -256,9 +256,9 @@ std::vector<ChunkStep> StageChunk::plan_backward(int microbatch, const Tensor& d
   } else {
     expect_defined(d_output, "pipeline: stage output gradient");
     MT_CHECK(d_output.dim() == 2 && d_output.size(0) == st.batch.position_ids.numel() &&
-                 d_output.size(1) == model_.config().hidden_size && d_output.dtype() == model_.compute_dtype(),
+                 d_output.size(1) == model_.config().hidden_size && d_output.dtype() == model_.stream_dtype(),
              "pipeline: stage {} expects the gradient of its output as {}[{}, {}] but found {}", stage_.stage,
-             dtype_name(model_.compute_dtype()), st.batch.position_ids.numel(), model_.config().hidden_size,
+             dtype_name(model_.stream_dtype()), st.batch.position_ids.numel(), model_.config().hidden_size,
              d_output.describe());
   }
   st.phase = MicroBatchState::Phase::Backward;

@@ -43,17 +43,19 @@ using LayerShape = model::LayerActivationShape;
 struct Sizes {
   int64_t T = 0, H = 0, V = 0, E = 0, K = 0;
   int64_t c = 4;            // compute dtype bytes
+  int64_t s = 4;            // residual stream dtype bytes (c, or 4 with model.residual_dtype = f32)
   bool router_aux = false;  // router losses on: d_probs and d_logits [T, E] per MoE layer
   int64_t head_chunk = 0;
 };
 
 // Byte sizes of one layer's tensors for one micro-batch (names as in the blocks' records).
 struct LayerBytes {
-  int64_t hid, stat_t, q, kv, q_stat, kv_stat, rows, gate_up, act, route_e, route_k_stat, route_k_idx, plan;
+  int64_t hid, stream, stat_t, q, kv, q_stat, kv_stat, rows, gate_up, act, route_e, route_k_stat, route_k_idx, plan;
   int64_t aux;  // d_probs + d_logits of the router losses
   LayerBytes(const LayerShape& s, const Sizes& z) {
     const int64_t R = s.moe ? z.T * z.K : z.T;
     hid = z.T * z.H * z.c;
+    stream = z.T * z.H * z.s;
     stat_t = z.T * kStat;
     q = z.T * s.q_cols * z.c;
     kv = z.T * s.kv_cols * z.c;
@@ -183,7 +185,7 @@ class StageSim {
   // Forward of one micro-batch; the stage's input (a received activation) is allocated here when the stage has no
   // embedding. Leaves the records alive; the output of a stage without the head is freed (sent).
   void forward(Ledger& l, ZeroSim* zero) {
-    const int64_t hid = z_.T * z_.H * z_.c;
+    const int64_t hid = z_.T * z_.H * z_.s;  // the stream
     if (stage_.has_embedding) {
       if (zero) zero->before_forward(0);
       l.alloc(hid);  // the embedding's output
@@ -212,7 +214,7 @@ class StageSim {
 
   // Backward of one micro-batch (with its weight work, or the input gradients only).
   void backward(Ledger& l, ZeroSim* zero, bool with_weight) {
-    const int64_t hid = z_.T * z_.H * z_.c;
+    const int64_t hid = z_.T * z_.H * z_.s;  // the stream's gradient
     if (stage_.has_head) {
       if (zero && !fused()) zero->before_backward(zero->head());
       kept_ += head_backward(l, head_rec_, with_weight);
@@ -244,11 +246,11 @@ class StageSim {
     l.alloc(b.q), l.alloc(b.kv), l.alloc(b.kv);         // q, k, v
     if (s.output_gate) l.alloc(2 * b.q), l.alloc(b.q);  // q_gate, gate
     if (s.qk_norm) l.alloc(b.q_stat), l.alloc(b.kv_stat);
-    l.alloc(b.q), l.alloc(b.kv);                        // q_rot, k_rot
-    l.alloc(b.q), l.alloc(b.q_stat);                    // attn, lse
-    l.alloc(b.hid);                                     // the mixer's output (freed at the end of stage 1)
-    if (s.output_gate) l.alloc(b.q);                    // gated
-    l.alloc(b.hid), l.alloc(b.stat_t), l.alloc(b.hid);  // residual, rstd_post, normed_post
+    l.alloc(b.q), l.alloc(b.kv);                           // q_rot, k_rot
+    l.alloc(b.q), l.alloc(b.q_stat);                       // attn, lse
+    l.alloc(b.hid);                                        // the mixer's output (freed at the end of stage 1)
+    if (s.output_gate) l.alloc(b.q);                       // gated
+    l.alloc(b.stream), l.alloc(b.stat_t), l.alloc(b.hid);  // residual, rstd_post, normed_post
     if (s.moe) {
       l.alloc(2 * b.route_e), l.alloc(b.route_k_idx), l.alloc(b.route_k_stat), l.alloc(b.plan);  // routing
       l.alloc(b.aux);   // the router losses' d_probs, d_logits
@@ -256,15 +258,17 @@ class StageSim {
     }
     l.free(b.hid);                                        // the mixer's output
     l.alloc(b.gate_up), l.alloc(b.act), l.alloc(b.rows);  // stage 3: gate_up, act, y
-    l.alloc(b.hid);                                       // stage 5's output
+    l.alloc(b.stream);                                    // stage 5's output
     if (!s.moe) l.free(b.rows);                           // a dense layer keeps no combined rows
     return l.live - before;
   }
 
-  // The layer's backward_input (and backward_weight); `g` (the incoming gradient, b.hid) is alive and is replaced
+  // The layer's backward_input (and backward_weight); `g` (the incoming gradient, b.stream) is alive and is replaced
   // by the layer's input gradient. `rec` is what the record holds; returns what it holds after backward_input.
   int64_t layer_backward(Ledger& l, const LayerShape& s, int64_t rec, bool with_weight) {
     const LayerBytes b(s, z_);
+    const bool cast = b.stream != b.hid;  // an f32 stream under bf16 compute
+    if (!s.moe && cast) l.alloc(b.hid);   // stage 5: the incoming gradient's compute-dtype copy (the MLP's d_y)
     if (s.moe) {  // stage 5: d_combined (kept as the MLP's d_y), d_topk_weight; the combined rows are dropped
       l.alloc(b.rows), l.alloc(b.route_k_stat), l.free(b.rows);
       rec += b.route_k_stat;
@@ -279,9 +283,9 @@ class StageSim {
     }
     // Stage 1.
     if (s.moe) {
-      l.alloc(b.hid);  // d_normed_post
+      l.alloc(b.stream);  // d_normed_post, summed in the stream's dtype
       l.alloc(b.route_e);
-      rec += b.hid + b.route_e;
+      rec += b.stream + b.route_e;
       if (z_.c == 2) {  // the router's d_logits rounded to the compute dtype
         l.alloc(z_.T * z_.E * 2), l.free(b.route_e);
         rec += z_.T * z_.E * 2 - b.route_e;
@@ -290,8 +294,9 @@ class StageSim {
     } else {
       rec += b.hid;  // d_normed_post is the MLP's dx
     }
-    l.alloc(b.hid);  // d_residual (kept as the attention's d_out)
-    l.alloc(b.q);    // d_attn
+    l.alloc(b.stream);         // d_residual
+    if (cast) l.alloc(b.hid);  // its compute-dtype copy, kept as the attention's d_out
+    l.alloc(b.q);              // d_attn
     rec += b.hid + b.q;
     if (s.output_gate) l.alloc(b.q), l.alloc(b.q);  // d_gated, d_gate (temporaries)
     l.alloc(b.q), l.alloc(b.kv), l.alloc(b.kv);     // d_q_rot, d_k_rot, d_v
@@ -301,16 +306,25 @@ class StageSim {
     l.alloc(b.hid), l.alloc(b.hid), l.free(b.hid);                  // dx (d_normed_input, kept), partial
     rec += b.hid;
     if (s.output_gate) l.free(2 * b.q);  // d_gated, d_gate
-    l.alloc(b.hid);                      // d_hidden: the new incoming gradient
+    l.alloc(b.stream);                   // d_hidden: the new incoming gradient
+    if (cast) l.free(b.stream);          // d_residual (the attention kept its copy)
     if (s.moe) {
       l.free(b.route_k_stat), l.free(b.hid), l.free(b.rows);  // d_topk_weight, the router's dx, d_dispatched
       rec -= b.route_k_stat;
     }
-    // The old incoming gradient: dropped, unless the dense MLP's record still holds it as d_y (no weight pass yet).
-    if (s.moe || with_weight) {
-      l.free(b.hid);
+    // The old incoming gradient: dropped, unless the dense MLP's record still holds it as d_y (no weight pass yet;
+    // under an f32 stream the MLP holds a compute-dtype copy and the stream's gradient goes).
+    if (s.moe || with_weight || cast) {
+      l.free(b.stream);
     } else {
       rec += b.hid;
+    }
+    if (!s.moe && cast) {
+      if (with_weight) {
+        l.free(b.hid);
+      } else {
+        rec += b.hid;
+      }
     }
     if (with_weight) {
       l.free(rec);
@@ -321,6 +335,7 @@ class StageSim {
 
   int64_t head_forward(Ledger& l) {
     const int64_t hid = z_.T * z_.H * z_.c;
+    const int64_t stream = z_.T * z_.H * z_.s;
     const int64_t before = l.live;
     l.alloc(z_.T * kStat), l.alloc(hid), l.alloc(2 * z_.T * kStat);  // rstd, normed, losses, lse
     if (!fused()) {
@@ -331,17 +346,18 @@ class StageSim {
       const int64_t work = 3 * z_.T * kStat + z_.T * width * z_.c + (z_.c == 2 ? z_.T * z_.H * 4 : 0);
       l.alloc(work), l.free(work);  // row statistics, the chunk's logits, the f32 dx accumulator
     }
-    return l.live - before + hid;  // the record holds the last layer's output too
+    return l.live - before + stream;  // the record holds the last layer's output too
   }
 
   int64_t head_backward(Ledger& l, int64_t rec, bool with_weight) {
     const int64_t hid = z_.T * z_.H * z_.c;
+    const int64_t stream = z_.T * z_.H * z_.s;
     if (!fused()) {
       const int64_t logits = z_.T * z_.V * z_.c;
       l.alloc(logits), l.free(logits), l.alloc(hid);  // d_logits replaces the logits; d_normed
       rec += hid;
     }
-    l.alloc(hid);  // d_hidden
+    l.alloc(stream);  // d_hidden
     if (with_weight) {
       l.free(rec);
       return 0;
@@ -459,6 +475,7 @@ MemoryPlan plan_memory(const io::JobConfig& config, int world) {
   z.E = mc.num_experts;
   z.K = mc.num_experts_per_tok;
   z.c = c;
+  z.s = config.model.residual_dtype == "f32" ? 4 : c;
   z.router_aux = mc.is_moe() && (config.loss.load_balance_coef > 0.0 || config.loss.z_loss_coef > 0.0 ||
                                  config.loss.device_balance_coef > 0.0);
   z.head_chunk = config.model.head_chunk;

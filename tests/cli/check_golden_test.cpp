@@ -290,6 +290,21 @@ TEST(CheckGolden, RejectsAnUnknownDtypeAndBf16OnTheCpu) {
   }
 }
 
+TEST(CheckGolden, RejectsAnUnknownResidualStream) {
+  CheckGoldenOptions o = options_for("qwen3", "batch");
+  o.residual = "bf16";  // compute (the compute dtype) or f32
+  try {
+    run_check_golden(o);
+    ADD_FAILURE() << "--residual bf16 was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--residual expects f32 or compute but found 'bf16'"), std::string::npos)
+        << e.what();
+  }
+  // Under f32 compute both streams are f32: "compute" runs the same check.
+  o.residual = "compute";
+  EXPECT_EQ(run_check_golden(o), 0);
+}
+
 TEST(CheckGolden, RejectsUnknownCase) { EXPECT_THROW(run_check_golden(options_for("qwen3", "everything")), Error); }
 
 TEST(CheckGolden, CommandLineExitsNonZeroOnMissingModel) {

@@ -829,6 +829,7 @@ TEST(JobConfig, RejectsBadComputeDtypeAndHeadChunk) {
   expect_override_error("model.compute_dtype=f16", {"model.compute_dtype", "f32 or bf16", "f16"});
   expect_override_error("model.compute_dtype=bf16", {"model.compute_dtype = bf16", "CUDA", "cpu"});
   expect_override_error("model.head_chunk=-1", {"model.head_chunk", ">= 0", "-1"});
+  expect_override_error("model.residual_dtype=bf16", {"model.residual_dtype", "compute or f32", "bf16"});
 }
 
 TEST(JobConfig, SyntheticDataReadsNoFiles) {

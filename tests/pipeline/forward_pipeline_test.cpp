@@ -233,7 +233,7 @@ TEST(ForwardPipeline, RefusesBf16WireWhenValuesAreOffTheGrid) {
   EXPECT_NE(errors.at(1).find("rank 0"), std::string::npos) << errors.at(1);
 }
 
-TEST(ForwardPipeline, RefusesAWireDtypeOtherThanComputeOrBf16) {
+TEST(ForwardPipeline, RefusesAWireDtypeOtherThanTheStreamOrBf16) {
   const model::ModelConfig config = tiny_moe();
   auto model = make_model(config, kSeed);
   dist::run_local_ranks(1, [&](dist::Communicator& comm) {
@@ -242,7 +242,7 @@ TEST(ForwardPipeline, RefusesAWireDtypeOtherThanComputeOrBf16) {
       pipeline.set_wire_dtype(DType::F64);
       ADD_FAILURE() << "an f64 wire should be refused";
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("compute dtype (f32) or bf16 with an f32 model, found f64"),
+      EXPECT_NE(std::string(e.what()).find("residual stream dtype (f32) or bf16 with an f32 stream, found f64"),
                 std::string::npos)
           << e.what();
     }

@@ -130,6 +130,22 @@ TEST(MemoryPlan, CountsParametersAndFlops) {
   EXPECT_EQ(pp.ranks[0].owned_parameters + pp.ranks[1].owned_parameters, pp.total_parameters);
 }
 
+TEST(MemoryPlan, AnF32ResidualStreamCostsTheRecordsTwoMoreBytesAnElement) {
+  const std::string job = repo("bench/workload_of_record.toml");
+  const MemoryPlan bf16 = plan_memory(io::load_job_config(job, {}), 1);
+  const MemoryPlan f32 = plan_memory(io::load_job_config(job, {"model.residual_dtype=f32"}), 1);
+  const model::ModelConfig mc = model::load_model_config(io::load_job_config(job, {}).model.config);
+  ASSERT_EQ(bf16.ranks.size(), 1u);
+  ASSERT_EQ(f32.ranks.size(), 1u);
+  // Every layer's record keeps two stream tensors (the residual and the layer's output, the next layer's input),
+  // 2 more bytes an element each; the backward's transient stream gradients and casts add a few [T, H] more.
+  const double stream_growth = 2.0 * static_cast<double>(bf16.tokens_per_micro_batch * mc.hidden_size);
+  const double records = static_cast<double>(mc.num_hidden_layers) * 2.0 * stream_growth;
+  const double grown = static_cast<double>(f32.ranks[0].step_peak - bf16.ranks[0].step_peak);
+  EXPECT_GE(grown, records) << format_memory_plan(f32);
+  EXPECT_LE(grown, records + 8.0 * stream_growth) << format_memory_plan(f32);
+}
+
 TEST(MemoryPlan, RefusesAWorldTheMeshDoesNotDivide) {
   const io::JobConfig config = tiny_job({"train.global_batch=16", "parallel.pp=2"});
   EXPECT_THROW(plan_memory(config, 3), Error);

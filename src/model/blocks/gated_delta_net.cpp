@@ -272,15 +272,28 @@ Tensor GatedDeltaNet::backward_input(MixerRecord& record, const Tensor& d_out) c
   r.d_conv_w = Tensor::zeros(g_conv_.shape(), g_conv_.dtype(), dev);
   ops::causal_conv1d_silu_backward(s, r.d_qkv, r.d_conv_w, d_conv, r.qkv, w_conv_, r.batch->cu_seqlens);
 
-  Tensor dx = Tensor::empty(r.x.shape(), dt, dev);
+  // The input's gradient has four parts, one per projection, each a GEMM's output in the compute dtype. Under bf16
+  // compute they are summed in f32 (the norm's backward reads either dtype), as autograd sums the bf16 gradients of
+  // the four casts of one f32 input under autocast: three bf16 roundings fewer than a bf16 sum.
+  const DType sum_dt = statistics_dtype(dt);
+  Tensor dx = Tensor::empty(r.x.shape(), sum_dt, dev);
   Tensor partial = Tensor::empty(r.x.shape(), dt, dev);
-  ops::linear_backward_input(s, dx, r.d_qkv, w_qkv_);
-  ops::linear_backward_input(s, partial, r.d_z, w_z_);
-  ops::accumulate(s, dx, partial);
-  ops::linear_backward_input(s, partial, r.d_a, w_a_);
-  ops::accumulate(s, dx, partial);
-  ops::linear_backward_input(s, partial, r.d_b, w_b_);
-  ops::accumulate(s, dx, partial);
+  const std::pair<const Tensor*, const Tensor*> parts[] = {
+      {&r.d_qkv, &w_qkv_}, {&r.d_z, &w_z_}, {&r.d_a, &w_a_}, {&r.d_b, &w_b_}};
+  bool first = true;
+  for (const auto& [d_y, w] : parts) {
+    if (first && sum_dt == dt) {
+      ops::linear_backward_input(s, dx, *d_y, *w);
+    } else {
+      ops::linear_backward_input(s, partial, *d_y, *w);
+      if (first) {
+        ops::cast(s, dx, partial);
+      } else {
+        ops::accumulate(s, dx, partial);
+      }
+    }
+    first = false;
+  }
   return dx;
 }
 

@@ -51,6 +51,15 @@ void append(std::vector<ParamSpec>& to, std::vector<ParamSpec> from) {
   for (ParamSpec& spec : from) to.push_back(std::move(spec));
 }
 
+// `t` in `dtype`: itself, or a rounded copy (the f32 residual stream's gradient entering a bf16 GEMM's backward, as
+// autocast casts it at the matmul).
+Tensor in_dtype(const Tensor& t, DType dtype) {
+  if (t.dtype() == dtype) return t;
+  Tensor out = Tensor::empty(t.shape(), dtype, t.device());
+  ops::cast(default_stream(t.device()), out, t);
+  return out;
+}
+
 const GatedMlpOptions& ffn_options(const PreNormLayerOptions& o) {
   MT_CHECK(o.dense_mlp.has_value() != o.moe.has_value(),
            "decoder layer {}: expected exactly one of a dense MLP and an expert bank but found {}", o.layer,
@@ -80,6 +89,7 @@ std::vector<ParamSpec> PreNormLayer::param_specs(const PreNormLayerOptions& o, s
 PreNormLayer::PreNormLayer(const PreNormLayerOptions& options, std::unique_ptr<TokenMixer> mixer, ParameterStore& store,
                            const std::string& prefix)
     : options_(options),
+      compute_dtype_(store.compute_dtype()),
       mixer_(std::move(mixer)),
       router_(options.moe ? std::make_unique<Router>(options.moe->router, store, prefix) : nullptr),
       shared_expert_(options.moe && options.moe->shared_expert
@@ -102,7 +112,7 @@ Dispatch PreNormLayer::stage1_forward(LayerRecord& record, const Tensor& hidden,
   PreNormRecord& r = as_pre_norm(record);
   Stream& s = default_stream(hidden.device());
   const int64_t T = hidden.size(0);
-  const DType dt = hidden.dtype();
+  const DType dt = compute_dtype_;  // the norms' outputs and everything after them; the stream keeps hidden's dtype
   const Device dev = hidden.device();
   r.hidden = hidden;
   r.rstd_input = Tensor::empty({T}, statistics_dtype(dt), dev);
@@ -110,7 +120,7 @@ Dispatch PreNormLayer::stage1_forward(LayerRecord& record, const Tensor& hidden,
   ops::rmsnorm_forward(s, r.normed_input, r.rstd_input, hidden, w_input_norm_, options_.norm);
   const Tensor mixed = mixer_->forward(*r.mixer, r.normed_input, batch);
 
-  r.residual = Tensor::empty(hidden.shape(), dt, dev);
+  r.residual = Tensor::empty(hidden.shape(), hidden.dtype(), dev);
   r.rstd_post = Tensor::empty({T}, statistics_dtype(dt), dev);
   r.normed_post = Tensor::empty(hidden.shape(), dt, dev);
   // residual = hidden + mixed and its norm in one pass (the same bits as the two ops apart).
@@ -167,12 +177,13 @@ Tensor PreNormLayer::stage5_forward(LayerRecord& record, const Tensor& combined)
 Tensor PreNormLayer::stage5_backward_input(LayerRecord& record, const Tensor& d_out) const {
   PreNormRecord& r = as_pre_norm(record);
   r.d_residual = d_out;
-  if (!router_) return d_out;
-  Tensor d_combined = Tensor::empty(r.combined.shape(), d_out.dtype(), d_out.device());
+  if (!router_) return in_dtype(d_out, compute_dtype_);
+  // The weighted sum's gradient reads the stream's gradient as it is (f32 under an f32 stream) and writes the rows'.
+  Tensor d_combined = Tensor::empty(r.combined.shape(), r.combined.dtype(), d_out.device());
   r.d_topk_weight = Tensor::empty(r.routing.topk_weight.shape(), r.routing.topk_weight.dtype(), d_out.device());
   ops::unpermute_backward(default_stream(d_out.device()), d_combined, r.d_topk_weight, d_out, r.combined,
                           r.routing.topk_weight, r.routing.plan);
-  if (shared_expert_) r.d_shared_in = shared_expert_->backward_input(r.shared, d_out);
+  if (shared_expert_) r.d_shared_in = shared_expert_->backward_input(r.shared, in_dtype(d_out, compute_dtype_));
   r.combined = Tensor();
   return d_combined;
 }
@@ -186,11 +197,12 @@ void PreNormLayer::stage3_backward_weight(LayerRecord& record) const { mlp_.back
 Tensor PreNormLayer::stage1_backward_input(LayerRecord& record, const Tensor& d_dispatched) const {
   PreNormRecord& r = as_pre_norm(record);
   Stream& s = default_stream(d_dispatched.device());
-  const DType dt = d_dispatched.dtype();
+  const DType stream_dt = r.hidden.dtype();
   const Device dev = d_dispatched.device();
-  // Gradient reaching the post-mixer norm's output.
+  // Gradient reaching the post-mixer norm's output. Its three parts (experts, router, shared expert) are summed in
+  // the stream's dtype: under an f32 stream the sum is f32, as autocast sums the gradients of one f32 tensor.
   if (router_) {
-    r.d_normed_post = Tensor::empty(r.normed_post.shape(), dt, dev);
+    r.d_normed_post = Tensor::empty(r.normed_post.shape(), stream_dt, dev);
     ops::permute_backward(s, r.d_normed_post, d_dispatched, r.routing.plan);
     const Tensor d_router_in = router_->backward_input(r.router, r.routing, r.d_topk_weight, r.d_probs, r.d_logits);
     ops::accumulate(s, r.d_normed_post, d_router_in);
@@ -198,12 +210,12 @@ Tensor PreNormLayer::stage1_backward_input(LayerRecord& record, const Tensor& d_
   } else {
     r.d_normed_post = d_dispatched;
   }
-  Tensor d_residual = Tensor::empty(r.residual.shape(), dt, dev);
+  Tensor d_residual = Tensor::empty(r.residual.shape(), stream_dt, dev);
   ops::rmsnorm_backward_input(s, d_residual, r.d_normed_post, r.residual, w_post_norm_, r.rstd_post, options_.norm);
   ops::accumulate(s, d_residual, r.d_residual);
 
-  r.d_normed_input = mixer_->backward_input(*r.mixer, d_residual);
-  Tensor d_hidden = Tensor::empty(r.hidden.shape(), dt, dev);
+  r.d_normed_input = mixer_->backward_input(*r.mixer, in_dtype(d_residual, compute_dtype_));
+  Tensor d_hidden = Tensor::empty(r.hidden.shape(), stream_dt, dev);
   ops::rmsnorm_backward_input(s, d_hidden, r.d_normed_input, r.hidden, w_input_norm_, r.rstd_input, options_.norm);
   ops::accumulate(s, d_hidden, d_residual);
   r.d_residual = r.d_topk_weight = r.d_shared_in = Tensor();

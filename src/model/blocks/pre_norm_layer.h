@@ -65,6 +65,10 @@ class PreNormLayer final : public DecoderLayer {
 
  private:
   PreNormLayerOptions options_;
+  // The activations' dtype (the store's compute dtype). The residual stream (the stage-1 input, the stage-5 output and
+  // their gradients) keeps the dtype it arrives in: the compute dtype, or f32 under bf16 compute (as autocast keeps
+  // it); the norms read it and write the compute dtype.
+  DType compute_dtype_;
   std::unique_ptr<TokenMixer> mixer_;
   Tensor w_input_norm_, g_input_norm_, w_post_norm_, g_post_norm_;
   std::unique_ptr<Router> router_;               // MoE layers only

@@ -24,7 +24,9 @@ class TokenMixer {
   // x [T, H] (normed) -> [T, H]; the record keeps what the backward needs and a pointer to `batch`, which must outlive
   // the backward.
   virtual Tensor forward(MixerRecord& record, const Tensor& x, const MicroBatch& batch) const = 0;
-  // dx [T, H] from d_out [T, H]; keeps in the record what backward_weight needs.
+  // dx [T, H] from d_out [T, H] (in the compute dtype); keeps in the record what backward_weight needs. dx is in the
+  // compute dtype, or in f32 under bf16 compute where the mixer sums several projections' input gradients (the
+  // layer's norm backward reads either).
   virtual Tensor backward_input(MixerRecord& record, const Tensor& d_out) const = 0;
   // Accumulates the weight gradients and frees the record's tensors.
   virtual void backward_weight(MixerRecord& record) const = 0;

@@ -87,8 +87,8 @@ __device__ __forceinline__ Out convert(In v) {
 __device__ __forceinline__ int64_t first_index() { return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; }
 __device__ __forceinline__ int64_t grid_stride() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
 
-template <typename T>
-__global__ void add_kernel(T* out, const T* a, const T* b, int64_t n) {
+template <typename T, typename TB>
+__global__ void add_kernel(T* out, const T* a, const TB* b, int64_t n) {
   for (int64_t i = first_index(); i < n; i += grid_stride())
     store_float(out + i, load_float(a + i) + load_float(b + i));
 }
@@ -114,21 +114,28 @@ unsigned blocks_for(int64_t n) {
 
 cudaStream_t native(const Stream& stream) { return static_cast<cudaStream_t>(stream_handle(stream)); }
 
-// out = a + b for one float type; accumulate is the case out == a.
+// out = a + b with out and a of one float type and b of its own; accumulate is the case out == a.
 void launch_add(const Stream& stream, const Tensor& out, const Tensor& a, const Tensor& b, const char* op) {
   const int64_t n = out.numel();
   if (n == 0) return;
+  const auto launch = [&]<typename T>(T*) {
+    switch (b.dtype()) {
+      case DType::F32:
+        add_kernel<<<blocks_for(n), kThreads, 0, native(stream)>>>(static_cast<T*>(out.raw_data()),
+                                                                   static_cast<const T*>(a.raw_data()),
+                                                                   static_cast<const float*>(b.raw_data()), n);
+        break;
+      case DType::BF16:
+        add_kernel<<<blocks_for(n), kThreads, 0, native(stream)>>>(static_cast<T*>(out.raw_data()),
+                                                                   static_cast<const T*>(a.raw_data()),
+                                                                   static_cast<const __nv_bfloat16*>(b.raw_data()), n);
+        break;
+      default: MT_FAIL("{} (CUDA): expected the addend in f32 or bf16 but found {}", op, b.describe());
+    }
+  };
   switch (out.dtype()) {
-    case DType::F32:
-      add_kernel<<<blocks_for(n), kThreads, 0, native(stream)>>>(static_cast<float*>(out.raw_data()),
-                                                                 static_cast<const float*>(a.raw_data()),
-                                                                 static_cast<const float*>(b.raw_data()), n);
-      break;
-    case DType::BF16:
-      add_kernel<<<blocks_for(n), kThreads, 0, native(stream)>>>(static_cast<__nv_bfloat16*>(out.raw_data()),
-                                                                 static_cast<const __nv_bfloat16*>(a.raw_data()),
-                                                                 static_cast<const __nv_bfloat16*>(b.raw_data()), n);
-      break;
+    case DType::F32: launch(static_cast<float*>(nullptr)); break;
+    case DType::BF16: launch(static_cast<__nv_bfloat16*>(nullptr)); break;
     default: MT_FAIL("{} (CUDA): expected f32 or bf16 tensors but found {}", op, out.describe());
   }
   MT_CUDA_CHECK(cudaGetLastError());

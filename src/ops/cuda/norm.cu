@@ -3,7 +3,8 @@
 // gradient sums fixed chunks of rows into a [chunks, D] buffer, then the chunks in order. Every product and sum is
 // written with the round-to-nearest intrinsics (__fmul_rn, __fadd_rn, ...), which nvcc never fuses into a
 // multiply-add: each element rounds as the CPU's -ffp-contract=off code does, and only the summation orders differ.
-// The fused residual add + norm is the forward kernel with elementwise.cu's add in front of it.
+// The fused residual add + norm is the forward kernel with elementwise.cu's add in front of it. Under bf16 compute
+// with an f32 residual stream, x / a / sum / dx are f32 and y / b / dy bf16: each operand has its own element type.
 #include "ops/cuda/norm.h"
 
 #include <cstdint>
@@ -35,14 +36,14 @@ __device__ __forceinline__ float scale_of(float w, bool zero_centered) {
   return zero_centered ? __fadd_rn(1.0f, w) : w;
 }
 
-template <typename T>
-__global__ void forward_kernel(T* y, float* rstd, const T* x, const float* w, int64_t rows, int64_t dim, float eps,
+template <typename TY, typename TX>
+__global__ void forward_kernel(TY* y, float* rstd, const TX* x, const float* w, int64_t rows, int64_t dim, float eps,
                                bool zero_centered) {
   const int lane = threadIdx.x % 32;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   for (int64_t n = first; n < rows; n += static_cast<int64_t>(gridDim.x) * kWarpsPerBlock) {
-    const T* xr = x + n * dim;
-    T* yr = y + n * dim;
+    const TX* xr = x + n * dim;
+    TY* yr = y + n * dim;
     float sum_sq = 0.0f;
     for (int64_t d = lane; d < dim; d += 32) {
       const float v = load_float(xr + d);
@@ -66,16 +67,16 @@ __device__ __forceinline__ float stored_value(float v, const __nv_bfloat16*) {
 // forward_kernel with the residual add in front: lane k of a row's warp adds (and stores) elements k, k + 32, ...
 // of the row, squares the rounded sums as forward_kernel squares x, then rereads its own stored elements of sum
 // for y. Each lane reads a and b at an index before it writes sum there: sum may alias a or b.
-template <typename T>
-__global__ void add_forward_kernel(T* sum, T* y, float* rstd, const T* a, const T* b, const float* w, int64_t rows,
+template <typename TS, typename TY, typename TA, typename TB>
+__global__ void add_forward_kernel(TS* sum, TY* y, float* rstd, const TA* a, const TB* b, const float* w, int64_t rows,
                                    int64_t dim, float eps, bool zero_centered) {
   const int lane = threadIdx.x % 32;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   for (int64_t n = first; n < rows; n += static_cast<int64_t>(gridDim.x) * kWarpsPerBlock) {
-    const T* ar = a + n * dim;
-    const T* br = b + n * dim;
-    T* sr = sum + n * dim;
-    T* yr = y + n * dim;
+    const TA* ar = a + n * dim;
+    const TB* br = b + n * dim;
+    TS* sr = sum + n * dim;
+    TY* yr = y + n * dim;
     float sum_sq = 0.0f;
     for (int64_t d = lane; d < dim; d += 32) {
       const float v = stored_value(__fadd_rn(load_float(ar + d), load_float(br + d)), sr);
@@ -93,15 +94,15 @@ __global__ void add_forward_kernel(T* sum, T* y, float* rstd, const T* a, const 
 
 // Every lane reads all of its dy elements for the sum before the butterfly, which no lane leaves before all have
 // entered it; then each lane rewrites only its own elements: dx may alias dy.
-template <typename T>
-__global__ void backward_input_kernel(T* dx, const T* dy, const T* x, const float* w, const float* rstd, int64_t rows,
-                                      int64_t dim, bool zero_centered) {
+template <typename TDX, typename TDY, typename TX>
+__global__ void backward_input_kernel(TDX* dx, const TDY* dy, const TX* x, const float* w, const float* rstd,
+                                      int64_t rows, int64_t dim, bool zero_centered) {
   const int lane = threadIdx.x % 32;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   for (int64_t n = first; n < rows; n += static_cast<int64_t>(gridDim.x) * kWarpsPerBlock) {
-    const T* xr = x + n * dim;
-    const T* dyr = dy + n * dim;
-    T* dxr = dx + n * dim;
+    const TX* xr = x + n * dim;
+    const TDY* dyr = dy + n * dim;
+    TDX* dxr = dx + n * dim;
     const float r = rstd[n];
     float sum = 0.0f;
     for (int64_t d = lane; d < dim; d += 32) {
@@ -118,8 +119,8 @@ __global__ void backward_input_kernel(T* dx, const T* dy, const T* x, const floa
 }
 
 // partial[c, d] = sum over rows of chunk c, ascending, of dy[n, d] * (x[n, d] * rstd[n]).
-template <typename T>
-__global__ void weight_chunks_kernel(float* partial, const T* dy, const T* x, const float* rstd, int64_t rows,
+template <typename TDY, typename TX>
+__global__ void weight_chunks_kernel(float* partial, const TDY* dy, const TX* x, const float* rstd, int64_t rows,
                                      int64_t dim) {
   const int64_t d = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (d >= dim) return;
@@ -151,14 +152,22 @@ unsigned row_blocks(int64_t rows) {
   return static_cast<unsigned>(blocks < kMaxBlocks ? blocks : kMaxBlocks);
 }
 
-// Calls f(T*) with x's element type, f32 or bf16.
+// Calls f(T*) with t's element type, f32 or bf16.
 template <typename F>
-void dispatch_activation(const Tensor& x, const char* op, F&& f) {
-  switch (x.dtype()) {
+void dispatch_activation(const Tensor& t, const char* op, F&& f) {
+  switch (t.dtype()) {
     case DType::F32: f(static_cast<float*>(nullptr)); return;
     case DType::BF16: f(static_cast<__nv_bfloat16*>(nullptr)); return;
-    default: MT_FAIL("{} (CUDA): expected x in f32 or bf16 but found {}", op, x.describe());
+    default: MT_FAIL("{} (CUDA): expected activations in f32 or bf16 but found {}", op, t.describe());
   }
+}
+
+// The same over two tensors' element types: f(T0*, T1*).
+template <typename F>
+void dispatch_activations(const Tensor& t0, const Tensor& t1, const char* op, F&& f) {
+  dispatch_activation(t0, op, [&]<typename T0>(T0*) {
+    dispatch_activation(t1, op, [&]<typename T1>(T1*) { f(static_cast<T0*>(nullptr), static_cast<T1*>(nullptr)); });
+  });
 }
 
 }  // namespace
@@ -168,9 +177,9 @@ void rmsnorm_forward(const Stream& stream, const Tensor& y, const Tensor& rstd, 
   const int64_t dim = w.numel();
   const int64_t rows = x.numel() / dim;
   if (rows == 0) return;
-  dispatch_activation(x, "rmsnorm_forward", [&]<typename T>(T*) {
+  dispatch_activations(y, x, "rmsnorm_forward", [&]<typename TY, typename TX>(TY*, TX*) {
     forward_kernel<<<row_blocks(rows), kRowThreads, 0, native(stream)>>>(
-        static_cast<T*>(y.raw_data()), static_cast<float*>(rstd.raw_data()), static_cast<const T*>(x.raw_data()),
+        static_cast<TY*>(y.raw_data()), static_cast<float*>(rstd.raw_data()), static_cast<const TX*>(x.raw_data()),
         static_cast<const float*>(w.raw_data()), rows, dim, params.eps, params.zero_centered);
   });
   MT_CUDA_CHECK(cudaGetLastError());
@@ -181,10 +190,11 @@ void add_rmsnorm_forward(const Stream& stream, const Tensor& sum, const Tensor& 
   const int64_t dim = w.numel();
   const int64_t rows = a.numel() / dim;
   if (rows == 0) return;
-  dispatch_activation(a, "add_rmsnorm_forward", [&]<typename T>(T*) {
+  // sum in a's dtype and y in b's (ops/norm.cpp checks it).
+  dispatch_activations(a, b, "add_rmsnorm_forward", [&]<typename TA, typename TB>(TA*, TB*) {
     add_forward_kernel<<<row_blocks(rows), kRowThreads, 0, native(stream)>>>(
-        static_cast<T*>(sum.raw_data()), static_cast<T*>(y.raw_data()), static_cast<float*>(rstd.raw_data()),
-        static_cast<const T*>(a.raw_data()), static_cast<const T*>(b.raw_data()),
+        static_cast<TA*>(sum.raw_data()), static_cast<TB*>(y.raw_data()), static_cast<float*>(rstd.raw_data()),
+        static_cast<const TA*>(a.raw_data()), static_cast<const TB*>(b.raw_data()),
         static_cast<const float*>(w.raw_data()), rows, dim, params.eps, params.zero_centered);
   });
   MT_CUDA_CHECK(cudaGetLastError());
@@ -195,9 +205,10 @@ void rmsnorm_backward_input(const Stream& stream, const Tensor& dx, const Tensor
   const int64_t dim = w.numel();
   const int64_t rows = x.numel() / dim;
   if (rows == 0) return;
-  dispatch_activation(x, "rmsnorm_backward_input", [&]<typename T>(T*) {
+  // dx in x's dtype (ops/norm.cpp checks it).
+  dispatch_activations(dy, x, "rmsnorm_backward_input", [&]<typename TDY, typename TX>(TDY*, TX*) {
     backward_input_kernel<<<row_blocks(rows), kRowThreads, 0, native(stream)>>>(
-        static_cast<T*>(dx.raw_data()), static_cast<const T*>(dy.raw_data()), static_cast<const T*>(x.raw_data()),
+        static_cast<TX*>(dx.raw_data()), static_cast<const TDY*>(dy.raw_data()), static_cast<const TX*>(x.raw_data()),
         static_cast<const float*>(w.raw_data()), static_cast<const float*>(rstd.raw_data()), rows, dim,
         params.zero_centered);
   });
@@ -214,10 +225,10 @@ void rmsnorm_backward_weight(const Stream& stream, const Tensor& dw, const Tenso
   Tensor partial = Tensor::empty({chunks, dim}, DType::F32, dw.device());
   const unsigned column_blocks = static_cast<unsigned>((dim + kColumnThreads - 1) / kColumnThreads);
   const unsigned chunk_blocks = static_cast<unsigned>(chunks < 65535 ? chunks : 65535);  // grid-stride beyond
-  dispatch_activation(x, "rmsnorm_backward_weight", [&]<typename T>(T*) {
+  dispatch_activations(dy, x, "rmsnorm_backward_weight", [&]<typename TDY, typename TX>(TDY*, TX*) {
     weight_chunks_kernel<<<dim3(column_blocks, chunk_blocks), kColumnThreads, 0, cu_stream>>>(
-        static_cast<float*>(partial.raw_data()), static_cast<const T*>(dy.raw_data()),
-        static_cast<const T*>(x.raw_data()), static_cast<const float*>(rstd.raw_data()), rows, dim);
+        static_cast<float*>(partial.raw_data()), static_cast<const TDY*>(dy.raw_data()),
+        static_cast<const TX*>(x.raw_data()), static_cast<const float*>(rstd.raw_data()), rows, dim);
   });
   MT_CUDA_CHECK(cudaGetLastError());
   weight_total_kernel<<<column_blocks, kColumnThreads, 0, cu_stream>>>(

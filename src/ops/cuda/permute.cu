@@ -73,23 +73,23 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // dx[t] = sum over k (ascending) of dpermuted[choice_row[t*K + k]].
-template <typename T>
+template <typename TX, typename T>
 __global__ void __launch_bounds__(kThreads)
-    permute_backward_kernel(T* dx, const T* dpermuted, const int32_t* choice_row, int64_t top_k, int64_t hidden) {
+    permute_backward_kernel(TX* dx, const T* dpermuted, const int32_t* choice_row, int64_t top_k, int64_t hidden) {
   const int64_t t = blockIdx.x;
   const int32_t* rows = choice_row + t * top_k;
   for (int64_t h = threadIdx.x; h < hidden; h += kThreads) {
     float acc = 0.0f;
     for (int64_t k = 0; k < top_k; ++k) acc = __fadd_rn(acc, to_f32(dpermuted[rows[k] * hidden + h]));
-    dx[t * hidden + h] = from_f32<T>(acc);
+    dx[t * hidden + h] = from_f32<TX>(acc);
   }
 }
 
 // y[t] = sum over k (ascending) of weight[t, k] * expert_out[choice_row[t*K + k]], product and sum rounded apart.
-template <typename T>
+template <typename TY, typename T>
 __global__ void __launch_bounds__(kThreads)
-    unpermute_forward_kernel(T* y, const T* expert_out, const float* topk_weight, const int32_t* choice_row, int64_t top_k,
-                             int64_t hidden) {
+    unpermute_forward_kernel(TY* y, const T* expert_out, const float* topk_weight, const int32_t* choice_row,
+                             int64_t top_k, int64_t hidden) {
   const int64_t t = blockIdx.x;
   const int32_t* rows = choice_row + t * top_k;
   const float* w = topk_weight + t * top_k;
@@ -98,22 +98,21 @@ __global__ void __launch_bounds__(kThreads)
     for (int64_t k = 0; k < top_k; ++k) {
       acc = __fadd_rn(acc, __fmul_rn(w[k], to_f32(expert_out[rows[k] * hidden + h])));
     }
-    y[t * hidden + h] = from_f32<T>(acc);
+    y[t * hidden + h] = from_f32<TY>(acc);
   }
 }
 
 // One block per choice c = t*K + k: dexpert_out[row] = weight[c] * dy[t] and dtopk_weight[c] = dot(dy[t], row),
 // row = choice_row[c]. The dot: per-thread sums over h = thread, thread + 256, ... (ascending), a butterfly within
 // each warp, then the warps' sums in ascending order: an order fixed by H alone.
-template <typename T>
+template <typename T, typename TY>
 __global__ void __launch_bounds__(kThreads)
-    unpermute_backward_kernel(T* dexpert_out, float* dtopk_weight, const T* dy, const T* expert_out,
-                              const float* topk_weight,
-                              const int32_t* choice_row, int64_t top_k, int64_t hidden) {
+    unpermute_backward_kernel(T* dexpert_out, float* dtopk_weight, const TY* dy, const T* expert_out,
+                              const float* topk_weight, const int32_t* choice_row, int64_t top_k, int64_t hidden) {
   __shared__ float warp_sums[kWarps];
   const int64_t c = blockIdx.x;
   const int64_t row = choice_row[c];
-  const T* g = dy + (c / top_k) * hidden;
+  const TY* g = dy + (c / top_k) * hidden;
   const T* e = expert_out + row * hidden;
   T* de = dexpert_out + row * hidden;
   const float w = topk_weight[c];
@@ -148,6 +147,15 @@ void dispatch_activation(DType dtype, const char* op, F&& f) {
     case DType::BF16: f.template operator()<__nv_bfloat16>(); return;
     default: MT_FAIL("{}: the CUDA kernels take f32 or bf16 but found {}", op, dtype_name(dtype));
   }
+}
+
+// The same over two dtypes: f.template operator()<T0, T1>(). The token side (x's gradient, y, dy) may be an f32
+// residual stream while the rows are bf16.
+template <typename F>
+void dispatch_activations(DType dtype0, DType dtype1, const char* op, F&& f) {
+  dispatch_activation(dtype0, op, [&]<typename T0>() {
+    dispatch_activation(dtype1, op, [&]<typename T1>() { f.template operator()<T0, T1>(); });
+  });
 }
 
 }  // namespace
@@ -208,10 +216,10 @@ void permute_forward(const Stream& stream, const Tensor& permuted, const Tensor&
 void permute_backward(const Stream& stream, const Tensor& dx, const Tensor& dpermuted, const RoutingPlan& plan) {
   const auto s = static_cast<cudaStream_t>(stream_handle(stream));
   const int64_t hidden = dx.size(1);
-  dispatch_activation(dx.dtype(), "permute_backward", [&]<typename T>() {
+  dispatch_activations(dx.dtype(), dpermuted.dtype(), "permute_backward", [&]<typename TX, typename T>() {
     if (plan.num_tokens == 0 || hidden == 0) return;
-    permute_backward_kernel<T><<<static_cast<unsigned>(plan.num_tokens), kThreads, 0, s>>>(
-        ptr<T>(dx), ptr<const T>(dpermuted), ptr<const int32_t>(plan.choice_row), plan.top_k, hidden);
+    permute_backward_kernel<TX, T><<<static_cast<unsigned>(plan.num_tokens), kThreads, 0, s>>>(
+        ptr<TX>(dx), ptr<const T>(dpermuted), ptr<const int32_t>(plan.choice_row), plan.top_k, hidden);
     MT_CUDA_CHECK(cudaGetLastError());
   });
 }
@@ -220,11 +228,11 @@ void unpermute_forward(const Stream& stream, const Tensor& y, const Tensor& expe
                        const RoutingPlan& plan) {
   const auto s = static_cast<cudaStream_t>(stream_handle(stream));
   const int64_t hidden = y.size(1);
-  dispatch_activation(y.dtype(), "unpermute_forward", [&]<typename T>() {
+  dispatch_activations(y.dtype(), expert_out.dtype(), "unpermute_forward", [&]<typename TY, typename T>() {
     if (plan.num_tokens == 0 || hidden == 0) return;
-    unpermute_forward_kernel<T><<<static_cast<unsigned>(plan.num_tokens), kThreads, 0, s>>>(
-        ptr<T>(y), ptr<const T>(expert_out), ptr<const float>(topk_weight), ptr<const int32_t>(plan.choice_row), plan.top_k,
-        hidden);
+    unpermute_forward_kernel<TY, T><<<static_cast<unsigned>(plan.num_tokens), kThreads, 0, s>>>(
+        ptr<TY>(y), ptr<const T>(expert_out), ptr<const float>(topk_weight), ptr<const int32_t>(plan.choice_row),
+        plan.top_k, hidden);
     MT_CUDA_CHECK(cudaGetLastError());
   });
 }
@@ -233,10 +241,10 @@ void unpermute_backward(const Stream& stream, const Tensor& dexpert_out, const T
                         const Tensor& expert_out, const Tensor& topk_weight, const RoutingPlan& plan) {
   const auto s = static_cast<cudaStream_t>(stream_handle(stream));
   const int64_t hidden = dy.size(1), choices = plan.num_tokens * plan.top_k;
-  dispatch_activation(dy.dtype(), "unpermute_backward", [&]<typename T>() {
+  dispatch_activations(expert_out.dtype(), dy.dtype(), "unpermute_backward", [&]<typename T, typename TY>() {
     if (choices == 0) return;
-    unpermute_backward_kernel<T><<<static_cast<unsigned>(choices), kThreads, 0, s>>>(
-        ptr<T>(dexpert_out), ptr<float>(dtopk_weight), ptr<const T>(dy), ptr<const T>(expert_out),
+    unpermute_backward_kernel<T, TY><<<static_cast<unsigned>(choices), kThreads, 0, s>>>(
+        ptr<T>(dexpert_out), ptr<float>(dtopk_weight), ptr<const TY>(dy), ptr<const T>(expert_out),
         ptr<const float>(topk_weight), ptr<const int32_t>(plan.choice_row), plan.top_k, hidden);
     MT_CUDA_CHECK(cudaGetLastError());
   });
