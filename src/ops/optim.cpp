@@ -44,6 +44,8 @@ void check_adamw_params(const AdamWParams& p, const char* op) {
   MT_CHECK(std::isfinite(p.weight_decay) && p.weight_decay >= 0.0, "{}: expected weight_decay >= 0 but found {}", op,
            p.weight_decay);
   MT_CHECK(p.step >= 1, "{}: expected step >= 1 (1 on the first update) but found {}", op, p.step);
+  MT_CHECK(std::isfinite(p.grad_scale) && p.grad_scale > 0.0 && p.grad_scale <= 1.0,
+           "{}: expected grad_scale in (0, 1] (a clip coefficient) but found {}", op, p.grad_scale);
 }
 
 // The sum over the tensors, in list order, of their sums of squares (validated by the caller). On CUDA the
@@ -170,6 +172,14 @@ double global_norm(Stream& stream, const std::vector<Tensor>& tensors) {
   return std::sqrt(total_sum_of_squares(stream, tensors));
 }
 
+double clip_coefficient(double norm, double max_norm) {
+  MT_CHECK(!std::isnan(max_norm), "clip_coefficient: expected a max_norm (<= 0 disables clipping) but found NaN");
+  if (max_norm <= 0.0 || !std::isfinite(norm)) return 1.0;
+  // A coefficient of 1 leaves the values as they are, so only a real clip touches them.
+  const double coefficient = max_norm / (norm + 1e-6);
+  return coefficient < 1.0 ? coefficient : 1.0;
+}
+
 double clip_by_global_norm(Stream& stream, const std::vector<Tensor>& grads, double max_norm) {
   OpScope profile(stream, "optimizer");
   constexpr const char* op = "clip_by_global_norm";
@@ -177,12 +187,9 @@ double clip_by_global_norm(Stream& stream, const std::vector<Tensor>& grads, dou
   MT_CHECK(!std::isnan(max_norm), "{}: expected a max_norm (<= 0 disables clipping) but found NaN", op);
   for (size_t i = 0; i < grads.size(); ++i) check_float(grads[i], stream, op, fmt::format("grads[{}]", i));
   const double norm = std::sqrt(total_sum_of_squares(stream, grads));
-  if (max_norm <= 0.0) return norm;
-  // torch.nn.utils.clip_grad_norm_: clip_coef = max_norm / (norm + 1e-6), clamped to at most 1. A coefficient of 1
-  // leaves the values as they are, so only a real clip touches them. A non-finite norm is returned for the caller
-  // to act on (skip the step) and the gradients are left unchanged.
-  const double coefficient = max_norm / (norm + 1e-6);
-  if (!std::isfinite(norm) || !(coefficient < 1.0)) return norm;
+  // A non-finite norm is returned for the caller to act on (skip the step), the gradients unchanged.
+  const double coefficient = clip_coefficient(norm, max_norm);
+  if (coefficient == 1.0) return norm;
   for (const Tensor& g : grads) {
 #if MOETRAIN_HAS_CUDA
     if (g.device().is_cuda()) {

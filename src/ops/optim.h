@@ -17,6 +17,10 @@ struct AdamWParams {
   double eps = 1e-8;
   double weight_decay = 0.0;
   int64_t step = 1;  // 1 on the first update (bias correction)
+  // The gradient-norm clip's coefficient (clip_coefficient), applied to each gradient element as clip_by_global_norm
+  // scales it (one f32 product) before the update, so a step needs no pass of its own over the gradients; they are
+  // left as they are in memory. 1: no clip.
+  double grad_scale = 1.0;
 };
 
 // PyTorch's AdamW: p *= 1 - lr*wd; m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g^2;
@@ -43,8 +47,12 @@ void adamw_step_multi(Stream& stream, const std::vector<Tensor>& params, const s
 double sum_of_squares(Stream& stream, const Tensor& x);
 // sqrt(sum over tensors, in list order, of sum_of_squares)
 double global_norm(Stream& stream, const std::vector<Tensor>& tensors);
-// Scales every tensor by min(1, max_norm / (norm + 1e-6)) as torch.nn.utils.clip_grad_norm_ does,
-// where norm is the global norm; returns that norm (before clipping). max_norm <= 0 disables it.
+// torch.nn.utils.clip_grad_norm_'s coefficient for a global norm: max_norm / (norm + 1e-6) where that is below 1,
+// else 1 (also for max_norm <= 0, which disables the clip, and for a norm that is not finite, which the caller
+// acts on).
+double clip_coefficient(double norm, double max_norm);
+// Scales every tensor by clip_coefficient(norm, max_norm), norm the global norm; returns that norm (before
+// clipping).
 double clip_by_global_norm(Stream& stream, const std::vector<Tensor>& grads, double max_norm);
 
 }  // namespace moetrain::ops

@@ -48,9 +48,15 @@ void AdamW::set_compute_copies(std::vector<Tensor> copies) {
   compute_copies_ = std::move(copies);
 }
 
-void AdamW::step(double lr) { step(lr, std::vector<bool>(weight_decay_.size(), true)); }
+void AdamW::step(double lr) { update(lr, std::vector<bool>(weight_decay_.size(), true), 1.0); }
 
-void AdamW::step(double lr, const std::vector<bool>& owned) {
+void AdamW::step(double lr, const std::vector<bool>& owned) { update(lr, owned, 1.0); }
+
+void AdamW::step_with_clip(double lr, double clip_coefficient) {
+  update(lr, std::vector<bool>(weight_decay_.size(), true), clip_coefficient);
+}
+
+void AdamW::update(double lr, const std::vector<bool>& owned, double grad_scale) {
   MT_CHECK(owned.size() == weight_decay_.size(), "AdamW: expected one owned flag per parameter ({}) but found {}",
            weight_decay_.size(), owned.size());
   ++steps_;
@@ -75,6 +81,7 @@ void AdamW::step(double lr, const std::vector<bool>& owned) {
   p.eps = config_.eps;
   p.weight_decay = 0.0;  // per parameter: `decay`
   p.step = steps_;
+  p.grad_scale = grad_scale;
   ops::adamw_step_multi(default_stream(params[0].device()), params, m, v, grads, copies, decay, p);
 }
 

@@ -37,6 +37,10 @@ class AdamW {
   // what it owns; the others keep their values, moments and copies). owned has one entry per
   // parameter; steps_taken() advances by one as in step().
   void step(double lr, const std::vector<bool>& owned);
+  // step(lr) with the gradient clip folded in: each gradient is scaled by `clip_coefficient`
+  // (ops::clip_coefficient) inside the update, the same bits as ops::clip_by_global_norm scaling it
+  // beforehand, without a pass of its own; the gradients stay as they are in memory.
+  void step_with_clip(double lr, double clip_coefficient);
 
   // Replaces the copies the step writes: one entry per parameter (undefined or the master itself:
   // none), or an empty list to write none (then refresh_compute_weights is the caller's again).
@@ -52,6 +56,7 @@ class AdamW {
   void set_steps_taken(int64_t steps) { steps_ = steps; }
 
  private:
+  void update(double lr, const std::vector<bool>& owned, double grad_scale);
   std::vector<Tensor> params_, grads_;
   AdamWConfig config_;
   int64_t steps_ = 0;

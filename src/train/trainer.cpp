@@ -313,7 +313,13 @@ double Trainer::clip_gradients() {
   Stream& stream = default_stream(model_->device());
   const double max_norm = config_.optim.clip_grad_norm;
   if (sharded_) return sharded_->clip_gradients(max_norm);
-  if (!executor_) return ops::clip_by_global_norm(stream, model_->params().all_grads(), max_norm);
+  if (!executor_) {
+    // One rank holding every gradient: the clip's coefficient goes into the optimizer's own pass over them
+    // (AdamW::step_with_clip, the same bits as scaling them first), which saves a pass over the gradients.
+    const double norm = ops::global_norm(stream, model_->params().all_grads());
+    pending_grad_scale_ = ops::clip_coefficient(norm, max_norm);
+    return norm;
+  }
   const std::vector<Tensor> grads = model_->params().all_grads();
   std::vector<double> sums(grads.size(), 0.0);
   for (size_t i = 0; i < grads.size(); ++i) {
@@ -339,8 +345,9 @@ void Trainer::optimizer_step(double lr) {
   if (executor_) {
     optimizer_->step(lr, owned_);
   } else {
-    optimizer_->step(lr);
+    optimizer_->step_with_clip(lr, pending_grad_scale_);
   }
+  pending_grad_scale_ = 1.0;
 }
 
 // Before a checkpoint under pipeline parallelism: every parameter and its moments are broadcast over pp from the

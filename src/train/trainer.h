@@ -150,6 +150,8 @@ class Trainer {
   std::unique_ptr<pipeline::PlainExecutor> plain_;  // pp = 1 without the DualPipeV schedule (ep, ZeRO-3 or one rank)
   std::unique_ptr<FullyShardedModel> sharded_;      // ZeRO-3 (parallel.sharding); the plain executor runs its hooks
   std::vector<bool> owned_;                         // per parameter; empty: this rank owns every parameter
+  // The clip's coefficient for the coming optimizer step (single rank: AdamW applies it; 1 otherwise).
+  double pending_grad_scale_ = 1.0;
   // Evaluation ([eval]): the held-out loader, rewound to its start before every evaluation, and the forward-only
   // pipeline of the DualPipeV path.
   std::unique_ptr<data::DataLoader> eval_loader_;

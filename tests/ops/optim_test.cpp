@@ -10,6 +10,9 @@
 
 #include <gtest/gtest.h>
 
+#include "core/error.h"
+#include "core/rng.h"
+#include "ops/elementwise.h"
 #include "testing/test_data.h"
 
 namespace moetrain {
@@ -171,6 +174,46 @@ TEST(ClipByGlobalNorm, NonPositiveMaximumDisablesClippingButReturnsTheNorm) {
   EXPECT_EQ(ops::clip_by_global_norm(Stream::cpu(), {a}, 0.0), 50.0);
   EXPECT_EQ(ops::clip_by_global_norm(Stream::cpu(), {a}, -1.0), 50.0);
   EXPECT_EQ(a.to_vector<float>(), (std::vector<float>{30.0f, 40.0f}));
+}
+
+TEST(ClipCoefficient, IsTorchsCoefficientBelowOneElseOne) {
+  EXPECT_EQ(ops::clip_coefficient(13.0, 1.0), 1.0 / (13.0 + 1e-6));
+  EXPECT_EQ(ops::clip_coefficient(0.5, 1.0), 1.0);       // under the maximum
+  EXPECT_EQ(ops::clip_coefficient(50.0, 0.0), 1.0);      // disabled
+  EXPECT_EQ(ops::clip_coefficient(INFINITY, 1.0), 1.0);  // the caller acts on a norm that is not finite
+  EXPECT_EQ(ops::clip_coefficient(NAN, 1.0), 1.0);
+  EXPECT_THROW(ops::clip_coefficient(1.0, NAN), Error);
+}
+
+// AdamW's grad_scale is the clip folded into the update: the same bits as scaling the gradients first (as
+// clip_by_global_norm does) and stepping with a scale of 1, while the gradients stay as they were.
+TEST(AdamW, GradScaleIsTheClipFoldedIntoTheUpdate) {
+  Rng rng(17);
+  const Tensor p0 = random_tensor({257}, DType::F32, rng), g = random_tensor({257}, DType::F32, rng, 3.0);
+  const double coefficient = ops::clip_coefficient(41.7, 1.0);
+  Tensor folded_p = p0.clone(), folded_m = Tensor::zeros({257}, DType::F32), folded_v = folded_m.clone();
+  Tensor apart_p = p0.clone(), apart_m = folded_m.clone(), apart_v = folded_m.clone();
+  const Tensor g_before = g.clone();
+  for (int64_t step = 1; step <= 3; ++step) {
+    ops::AdamWParams folded{1e-3, 0.9, 0.95, 1e-8, 0.1, step, coefficient};
+    ops::adamw_step(Stream::cpu(), folded_p, folded_m, folded_v, g, folded);
+    Tensor scaled = g.clone();
+    ops::scale_inplace(Stream::cpu(), scaled, coefficient);  // what clip_by_global_norm does with it
+    const ops::AdamWParams apart{1e-3, 0.9, 0.95, 1e-8, 0.1, step};
+    ops::adamw_step(Stream::cpu(), apart_p, apart_m, apart_v, scaled, apart);
+  }
+  EXPECT_EQ(0, std::memcmp(folded_p.raw_data(), apart_p.raw_data(), 257 * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(folded_m.raw_data(), apart_m.raw_data(), 257 * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(folded_v.raw_data(), apart_v.raw_data(), 257 * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(g.raw_data(), g_before.raw_data(), 257 * sizeof(float)));  // left as it was
+  for (double bad : {0.0, -0.5, 1.5, static_cast<double>(NAN)}) {
+    Tensor p = p0.clone(), m = folded_m.clone(), v = folded_v.clone();
+    expect_error_containing(
+        [&] {
+          ops::adamw_step(Stream::cpu(), p, m, v, g, {1e-3, 0.9, 0.95, 1e-8, 0.0, 1, bad});
+        },
+        {"grad_scale in (0, 1]"});
+  }
 }
 
 TEST(ClipByGlobalNorm, RejectsBadTensorWithoutTouchingAny) {

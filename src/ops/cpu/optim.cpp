@@ -43,15 +43,18 @@ void adamw_step(const Tensor& param, const Tensor& exp_avg, const Tensor& exp_av
     const T t_bc2_sqrt = static_cast<T>(bias_correction2_sqrt);
     const T t_eps = static_cast<T>(params.eps);
     const bool apply_decay = params.weight_decay != 0.0;
+    const T t_grad_scale = static_cast<T>(params.grad_scale);  // the clip, as cpu::scale_inplace rounds it
+    const bool scale_grad = params.grad_scale != 1.0;
     const int64_t n = param.numel();
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; ++i) {
-      if (apply_decay) p[i] = p[i] * t_decay;                // param.mul_(1 - lr * wd)
-      m[i] = lerp(m[i], g[i], t_one_minus_beta1);            // exp_avg.lerp_(grad, 1 - b1)
-      v[i] = v[i] * t_beta2;                                 // exp_avg_sq.mul_(b2)
-      v[i] = v[i] + t_one_minus_beta2 * (g[i] * g[i]);       // .addcmul_(grad, grad, 1 - b2)
-      const T denom = std::sqrt(v[i]) / t_bc2_sqrt + t_eps;  // (sqrt(v) / bc2_sqrt).add_(eps)
-      p[i] = p[i] + t_neg_step_size * (m[i] / denom);        // param.addcdiv_(m, denom, -ss)
+      const T grad = scale_grad ? g[i] * t_grad_scale : g[i];  // grad.mul_(clip_coef)
+      if (apply_decay) p[i] = p[i] * t_decay;                  // param.mul_(1 - lr * wd)
+      m[i] = lerp(m[i], grad, t_one_minus_beta1);              // exp_avg.lerp_(grad, 1 - b1)
+      v[i] = v[i] * t_beta2;                                   // exp_avg_sq.mul_(b2)
+      v[i] = v[i] + t_one_minus_beta2 * (grad * grad);         // .addcmul_(grad, grad, 1 - b2)
+      const T denom = std::sqrt(v[i]) / t_bc2_sqrt + t_eps;    // (sqrt(v) / bc2_sqrt).add_(eps)
+      p[i] = p[i] + t_neg_step_size * (m[i] / denom);          // param.addcdiv_(m, denom, -ss)
     }
   });
 }

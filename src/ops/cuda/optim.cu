@@ -33,14 +33,17 @@ struct AdamWScalars {
   float neg_step_size;
   float bias_correction2_sqrt;
   float eps;
+  float grad_scale;  // the clip's coefficient, as cuda::scale_inplace rounds it
   bool apply_decay;
+  bool scale_grad;
 };
 
 // One element of the AdamW update, ops/cpu/optim.cpp's steps each rounded to nearest in f32, on values in registers.
 __device__ __forceinline__ void adamw_update(float& param, float& avg, float& avg_sq, float grad,
                                              const AdamWScalars& s) {
   const bool small_weight = fabsf(s.one_minus_beta1) < 0.5f;
-  if (s.apply_decay) param = __fmul_rn(param, s.decay);  // param.mul_(1 - lr * wd)
+  if (s.scale_grad) grad = __fmul_rn(grad, s.grad_scale);  // grad.mul_(clip_coef)
+  if (s.apply_decay) param = __fmul_rn(param, s.decay);    // param.mul_(1 - lr * wd)
   // exp_avg.lerp_(grad, 1 - b1), at::lerp's two branches.
   const float diff = __fsub_rn(grad, avg);
   avg = small_weight ? __fadd_rn(avg, __fmul_rn(s.one_minus_beta1, diff))
@@ -223,7 +226,9 @@ AdamWScalars scalars_of(const AdamWParams& params) {
   s.neg_step_size = static_cast<float>(-step_size);
   s.bias_correction2_sqrt = static_cast<float>(bias_correction2_sqrt);
   s.eps = static_cast<float>(params.eps);
+  s.grad_scale = static_cast<float>(params.grad_scale);
   s.apply_decay = params.weight_decay != 0.0;
+  s.scale_grad = params.grad_scale != 1.0;
   return s;
 }
 
