@@ -244,23 +244,25 @@ Tensor misaligned_gpu_copy(const Tensor& t) {
   return view;
 }
 
-TEST(CudaAdamWMulti, MisalignedTensorsMatchCpuBitwise) {
-  MT_REQUIRE_GPU();
-  Rng rng(93);
-  const std::vector<Shape> shapes{{8192 * 3}, {4096}, {33, 64}};
+// Three AdamW steps of adamw_step_multi on the GPU (bf16 copies; tensor i on misaligned memory where misaligned[i])
+// against adamw_step on the CPU, with `grad_scale`: compared bitwise.
+void check_multi_against_cpu(const std::vector<Shape>& shapes, const std::vector<bool>& misaligned, double grad_scale,
+                             uint64_t seed) {
+  Rng rng(seed);
   MultiLists cpu = make_lists(shapes, rng);
+  const auto to_gpu = [&](const Tensor& t, size_t i) { return misaligned[i] ? misaligned_gpu_copy(t) : on_gpu(t); };
   std::vector<Tensor> p, m, v, copies;
   for (size_t i = 0; i < shapes.size(); ++i) {
-    p.push_back(misaligned_gpu_copy(cpu.p[i]));
-    m.push_back(misaligned_gpu_copy(cpu.m[i]));
-    v.push_back(misaligned_gpu_copy(cpu.v[i]));
-    copies.push_back(misaligned_gpu_copy(Tensor::zeros(shapes[i], DType::BF16)));
+    p.push_back(to_gpu(cpu.p[i], i));
+    m.push_back(to_gpu(cpu.m[i], i));
+    v.push_back(to_gpu(cpu.v[i], i));
+    copies.push_back(to_gpu(Tensor::zeros(shapes[i], DType::BF16), i));
   }
   for (int64_t step = 1; step <= 3; ++step) {
     std::vector<Tensor> grads, grads_gpu;
-    for (const Shape& shape : shapes) grads.push_back(random_tensor(shape, DType::F32, rng, 1e-2));
-    for (const Tensor& g : grads) grads_gpu.push_back(misaligned_gpu_copy(g));
-    const ops::AdamWParams hyper{3e-4, 0.9, 0.95, 1e-8, 0.0, step};
+    for (const Shape& shape : shapes) grads.push_back(random_tensor(shape, DType::F32, rng, 1.0));
+    for (size_t i = 0; i < shapes.size(); ++i) grads_gpu.push_back(to_gpu(grads[i], i));
+    const ops::AdamWParams hyper{3e-4, 0.9, 0.95, 1e-8, 0.0, step, grad_scale};
     ops::adamw_step_multi(gpu(), p, m, v, grads_gpu, copies, cpu.decay, hyper);
     for (size_t i = 0; i < shapes.size(); ++i) {
       ops::AdamWParams one = hyper;
@@ -269,48 +271,23 @@ TEST(CudaAdamWMulti, MisalignedTensorsMatchCpuBitwise) {
     }
   }
   for (size_t i = 0; i < shapes.size(); ++i) {
-    SCOPED_TRACE(::testing::Message() << "tensor " << i);
-    expect_same_bits(on_cpu(p[i]), cpu.p[i], "param: misaligned multi vs CPU");
-    expect_same_bits(on_cpu(m[i]), cpu.m[i], "exp_avg: misaligned multi vs CPU");
-    expect_same_bits(on_cpu(v[i]), cpu.v[i], "exp_avg_sq: misaligned multi vs CPU");
+    SCOPED_TRACE(::testing::Message() << "tensor " << i << (misaligned[i] ? " (misaligned)" : ""));
+    expect_same_bits(on_cpu(p[i]), cpu.p[i], "param: multi vs CPU");
+    expect_same_bits(on_cpu(m[i]), cpu.m[i], "exp_avg: multi vs CPU");
+    expect_same_bits(on_cpu(v[i]), cpu.v[i], "exp_avg_sq: multi vs CPU");
     EXPECT_TRUE(same_bytes(on_cpu(copies[i]), cpu.p[i].to(DType::BF16))) << "bf16 copy differs from the cast";
   }
 }
 
-// The clip folded into the update (grad_scale) on the GPU: bitwise the CPU's, on aligned chunks (four at a time), a
-// ragged tail and a misaligned tensor, with a bf16 copy.
+TEST(CudaAdamWMulti, MisalignedTensorsMatchCpuBitwise) {
+  MT_REQUIRE_GPU();
+  check_multi_against_cpu({{8192 * 3}, {4096}, {33, 64}}, {true, true, true}, 1.0, 93);
+}
+
+// The clip folded into the update (grad_scale): aligned chunks (four at a time), a ragged tail, a misaligned tensor.
 TEST(CudaAdamWMulti, GradScaleMatchesCpuBitwise) {
   MT_REQUIRE_GPU();
-  Rng rng(94);
-  const std::vector<Shape> shapes{{8192 * 2 + 3}, {64, 33}, {5}};
-  MultiLists cpu = make_lists(shapes, rng);
-  std::vector<Tensor> p, m, v, copies;
-  for (size_t i = 0; i < shapes.size(); ++i) {
-    p.push_back(i == 2 ? misaligned_gpu_copy(cpu.p[i]) : on_gpu(cpu.p[i]));
-    m.push_back(i == 2 ? misaligned_gpu_copy(cpu.m[i]) : on_gpu(cpu.m[i]));
-    v.push_back(i == 2 ? misaligned_gpu_copy(cpu.v[i]) : on_gpu(cpu.v[i]));
-    copies.push_back(Tensor::zeros(shapes[i], DType::BF16, Device::cuda(0)));
-  }
-  const double coefficient = ops::clip_coefficient(23.9, 1.0);
-  for (int64_t step = 1; step <= 3; ++step) {
-    std::vector<Tensor> grads, grads_gpu;
-    for (const Shape& shape : shapes) grads.push_back(random_tensor(shape, DType::F32, rng, 1.0));
-    for (const Tensor& g : grads) grads_gpu.push_back(on_gpu(g));
-    ops::AdamWParams hyper{3e-4, 0.9, 0.95, 1e-8, 0.0, step, coefficient};
-    ops::adamw_step_multi(gpu(), p, m, v, grads_gpu, copies, cpu.decay, hyper);
-    for (size_t i = 0; i < shapes.size(); ++i) {
-      ops::AdamWParams one = hyper;
-      one.weight_decay = cpu.decay[i];
-      ops::adamw_step(Stream::cpu(), cpu.p[i], cpu.m[i], cpu.v[i], grads[i], one);
-    }
-  }
-  for (size_t i = 0; i < shapes.size(); ++i) {
-    SCOPED_TRACE(::testing::Message() << "tensor " << i);
-    expect_same_bits(on_cpu(p[i]), cpu.p[i], "param: grad_scale multi vs CPU");
-    expect_same_bits(on_cpu(m[i]), cpu.m[i], "exp_avg: grad_scale multi vs CPU");
-    expect_same_bits(on_cpu(v[i]), cpu.v[i], "exp_avg_sq: grad_scale multi vs CPU");
-    EXPECT_TRUE(same_bytes(on_cpu(copies[i]), cpu.p[i].to(DType::BF16))) << "bf16 copy differs from the cast";
-  }
+  check_multi_against_cpu({{8192 * 2 + 3}, {64, 33}, {5}}, {false, false, true}, ops::clip_coefficient(23.9, 1.0), 94);
 }
 
 TEST(CudaAdamWMulti, RepeatedRunsGiveIdenticalBitsAndReuseTheTable) {
