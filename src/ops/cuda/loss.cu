@@ -1,6 +1,8 @@
 // defines: the CUDA cross-entropy kernels, the formulas of ops/cpu/loss.cpp in f32: lse = m + log(sum exp(x - m))
-// with m the row maximum, loss = lse - x[target]; dlogits = scale * (exp(x - lse) - onehot). Block reductions are a
-// fixed tree: per-thread strided partials, a butterfly inside each warp, then the warp results in a fixed order.
+// with m the row maximum, loss = lse - x[target]; dlogits = scale * (exp(x - lse) - onehot). The forward reads each
+// row once (the online softmax: a running maximum and a sum rescaled when it grows), the backward reads and writes it
+// once, both in 16-byte packs where the row allows, so both run near HBM speed on [T, V] logits. Block reductions are
+// a fixed tree: per-thread strided partials, a butterfly inside each warp, then the warp results in a fixed order.
 #include "ops/cuda/loss.h"
 
 #include <cstdint>
@@ -44,9 +46,6 @@ __device__ V block_reduce(V v, V* scratch, Op op) {
   return total;
 }
 
-struct Max {
-  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
-};
 struct Add {
   template <typename V>
   __device__ V operator()(V a, V b) const {
@@ -54,20 +53,91 @@ struct Add {
   }
 };
 
+// A running (maximum, sum of exp(x - maximum)) pair: one pass over a row gives its log-sum-exp (the online softmax).
+struct RunningSum {
+  float max = -__builtin_huge_valf();
+  float sum = 0.0f;
+};
+
+// Adds the values of `x` (the pack's own maximum first, so the sum is rescaled at most once per pack).
+template <int N>
+__device__ __forceinline__ void add_values(RunningSum& r, const float (&x)[N]) {
+  float pack_max = x[0];
+#pragma unroll
+  for (int i = 1; i < N; ++i) pack_max = fmaxf(pack_max, x[i]);
+  if (pack_max > r.max) {
+    r.sum = r.sum == 0.0f ? 0.0f : r.sum * expf(r.max - pack_max);
+    r.max = pack_max;
+  }
+#pragma unroll
+  for (int i = 0; i < N; ++i) r.sum += expf(x[i] - r.max);
+}
+
+// Merges two running sums; symmetric in its arguments (fmaxf, and a sum of two products, commute), so a butterfly
+// leaves the same bits in every lane. A side with nothing added (sum 0) adds nothing.
+struct Merge {
+  __device__ RunningSum operator()(RunningSum a, RunningSum b) const {
+    RunningSum r;
+    r.max = fmaxf(a.max, b.max);
+    const float from_a = a.sum == 0.0f ? 0.0f : a.sum * expf(a.max - r.max);
+    const float from_b = b.sum == 0.0f ? 0.0f : b.sum * expf(b.max - r.max);
+    r.sum = from_a + from_b;
+    return r;
+  }
+};
+
+__device__ __forceinline__ RunningSum shuffle_xor(RunningSum v, int offset) {
+  return {__shfl_xor_sync(0xffffffffu, v.max, offset), __shfl_xor_sync(0xffffffffu, v.sum, offset)};
+}
+
+// Rows whose length and start allow 16-byte packs (V a multiple of kPack<T>): each thread takes packs thread,
+// thread + blockDim, ... (kUnroll loads in flight); otherwise one element at a time. Either way the order is fixed by
+// V alone.
+template <typename T>
+__device__ __forceinline__ bool packed_rows(const T* base, int64_t vocab) {
+  return vocab % kPack<T> == 0 && reinterpret_cast<uintptr_t>(base) % 16 == 0;
+}
+constexpr int kUnroll = 4;
+
+// One pass over the row (the online softmax): lse = max + log(sum exp(x - max)), loss = lse - x[target].
 template <typename T>
 __global__ void forward_kernel(float* losses, float* lse, const T* logits, const int32_t* targets, int64_t tokens,
                                int64_t vocab, int ignore_index) {
-  __shared__ float scratch[kWarps];
+  __shared__ RunningSum scratch[kWarps];
+  constexpr int N = kPack<T>;
+  const bool packed = packed_rows(logits, vocab);
   for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
     const T* xr = logits + t * vocab;
-    float m = -__int_as_float(0x7f800000);
-    for (int64_t v = threadIdx.x; v < vocab; v += blockDim.x) m = fmaxf(m, load_float(xr + v));
-    m = block_reduce<kWarps>(m, scratch, Max{});
-    float sum = 0.0f;
-    for (int64_t v = threadIdx.x; v < vocab; v += blockDim.x) sum += expf(load_float(xr + v) - m);
-    sum = block_reduce<kWarps>(sum, scratch, Add{});
+    RunningSum r;
+    if (packed) {
+      const int64_t packs = vocab / N;
+      for (int64_t first = threadIdx.x; first < packs; first += int64_t{kUnroll} * blockDim.x) {
+        float x[kUnroll][N] = {};
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          const int64_t p = first + int64_t{u} * blockDim.x;
+          if (p < packs) load_pack(xr + p * N, x[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          if (first + int64_t{u} * blockDim.x < packs) add_values(r, x[u]);
+        }
+      }
+    } else {
+      for (int64_t v = threadIdx.x; v < vocab; v += blockDim.x) {
+        const float x[1] = {load_float(xr + v)};
+        add_values(r, x);
+      }
+    }
+    // A butterfly in each warp, then the warps in order.
+    for (int offset = 16; offset > 0; offset >>= 1) r = Merge{}(r, shuffle_xor(r, offset));
+    __syncthreads();  // the previous row's readers of scratch are done
+    if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = r;
+    __syncthreads();
     if (threadIdx.x == 0) {
-      const float l = m + logf(sum);
+      RunningSum total = scratch[0];
+      for (int w = 1; w < kWarps; ++w) total = Merge{}(total, scratch[w]);
+      const float l = total.max + logf(total.sum);
       lse[t] = l;
       const int64_t target = targets[t];
       float loss = 0.0f;
@@ -77,25 +147,49 @@ __global__ void forward_kernel(float* losses, float* lse, const T* logits, const
   }
 }
 
+// dlogits = scale * (exp(x - lse) - onehot(target)), one read and one write of the row.
 template <typename T>
 __global__ void backward_kernel(T* dlogits, const T* logits, const float* lse, const int32_t* targets, int64_t tokens,
                                 int64_t vocab, float scale, int ignore_index) {
+  constexpr int N = kPack<T>;
+  const bool packed = packed_rows(logits, vocab) && packed_rows(dlogits, vocab);
   for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
     const T* xr = logits + t * vocab;
     T* dxr = dlogits + t * vocab;
     const int64_t target = targets[t];
-    if (target == ignore_index) {
-      for (int64_t v = threadIdx.x; v < vocab; v += blockDim.x) store_float(dxr + v, 0.0f);
-      continue;
-    }
-    if (target < 0 || target >= vocab) {  // not validated on the device: poison the row
-      for (int64_t v = threadIdx.x; v < vocab; v += blockDim.x) store_float(dxr + v, quiet_nan());
-      continue;
-    }
-    const float l = lse[t];
-    for (int64_t v = threadIdx.x; v < vocab; v += blockDim.x) {
-      const float p = expf(load_float(xr + v) - l);
-      store_float(dxr + v, scale * (v == target ? p - 1.0f : p));
+    // An ignored row is zero; a target outside [0, V) (not validated on the device) poisons the row with NaN.
+    const bool ignored = target == ignore_index;
+    const bool poisoned = !ignored && (target < 0 || target >= vocab);
+    const float l = ignored || poisoned ? 0.0f : lse[t];
+    const auto gradient = [&](float x, int64_t v) {
+      if (ignored) return 0.0f;
+      if (poisoned) return quiet_nan();
+      const float p = expf(x - l);
+      return scale * (v == target ? p - 1.0f : p);
+    };
+    if (packed) {
+      const int64_t packs = vocab / N;
+      for (int64_t first = threadIdx.x; first < packs; first += int64_t{kUnroll} * blockDim.x) {
+        float x[kUnroll][N] = {};
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          const int64_t p = first + int64_t{u} * blockDim.x;
+          if (p < packs && !ignored && !poisoned) load_pack(xr + p * N, x[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          const int64_t p = first + int64_t{u} * blockDim.x;
+          if (p >= packs) continue;
+          float g[N];
+#pragma unroll
+          for (int i = 0; i < N; ++i) g[i] = gradient(x[u][i], p * N + i);
+          store_pack(dxr + p * N, g);
+        }
+      }
+    } else {
+      for (int64_t v = threadIdx.x; v < vocab; v += blockDim.x) {
+        store_float(dxr + v, gradient(ignored || poisoned ? 0.0f : load_float(xr + v), v));
+      }
     }
   }
 }

@@ -12,8 +12,9 @@ namespace moetrain::ops::cuda {
 // (computed in f32), dlogits in the logits' dtype, losses / lse [T] f32, targets i32 [T]. Targets are NOT checked
 // against [0, V) on the device (that needs the values on the host; the trainer validates batches there): a target
 // outside [0, V) that is not the ignore index gives a NaN loss and a NaN gradient row instead of a read outside the
-// row. Each row's reductions run in an order fixed by V alone (block of kCrossEntropyThreads threads, strided
-// partials, then a fixed tree), so a row's results do not depend on T or on the other rows.
+// row. Each row's reductions run in an order fixed by V (block of kCrossEntropyThreads threads, strided partials of
+// 16-byte packs when V is a multiple of a pack and the logits start on a 16-byte boundary, as every allocation does,
+// else of single elements; then a fixed tree), so a row's results do not depend on T or on the other rows.
 void cross_entropy_forward(const Stream& stream, const Tensor& losses, const Tensor& lse, const Tensor& logits,
                            const Tensor& targets, int ignore_index);
 void cross_entropy_backward(const Stream& stream, const Tensor& dlogits, const Tensor& logits, const Tensor& lse,

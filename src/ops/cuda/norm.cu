@@ -1,5 +1,6 @@
 // defines: the CUDA RMSNorm kernels, the formulas of ops/cpu/norm.cpp in f32: rstd = 1 / sqrt(sum(x^2) / D + eps),
-// y = (x * rstd) * scale, dx = rstd * (g - xhat * mean(g * xhat)) with g = scale * dy. One warp per row; the weight
+// y = (x * rstd) * scale, dx = rstd * (g - xhat * mean(g * xhat)) with g = scale * dy. One warp per row, reading it
+// in 16-byte spans of 8 elements where D and the addresses allow; the weight
 // gradient sums fixed chunks of rows into a [chunks, D] buffer, then the chunks in order. Every product and sum is
 // written with the round-to-nearest intrinsics (__fmul_rn, __fadd_rn, ...), which nvcc never fuses into a
 // multiply-add: each element rounds as the CPU's -ffp-contract=off code does, and only the summation orders differ.
@@ -8,6 +9,7 @@
 #include "ops/cuda/norm.h"
 
 #include <cstdint>
+#include <initializer_list>
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -36,25 +38,68 @@ __device__ __forceinline__ float scale_of(float w, bool zero_centered) {
   return zero_centered ? __fadd_rn(1.0f, w) : w;
 }
 
-template <typename TY, typename TX>
-__global__ void forward_kernel(TY* y, float* rstd, const TX* x, const float* w, int64_t rows, int64_t dim, float eps,
-                               bool zero_centered) {
+// A lane's elements of a row: spans of K consecutive elements at lane * K, lane * K + 32 K, ... K = 8 (16-byte
+// accesses) when the row allows (packed_rows), else K = 1 (elements lane, lane + 32, ...). Within a span the elements
+// are taken in ascending order, so a row's sums run in an order fixed by D and K alone.
+template <int K, typename T>
+__device__ __forceinline__ void load_span(const T* p, float (&v)[K]) {
+  if constexpr (K == 8) {
+    load8(p, v);
+  } else {
+    v[0] = load_float(p);
+  }
+}
+template <int K, typename T>
+__device__ __forceinline__ void store_span(T* p, const float (&v)[K]) {
+  if constexpr (K == 8) {
+    store8(p, v);
+  } else {
+    store_float(p, v[0]);
+  }
+}
+template <int K>
+__device__ __forceinline__ void load_scale(const float* w, bool zero_centered, float (&v)[K]) {
+  load_span<K>(w, v);
+#pragma unroll
+  for (int i = 0; i < K; ++i) v[i] = scale_of(v[i], zero_centered);
+}
+
+template <int K, typename TY, typename TX>
+__device__ void forward_rows(TY* y, float* rstd, const TX* x, const float* w, int64_t rows, int64_t dim, float eps,
+                             bool zero_centered) {
   const int lane = threadIdx.x % 32;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   for (int64_t n = first; n < rows; n += static_cast<int64_t>(gridDim.x) * kWarpsPerBlock) {
     const TX* xr = x + n * dim;
     TY* yr = y + n * dim;
     float sum_sq = 0.0f;
-    for (int64_t d = lane; d < dim; d += 32) {
-      const float v = load_float(xr + d);
-      sum_sq = __fadd_rn(sum_sq, __fmul_rn(v, v));
+    for (int64_t d = lane * K; d < dim; d += 32 * K) {
+      float v[K];
+      load_span<K>(xr + d, v);
+#pragma unroll
+      for (int i = 0; i < K; ++i) sum_sq = __fadd_rn(sum_sq, __fmul_rn(v[i], v[i]));
     }
     const float variance = __fdiv_rn(warp_sum(sum_sq), static_cast<float>(dim));
     const float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(variance, eps)));
     if (lane == 0) rstd[n] = r;
-    for (int64_t d = lane; d < dim; d += 32) {
-      store_float(yr + d, __fmul_rn(__fmul_rn(load_float(xr + d), r), scale_of(w[d], zero_centered)));
+    for (int64_t d = lane * K; d < dim; d += 32 * K) {
+      float v[K], scale[K];
+      load_span<K>(xr + d, v);
+      load_scale<K>(w + d, zero_centered, scale);
+#pragma unroll
+      for (int i = 0; i < K; ++i) v[i] = __fmul_rn(__fmul_rn(v[i], r), scale[i]);
+      store_span<K>(yr + d, v);
     }
+  }
+}
+
+template <typename TY, typename TX>
+__global__ void forward_kernel(TY* y, float* rstd, const TX* x, const float* w, int64_t rows, int64_t dim, float eps,
+                               bool zero_centered, bool packed) {
+  if (packed) {
+    forward_rows<8>(y, rstd, x, w, rows, dim, eps, zero_centered);
+  } else {
+    forward_rows<1>(y, rstd, x, w, rows, dim, eps, zero_centered);
   }
 }
 
@@ -64,12 +109,12 @@ __device__ __forceinline__ float stored_value(float v, const __nv_bfloat16*) {
   return __bfloat162float(__float2bfloat16_rn(v));
 }
 
-// forward_kernel with the residual add in front: lane k of a row's warp adds (and stores) elements k, k + 32, ...
-// of the row, squares the rounded sums as forward_kernel squares x, then rereads its own stored elements of sum
-// for y. Each lane reads a and b at an index before it writes sum there: sum may alias a or b.
-template <typename TS, typename TY, typename TA, typename TB>
-__global__ void add_forward_kernel(TS* sum, TY* y, float* rstd, const TA* a, const TB* b, const float* w, int64_t rows,
-                                   int64_t dim, float eps, bool zero_centered) {
+// forward_rows with the residual add in front: each lane adds (and stores) its spans of the row, squares the rounded
+// sums as forward_rows squares x, then rereads its own stored elements of sum for y. Each lane reads a and b at an
+// index before it writes sum there: sum may alias a or b.
+template <int K, typename TS, typename TY, typename TA, typename TB>
+__device__ void add_forward_rows(TS* sum, TY* y, float* rstd, const TA* a, const TB* b, const float* w, int64_t rows,
+                                 int64_t dim, float eps, bool zero_centered) {
   const int lane = threadIdx.x % 32;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   for (int64_t n = first; n < rows; n += static_cast<int64_t>(gridDim.x) * kWarpsPerBlock) {
@@ -78,25 +123,46 @@ __global__ void add_forward_kernel(TS* sum, TY* y, float* rstd, const TA* a, con
     TS* sr = sum + n * dim;
     TY* yr = y + n * dim;
     float sum_sq = 0.0f;
-    for (int64_t d = lane; d < dim; d += 32) {
-      const float v = stored_value(__fadd_rn(load_float(ar + d), load_float(br + d)), sr);
-      store_float(sr + d, v);
-      sum_sq = __fadd_rn(sum_sq, __fmul_rn(v, v));
+    for (int64_t d = lane * K; d < dim; d += 32 * K) {
+      float va[K], vb[K];
+      load_span<K>(ar + d, va);
+      load_span<K>(br + d, vb);
+#pragma unroll
+      for (int i = 0; i < K; ++i) {
+        va[i] = stored_value(__fadd_rn(va[i], vb[i]), sr);
+        sum_sq = __fadd_rn(sum_sq, __fmul_rn(va[i], va[i]));
+      }
+      store_span<K>(sr + d, va);
     }
     const float variance = __fdiv_rn(warp_sum(sum_sq), static_cast<float>(dim));
     const float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(variance, eps)));
     if (lane == 0) rstd[n] = r;
-    for (int64_t d = lane; d < dim; d += 32) {
-      store_float(yr + d, __fmul_rn(__fmul_rn(load_float(sr + d), r), scale_of(w[d], zero_centered)));
+    for (int64_t d = lane * K; d < dim; d += 32 * K) {
+      float v[K], scale[K];
+      load_span<K>(sr + d, v);
+      load_scale<K>(w + d, zero_centered, scale);
+#pragma unroll
+      for (int i = 0; i < K; ++i) v[i] = __fmul_rn(__fmul_rn(v[i], r), scale[i]);
+      store_span<K>(yr + d, v);
     }
+  }
+}
+
+template <typename TS, typename TY, typename TA, typename TB>
+__global__ void add_forward_kernel(TS* sum, TY* y, float* rstd, const TA* a, const TB* b, const float* w, int64_t rows,
+                                   int64_t dim, float eps, bool zero_centered, bool packed) {
+  if (packed) {
+    add_forward_rows<8>(sum, y, rstd, a, b, w, rows, dim, eps, zero_centered);
+  } else {
+    add_forward_rows<1>(sum, y, rstd, a, b, w, rows, dim, eps, zero_centered);
   }
 }
 
 // Every lane reads all of its dy elements for the sum before the butterfly, which no lane leaves before all have
 // entered it; then each lane rewrites only its own elements: dx may alias dy.
-template <typename TDX, typename TDY, typename TX>
-__global__ void backward_input_kernel(TDX* dx, const TDY* dy, const TX* x, const float* w, const float* rstd,
-                                      int64_t rows, int64_t dim, bool zero_centered) {
+template <int K, typename TDX, typename TDY, typename TX>
+__device__ void backward_input_rows(TDX* dx, const TDY* dy, const TX* x, const float* w, const float* rstd,
+                                    int64_t rows, int64_t dim, bool zero_centered) {
   const int lane = threadIdx.x % 32;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   for (int64_t n = first; n < rows; n += static_cast<int64_t>(gridDim.x) * kWarpsPerBlock) {
@@ -105,16 +171,38 @@ __global__ void backward_input_kernel(TDX* dx, const TDY* dy, const TX* x, const
     TDX* dxr = dx + n * dim;
     const float r = rstd[n];
     float sum = 0.0f;
-    for (int64_t d = lane; d < dim; d += 32) {
-      const float g = __fmul_rn(scale_of(w[d], zero_centered), load_float(dyr + d));
-      sum = __fadd_rn(sum, __fmul_rn(g, __fmul_rn(load_float(xr + d), r)));
+    for (int64_t d = lane * K; d < dim; d += 32 * K) {
+      float g[K], xv[K], scale[K];
+      load_span<K>(dyr + d, g);
+      load_span<K>(xr + d, xv);
+      load_scale<K>(w + d, zero_centered, scale);
+#pragma unroll
+      for (int i = 0; i < K; ++i) sum = __fadd_rn(sum, __fmul_rn(__fmul_rn(scale[i], g[i]), __fmul_rn(xv[i], r)));
     }
     const float mean = __fdiv_rn(warp_sum(sum), static_cast<float>(dim));
-    for (int64_t d = lane; d < dim; d += 32) {
-      const float g = __fmul_rn(scale_of(w[d], zero_centered), load_float(dyr + d));
-      const float xhat = __fmul_rn(load_float(xr + d), r);
-      store_float(dxr + d, __fmul_rn(r, __fsub_rn(g, __fmul_rn(xhat, mean))));
+    for (int64_t d = lane * K; d < dim; d += 32 * K) {
+      float g[K], xv[K], scale[K];
+      load_span<K>(dyr + d, g);
+      load_span<K>(xr + d, xv);
+      load_scale<K>(w + d, zero_centered, scale);
+#pragma unroll
+      for (int i = 0; i < K; ++i) {
+        const float gi = __fmul_rn(scale[i], g[i]);
+        const float xhat = __fmul_rn(xv[i], r);
+        g[i] = __fmul_rn(r, __fsub_rn(gi, __fmul_rn(xhat, mean)));
+      }
+      store_span<K>(dxr + d, g);
     }
+  }
+}
+
+template <typename TDX, typename TDY, typename TX>
+__global__ void backward_input_kernel(TDX* dx, const TDY* dy, const TX* x, const float* w, const float* rstd,
+                                      int64_t rows, int64_t dim, bool zero_centered, bool packed) {
+  if (packed) {
+    backward_input_rows<8>(dx, dy, x, w, rstd, rows, dim, zero_centered);
+  } else {
+    backward_input_rows<1>(dx, dy, x, w, rstd, rows, dim, zero_centered);
   }
 }
 
@@ -143,6 +231,16 @@ __global__ void weight_total_kernel(float* dw, const float* partial, int64_t chu
   float total = 0.0f;
   for (int64_t c = 0; c < chunks; ++c) total = __fadd_rn(total, partial[c * dim + d]);
   dw[d] = __fadd_rn(dw[d], total);
+}
+
+// Rows of `dim` elements from these bases (and the weight) can be walked in spans of 8: D a multiple of 8 and every
+// base 16-byte aligned, so every row's start is.
+bool packed_rows(int64_t dim, std::initializer_list<const void*> bases) {
+  if (dim % 8 != 0) return false;
+  for (const void* base : bases) {
+    if (reinterpret_cast<uintptr_t>(base) % 16 != 0) return false;
+  }
+  return true;
 }
 
 cudaStream_t native(const Stream& stream) { return static_cast<cudaStream_t>(stream_handle(stream)); }
@@ -180,7 +278,8 @@ void rmsnorm_forward(const Stream& stream, const Tensor& y, const Tensor& rstd, 
   dispatch_activations(y, x, "rmsnorm_forward", [&]<typename TY, typename TX>(TY*, TX*) {
     forward_kernel<<<row_blocks(rows), kRowThreads, 0, native(stream)>>>(
         static_cast<TY*>(y.raw_data()), static_cast<float*>(rstd.raw_data()), static_cast<const TX*>(x.raw_data()),
-        static_cast<const float*>(w.raw_data()), rows, dim, params.eps, params.zero_centered);
+        static_cast<const float*>(w.raw_data()), rows, dim, params.eps, params.zero_centered,
+        packed_rows(dim, {y.raw_data(), x.raw_data(), w.raw_data()}));
   });
   MT_CUDA_CHECK(cudaGetLastError());
 }
@@ -195,7 +294,8 @@ void add_rmsnorm_forward(const Stream& stream, const Tensor& sum, const Tensor& 
     add_forward_kernel<<<row_blocks(rows), kRowThreads, 0, native(stream)>>>(
         static_cast<TA*>(sum.raw_data()), static_cast<TB*>(y.raw_data()), static_cast<float*>(rstd.raw_data()),
         static_cast<const TA*>(a.raw_data()), static_cast<const TB*>(b.raw_data()),
-        static_cast<const float*>(w.raw_data()), rows, dim, params.eps, params.zero_centered);
+        static_cast<const float*>(w.raw_data()), rows, dim, params.eps, params.zero_centered,
+        packed_rows(dim, {sum.raw_data(), y.raw_data(), a.raw_data(), b.raw_data(), w.raw_data()}));
   });
   MT_CUDA_CHECK(cudaGetLastError());
 }
@@ -210,7 +310,7 @@ void rmsnorm_backward_input(const Stream& stream, const Tensor& dx, const Tensor
     backward_input_kernel<<<row_blocks(rows), kRowThreads, 0, native(stream)>>>(
         static_cast<TX*>(dx.raw_data()), static_cast<const TDY*>(dy.raw_data()), static_cast<const TX*>(x.raw_data()),
         static_cast<const float*>(w.raw_data()), static_cast<const float*>(rstd.raw_data()), rows, dim,
-        params.zero_centered);
+        params.zero_centered, packed_rows(dim, {dx.raw_data(), dy.raw_data(), x.raw_data(), w.raw_data()}));
   });
   MT_CUDA_CHECK(cudaGetLastError());
 }

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -11,6 +12,7 @@
 
 #include "core/error.h"
 #include "ops/cuda/check.h"
+#include "ops/cuda/float_io.cuh"
 #include "ops/cuda/runtime.h"
 
 namespace moetrain::ops::cuda {
@@ -62,22 +64,49 @@ __global__ void offsets_kernel(int32_t* offsets, const uint32_t* sorted_experts,
   offsets[e] = static_cast<int32_t>(lo);
 }
 
-// permuted[r] = x[row_choice[r] / K].
+// The row kernels walk a row in packs of 8 elements (16-byte accesses) when `packed` (H a multiple of 8 and every
+// row pointer 16-byte aligned: packed_rows), one element at a time otherwise. Each output element's arithmetic is the
+// same either way (sums over k in ascending order, products and sums rounded apart), so the two paths give the same
+// bits; only unpermute_backward's dot product over H is summed in a different order.
+constexpr int kRowPack = 8;
+
+// permuted[r] = x[row_choice[r] / K]: 16-byte copies when packed.
 template <typename T>
-__global__ void __launch_bounds__(kThreads)
-    permute_forward_kernel(T* permuted, const T* x, const int32_t* row_choice, int64_t top_k, int64_t hidden) {
+__global__ void __launch_bounds__(kThreads) permute_forward_kernel(T* permuted, const T* x, const int32_t* row_choice,
+                                                                   int64_t top_k, int64_t hidden, bool packed) {
   const int64_t r = blockIdx.x;
   const T* src = x + (row_choice[r] / top_k) * hidden;
   T* dst = permuted + r * hidden;
+  if (packed) {
+    const int64_t chunks = hidden * static_cast<int64_t>(sizeof(T)) / 16;
+    const auto* from = reinterpret_cast<const uint4*>(src);
+    auto* to = reinterpret_cast<uint4*>(dst);
+    for (int64_t c = threadIdx.x; c < chunks; c += kThreads) to[c] = from[c];
+    return;
+  }
   for (int64_t h = threadIdx.x; h < hidden; h += kThreads) dst[h] = src[h];
 }
 
 // dx[t] = sum over k (ascending) of dpermuted[choice_row[t*K + k]].
 template <typename TX, typename T>
 __global__ void __launch_bounds__(kThreads)
-    permute_backward_kernel(TX* dx, const T* dpermuted, const int32_t* choice_row, int64_t top_k, int64_t hidden) {
+    permute_backward_kernel(TX* dx, const T* dpermuted, const int32_t* choice_row, int64_t top_k, int64_t hidden,
+                            bool packed) {
   const int64_t t = blockIdx.x;
   const int32_t* rows = choice_row + t * top_k;
+  if (packed) {
+    for (int64_t h = threadIdx.x * kRowPack; h < hidden; h += kThreads * kRowPack) {
+      float acc[kRowPack] = {};
+      for (int64_t k = 0; k < top_k; ++k) {
+        float v[kRowPack];
+        load8(dpermuted + rows[k] * hidden + h, v);
+#pragma unroll
+        for (int i = 0; i < kRowPack; ++i) acc[i] = __fadd_rn(acc[i], v[i]);
+      }
+      store8(dx + t * hidden + h, acc);
+    }
+    return;
+  }
   for (int64_t h = threadIdx.x; h < hidden; h += kThreads) {
     float acc = 0.0f;
     for (int64_t k = 0; k < top_k; ++k) acc = __fadd_rn(acc, to_f32(dpermuted[rows[k] * hidden + h]));
@@ -89,10 +118,23 @@ __global__ void __launch_bounds__(kThreads)
 template <typename TY, typename T>
 __global__ void __launch_bounds__(kThreads)
     unpermute_forward_kernel(TY* y, const T* expert_out, const float* topk_weight, const int32_t* choice_row,
-                             int64_t top_k, int64_t hidden) {
+                             int64_t top_k, int64_t hidden, bool packed) {
   const int64_t t = blockIdx.x;
   const int32_t* rows = choice_row + t * top_k;
   const float* w = topk_weight + t * top_k;
+  if (packed) {
+    for (int64_t h = threadIdx.x * kRowPack; h < hidden; h += kThreads * kRowPack) {
+      float acc[kRowPack] = {};
+      for (int64_t k = 0; k < top_k; ++k) {
+        float v[kRowPack];
+        load8(expert_out + rows[k] * hidden + h, v);
+#pragma unroll
+        for (int i = 0; i < kRowPack; ++i) acc[i] = __fadd_rn(acc[i], __fmul_rn(w[k], v[i]));
+      }
+      store8(y + t * hidden + h, acc);
+    }
+    return;
+  }
   for (int64_t h = threadIdx.x; h < hidden; h += kThreads) {
     float acc = 0.0f;
     for (int64_t k = 0; k < top_k; ++k) {
@@ -103,12 +145,14 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // One block per choice c = t*K + k: dexpert_out[row] = weight[c] * dy[t] and dtopk_weight[c] = dot(dy[t], row),
-// row = choice_row[c]. The dot: per-thread sums over h = thread, thread + 256, ... (ascending), a butterfly within
-// each warp, then the warps' sums in ascending order: an order fixed by H alone.
+// row = choice_row[c]. The dot: per-thread sums over the thread's elements in ascending order (packs thread, thread +
+// 256, ... when packed; elements thread, thread + 256, ... otherwise), a butterfly within each warp, then the warps'
+// sums in ascending order: an order fixed by H (and the packing) alone.
 template <typename T, typename TY>
 __global__ void __launch_bounds__(kThreads)
     unpermute_backward_kernel(T* dexpert_out, float* dtopk_weight, const TY* dy, const T* expert_out,
-                              const float* topk_weight, const int32_t* choice_row, int64_t top_k, int64_t hidden) {
+                              const float* topk_weight, const int32_t* choice_row, int64_t top_k, int64_t hidden,
+                              bool packed) {
   __shared__ float warp_sums[kWarps];
   const int64_t c = blockIdx.x;
   const int64_t row = choice_row[c];
@@ -117,10 +161,24 @@ __global__ void __launch_bounds__(kThreads)
   T* de = dexpert_out + row * hidden;
   const float w = topk_weight[c];
   float dot = 0.0f;
-  for (int64_t h = threadIdx.x; h < hidden; h += kThreads) {
-    const float gh = to_f32(g[h]);
-    de[h] = from_f32<T>(__fmul_rn(w, gh));
-    dot = __fadd_rn(dot, __fmul_rn(gh, to_f32(e[h])));
+  if (packed) {
+    for (int64_t h = threadIdx.x * kRowPack; h < hidden; h += kThreads * kRowPack) {
+      float gv[kRowPack], ev[kRowPack], dv[kRowPack];
+      load8(g + h, gv);
+      load8(e + h, ev);
+#pragma unroll
+      for (int i = 0; i < kRowPack; ++i) {
+        dv[i] = __fmul_rn(w, gv[i]);
+        dot = __fadd_rn(dot, __fmul_rn(gv[i], ev[i]));
+      }
+      store8(de + h, dv);
+    }
+  } else {
+    for (int64_t h = threadIdx.x; h < hidden; h += kThreads) {
+      const float gh = to_f32(g[h]);
+      de[h] = from_f32<T>(__fmul_rn(w, gh));
+      dot = __fadd_rn(dot, __fmul_rn(gh, to_f32(e[h])));
+    }
   }
   for (int offset = 16; offset > 0; offset >>= 1) dot += __shfl_xor_sync(kFullMask, dot, offset);
   if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = dot;
@@ -130,6 +188,15 @@ __global__ void __launch_bounds__(kThreads)
     for (int i = 0; i < kWarps; ++i) total += warp_sums[i];
     dtopk_weight[c] = total;
   }
+}
+
+// Rows of `hidden` elements from these bases can be walked in packs of 8 (16-byte aligned at every row).
+bool packed_rows(int64_t hidden, std::initializer_list<const void*> bases) {
+  if (hidden % kRowPack != 0) return false;
+  for (const void* base : bases) {
+    if (reinterpret_cast<uintptr_t>(base) % 16 != 0) return false;
+  }
+  return true;
 }
 
 unsigned blocks_of(int64_t n) { return static_cast<unsigned>((n + kThreads - 1) / kThreads); }
@@ -208,7 +275,8 @@ void permute_forward(const Stream& stream, const Tensor& permuted, const Tensor&
   dispatch_activation(x.dtype(), "permute_forward", [&]<typename T>() {
     if (rows == 0 || hidden == 0) return;
     permute_forward_kernel<T><<<static_cast<unsigned>(rows), kThreads, 0, s>>>(
-        ptr<T>(permuted), ptr<const T>(x), ptr<const int32_t>(plan.row_choice), plan.top_k, hidden);
+        ptr<T>(permuted), ptr<const T>(x), ptr<const int32_t>(plan.row_choice), plan.top_k, hidden,
+        packed_rows(hidden, {permuted.raw_data(), x.raw_data()}));
     MT_CUDA_CHECK(cudaGetLastError());
   });
 }
@@ -219,7 +287,8 @@ void permute_backward(const Stream& stream, const Tensor& dx, const Tensor& dper
   dispatch_activations(dx.dtype(), dpermuted.dtype(), "permute_backward", [&]<typename TX, typename T>() {
     if (plan.num_tokens == 0 || hidden == 0) return;
     permute_backward_kernel<TX, T><<<static_cast<unsigned>(plan.num_tokens), kThreads, 0, s>>>(
-        ptr<TX>(dx), ptr<const T>(dpermuted), ptr<const int32_t>(plan.choice_row), plan.top_k, hidden);
+        ptr<TX>(dx), ptr<const T>(dpermuted), ptr<const int32_t>(plan.choice_row), plan.top_k, hidden,
+        packed_rows(hidden, {dx.raw_data(), dpermuted.raw_data()}));
     MT_CUDA_CHECK(cudaGetLastError());
   });
 }
@@ -232,7 +301,7 @@ void unpermute_forward(const Stream& stream, const Tensor& y, const Tensor& expe
     if (plan.num_tokens == 0 || hidden == 0) return;
     unpermute_forward_kernel<TY, T><<<static_cast<unsigned>(plan.num_tokens), kThreads, 0, s>>>(
         ptr<TY>(y), ptr<const T>(expert_out), ptr<const float>(topk_weight), ptr<const int32_t>(plan.choice_row),
-        plan.top_k, hidden);
+        plan.top_k, hidden, packed_rows(hidden, {y.raw_data(), expert_out.raw_data()}));
     MT_CUDA_CHECK(cudaGetLastError());
   });
 }
@@ -245,7 +314,8 @@ void unpermute_backward(const Stream& stream, const Tensor& dexpert_out, const T
     if (choices == 0) return;
     unpermute_backward_kernel<T, TY><<<static_cast<unsigned>(choices), kThreads, 0, s>>>(
         ptr<T>(dexpert_out), ptr<float>(dtopk_weight), ptr<const TY>(dy), ptr<const T>(expert_out),
-        ptr<const float>(topk_weight), ptr<const int32_t>(plan.choice_row), plan.top_k, hidden);
+        ptr<const float>(topk_weight), ptr<const int32_t>(plan.choice_row), plan.top_k, hidden,
+        packed_rows(hidden, {dexpert_out.raw_data(), dy.raw_data(), expert_out.raw_data()}));
     MT_CUDA_CHECK(cudaGetLastError());
   });
 }
