@@ -1,6 +1,6 @@
-// defines: the CUDA rope kernel. One thread per (token, head, pair): the pair (a, b) becomes (a*c - b*s, b*c + a*s)
-// with c = cos * scaling and s = sin * scaling (the backward, the transpose, negates s), as ops/cpu/rope.cpp; threads
-// past the pairs copy the head's dims beyond rotary_dim.
+// defines: the CUDA rope kernel. One thread per (token, pair), over the token's heads: the pair (a, b) becomes
+// (a*c - b*s, b*c + a*s) with c = cos * scaling and s = sin * scaling (the backward, the transpose, negates s), as
+// ops/cpu/rope.cpp; threads past the pairs copy the heads' dims beyond rotary_dim.
 #include "ops/cuda/rope.h"
 
 #include <cstdint>
@@ -32,31 +32,36 @@ struct RopeArgs {
   bool interleaved;
 };
 
+// One thread per (token, item): the angle's cos and sin once, then the item in every head of the token (adjacent
+// threads take adjacent items of a head: the accesses coalesce).
 template <typename T>
 __global__ void rope_kernel(T* out, const T* in, const int32_t* position_ids, const RopeArgs args) {
-  const int64_t total = args.tokens * args.heads * args.work;
+  const int64_t total = args.tokens * args.work;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total; idx += stride) {
-    const int64_t row = idx / args.work;  // token * heads + head
+    const int64_t token = idx / args.work;
     const int64_t j = idx % args.work;
-    const T* x = in + row * args.head_dim;
-    T* y = out + row * args.head_dim;
+    const T* x = in + token * args.heads * args.head_dim;
+    T* y = out + token * args.heads * args.head_dim;
     if (j >= args.half) {
       const int64_t d = 2 * args.half + (j - args.half);
-      store_float(y + d, load_float(x + d));
+      for (int64_t h = 0; h < args.heads; ++h)
+        store_float(y + h * args.head_dim + d, load_float(x + h * args.head_dim + d));
       continue;
     }
-    const int64_t token = row / args.heads;
     const float angle = static_cast<float>(position_ids[token]) * args.inv_freq[j];
     const float c = cosf(angle) * args.scaling;
     const float s = (sinf(angle) * args.scaling) * args.sin_sign;
     // rotate_half pairs (j, j + half); interleaved pairs (2j, 2j + 1).
     const int64_t ia = args.interleaved ? 2 * j : j;
     const int64_t ib = args.interleaved ? 2 * j + 1 : j + args.half;
-    const float a = load_float(x + ia);
-    const float b = load_float(x + ib);
-    store_float(y + ia, a * c - b * s);
-    store_float(y + ib, b * c + a * s);
+    for (int64_t h = 0; h < args.heads; ++h) {
+      const int64_t base = h * args.head_dim;
+      const float a = load_float(x + base + ia);
+      const float b = load_float(x + base + ib);
+      store_float(y + base + ia, a * c - b * s);
+      store_float(y + base + ib, b * c + a * s);
+    }
   }
 }
 
@@ -76,8 +81,8 @@ void run(const Stream& stream, const Tensor& out, const Tensor& in, const Tensor
   args.scaling = params.attention_scaling;
   args.sin_sign = sin_sign;
   args.interleaved = params.interleaved;
-  const int64_t total = args.tokens * args.heads * args.work;
-  if (total == 0) return;
+  const int64_t total = args.tokens * args.work;
+  if (total == 0 || args.heads == 0) return;
   const int64_t blocks64 = (total + kThreads - 1) / kThreads;
   const unsigned blocks = static_cast<unsigned>(blocks64 < kMaxBlocks ? blocks64 : kMaxBlocks);
   const auto cu_stream = static_cast<cudaStream_t>(stream_handle(stream));
