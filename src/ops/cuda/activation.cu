@@ -23,24 +23,7 @@ constexpr int kThreads = 256;
 constexpr int64_t kMaxBlocks = int64_t(1) << 20;  // grid-stride beyond this
 
 // The plain SwiGLU walks K consecutive columns per thread: K = 8 (16-byte accesses, one row/column division per 8
-// elements) when the width and the addresses allow (packed_columns), else K = 1. The per-element math is the same.
-template <int K, typename T>
-__device__ __forceinline__ void load_columns(const T* p, float (&v)[K]) {
-  if constexpr (K == 8) {
-    load8(p, v);
-  } else {
-    v[0] = load_float(p);
-  }
-}
-template <int K, typename T>
-__device__ __forceinline__ void store_columns(T* p, const float (&v)[K]) {
-  if constexpr (K == 8) {
-    store8(p, v);
-  } else {
-    store_float(p, v[0]);
-  }
-}
-
+// elements) when the width and the addresses allow (spans_of_8), else K = 1. The per-element math is the same.
 template <int K, typename T>
 __device__ void forward_columns(T* y, const T* gate_up, int64_t rows, int64_t width) {
   const int64_t units = rows * width / K;
@@ -51,14 +34,14 @@ __device__ void forward_columns(T* y, const T* gate_up, int64_t rows, int64_t wi
     const int64_t j = i % width;
     const T* gate = gate_up + n * 2 * width;
     float g[K], u[K];
-    load_columns<K>(gate + j, g);
-    load_columns<K>(gate + width + j, u);
+    load_span<K>(gate + j, g);
+    load_span<K>(gate + width + j, u);
 #pragma unroll
     for (int e = 0; e < K; ++e) {
       const float silu = g[e] / (1.0f + expf(-g[e]));
       g[e] = silu * u[e];
     }
-    store_columns<K>(y + i, g);
+    store_span<K>(y + i, g);
   }
 }
 
@@ -82,9 +65,9 @@ __device__ void backward_columns(T* dgate_up, const T* dy, const T* gate_up, int
     const T* gate = gate_up + n * 2 * width;
     T* dgate = dgate_up + n * 2 * width;
     float g[K], u[K], d[K], dg[K], du[K];
-    load_columns<K>(gate + j, g);
-    load_columns<K>(gate + width + j, u);
-    load_columns<K>(dy + i, d);
+    load_span<K>(gate + j, g);
+    load_span<K>(gate + width + j, u);
+    load_span<K>(dy + i, d);
 #pragma unroll
     for (int e = 0; e < K; ++e) {
       const float denominator = 1.0f + expf(-g[e]);
@@ -94,8 +77,8 @@ __device__ void backward_columns(T* dgate_up, const T* dy, const T* gate_up, int
       dg[e] = d[e] * u[e] * dsilu;
       du[e] = d[e] * silu;
     }
-    store_columns<K>(dgate + j, dg);
-    store_columns<K>(dgate + width + j, du);
+    store_span<K>(dgate + j, dg);
+    store_span<K>(dgate + width + j, du);
   }
 }
 
@@ -106,15 +89,6 @@ __global__ void backward_kernel(T* dgate_up, const T* dy, const T* gate_up, int6
   } else {
     backward_columns<1>(dgate_up, dy, gate_up, rows, width);
   }
-}
-
-// Width a multiple of 8 and every base 16-byte aligned: every row's gate, up and output columns start aligned.
-bool packed_columns(int64_t width, std::initializer_list<const void*> bases) {
-  if (width % 8 != 0) return false;
-  for (const void* base : bases) {
-    if (reinterpret_cast<uintptr_t>(base) % 16 != 0) return false;
-  }
-  return true;
 }
 
 // min(x, limit) and clamp(x, -limit, limit) as torch writes them (a NaN stays NaN, unlike fminf).
@@ -222,7 +196,7 @@ void swiglu_forward(const Stream& stream, const Tensor& y, const Tensor& gate_up
   const int64_t width = gate_up.size(1) / 2;
   if (rows * width == 0) return;
   const auto cu_stream = static_cast<cudaStream_t>(stream_handle(stream));
-  const bool packed = packed_columns(width, {y.raw_data(), gate_up.raw_data()});
+  const bool packed = spans_of_8(width, {y.raw_data(), gate_up.raw_data()});
   switch (gate_up.dtype()) {
     case DType::F32:
       forward_kernel<<<blocks_for(rows * width / (packed ? 8 : 1)), kThreads, 0, cu_stream>>>(
@@ -243,7 +217,7 @@ void swiglu_backward(const Stream& stream, const Tensor& dgate_up, const Tensor&
   const int64_t width = gate_up.size(1) / 2;
   if (rows * width == 0) return;
   const auto cu_stream = static_cast<cudaStream_t>(stream_handle(stream));
-  const bool packed = packed_columns(width, {dgate_up.raw_data(), dy.raw_data(), gate_up.raw_data()});
+  const bool packed = spans_of_8(width, {dgate_up.raw_data(), dy.raw_data(), gate_up.raw_data()});
   switch (gate_up.dtype()) {
     case DType::F32:
       backward_kernel<<<blocks_for(rows * width / (packed ? 8 : 1)), kThreads, 0, cu_stream>>>(

@@ -3,6 +3,9 @@
 // at a time.
 #pragma once
 
+#include <cstdint>
+#include <initializer_list>
+
 #include <cuda_bf16.h>
 
 namespace moetrain::ops::cuda {
@@ -53,5 +56,33 @@ __device__ __forceinline__ void store8(float* p, const float (&in)[8]) {
   *reinterpret_cast<float4*>(p + 4) = make_float4(in[4], in[5], in[6], in[7]);
 }
 __device__ __forceinline__ void store8(__nv_bfloat16* p, const float (&in)[8]) { store_pack(p, in); }
+
+// K consecutive elements: 8 through load8 / store8 (a kernel walking a row in spans of 8), or 1.
+template <int K, typename T>
+__device__ __forceinline__ void load_span(const T* p, float (&v)[K]) {
+  if constexpr (K == 8) {
+    load8(p, v);
+  } else {
+    v[0] = load_float(p);
+  }
+}
+template <int K, typename T>
+__device__ __forceinline__ void store_span(T* p, const float (&v)[K]) {
+  if constexpr (K == 8) {
+    store8(p, v);
+  } else {
+    store_float(p, v[0]);
+  }
+}
+
+// Host side: rows of `width` elements from these bases can be walked in spans of 8 (width a multiple of 8 and every
+// base 16-byte aligned, so every row's start is).
+inline bool spans_of_8(int64_t width, std::initializer_list<const void*> bases) {
+  if (width % 8 != 0) return false;
+  for (const void* base : bases) {
+    if (reinterpret_cast<uintptr_t>(base) % 16 != 0) return false;
+  }
+  return true;
+}
 
 }  // namespace moetrain::ops::cuda

@@ -304,18 +304,7 @@ __device__ __forceinline__ void load_row4(const __nv_bfloat16* p, float* out) {
 }
 template <typename E>
 __device__ __forceinline__ void load_row8(const E* p, float* out) {
-  if constexpr (sizeof(E) == 4) {
-    load_row4(p, out);
-    load_row4(p + 4, out + 4);
-  } else {
-    const uint4 x = *reinterpret_cast<const uint4*>(p);
-    const __nv_bfloat162* pair = reinterpret_cast<const __nv_bfloat162*>(&x);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 f = __bfloat1622float2(pair[i]);
-      out[2 * i] = f.x, out[2 * i + 1] = f.y;
-    }
-  }
+  load8(p, *reinterpret_cast<float(*)[8]>(out));
 }
 
 // acc[r][c] += sum_e a[(row0 + r) * ks + e] b[e * kColTile + col0 + c] for r < 4, c < 2, e < ks: a thread's 4 x 2

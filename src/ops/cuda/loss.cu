@@ -99,6 +99,26 @@ __device__ __forceinline__ bool packed_rows(const T* base, int64_t vocab) {
 }
 constexpr int kUnroll = 4;
 
+// Calls f(p, x) for each of the thread's packs p of a packed row (x: the pack's values, zeros when !load), with the
+// loads of kUnroll packs issued before any is used.
+template <typename T, typename F>
+__device__ __forceinline__ void for_each_pack(const T* row, int64_t packs, bool load, F&& f) {
+  constexpr int N = kPack<T>;
+  for (int64_t first = threadIdx.x; first < packs; first += int64_t{kUnroll} * blockDim.x) {
+    float x[kUnroll][N] = {};
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t p = first + int64_t{u} * blockDim.x;
+      if (p < packs && load) load_pack(row + p * N, x[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t p = first + int64_t{u} * blockDim.x;
+      if (p < packs) f(p, x[u]);
+    }
+  }
+}
+
 // One pass over the row (the online softmax): lse = max + log(sum exp(x - max)), loss = lse - x[target].
 template <typename T>
 __global__ void forward_kernel(float* losses, float* lse, const T* logits, const int32_t* targets, int64_t tokens,
@@ -110,19 +130,7 @@ __global__ void forward_kernel(float* losses, float* lse, const T* logits, const
     const T* xr = logits + t * vocab;
     RunningSum r;
     if (packed) {
-      const int64_t packs = vocab / N;
-      for (int64_t first = threadIdx.x; first < packs; first += int64_t{kUnroll} * blockDim.x) {
-        float x[kUnroll][N] = {};
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-          const int64_t p = first + int64_t{u} * blockDim.x;
-          if (p < packs) load_pack(xr + p * N, x[u]);
-        }
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-          if (first + int64_t{u} * blockDim.x < packs) add_values(r, x[u]);
-        }
-      }
+      for_each_pack(xr, vocab / N, true, [&](int64_t, const float(&x)[N]) { add_values(r, x); });
     } else {
       for (int64_t v = threadIdx.x; v < vocab; v += blockDim.x) {
         const float x[1] = {load_float(xr + v)};
@@ -168,24 +176,12 @@ __global__ void backward_kernel(T* dlogits, const T* logits, const float* lse, c
       return scale * (v == target ? p - 1.0f : p);
     };
     if (packed) {
-      const int64_t packs = vocab / N;
-      for (int64_t first = threadIdx.x; first < packs; first += int64_t{kUnroll} * blockDim.x) {
-        float x[kUnroll][N] = {};
+      for_each_pack(xr, vocab / N, !ignored && !poisoned, [&](int64_t p, const float(&x)[N]) {
+        float g[N];
 #pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-          const int64_t p = first + int64_t{u} * blockDim.x;
-          if (p < packs && !ignored && !poisoned) load_pack(xr + p * N, x[u]);
-        }
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-          const int64_t p = first + int64_t{u} * blockDim.x;
-          if (p >= packs) continue;
-          float g[N];
-#pragma unroll
-          for (int i = 0; i < N; ++i) g[i] = gradient(x[u][i], p * N + i);
-          store_pack(dxr + p * N, g);
-        }
-      }
+        for (int i = 0; i < N; ++i) g[i] = gradient(x[i], p * N + i);
+        store_pack(dxr + p * N, g);
+      });
     } else {
       for (int64_t v = threadIdx.x; v < vocab; v += blockDim.x) {
         store_float(dxr + v, gradient(ignored || poisoned ? 0.0f : load_float(xr + v), v));

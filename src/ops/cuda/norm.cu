@@ -39,29 +39,24 @@ __device__ __forceinline__ float scale_of(float w, bool zero_centered) {
 }
 
 // A lane's elements of a row: spans of K consecutive elements at lane * K, lane * K + 32 K, ... K = 8 (16-byte
-// accesses) when the row allows (packed_rows), else K = 1 (elements lane, lane + 32, ...). Within a span the elements
+// accesses) when the row allows (spans_of_8), else K = 1 (elements lane, lane + 32, ...). Within a span the elements
 // are taken in ascending order, so a row's sums run in an order fixed by D and K alone.
-template <int K, typename T>
-__device__ __forceinline__ void load_span(const T* p, float (&v)[K]) {
-  if constexpr (K == 8) {
-    load8(p, v);
-  } else {
-    v[0] = load_float(p);
-  }
-}
-template <int K, typename T>
-__device__ __forceinline__ void store_span(T* p, const float (&v)[K]) {
-  if constexpr (K == 8) {
-    store8(p, v);
-  } else {
-    store_float(p, v[0]);
-  }
-}
 template <int K>
 __device__ __forceinline__ void load_scale(const float* w, bool zero_centered, float (&v)[K]) {
   load_span<K>(w, v);
 #pragma unroll
   for (int i = 0; i < K; ++i) v[i] = scale_of(v[i], zero_centered);
+}
+
+// y's span at d = (v * rstd) * scale, as forward_rows and add_forward_rows write it.
+template <int K, typename TY>
+__device__ __forceinline__ void store_normed(TY* yr, int64_t d, float (&v)[K], float r, const float* w,
+                                             bool zero_centered) {
+  float scale[K];
+  load_scale<K>(w + d, zero_centered, scale);
+#pragma unroll
+  for (int i = 0; i < K; ++i) v[i] = __fmul_rn(__fmul_rn(v[i], r), scale[i]);
+  store_span<K>(yr + d, v);
 }
 
 template <int K, typename TY, typename TX>
@@ -83,12 +78,9 @@ __device__ void forward_rows(TY* y, float* rstd, const TX* x, const float* w, in
     const float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(variance, eps)));
     if (lane == 0) rstd[n] = r;
     for (int64_t d = lane * K; d < dim; d += 32 * K) {
-      float v[K], scale[K];
+      float v[K];
       load_span<K>(xr + d, v);
-      load_scale<K>(w + d, zero_centered, scale);
-#pragma unroll
-      for (int i = 0; i < K; ++i) v[i] = __fmul_rn(__fmul_rn(v[i], r), scale[i]);
-      store_span<K>(yr + d, v);
+      store_normed<K>(yr, d, v, r, w, zero_centered);
     }
   }
 }
@@ -138,12 +130,9 @@ __device__ void add_forward_rows(TS* sum, TY* y, float* rstd, const TA* a, const
     const float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(variance, eps)));
     if (lane == 0) rstd[n] = r;
     for (int64_t d = lane * K; d < dim; d += 32 * K) {
-      float v[K], scale[K];
+      float v[K];
       load_span<K>(sr + d, v);
-      load_scale<K>(w + d, zero_centered, scale);
-#pragma unroll
-      for (int i = 0; i < K; ++i) v[i] = __fmul_rn(__fmul_rn(v[i], r), scale[i]);
-      store_span<K>(yr + d, v);
+      store_normed<K>(yr, d, v, r, w, zero_centered);
     }
   }
 }
@@ -155,6 +144,21 @@ __global__ void add_forward_kernel(TS* sum, TY* y, float* rstd, const TA* a, con
     add_forward_rows<8>(sum, y, rstd, a, b, w, rows, dim, eps, zero_centered);
   } else {
     add_forward_rows<1>(sum, y, rstd, a, b, w, rows, dim, eps, zero_centered);
+  }
+}
+
+// The span at d of g = scale * dy and xhat = x * rstd, which both passes of the input gradient read.
+template <int K, typename TDY, typename TX>
+__device__ __forceinline__ void load_gradient_span(const TDY* dyr, const TX* xr, const float* w, int64_t d, float r,
+                                                   bool zero_centered, float (&g)[K], float (&xhat)[K]) {
+  float scale[K];
+  load_span<K>(dyr + d, g);
+  load_span<K>(xr + d, xhat);
+  load_scale<K>(w + d, zero_centered, scale);
+#pragma unroll
+  for (int i = 0; i < K; ++i) {
+    g[i] = __fmul_rn(scale[i], g[i]);
+    xhat[i] = __fmul_rn(xhat[i], r);
   }
 }
 
@@ -172,25 +176,17 @@ __device__ void backward_input_rows(TDX* dx, const TDY* dy, const TX* x, const f
     const float r = rstd[n];
     float sum = 0.0f;
     for (int64_t d = lane * K; d < dim; d += 32 * K) {
-      float g[K], xv[K], scale[K];
-      load_span<K>(dyr + d, g);
-      load_span<K>(xr + d, xv);
-      load_scale<K>(w + d, zero_centered, scale);
+      float g[K], xhat[K];
+      load_gradient_span<K>(dyr, xr, w, d, r, zero_centered, g, xhat);
 #pragma unroll
-      for (int i = 0; i < K; ++i) sum = __fadd_rn(sum, __fmul_rn(__fmul_rn(scale[i], g[i]), __fmul_rn(xv[i], r)));
+      for (int i = 0; i < K; ++i) sum = __fadd_rn(sum, __fmul_rn(g[i], xhat[i]));
     }
     const float mean = __fdiv_rn(warp_sum(sum), static_cast<float>(dim));
     for (int64_t d = lane * K; d < dim; d += 32 * K) {
-      float g[K], xv[K], scale[K];
-      load_span<K>(dyr + d, g);
-      load_span<K>(xr + d, xv);
-      load_scale<K>(w + d, zero_centered, scale);
+      float g[K], xhat[K];
+      load_gradient_span<K>(dyr, xr, w, d, r, zero_centered, g, xhat);
 #pragma unroll
-      for (int i = 0; i < K; ++i) {
-        const float gi = __fmul_rn(scale[i], g[i]);
-        const float xhat = __fmul_rn(xv[i], r);
-        g[i] = __fmul_rn(r, __fsub_rn(gi, __fmul_rn(xhat, mean)));
-      }
+      for (int i = 0; i < K; ++i) g[i] = __fmul_rn(r, __fsub_rn(g[i], __fmul_rn(xhat[i], mean)));
       store_span<K>(dxr + d, g);
     }
   }
@@ -233,16 +229,6 @@ __global__ void weight_total_kernel(float* dw, const float* partial, int64_t chu
   dw[d] = __fadd_rn(dw[d], total);
 }
 
-// Rows of `dim` elements from these bases (and the weight) can be walked in spans of 8: D a multiple of 8 and every
-// base 16-byte aligned, so every row's start is.
-bool packed_rows(int64_t dim, std::initializer_list<const void*> bases) {
-  if (dim % 8 != 0) return false;
-  for (const void* base : bases) {
-    if (reinterpret_cast<uintptr_t>(base) % 16 != 0) return false;
-  }
-  return true;
-}
-
 cudaStream_t native(const Stream& stream) { return static_cast<cudaStream_t>(stream_handle(stream)); }
 
 unsigned row_blocks(int64_t rows) {
@@ -279,7 +265,7 @@ void rmsnorm_forward(const Stream& stream, const Tensor& y, const Tensor& rstd, 
     forward_kernel<<<row_blocks(rows), kRowThreads, 0, native(stream)>>>(
         static_cast<TY*>(y.raw_data()), static_cast<float*>(rstd.raw_data()), static_cast<const TX*>(x.raw_data()),
         static_cast<const float*>(w.raw_data()), rows, dim, params.eps, params.zero_centered,
-        packed_rows(dim, {y.raw_data(), x.raw_data(), w.raw_data()}));
+        spans_of_8(dim, {y.raw_data(), x.raw_data(), w.raw_data()}));
   });
   MT_CUDA_CHECK(cudaGetLastError());
 }
@@ -295,7 +281,7 @@ void add_rmsnorm_forward(const Stream& stream, const Tensor& sum, const Tensor& 
         static_cast<TA*>(sum.raw_data()), static_cast<TB*>(y.raw_data()), static_cast<float*>(rstd.raw_data()),
         static_cast<const TA*>(a.raw_data()), static_cast<const TB*>(b.raw_data()),
         static_cast<const float*>(w.raw_data()), rows, dim, params.eps, params.zero_centered,
-        packed_rows(dim, {sum.raw_data(), y.raw_data(), a.raw_data(), b.raw_data(), w.raw_data()}));
+        spans_of_8(dim, {sum.raw_data(), y.raw_data(), a.raw_data(), b.raw_data(), w.raw_data()}));
   });
   MT_CUDA_CHECK(cudaGetLastError());
 }
@@ -310,7 +296,7 @@ void rmsnorm_backward_input(const Stream& stream, const Tensor& dx, const Tensor
     backward_input_kernel<<<row_blocks(rows), kRowThreads, 0, native(stream)>>>(
         static_cast<TX*>(dx.raw_data()), static_cast<const TDY*>(dy.raw_data()), static_cast<const TX*>(x.raw_data()),
         static_cast<const float*>(w.raw_data()), static_cast<const float*>(rstd.raw_data()), rows, dim,
-        params.zero_centered, packed_rows(dim, {dx.raw_data(), dy.raw_data(), x.raw_data(), w.raw_data()}));
+        params.zero_centered, spans_of_8(dim, {dx.raw_data(), dy.raw_data(), x.raw_data(), w.raw_data()}));
   });
   MT_CUDA_CHECK(cudaGetLastError());
 }

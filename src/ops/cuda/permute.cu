@@ -23,20 +23,6 @@ constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr unsigned kFullMask = 0xffffffffu;
 
-__device__ __forceinline__ float to_f32(float x) { return x; }
-__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
-
-template <typename T>
-__device__ __forceinline__ T from_f32(float x);
-template <>
-__device__ __forceinline__ float from_f32<float>(float x) {
-  return x;
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
-
 __global__ void iota_kernel(int32_t* values, int64_t n) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) values[i] = static_cast<int32_t>(i);
@@ -65,7 +51,7 @@ __global__ void offsets_kernel(int32_t* offsets, const uint32_t* sorted_experts,
 }
 
 // The row kernels walk a row in packs of 8 elements (16-byte accesses) when `packed` (H a multiple of 8 and every
-// row pointer 16-byte aligned: packed_rows), one element at a time otherwise. Each output element's arithmetic is the
+// row pointer 16-byte aligned: spans_of_8), one element at a time otherwise. Each output element's arithmetic is the
 // same either way (sums over k in ascending order, products and sums rounded apart), so the two paths give the same
 // bits; only unpermute_backward's dot product over H is summed in a different order.
 constexpr int kRowPack = 8;
@@ -87,31 +73,37 @@ __global__ void __launch_bounds__(kThreads) permute_forward_kernel(T* permuted, 
   for (int64_t h = threadIdx.x; h < hidden; h += kThreads) dst[h] = src[h];
 }
 
+// out_row = sum over k (ascending) of w[k] * in[rows[k]] (of in[rows[k]] when w is null), each product and sum
+// rounded apart: the block's threads take spans of 8 elements when packed, else single elements.
+template <typename TO, typename T>
+__device__ __forceinline__ void sum_choices(TO* out_row, const T* in, const int32_t* rows, const float* w,
+                                            int64_t top_k, int64_t hidden, bool packed) {
+  const auto sum_spans = [&]<int K>() {
+    for (int64_t h = threadIdx.x * K; h < hidden; h += kThreads * K) {
+      float acc[K] = {};
+      for (int64_t k = 0; k < top_k; ++k) {
+        float v[K];
+        load_span<K>(in + rows[k] * hidden + h, v);
+#pragma unroll
+        for (int i = 0; i < K; ++i) acc[i] = __fadd_rn(acc[i], w == nullptr ? v[i] : __fmul_rn(w[k], v[i]));
+      }
+      store_span<K>(out_row + h, acc);
+    }
+  };
+  if (packed) {
+    sum_spans.template operator()<kRowPack>();
+  } else {
+    sum_spans.template operator()<1>();
+  }
+}
+
 // dx[t] = sum over k (ascending) of dpermuted[choice_row[t*K + k]].
 template <typename TX, typename T>
 __global__ void __launch_bounds__(kThreads)
     permute_backward_kernel(TX* dx, const T* dpermuted, const int32_t* choice_row, int64_t top_k, int64_t hidden,
                             bool packed) {
   const int64_t t = blockIdx.x;
-  const int32_t* rows = choice_row + t * top_k;
-  if (packed) {
-    for (int64_t h = threadIdx.x * kRowPack; h < hidden; h += kThreads * kRowPack) {
-      float acc[kRowPack] = {};
-      for (int64_t k = 0; k < top_k; ++k) {
-        float v[kRowPack];
-        load8(dpermuted + rows[k] * hidden + h, v);
-#pragma unroll
-        for (int i = 0; i < kRowPack; ++i) acc[i] = __fadd_rn(acc[i], v[i]);
-      }
-      store8(dx + t * hidden + h, acc);
-    }
-    return;
-  }
-  for (int64_t h = threadIdx.x; h < hidden; h += kThreads) {
-    float acc = 0.0f;
-    for (int64_t k = 0; k < top_k; ++k) acc = __fadd_rn(acc, to_f32(dpermuted[rows[k] * hidden + h]));
-    dx[t * hidden + h] = from_f32<TX>(acc);
-  }
+  sum_choices(dx + t * hidden, dpermuted, choice_row + t * top_k, nullptr, top_k, hidden, packed);
 }
 
 // y[t] = sum over k (ascending) of weight[t, k] * expert_out[choice_row[t*K + k]], product and sum rounded apart.
@@ -120,28 +112,7 @@ __global__ void __launch_bounds__(kThreads)
     unpermute_forward_kernel(TY* y, const T* expert_out, const float* topk_weight, const int32_t* choice_row,
                              int64_t top_k, int64_t hidden, bool packed) {
   const int64_t t = blockIdx.x;
-  const int32_t* rows = choice_row + t * top_k;
-  const float* w = topk_weight + t * top_k;
-  if (packed) {
-    for (int64_t h = threadIdx.x * kRowPack; h < hidden; h += kThreads * kRowPack) {
-      float acc[kRowPack] = {};
-      for (int64_t k = 0; k < top_k; ++k) {
-        float v[kRowPack];
-        load8(expert_out + rows[k] * hidden + h, v);
-#pragma unroll
-        for (int i = 0; i < kRowPack; ++i) acc[i] = __fadd_rn(acc[i], __fmul_rn(w[k], v[i]));
-      }
-      store8(y + t * hidden + h, acc);
-    }
-    return;
-  }
-  for (int64_t h = threadIdx.x; h < hidden; h += kThreads) {
-    float acc = 0.0f;
-    for (int64_t k = 0; k < top_k; ++k) {
-      acc = __fadd_rn(acc, __fmul_rn(w[k], to_f32(expert_out[rows[k] * hidden + h])));
-    }
-    y[t * hidden + h] = from_f32<TY>(acc);
-  }
+  sum_choices(y + t * hidden, expert_out, choice_row + t * top_k, topk_weight + t * top_k, top_k, hidden, packed);
 }
 
 // One block per choice c = t*K + k: dexpert_out[row] = weight[c] * dy[t] and dtopk_weight[c] = dot(dy[t], row),
@@ -161,24 +132,23 @@ __global__ void __launch_bounds__(kThreads)
   T* de = dexpert_out + row * hidden;
   const float w = topk_weight[c];
   float dot = 0.0f;
-  if (packed) {
-    for (int64_t h = threadIdx.x * kRowPack; h < hidden; h += kThreads * kRowPack) {
-      float gv[kRowPack], ev[kRowPack], dv[kRowPack];
-      load8(g + h, gv);
-      load8(e + h, ev);
+  const auto spans = [&]<int K>() {
+    for (int64_t h = threadIdx.x * K; h < hidden; h += kThreads * K) {
+      float gv[K], ev[K], dv[K];
+      load_span<K>(g + h, gv);
+      load_span<K>(e + h, ev);
 #pragma unroll
-      for (int i = 0; i < kRowPack; ++i) {
+      for (int i = 0; i < K; ++i) {
         dv[i] = __fmul_rn(w, gv[i]);
         dot = __fadd_rn(dot, __fmul_rn(gv[i], ev[i]));
       }
-      store8(de + h, dv);
+      store_span<K>(de + h, dv);
     }
+  };
+  if (packed) {
+    spans.template operator()<kRowPack>();
   } else {
-    for (int64_t h = threadIdx.x; h < hidden; h += kThreads) {
-      const float gh = to_f32(g[h]);
-      de[h] = from_f32<T>(__fmul_rn(w, gh));
-      dot = __fadd_rn(dot, __fmul_rn(gh, to_f32(e[h])));
-    }
+    spans.template operator()<1>();
   }
   for (int offset = 16; offset > 0; offset >>= 1) dot += __shfl_xor_sync(kFullMask, dot, offset);
   if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = dot;
@@ -188,15 +158,6 @@ __global__ void __launch_bounds__(kThreads)
     for (int i = 0; i < kWarps; ++i) total += warp_sums[i];
     dtopk_weight[c] = total;
   }
-}
-
-// Rows of `hidden` elements from these bases can be walked in packs of 8 (16-byte aligned at every row).
-bool packed_rows(int64_t hidden, std::initializer_list<const void*> bases) {
-  if (hidden % kRowPack != 0) return false;
-  for (const void* base : bases) {
-    if (reinterpret_cast<uintptr_t>(base) % 16 != 0) return false;
-  }
-  return true;
 }
 
 unsigned blocks_of(int64_t n) { return static_cast<unsigned>((n + kThreads - 1) / kThreads); }
@@ -276,7 +237,7 @@ void permute_forward(const Stream& stream, const Tensor& permuted, const Tensor&
     if (rows == 0 || hidden == 0) return;
     permute_forward_kernel<T><<<static_cast<unsigned>(rows), kThreads, 0, s>>>(
         ptr<T>(permuted), ptr<const T>(x), ptr<const int32_t>(plan.row_choice), plan.top_k, hidden,
-        packed_rows(hidden, {permuted.raw_data(), x.raw_data()}));
+        spans_of_8(hidden, {permuted.raw_data(), x.raw_data()}));
     MT_CUDA_CHECK(cudaGetLastError());
   });
 }
@@ -288,7 +249,7 @@ void permute_backward(const Stream& stream, const Tensor& dx, const Tensor& dper
     if (plan.num_tokens == 0 || hidden == 0) return;
     permute_backward_kernel<TX, T><<<static_cast<unsigned>(plan.num_tokens), kThreads, 0, s>>>(
         ptr<TX>(dx), ptr<const T>(dpermuted), ptr<const int32_t>(plan.choice_row), plan.top_k, hidden,
-        packed_rows(hidden, {dx.raw_data(), dpermuted.raw_data()}));
+        spans_of_8(hidden, {dx.raw_data(), dpermuted.raw_data()}));
     MT_CUDA_CHECK(cudaGetLastError());
   });
 }
@@ -301,7 +262,7 @@ void unpermute_forward(const Stream& stream, const Tensor& y, const Tensor& expe
     if (plan.num_tokens == 0 || hidden == 0) return;
     unpermute_forward_kernel<TY, T><<<static_cast<unsigned>(plan.num_tokens), kThreads, 0, s>>>(
         ptr<TY>(y), ptr<const T>(expert_out), ptr<const float>(topk_weight), ptr<const int32_t>(plan.choice_row),
-        plan.top_k, hidden, packed_rows(hidden, {y.raw_data(), expert_out.raw_data()}));
+        plan.top_k, hidden, spans_of_8(hidden, {y.raw_data(), expert_out.raw_data()}));
     MT_CUDA_CHECK(cudaGetLastError());
   });
 }
@@ -315,7 +276,7 @@ void unpermute_backward(const Stream& stream, const Tensor& dexpert_out, const T
     unpermute_backward_kernel<T, TY><<<static_cast<unsigned>(choices), kThreads, 0, s>>>(
         ptr<T>(dexpert_out), ptr<float>(dtopk_weight), ptr<const TY>(dy), ptr<const T>(expert_out),
         ptr<const float>(topk_weight), ptr<const int32_t>(plan.choice_row), plan.top_k, hidden,
-        packed_rows(hidden, {dexpert_out.raw_data(), dy.raw_data(), expert_out.raw_data()}));
+        spans_of_8(hidden, {dexpert_out.raw_data(), dy.raw_data(), expert_out.raw_data()}));
     MT_CUDA_CHECK(cudaGetLastError());
   });
 }
