@@ -189,11 +189,11 @@ Tensor CausalLm::head_backward_input(EpilogRecord& r, double loss_scale) const {
     MT_CHECK(r.logits.defined(),
              "head_backward_input: the epilog record holds no logits (a forward-only fused head, loss scale 0, cannot "
              "be back-propagated)");
-    Tensor d_logits = Tensor::empty(r.logits.shape(), r.logits.dtype(), device_);
-    ops::cross_entropy_backward(s, d_logits, r.logits, r.lse, r.batch->targets, loss_scale);
-    r.logits = d_logits;  // the logits are no longer needed; keep their gradient for the weight pass
+    // In place: the logits' gradient replaces them in their buffer (they are not needed again), so the [T, V] logits
+    // never exist twice; r.logits then holds the gradient, which the weight pass reads.
+    ops::cross_entropy_backward(s, r.logits, r.logits, r.lse, r.batch->targets, loss_scale);
     r.d_normed = Tensor::empty(r.normed.shape(), r.normed.dtype(), device_);
-    ops::linear_backward_input(s, r.d_normed, d_logits, head_weight());
+    ops::linear_backward_input(s, r.d_normed, r.logits, head_weight());
   }
   Tensor d_hidden = Tensor::empty(r.hidden.shape(), r.hidden.dtype(), device_);
   ops::rmsnorm_backward_input(s, d_hidden, r.d_normed, r.hidden, final_norm_weight(), r.rstd, final_norm_);

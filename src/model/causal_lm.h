@@ -25,7 +25,8 @@ namespace moetrain::model {
 
 struct EpilogRecord {
   Tensor hidden, rstd, normed;  // final norm input, its rstd, its output
-  Tensor logits, lse, losses;   // [T, V] (undefined after a fused forward), [T], [T]
+  Tensor logits, lse,
+      losses;  // [T, V] (undefined after a fused forward; their gradient after backward_input), [T], [T]
   const MicroBatch* batch = nullptr;
   Tensor d_normed;  // kept by backward_input for backward_weight; made by a fused forward with a loss scale
   // Set by a fused head_forward with loss_scale > 0: d_normed exists and the head's weight gradient is accumulated.

@@ -16,7 +16,8 @@ constexpr int kIgnoreIndex = -100;
 // targets i32 [T]; a target outside [0, V) that is not the ignore index is an error.
 void cross_entropy_forward(Stream& stream, Tensor losses, Tensor lse, const Tensor& logits, const Tensor& targets,
                            int ignore_index = kIgnoreIndex);
-// dlogits [T, V] = scale * (softmax(logits) - onehot(target)) on counted rows, 0 on ignored rows.
+// dlogits [T, V] = scale * (softmax(logits) - onehot(target)) on counted rows, 0 on ignored rows. dlogits may be
+// logits itself (each element is read before it is written): the gradient then replaces the logits in their buffer.
 void cross_entropy_backward(Stream& stream, Tensor dlogits, const Tensor& logits, const Tensor& lse,
                             const Tensor& targets, double scale, int ignore_index = kIgnoreIndex);
 

@@ -222,7 +222,8 @@ std::vector<ChunkStep> StageChunk::plan_forward(int microbatch, const model::Mic
                        if (!training || observe_)
                          st.result.token_logprobs =
                              model::token_logprobs_from_losses(st.epilog.losses, st.batch.targets);
-                       if (observe_logits_) st.result.logits = st.epilog.logits;
+                       // A training step's backward overwrites the logits with their gradient: an observer gets a copy.
+                       if (observe_logits_) st.result.logits = training ? st.epilog.logits.clone() : st.epilog.logits;
                        st.hidden = Tensor();
                      }});
   }

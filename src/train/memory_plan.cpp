@@ -353,8 +353,7 @@ class StageSim {
     const int64_t hid = z_.T * z_.H * z_.c;
     const int64_t stream = z_.T * z_.H * z_.s;
     if (!fused()) {
-      const int64_t logits = z_.T * z_.V * z_.c;
-      l.alloc(logits), l.free(logits), l.alloc(hid);  // d_logits replaces the logits; d_normed
+      l.alloc(hid);  // d_normed (the logits' gradient overwrites the logits in their buffer)
       rec += hid;
     }
     l.alloc(stream);  // d_hidden

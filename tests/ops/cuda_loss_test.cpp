@@ -166,6 +166,28 @@ TEST(CudaCrossEntropy, RowResultsDoNotDependOnOtherRowsAndRepeatExactly) {
   EXPECT_TRUE(same_bytes(lse, all.lse.to(Device::cpu()).slice(0, 1).clone())) << "lse of row 0";
 }
 
+TEST(CudaCrossEntropy, BackwardInPlaceGivesTheBitsOfASeparateGradient) {
+  MT_REQUIRE_GPU();
+  // The model's head overwrites the logits with their gradient: every element is read before it is written, in
+  // 16-byte packs (V = 1000 and 151936) and one element at a time (V = 5003, an odd row length in bf16).
+  for (const Case& c : {Case{33, 1000}, Case{64, 5003}, Case{4, 151936}}) {
+    for (DType dtype : {DType::F32, DType::BF16}) {
+      SCOPED_TRACE(::testing::Message() << c.tokens << " x " << c.vocab << " " << dtype_name(dtype));
+      Rng rng(74);
+      const Tensor logits = on_gpu(random_tensor({c.tokens, c.vocab}, DType::F32, rng, 2.0).to(dtype));
+      const Tensor targets = on_gpu(make_targets(c.tokens, c.vocab, rng));
+      Tensor losses = Tensor::empty({c.tokens}, DType::F32, Device::cuda(0));
+      Tensor lse = Tensor::empty({c.tokens}, DType::F32, Device::cuda(0));
+      ops::cross_entropy_forward(gpu(), losses, lse, logits, targets);
+      Tensor separate = Tensor::empty(logits.shape(), dtype, Device::cuda(0));
+      ops::cross_entropy_backward(gpu(), separate, logits, lse, targets, 0.25);
+      Tensor in_place = logits.clone();
+      ops::cross_entropy_backward(gpu(), in_place, in_place, lse, targets, 0.25);
+      EXPECT_TRUE(same_bytes(in_place, separate));
+    }
+  }
+}
+
 TEST(CudaCrossEntropy, TotalsOfManyTokensMatchCpu) {
   MT_REQUIRE_GPU();
   // Sums of f32 losses in f64: the orders differ (ascending vs a fixed tree), each addition errs by ~1e-16 relative.
