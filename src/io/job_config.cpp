@@ -70,6 +70,7 @@ std::vector<FieldRef> field_refs(JobConfig& c) {
       {"model.device", &c.model.device},
       {"model.compute_dtype", &c.model.compute_dtype},
       {"model.residual_dtype", &c.model.residual_dtype},
+      {"model.recompute", &c.model.recompute},
       {"model.head_chunk", &c.model.head_chunk},
       {"data.path", DataPathField{&c.data.sources}},
       {"data.mode", &c.data.mode},
@@ -626,6 +627,8 @@ void validate(JobConfig& c, const std::string& source) {
            c.model.head_chunk);
   MT_CHECK(one_of(c.model.compute_dtype, {"f32", "bf16"}), "{}: model.compute_dtype must be f32 or bf16 but is '{}'", s,
            c.model.compute_dtype);
+  MT_CHECK(one_of(c.model.recompute, {"none", "activation"}),
+           "{}: model.recompute must be none or activation but is '{}'", s, c.model.recompute);
   MT_CHECK(one_of(c.model.residual_dtype, {"compute", "f32"}),
            "{}: model.residual_dtype must be compute or f32 but is '{}'", s, c.model.residual_dtype);
   MT_CHECK(c.model.compute_dtype == "f32" || c.model.device != "cpu",

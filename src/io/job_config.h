@@ -23,6 +23,9 @@ struct ModelSection {
   // (bf16 under bf16 compute, as Megatron-Core and torchtitan do by default); "f32" keeps it in f32 under bf16 compute
   // as autocast does (Megatron-Core's fp32_residual_connection), at 2 more bytes per element of the stream.
   std::string residual_dtype = "compute";
+  // "activation": every gated MLP recomputes its activation (SwiGLU) in the backward instead of keeping it from the
+  // forward (the same bits; less memory, one more activation kernel per layer). "none": keep it.
+  std::string recompute = "none";
   // The LM head and the cross-entropy fused over vocabulary chunks of this many columns (the [T, V]
   // logits never exist); 0: the logits are materialised (in the compute dtype) and the loss read from them.
   int64_t head_chunk = 8192;

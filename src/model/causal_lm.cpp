@@ -105,6 +105,11 @@ void CausalLm::set_stream_dtype(DType dtype) {
   stream_dtype_ = dtype;
 }
 
+void CausalLm::set_recompute_activation(bool on) {
+  for (const std::unique_ptr<DecoderLayer>& layer : layers_) layer->set_recompute_activation(on);
+  recompute_activation_ = on;
+}
+
 void CausalLm::round_boundary(Tensor& hidden) const {
   if (exact_ && hidden.dtype() == DType::F32) ops::round_to_bf16_inplace(default_stream(hidden.device()), hidden);
 }

@@ -66,6 +66,11 @@ class CausalLm {
   // stream's gradient is summed in f32 across the layers. Set before the first forward.
   DType stream_dtype() const { return stream_dtype_; }
   void set_stream_dtype(DType dtype);
+  // Every gated MLP (dense, experts, shared expert) recomputes its activation in the backward instead of keeping it
+  // through the step (model.recompute = activation): the same bits, one [R, I] tensor less per layer in flight, one
+  // activation kernel more per layer. Set before the first forward.
+  void set_recompute_activation(bool on);
+  bool recompute_activation() const { return recompute_activation_; }
 
   // The exact program (docs/design.md section 6): when on, the f32 hidden state is rounded to bf16
   // values after the embedding and after every decoder layer, i.e. at every boundary where a
@@ -112,6 +117,7 @@ class CausalLm {
   ops::RmsNormParams final_norm_;
   bool exact_ = false;
   DType stream_dtype_;
+  bool recompute_activation_ = false;
   int64_t head_chunk_ = ops::kLinearCrossEntropyChunk;
 };
 

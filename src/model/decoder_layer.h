@@ -48,6 +48,8 @@ class DecoderLayer {
   virtual std::string decoding_support() const = 0;
 
   virtual std::unique_ptr<LayerRecord> new_record() const = 0;
+  // Recompute the gated MLPs' activations in the backward instead of keeping them (GatedMlp). Set before a step.
+  virtual void set_recompute_activation(bool on) = 0;
 
   virtual Dispatch stage1_forward(LayerRecord& record, const Tensor& hidden, const MicroBatch& batch) const = 0;
   // rows and group_offsets: stage 1's, or what the dispatch delivered (this rank's experts' rows).

@@ -14,6 +14,7 @@ std::unique_ptr<model::CausalLm> job_model(const io::JobConfig& config) {
   auto model = std::make_unique<model::CausalLm>(model_config, device, compute_dtype);
   model->set_head_chunk(config.model.head_chunk);
   if (config.model.residual_dtype == "f32") model->set_stream_dtype(DType::F32);
+  model->set_recompute_activation(config.model.recompute == "activation");
   return model;
 }
 

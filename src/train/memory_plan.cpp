@@ -42,9 +42,10 @@ using LayerShape = model::LayerActivationShape;
 
 struct Sizes {
   int64_t T = 0, H = 0, V = 0, E = 0, K = 0;
-  int64_t c = 4;            // compute dtype bytes
-  int64_t s = 4;            // residual stream dtype bytes (c, or 4 with model.residual_dtype = f32)
-  bool router_aux = false;  // router losses on: d_probs and d_logits [T, E] per MoE layer
+  int64_t c = 4;                      // compute dtype bytes
+  int64_t s = 4;                      // residual stream dtype bytes (c, or 4 with model.residual_dtype = f32)
+  bool recompute_activation = false;  // model.recompute = activation: act is not kept from the forward
+  bool router_aux = false;            // router losses on: d_probs and d_logits [T, E] per MoE layer
   int64_t head_chunk = 0;
 };
 
@@ -258,6 +259,7 @@ class StageSim {
     }
     l.free(b.hid);                                        // the mixer's output
     l.alloc(b.gate_up), l.alloc(b.act), l.alloc(b.rows);  // stage 3: gate_up, act, y
+    if (z_.recompute_activation) l.free(b.act);           // dropped once the down projection has read it
     l.alloc(b.stream);                                    // stage 5's output
     if (!s.moe) l.free(b.rows);                           // a dense layer keeps no combined rows
     return l.live - before;
@@ -276,6 +278,7 @@ class StageSim {
     // Stage 3: d_act (temporary), d_gate_up (kept), dx (the dispatched rows' gradient).
     l.alloc(b.act), l.alloc(b.gate_up), l.alloc(b.rows), l.free(b.act);
     rec += b.gate_up;
+    if (z_.recompute_activation) l.alloc(b.act), rec += b.act;  // act recomputed for the weight gradient
     if (with_weight) {  // the MLP record: gate_up, act, d_gate_up and, for experts, the rows x and d_y
       const int64_t mlp = 2 * b.gate_up + b.act + (s.moe ? 2 * b.rows : 0);
       l.free(mlp);
@@ -475,6 +478,7 @@ MemoryPlan plan_memory(const io::JobConfig& config, int world) {
   z.K = mc.num_experts_per_tok;
   z.c = c;
   z.s = config.model.residual_dtype == "f32" ? 4 : c;
+  z.recompute_activation = config.model.recompute == "activation";
   z.router_aux = mc.is_moe() && (config.loss.load_balance_coef > 0.0 || config.loss.z_loss_coef > 0.0 ||
                                  config.loss.device_balance_coef > 0.0);
   z.head_chunk = config.model.head_chunk;

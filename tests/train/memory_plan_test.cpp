@@ -14,6 +14,7 @@
 #include "core/allocator.h"
 #include "core/error.h"
 #include "io/job_config.h"
+#include "model/family.h"
 #include "model/flops.h"
 #include "model/model_config.h"
 #include "testing/test_data.h"
@@ -144,6 +145,25 @@ TEST(MemoryPlan, AnF32ResidualStreamCostsTheRecordsTwoMoreBytesAnElement) {
   const double grown = static_cast<double>(f32.ranks[0].step_peak - bf16.ranks[0].step_peak);
   EXPECT_GE(grown, records) << format_memory_plan(f32);
   EXPECT_LE(grown, records + 8.0 * stream_growth) << format_memory_plan(f32);
+}
+
+TEST(MemoryPlan, RecomputingTheActivationDropsItFromTheRecords) {
+  const std::string job = repo("bench/workload_of_record.toml");
+  const MemoryPlan kept = plan_memory(io::load_job_config(job, {}), 1);
+  const MemoryPlan recomputed = plan_memory(io::load_job_config(job, {"model.recompute=activation"}), 1);
+  const model::ModelConfig mc = model::load_model_config(io::load_job_config(job, {}).model.config);
+  // One micro-batch's records hold every layer's act [T K, I] (bf16) when it is kept; recomputed, only the layer in
+  // its backward holds one.
+  double acts = 0.0;
+  for (int64_t layer = 0; layer < mc.num_hidden_layers; ++layer) {
+    const model::LayerActivationShape shape = mc.family->layer_activation_shape(mc, layer);
+    const int64_t rows = kept.tokens_per_micro_batch * (shape.moe ? mc.num_experts_per_tok : 1);
+    acts += static_cast<double>(rows * shape.width * 2);
+  }
+  const double saved = static_cast<double>(kept.ranks.at(0).activations_per_micro_batch -
+                                           recomputed.ranks.at(0).activations_per_micro_batch);
+  EXPECT_DOUBLE_EQ(saved, acts) << format_memory_plan(recomputed);
+  EXPECT_LT(recomputed.ranks.at(0).step_peak, kept.ranks.at(0).step_peak);
 }
 
 TEST(MemoryPlan, RefusesAWorldTheMeshDoesNotDivide) {

@@ -111,13 +111,15 @@ Tensor GatedMlp::forward(MlpRecord& r, const Tensor& x, const Tensor& group_offs
     ops::linear_forward(s, y, r.act, w_down_);
   }
   add_bias(y, w_down_bias_, group_offsets);
+  if (recompute_activation_) r.act = Tensor();
   return y;
 }
 
 Tensor GatedMlp::backward_input(MlpRecord& r, const Tensor& d_y) const {
   Stream& s = default_stream(d_y.device());
   r.d_y = d_y;
-  Tensor d_act = Tensor::empty(r.act.shape(), d_y.dtype(), d_y.device());
+  const int64_t width = w_down_.size(-1);
+  Tensor d_act = Tensor::empty({r.gate_up.size(0), width}, d_y.dtype(), d_y.device());
   r.d_gate_up = Tensor::empty(r.gate_up.shape(), d_y.dtype(), d_y.device());
   Tensor dx = Tensor::empty(r.x.shape(), d_y.dtype(), d_y.device());
   if (is_expert_bank()) {
@@ -126,6 +128,11 @@ Tensor GatedMlp::backward_input(MlpRecord& r, const Tensor& d_y) const {
     ops::linear_backward_input(s, d_act, d_y, w_down_);
   }
   activation_backward(r.d_gate_up, d_act, r.gate_up);
+  d_act = Tensor();        // its memory back before act is made again
+  if (!r.act.defined()) {  // recomputed for the down projection's weight gradient
+    r.act = Tensor::empty({r.gate_up.size(0), width}, r.gate_up.dtype(), r.gate_up.device());
+    activation_forward(r.act, r.gate_up);
+  }
   if (is_expert_bank()) {
     ops::grouped_linear_backward_input(s, dx, r.d_gate_up, w_gate_up_, r.group_offsets);
   } else {

@@ -34,7 +34,7 @@ struct MlpRecord {
   Tensor x;              // [R, H] input rows
   Tensor group_offsets;  // i32 [E + 1] for experts; undefined for a dense MLP
   Tensor gate_up;        // [R, 2I]
-  Tensor act;            // [R, I] act(gate) * up
+  Tensor act;            // [R, I] act(gate) * up (dropped after the forward when recomputed)
   // Kept by backward_input for backward_weight.
   Tensor d_y, d_gate_up;
 };
@@ -50,6 +50,10 @@ class GatedMlp {
   bool is_expert_bank() const { return options_.num_experts > 0; }
   // group_offsets must be defined exactly when this is an expert bank.
   Tensor forward(MlpRecord& record, const Tensor& x, const Tensor& group_offsets) const;
+  // Recomputing the activation: the forward drops act [R, I] once the down projection has read it, and
+  // backward_input recomputes it from gate_up (the same kernel on the same input: the same bits) for the down
+  // projection's weight gradient. The records of the micro-batches in flight then hold no activation.
+  void set_recompute_activation(bool on) { recompute_activation_ = on; }
   Tensor backward_input(MlpRecord& record, const Tensor& d_y) const;
   void backward_weight(MlpRecord& record) const;
 
@@ -61,6 +65,7 @@ class GatedMlp {
   void bias_grad(const Tensor& g_bias, const Tensor& dy, const Tensor& group_offsets) const;
 
   GatedMlpOptions options_;
+  bool recompute_activation_ = false;
   ops::ClampedSwigluParams clamped_;
   Tensor w_gate_up_, w_down_, g_gate_up_, g_down_;
   Tensor w_gate_up_bias_, w_down_bias_, g_gate_up_bias_, g_down_bias_;

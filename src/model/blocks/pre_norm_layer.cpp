@@ -102,6 +102,11 @@ PreNormLayer::PreNormLayer(const PreNormLayerOptions& options, std::unique_ptr<T
   w_post_norm_ = store.weight(prefix + "post_norm"), g_post_norm_ = store.grad(prefix + "post_norm");
 }
 
+void PreNormLayer::set_recompute_activation(bool on) {
+  mlp_.set_recompute_activation(on);
+  if (shared_expert_) shared_expert_->set_recompute_activation(on);
+}
+
 std::unique_ptr<LayerRecord> PreNormLayer::new_record() const {
   auto record = std::make_unique<PreNormRecord>();
   record->mixer = mixer_->new_record();

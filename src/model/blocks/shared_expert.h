@@ -38,6 +38,7 @@ class SharedExpert {
   void backward_weight(SharedExpertRecord& record) const;
 
   static GatedMlpOptions mlp_options(const SharedExpertOptions& options);
+  void set_recompute_activation(bool on) { mlp_.set_recompute_activation(on); }
 
  private:
   SharedExpertOptions options_;
