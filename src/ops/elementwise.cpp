@@ -113,6 +113,13 @@ void cast(Stream& stream, Tensor out, const Tensor& in) {
   cpu::cast(out, in);
 }
 
+Tensor in_dtype(Stream& stream, const Tensor& in, DType dtype) {
+  if (in.dtype() == dtype) return in;
+  Tensor out = Tensor::empty(in.shape(), dtype, in.device());
+  cast(stream, out, in);
+  return out;
+}
+
 void round_to_bf16_inplace(Stream& stream, Tensor x) {
   OpScope profile(stream, "elementwise");
   constexpr const char* op = "round_to_bf16_inplace";

@@ -15,6 +15,9 @@ void accumulate(Stream& stream, Tensor acc, const Tensor& x);
 void scale_inplace(Stream& stream, Tensor x, double factor);
 // out = in converted to out's dtype (f64, f32, bf16), element by element with the rules of dtype.h.
 void cast(Stream& stream, Tensor out, const Tensor& in);
+// `in` itself when it is in `dtype` already, else a new tensor holding cast(in) (e.g. an f32 gradient entering a bf16
+// GEMM's backward).
+Tensor in_dtype(Stream& stream, const Tensor& in, DType dtype);
 // Rounds every element of an f32 tensor to the nearest bf16 value, in place (the exact lanes'
 // layer-boundary rounding).
 void round_to_bf16_inplace(Stream& stream, Tensor x);

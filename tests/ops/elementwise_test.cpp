@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include "core/rng.h"
 #include "testing/test_data.h"
 
 namespace moetrain {
@@ -120,6 +121,19 @@ TEST(Cast, RoundToBf16InPlaceMatchesCastThroughBf16) {
   ops::round_to_bf16_inplace(Stream::cpu(), x);
   EXPECT_EQ(std::memcmp(x.raw_data(), expected.raw_data(), x.nbytes()), 0);
   for (float v : x.to_vector<float>()) EXPECT_EQ(round_to_bf16(v), v);  // already bf16 values
+}
+
+TEST(Cast, InDtypeReturnsTheTensorItselfOrItsCast) {
+  Rng rng(8);
+  const Tensor x = random_tensor({3, 5}, DType::F32, rng);
+  const Tensor same = ops::in_dtype(Stream::cpu(), x, DType::F32);
+  EXPECT_EQ(same.raw_data(), x.raw_data());  // no copy
+  const Tensor wide = ops::in_dtype(Stream::cpu(), x, DType::F64);
+  ASSERT_EQ(wide.dtype(), DType::F64);
+  Tensor want = Tensor::empty({3, 5}, DType::F64);
+  ops::cast(Stream::cpu(), want, x);
+  EXPECT_EQ(std::memcmp(wide.raw_data(), want.raw_data(), want.nbytes()), 0);
+  EXPECT_NE(wide.raw_data(), x.raw_data());
 }
 
 TEST(Elementwise, RejectsBadArguments) {

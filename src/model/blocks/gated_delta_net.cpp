@@ -237,11 +237,7 @@ Tensor GatedDeltaNet::backward_input(MixerRecord& record, const Tensor& d_out) c
 
   // In the rule's dtype back to the conv's output, whose gradient is rounded once (the forward's mirror).
   const DType rule_dt = r.q.dtype();
-  Tensor d_core_rule = d_core;
-  if (rule_dt != dt) {
-    d_core_rule = Tensor::empty(d_core.shape(), rule_dt, dev);
-    ops::cast(s, d_core_rule, d_core);
-  }
+  const Tensor d_core_rule = ops::in_dtype(s, d_core, rule_dt);
   Tensor d_q_norm = Tensor::empty(r.q.shape(), rule_dt, dev);
   Tensor d_k_norm = Tensor::empty(r.k.shape(), rule_dt, dev);
   Tensor d_v = Tensor::empty(r.v.shape(), rule_dt, dev);

@@ -51,15 +51,6 @@ void append(std::vector<ParamSpec>& to, std::vector<ParamSpec> from) {
   for (ParamSpec& spec : from) to.push_back(std::move(spec));
 }
 
-// `t` in `dtype`: itself, or a rounded copy (the f32 residual stream's gradient entering a bf16 GEMM's backward, as
-// autocast casts it at the matmul).
-Tensor in_dtype(const Tensor& t, DType dtype) {
-  if (t.dtype() == dtype) return t;
-  Tensor out = Tensor::empty(t.shape(), dtype, t.device());
-  ops::cast(default_stream(t.device()), out, t);
-  return out;
-}
-
 const GatedMlpOptions& ffn_options(const PreNormLayerOptions& o) {
   MT_CHECK(o.dense_mlp.has_value() != o.moe.has_value(),
            "decoder layer {}: expected exactly one of a dense MLP and an expert bank but found {}", o.layer,
@@ -182,13 +173,16 @@ Tensor PreNormLayer::stage5_forward(LayerRecord& record, const Tensor& combined)
 Tensor PreNormLayer::stage5_backward_input(LayerRecord& record, const Tensor& d_out) const {
   PreNormRecord& r = as_pre_norm(record);
   r.d_residual = d_out;
-  if (!router_) return in_dtype(d_out, compute_dtype_);
+  // The f32 stream's gradient enters the GEMMs' backward rounded to the compute dtype, as autocast casts it there.
+  if (!router_) return ops::in_dtype(default_stream(d_out.device()), d_out, compute_dtype_);
   // The weighted sum's gradient reads the stream's gradient as it is (f32 under an f32 stream) and writes the rows'.
   Tensor d_combined = Tensor::empty(r.combined.shape(), r.combined.dtype(), d_out.device());
   r.d_topk_weight = Tensor::empty(r.routing.topk_weight.shape(), r.routing.topk_weight.dtype(), d_out.device());
   ops::unpermute_backward(default_stream(d_out.device()), d_combined, r.d_topk_weight, d_out, r.combined,
                           r.routing.topk_weight, r.routing.plan);
-  if (shared_expert_) r.d_shared_in = shared_expert_->backward_input(r.shared, in_dtype(d_out, compute_dtype_));
+  if (shared_expert_)
+    r.d_shared_in =
+        shared_expert_->backward_input(r.shared, ops::in_dtype(default_stream(d_out.device()), d_out, compute_dtype_));
   r.combined = Tensor();
   return d_combined;
 }
@@ -219,7 +213,7 @@ Tensor PreNormLayer::stage1_backward_input(LayerRecord& record, const Tensor& d_
   ops::rmsnorm_backward_input(s, d_residual, r.d_normed_post, r.residual, w_post_norm_, r.rstd_post, options_.norm);
   ops::accumulate(s, d_residual, r.d_residual);
 
-  r.d_normed_input = mixer_->backward_input(*r.mixer, in_dtype(d_residual, compute_dtype_));
+  r.d_normed_input = mixer_->backward_input(*r.mixer, ops::in_dtype(s, d_residual, compute_dtype_));
   Tensor d_hidden = Tensor::empty(r.hidden.shape(), stream_dt, dev);
   ops::rmsnorm_backward_input(s, d_hidden, r.d_normed_input, r.hidden, w_input_norm_, r.rstd_input, options_.norm);
   ops::accumulate(s, d_hidden, d_residual);
