@@ -435,10 +435,6 @@ int run_score(const ScoreOptions& options) {
   if (config.dist.local_ranks > 1) {
     // Thread ranks share this process: validated once here, before any rank starts.
     const int world = static_cast<int>(config.dist.local_ranks);
-    MT_CHECK(config.model.device == "cpu",
-             "score: dist.local_ranks = {} runs thread ranks on the CPU, but model.device is {} (launch one process "
-             "per GPU with torchrun, srun or mpirun instead)",
-             world, config.model.device);
     const dist::MeshShape shape = train::job_mesh_shape(config, world);  // refuses a world the mesh does not divide
     ScorePlan plan = prepare_score(config, options);
     plan.model.reset();  // every rank builds its own

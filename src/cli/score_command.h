@@ -94,12 +94,12 @@ struct ScoreOptions {
   std::vector<std::string> overrides;  // "section.key=value"
 };
 
-// Runs on the job's ranks: dist.local_ranks > 1 thread ranks on the CPU (each with its Mesh), or this process's rank
-// of a launcher's world (train::setup_process_mesh, NCCL), or this process alone; the mesh is parallel.pp x dp x
-// ep with dp = world / (pp x ep); parallel.cp > 1 is refused. Validates everything (job, mesh, input, output
-// folder, exact admission, every micro-batch's varlen metadata) on every rank before any weight is read or byte
-// written (launcher ranks then agree, so one rank's refusal stops all). World rank 0 writes `out` atomically, so a
-// failure leaves no output file; the other ranks write nothing. Returns the exit code (0).
+// Runs on the job's ranks: dist.local_ranks > 1 thread ranks on the CPU or one GPU (each with its Mesh), or this
+// process's rank of a launcher's world (train::setup_process_mesh, NCCL), or this process alone; the mesh is
+// parallel.pp x dp x ep with dp = world / (pp x ep); parallel.cp > 1 is refused. Validates everything (job, mesh,
+// input, output folder, exact admission, every micro-batch's varlen metadata) on every rank before any weight is read
+// or byte written (launcher ranks then agree, so one rank's refusal stops all). World rank 0 writes `out` atomically,
+// so a failure leaves no output file; the other ranks write nothing. Returns the exit code (0).
 int run_score(const ScoreOptions& options);
 
 void add_score_command(CLI::App& app, std::function<int()>& command);

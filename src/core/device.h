@@ -24,6 +24,14 @@ struct Device {
 // Parses "cpu", "cuda", "cuda:N"; anything else is an error naming what was given.
 Device parse_device(const std::string& text);
 
+// How the ops run on a stream pick among their kernels (docs/exact_lanes.md).
+//   Fastest: what is fastest for the shapes at hand (cuDNN, cuBLASLt's heuristic, paths chosen by pointer alignment or
+//     by the longest document). Deterministic for given shapes, but a row's bytes may change with the number of rows.
+//   BatchInvariant (exact mode): a variant chosen by the reduced dimensions alone, whose results for a row (a token)
+//     do not depend on the number of rows, on the row's position or on its neighbours; an op that has no such variant
+//     for its arguments refuses them. The CPU's kernels are all of this kind, so the CPU ignores the policy.
+enum class KernelPolicy : uint8_t { Fastest, BatchInvariant };
+
 class Stream {
  public:
   Stream() = default;
@@ -32,11 +40,18 @@ class Stream {
 
   Device device() const { return device_; }
   void* native() const { return native_; }  // cudaStream_t on CUDA, nullptr on the CPU
+  KernelPolicy policy() const { return policy_; }
+  // Set by the model's exact mode (model::CausalLm::set_exact) before any op of the run is queued.
+  void set_policy(KernelPolicy policy) { policy_ = policy; }
 
  private:
   Device device_ = Device::cpu();
   void* native_ = nullptr;
+  KernelPolicy policy_ = KernelPolicy::Fastest;
 };
+
+// True when `stream` runs the exact lanes' batch-invariant kernels.
+inline bool batch_invariant(const Stream& stream) { return stream.policy() == KernelPolicy::BatchInvariant; }
 
 // The stream blocks run their ops on for `device`: the CPU token, or the compute stream a backend
 // registered for its device at setup.

@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "dist/host_staged_communicator.h"
 #include "dist/local_reduce.h"
 
 namespace moetrain::dist {
@@ -446,20 +447,28 @@ void LocalWorld::finish(int rank) {
 }
 
 bool is_local_communicator(const Communicator& comm) {
-  return dynamic_cast<const InProcessCommunicator*>(&comm) != nullptr;
+  return dynamic_cast<const InProcessCommunicator*>(&comm) != nullptr || is_host_staged(comm);
 }
 
 void run_local_ranks(int size, const std::function<void(Communicator&)>& fn, const LocalWorldOptions& options) {
   std::shared_ptr<LocalWorld> world = LocalWorld::create(size, options);
+  // Ranks on a GPU share it through host-staged communicators and take turns on it (dist/host_staged_communicator.h).
+  const bool on_gpu = options.device.is_cuda();
+  const auto turn = std::make_shared<DeviceTurn>();
   std::vector<std::unique_ptr<Communicator>> comms;
-  for (int r = 0; r < size; ++r) comms.push_back(world->communicator(r));
+  for (int r = 0; r < size; ++r) {
+    comms.push_back(on_gpu ? stage_through_host(world->communicator(r), options.device, turn) : world->communicator(r));
+  }
   std::mutex first_mu;
   std::exception_ptr first;
   std::vector<std::thread> threads;
   for (int r = 0; r < size; ++r) {
     threads.emplace_back([&, r] {
       try {
+        std::unique_lock<DeviceTurn> holds_turn(*turn, std::defer_lock);
+        if (on_gpu) holds_turn.lock();
         fn(*comms[r]);
+        if (on_gpu) holds_turn.unlock();
         world->finish(r);
       } catch (const std::exception& e) {
         {

@@ -19,6 +19,9 @@ struct LocalWorldOptions {
   // How long any rank waits in a collective or recv before failing with the ranks that did not
   // arrive. Tests use about a second.
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+  // Where the ranks' tensors live: the CPU, or one CUDA device all the ranks share (run_local_ranks then hands them
+  // host-staged communicators and lets one rank at a time run, dist/host_staged_communicator.h).
+  Device device = Device::cpu();
 };
 
 // Shared state of N thread ranks. Create once, hand each thread its communicator.
@@ -51,7 +54,8 @@ class LocalWorld {
 // True when `comm` belongs to a LocalWorld (its ranks are threads of this process).
 bool is_local_communicator(const Communicator& comm);
 
-// Starts `size` threads, each calling fn(its world communicator), and joins them all. The first
+// Starts `size` threads, each calling fn(its world communicator), and joins them all (on a GPU, each thread holds the
+// device's turn while fn runs, except while it waits in a communicator op). The first
 // failure (in time) is rethrown on the caller's thread after every thread joined; a failing rank
 // aborts the world so the others stop waiting on it.
 void run_local_ranks(int size, const std::function<void(Communicator&)>& fn, const LocalWorldOptions& options = {});

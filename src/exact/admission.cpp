@@ -74,21 +74,19 @@ std::vector<std::string> certified_model_types() {
   return types;
 }
 
-const std::vector<KernelGap>& cuda_kernels_without_batch_invariant_variant() {
-  // The CPU reference kernels are batch-invariant by construction (one thread per reduction, ascending order).
-  // On CUDA none of the kernels below has a variant whose bytes are certified independent of the batch.
-  static const std::vector<KernelGap> gaps = {
+const std::vector<CertifiedKernel>& cuda_batch_invariant_kernels() {
+  static const std::vector<CertifiedKernel> kernels = {
       {"gemm",
-       "cuBLASLt picks its algorithm (tiling, split-K) by heuristic per problem shape, so a row's reduction "
-       "order can change with M"},
+       "a layer's forward and input gradient on CUTLASS (one tile configuration, no split-K) when N and K are "
+       "multiples "
+       "of 8, else a tiled kernel summing K in ascending order; chosen by (N, K) alone"},
+      {"grouped_gemm", "CUTLASS or the generic kernels, chosen by (N, K) alone; a row never depends on its group"},
       {"attention",
-       "neither cuDNN's fused SDPA nor the flash-style kernel (64-key tiles, online softmax) is "
-       "certified independent of a document's offset in the packed run"},
-      {"grouped_gemm",
-       "neither the CUTLASS grouped kernels (tile schedule from the per-expert row counts) nor the "
-       "fallback kernels have a byte-equality certification across packings and expert loads"},
+       "our kernels (tiles from each document's first token, a deterministic backward without atomics), never cuDNN"},
+      {"gated_delta", "the sequential scan per document, which generation's prefill and steps run too"},
+      {"norm and cross_entropy", "rows summed in a layout fixed by their width, refusing data it does not fit"},
   };
-  return gaps;
+  return kernels;
 }
 
 void check_stage_layout(const pipeline::Partition& partition, std::vector<Violation>& out) {
@@ -276,16 +274,6 @@ void check_parameter_dtypes(const ExactDeclaration& declaration, std::vector<Vio
   }
 }
 
-void check_device(const ExactDeclaration& declaration, std::vector<Violation>& out) {
-  if (declaration.device.is_cpu()) return;
-  std::vector<std::string> gaps;
-  for (const KernelGap& gap : cuda_kernels_without_batch_invariant_variant()) {
-    gaps.push_back(fmt::format("{} ({})", gap.kernel, gap.reason));
-  }
-  refuse(out, "device", declaration.device.str(),
-         fmt::format("no batch-invariant variant of these kernels: {}; run exact mode on the CPU", join(gaps, "; ")));
-}
-
 void check_losses(const ExactDeclaration& declaration, std::vector<Violation>& out) {
   if (declaration.loss != "cross_entropy") {
     refuse(out, "loss", fmt::format("'{}'", declaration.loss),
@@ -332,7 +320,6 @@ std::vector<Violation> exact_violations(const ExactDeclaration& declaration, con
   check_compute_dtype(declaration, out);
   check_wire_dtype(declaration, out);
   check_parameter_dtypes(declaration, out);
-  check_device(declaration, out);
   check_losses(declaration, out);
   check_device_balance(declaration, config, out);
   return out;
@@ -349,6 +336,12 @@ AdmissionReport admit_exact(const ExactDeclaration& declaration, const model::Mo
             join(lines, "\n"));
   }
   // Pass 2: mark and log, one line per stage.
+  std::string kernels;
+  if (declaration.device.is_cuda()) {
+    std::vector<std::string> names;
+    for (const CertifiedKernel& k : cuda_batch_invariant_kernels()) names.push_back(k.kernel);
+    kernels = fmt::format(" ({})", join(names, ", "));
+  }
   AdmissionReport report;
   for (const pipeline::StageLayers& s : partition.stages) {
     StageAdmission stage;
@@ -356,8 +349,9 @@ AdmissionReport admit_exact(const ExactDeclaration& declaration, const model::Mo
     stage.rank = s.rank;
     stage.first_layer = s.first_layer;
     stage.end_layer = s.end_layer;
-    stage.log_line = fmt::format("exact: stage {} (rank {}, {}) engaged: {} wire, batch-invariant kernels", s.stage,
-                                 s.rank, layers_str(s), dtype_name(declaration.wire_dtype));
+    stage.log_line =
+        fmt::format("exact: stage {} (rank {}, {}) engaged: {} wire, batch-invariant kernels on {}{}", s.stage, s.rank,
+                    layers_str(s), dtype_name(declaration.wire_dtype), declaration.device.str(), kernels);
     log_info("{}", stage.log_line);
     report.stages.push_back(std::move(stage));
   }

@@ -53,7 +53,7 @@ struct StageAdmission {
   int rank = 0;
   int64_t first_layer = 0;
   int64_t end_layer = 0;
-  std::string log_line;  // "exact: stage 2 (rank 1, layers 4-5) engaged: bf16 wire, batch-invariant kernels"
+  std::string log_line;  // "exact: stage 2 (rank 1, layers 4-5) engaged: bf16 wire, batch-invariant kernels on cpu"
 };
 
 struct AdmissionReport {
@@ -66,13 +66,14 @@ const std::vector<std::string>& certified_fp32_pins();
 // The model types certified for exact mode: those whose family certifies itself (model::Family).
 std::vector<std::string> certified_model_types();
 
-// The one place that lists the CUDA kernels without a certified batch-invariant variant; while it is not empty,
-// exact mode on CUDA is refused with this list.
-struct KernelGap {
-  std::string kernel;  // op family, e.g. "gemm"
-  std::string reason;  // why its bytes may depend on the batch
+// The CUDA kernels exact mode runs there, named in each stage's log line on CUDA: model::CausalLm::set_exact puts the
+// device's stream under KernelPolicy::BatchInvariant (core/device.h), and each op then runs the variant listed here
+// (or refuses arguments it has none for). The CPU's kernels are batch-invariant by construction.
+struct CertifiedKernel {
+  std::string kernel;   // op family, e.g. "gemm"
+  std::string variant;  // what runs, and why a token's bytes do not depend on the batch
 };
-const std::vector<KernelGap>& cuda_kernels_without_batch_invariant_variant();
+const std::vector<CertifiedKernel>& cuda_batch_invariant_kernels();
 
 // The rules. Each appends its violations to `out` (never throws on a violation) and is named as in its messages.
 // "stage layout": 2P stages with P >= 1, stage s at index s, run by rank s (s < P) or 2P - 1 - s.
@@ -100,8 +101,6 @@ void check_wire_dtype(const ExactDeclaration& declaration, std::vector<Violation
 // "parameter dtypes": every parameter bf16 except allow-listed pins (which may be f32), or every parameter f32
 // (fp32 masters under bf16 compute); no parameters at all is refused too.
 void check_parameter_dtypes(const ExactDeclaration& declaration, std::vector<Violation>& out);
-// "device": the CPU; CUDA is refused naming cuda_kernels_without_batch_invariant_variant().
-void check_device(const ExactDeclaration& declaration, std::vector<Violation>& out);
 // "loss": token-weighted cross_entropy. "load-balance loss": micro_batch and sequence are computed from one
 // micro-batch alone (pipeline-safe); global_batch with a non-zero coefficient is refused. The z-loss is per token.
 void check_losses(const ExactDeclaration& declaration, std::vector<Violation>& out);

@@ -758,10 +758,6 @@ void validate(JobConfig& c, const std::string& source) {
   MT_CHECK(c.dist.local_ranks <= kMaxLocalRanks,
            "{}: dist.local_ranks is {}, more than the {} thread ranks one process may run (expected [0, {}])", s,
            c.dist.local_ranks, kMaxLocalRanks, kMaxLocalRanks);
-  MT_CHECK(c.dist.local_ranks == 0 || c.model.device == "cpu",
-           "{}: dist.local_ranks = {} runs thread ranks on the CPU but model.device is '{}'; set model.device = cpu "
-           "or dist.local_ranks = 0",
-           s, c.dist.local_ranks, c.model.device);
   MT_CHECK(c.dist.timeout_s > 0, "{}: dist.timeout_s must be > 0 but is {}", s, c.dist.timeout_s);
   validate_eval_and_tensorboard(c, s);
 }

@@ -107,7 +107,8 @@ struct ParallelSection {
 };
 
 struct DistSection {
-  int64_t local_ranks = 0;  // N > 0: N thread ranks in this one process on the CPU; 0: the launcher's processes
+  // N > 0: N thread ranks in this one process (on the CPU, or sharing one GPU); 0: the launcher's processes.
+  int64_t local_ranks = 0;
   int64_t timeout_s = 300;  // collectives and rendezvous give up (fail closed) after this many seconds
 };
 

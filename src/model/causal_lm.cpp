@@ -110,6 +110,15 @@ void CausalLm::set_recompute_activation(bool on) {
   recompute_activation_ = on;
 }
 
+CausalLm::~CausalLm() {
+  if (exact_) default_stream(device_).set_policy(KernelPolicy::Fastest);
+}
+
+void CausalLm::set_exact(bool exact) {
+  exact_ = exact;
+  default_stream(device_).set_policy(exact ? KernelPolicy::BatchInvariant : KernelPolicy::Fastest);
+}
+
 void CausalLm::round_boundary(Tensor& hidden) const {
   if (exact_ && hidden.dtype() == DType::F32) ops::round_to_bf16_inplace(default_stream(hidden.device()), hidden);
 }

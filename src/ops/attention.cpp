@@ -1,7 +1,8 @@
 // defines: the public attention ops: argument validation (shapes, dtypes, devices, cu_seqlens) and dispatch to
 // the backend: the CPU reference (f32 or f64) or, for CUDA tensors, cuDNN's fused SDPA (bf16, (hd, hdv) in (64, 64),
-// (128, 128) or (192, 128), max_seqlen known, a sliding window only when causal) or else our CUDA kernels (f32 or bf16,
-// lse in f32); and the attention sinks applied to the attention's results (CPU reference or CUDA kernels).
+// (128, 128) or (192, 128), max_seqlen known, a sliding window only when causal; never under the exact lanes'
+// batch-invariant policy) or else our CUDA kernels (f32 or bf16, lse in f32); and the attention sinks applied to the
+// attention's results (CPU reference or CUDA kernels).
 #include "ops/attention.h"
 
 #include <cstdint>
@@ -164,7 +165,9 @@ void attention_forward(Stream& stream, Tensor out, Tensor lse, const Tensor& q, 
   check_params(params, s.tokens, cu_seqlens, op);
 #if MOETRAIN_HAS_CUDA
   if (device.is_cuda()) {
-    if (cuda::cudnn_attention_supports(dtype, s.hd, s.hdv, params)) {
+    // The exact lanes run our kernels: their reduction order per query depends only on its document (cuDNN's is not
+    // certified independent of the document's offset in the packed run), and their backward has no atomics.
+    if (!batch_invariant(stream) && cuda::cudnn_attention_supports(dtype, s.hd, s.hdv, params)) {
       cuda::cudnn_attention_forward(stream, out, lse, q, k, v, cu_seqlens, params);
       return;
     }
@@ -196,7 +199,7 @@ void attention_backward(Stream& stream, Tensor dq, Tensor dk, Tensor dv, const T
   check_params(params, s.tokens, cu_seqlens, op);
 #if MOETRAIN_HAS_CUDA
   if (device.is_cuda()) {
-    if (cuda::cudnn_attention_backward_supports(dtype, s.hd, s.hdv, params)) {
+    if (!batch_invariant(stream) && cuda::cudnn_attention_backward_supports(dtype, s.hd, s.hdv, params)) {
       cuda::cudnn_attention_backward(stream, dq, dk, dv, dout, q, k, v, out, lse, cu_seqlens, params);
       return;
     }

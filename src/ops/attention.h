@@ -36,8 +36,10 @@ void attention_forward(Stream& stream, Tensor out, Tensor lse, const Tensor& q, 
 // v_cache [B, C, nkv, hdv] (1 <= lengths[b] <= C; lengths i32 [B] on the CPU, the host's count). out [B, nh, hdv], lse
 // [B, nh]. It sees the keys attention_forward shows that token in its document (causal, the sliding window) and
 // computes each query with the same instructions, so its bytes equal the training forward's for the same keys.
-// params.causal must be true; max_seqlen is ignored. CPU (f32, f64) and CUDA (f32, bf16; its own kernel, the same keys,
-// not the training kernels' bytes).
+// params.causal must be true; max_seqlen is ignored. CPU (f32, f64) and CUDA (f32, bf16, head dims up to 256): on
+// CUDA the bytes of out and lse equal those of our own CUDA attention_forward (max_seqlen = 0, not cuDNN) for that
+// token, its document being the cache rows 0 .. lengths[b] - 1 (the per-row arithmetic both kernels share:
+// ops/cuda/attention_row.cuh).
 void attention_decode_forward(Stream& stream, Tensor out, Tensor lse, const Tensor& q, const Tensor& k_cache,
                               const Tensor& v_cache, const Tensor& lengths, const AttentionParams& params);
 // dq, dk, dv are overwritten (not accumulated). Reductions run in ascending token order.

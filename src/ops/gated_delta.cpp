@@ -260,6 +260,12 @@ void gated_delta_rule_forward(Stream& s, Tensor out, const Tensor& q, const Tens
   check_argument(out, v.shape(), dtypes.act, s, op, "out");
 #if MOETRAIN_HAS_CUDA
   if (s.device().is_cuda()) {
+    // The exact lanes run the sequential scan: generation's prefill and steps run it too, so a token's output has the
+    // same bytes in training, in score and in generate (the chunked form rounds at other places).
+    if (batch_invariant(s)) {
+      cuda::gated_delta_rule_sequential_forward(s, out, q, k, v, g, beta, cu_seqlens, scale);
+      return;
+    }
     cuda::gated_delta_rule_chunked_forward(s, out, q, k, v, g, beta, cu_seqlens, scale,
                                            saved == nullptr ? nullptr : &saved->tensors);
     return;
@@ -283,6 +289,10 @@ void gated_delta_rule_backward(Stream& s, Tensor dq, Tensor dk, Tensor dv, Tenso
   check_argument(dbeta, {r.tokens, r.hv}, dtypes.aux, s, op, "dbeta");
 #if MOETRAIN_HAS_CUDA
   if (s.device().is_cuda()) {
+    if (batch_invariant(s)) {  // as its forward
+      cuda::gated_delta_rule_sequential_backward(s, dq, dk, dv, dg, dbeta, dout, q, k, v, g, beta, cu_seqlens, scale);
+      return;
+    }
     const bool reuse = saved != nullptr && !saved->tensors.empty();
     cuda::gated_delta_rule_chunked_backward(s, dq, dk, dv, dg, dbeta, dout, q, k, v, g, beta, cu_seqlens, scale,
                                             reuse ? &saved->tensors : nullptr);

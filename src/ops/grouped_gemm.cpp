@@ -5,7 +5,12 @@
 #include "ops/grouped_gemm.h"
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "ops/cpu/dispatch.h"
 #include "ops/cpu/grouped_gemm.h"
@@ -19,6 +24,25 @@
 namespace moetrain::ops {
 
 namespace {
+
+#if MOETRAIN_HAS_CUDA
+// Whether the CUTLASS kernels run the call: by the shapes and the data's alignment. Under the exact lanes' policy by
+// the shapes alone: a row's bytes then never depend on where the batch's tensors happen to start or on how many rows
+// there are, and tensors CUTLASS cannot take are refused rather than sent to the generic kernels, whose bytes differ.
+bool use_cutlass(const Stream& stream, DType dtype, int64_t rows, int64_t n_out, int64_t n_in,
+                 std::initializer_list<const Tensor*> tensors, const char* op) {
+  if (!batch_invariant(stream)) return cuda::cutlass_grouped_gemm_supported(dtype, rows, n_out, n_in, tensors);
+  if (!cuda::cutlass_grouped_gemm_supported(dtype, 0, n_out, n_in, {})) return false;
+  if (cuda::cutlass_grouped_gemm_supported(dtype, rows, n_out, n_in, tensors)) return true;
+  std::vector<const void*> starts;
+  for (const Tensor* t : tensors) starts.push_back(t->raw_data());
+  MT_FAIL(
+      "{} (batch-invariant): N = {}, K = {} run on CUTLASS, which needs 16-byte aligned tensors and at most 2^31 - 1 "
+      "rows, but found {} rows and data at {}; the exact lanes do not send them to another kernel, whose bytes "
+      "differ",
+      op, n_out, n_in, rows, fmt::join(starts, ", "));
+}
+#endif
 
 void check_argument(const Stream& stream, const Tensor& t, const Shape& shape, DType dtype, const char* op,
                     const char* name) {
@@ -84,7 +108,7 @@ void grouped_linear_forward(Stream& stream, Tensor y, const Tensor& x, const Ten
   check_offsets(stream, offsets, groups, rows, op);
 #if MOETRAIN_HAS_CUDA
   if (on_cuda(y)) {
-    if (cuda::cutlass_grouped_gemm_supported(dtype, rows, n_out, n_in, {&y, &x, &w})) {
+    if (use_cutlass(stream, dtype, rows, n_out, n_in, {&y, &x, &w}, op)) {
       cuda::grouped_linear_forward_cutlass(stream, y, x, w, offsets);
       return;
     }
@@ -109,7 +133,7 @@ void grouped_linear_backward_input(Stream& stream, Tensor dx, const Tensor& dy, 
   check_offsets(stream, offsets, groups, rows, op);
 #if MOETRAIN_HAS_CUDA
   if (on_cuda(dx)) {
-    if (cuda::cutlass_grouped_gemm_supported(dtype, rows, n_out, n_in, {&dx, &dy, &w})) {
+    if (use_cutlass(stream, dtype, rows, n_out, n_in, {&dx, &dy, &w}, op)) {
       cuda::grouped_linear_backward_input_cutlass(stream, dx, dy, w, offsets);
       return;
     }
@@ -137,7 +161,7 @@ void grouped_linear_backward_weight(Stream& stream, Tensor dw, const Tensor& dy,
   check_offsets(stream, offsets, groups, rows, op);
 #if MOETRAIN_HAS_CUDA
   if (on_cuda(dw)) {
-    if (cuda::cutlass_grouped_gemm_supported(dtype, rows, n_out, n_in, {&dw, &dy, &x})) {
+    if (use_cutlass(stream, dtype, rows, n_out, n_in, {&dw, &dy, &x}, op)) {
       cuda::grouped_linear_backward_weight_cutlass(stream, dw, dy, x, offsets);
       return;
     }

@@ -56,14 +56,14 @@ dist::MeshShape job_mesh_shape(const io::JobConfig& config, int world) { return 
 
 void run_on_thread_ranks(const io::JobConfig& config, const std::function<void(dist::Mesh&)>& fn) {
   const int world = static_cast<int>(config.dist.local_ranks);
-  MT_CHECK(config.model.device == "cpu",
-           "launch: dist.local_ranks = {} runs thread ranks on the CPU, but model.device is {} (launch one process "
-           "per GPU with torchrun, srun or mpirun instead)",
-           world, config.model.device);
+  const Device device = parse_device(config.model.device);
   const dist::MeshShape shape = mesh_for(config, world);
-  log_info("launch: {} thread ranks, mesh {}", world, shape.str());
+  log_info(
+      "launch: {} thread ranks on {}, mesh {}{}", world, device.str(), shape.str(),
+      device.is_cuda() ? " (sharing the GPU: one rank runs at a time, collectives staged through host memory)" : "");
   dist::LocalWorldOptions options;
   options.timeout = std::chrono::seconds(config.dist.timeout_s);
+  options.device = device;
   dist::run_local_ranks(
       world,
       [&](dist::Communicator& comm) {
@@ -75,7 +75,7 @@ void run_on_thread_ranks(const io::JobConfig& config, const std::function<void(d
 
 TrainSummary run_training_job(const io::JobConfig& config) {
   if (config.dist.local_ranks > 1) {
-    // A mesh or device error before a memory one (run_on_thread_ranks refuses thread ranks off the CPU).
+    // A mesh error before a memory one. Thread ranks on a GPU share its memory: the fit check is the CPU's only.
     mesh_for(config, static_cast<int>(config.dist.local_ranks));
     if (config.model.device == "cpu") check_job_fits_memory(config, static_cast<int>(config.dist.local_ranks));
     TrainSummary first;

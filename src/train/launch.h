@@ -1,7 +1,7 @@
 // defines: how a training job takes its ranks: one process alone, N thread ranks in this process
-// (dist.local_ranks, CPU), or this process's rank of a world started by torchrun, srun or mpirun
-// (one process per GPU, NCCL; the launcher's environment names the rank, the world and the master
-// address). The mesh is resolved from parallel.* before anything else runs.
+// (dist.local_ranks, on the CPU or sharing one GPU), or this process's rank of a world started by torchrun, srun or
+// mpirun (one process per GPU, NCCL; the launcher's environment names the rank, the world and the master address). The
+// mesh is resolved from parallel.* before anything else runs.
 #pragma once
 
 #include <functional>
@@ -26,8 +26,9 @@ dist::Mesh* setup_process_mesh(io::JobConfig& config, bool check_memory_fit = fa
 // a world the mesh does not divide (dist::resolve_mesh).
 dist::MeshShape job_mesh_shape(const io::JobConfig& config, int world);
 
-// Runs `fn` on dist.local_ranks thread ranks (model.device must be cpu), each with its Mesh of job_mesh_shape built
-// as run_training_job builds it (timeouts from dist.timeout_s); rethrows the first failure after every rank joined.
+// Runs `fn` on dist.local_ranks thread ranks of model.device (on a GPU they share it, dist/host_staged_communicator.h),
+// each with its Mesh of job_mesh_shape built as run_training_job builds it (timeouts from dist.timeout_s); rethrows the
+// first failure after every rank joined.
 void run_on_thread_ranks(const io::JobConfig& config, const std::function<void(dist::Mesh&)>& fn);
 
 // Trains `config` on the ranks the launch gives, once its planned peak is known to fit them; returns the first rank's

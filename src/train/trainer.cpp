@@ -254,9 +254,10 @@ void Trainer::setup_pipeline(const model::ModelConfig& model_config) {
 // ZeRO-3 (parallel.sharding): every rank holds the same full values now (seeded init, HF weights or a checkpoint);
 // they become shards, the optimizer is rebuilt over the shards with the moments it had, and the plain executor
 // gathers each part of the model around its use.
-// Exact mode (docs/design.md section 6): the contract admits the job before anything runs (on CUDA it refuses, naming
-// the kernels without a batch-invariant variant), the residual is rounded to bf16 at every layer boundary, and a
-// pipeline's activations travel as bf16 with their wire and metadata checked on every scheduled forward.
+// Exact mode (docs/design.md section 6): the contract admits the job before anything runs, the model's stream runs the
+// batch-invariant kernels (on CUDA, exact::cuda_batch_invariant_kernels), the residual is rounded to bf16 at every
+// layer boundary, and a pipeline's activations travel as bf16 with their wire and metadata checked on every scheduled
+// forward.
 void Trainer::setup_exact_mode(const model::ModelConfig& model_config) {
   // The partition the job runs: the pipeline's, or pp = 1's two stages.
   admit_exact_for_job(config_, *model_, executor_ ? partition_ : job_partition(config_, model_config, 1),

@@ -21,6 +21,7 @@
 #include "io/safetensors.h"
 #include "ops/loss.h"
 #include "pipeline/plain_executor.h"
+#include "testing/exact_scoring.h"
 #include "testing/test_data.h"
 #include "train/checkpoint.h"
 #include "train/data/indexed_dataset.h"
@@ -31,7 +32,21 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr int64_t kVocab = 257;  // examples/tiny_moe/config.json
+using testing::Layout;
+using testing::score_on_layout;
+using testing::write_layout_input;
+
+constexpr int64_t kVocab = testing::kScoreVocab;
+
+std::vector<int32_t> tokens(int64_t n, uint64_t salt) { return testing::score_tokens(n, salt); }
+ScoreInput make_input(const std::vector<int32_t>& ids, int64_t rows, const std::vector<int32_t>& cu = {}) {
+  return testing::score_input(ids, rows, cu);
+}
+void expect_same_bytes(const Tensor& a, int64_t a_at, const Tensor& b, int64_t b_at, int64_t count,
+                       const std::string& what) {
+  testing::expect_same_float_bytes(a, a_at, b, b_at, count, what);
+}
+std::string read_bytes(const std::string& path) { return testing::read_file_bytes(path); }
 
 std::string tiny_moe_config_path() {
   return (fs::path(MOETRAIN_TEST_DATA_DIR) / "../../examples/tiny_moe/config.json").lexically_normal().string();
@@ -53,42 +68,6 @@ std::unique_ptr<model::CausalLm> exact_model(const io::JobConfig& job) {
   auto model = load_model_for_job(job);
   model->set_exact(true);
   return model;
-}
-
-std::vector<int32_t> tokens(int64_t n, uint64_t salt) {
-  std::vector<int32_t> ids(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i)
-    ids[static_cast<size_t>(i)] = static_cast<int32_t>((i * i * 13 + i * 5 + salt * 71 + 3) % kVocab);
-  return ids;
-}
-
-ScoreInput make_input(const std::vector<int32_t>& ids, int64_t rows, const std::vector<int32_t>& cu = {}) {
-  ScoreInput input;
-  const int64_t T = static_cast<int64_t>(ids.size()) / rows;
-  input.input_ids = Tensor::from_vector(ids, {rows, T});
-  if (cu.empty()) {
-    std::vector<int32_t> per_row;
-    for (int64_t r = 0; r <= rows; ++r) per_row.push_back(static_cast<int32_t>(r * T));
-    input.cu_seqlens = Tensor::from_vector(per_row, {rows + 1});
-  } else {
-    input.cu_seqlens = Tensor::from_vector(cu, {static_cast<int64_t>(cu.size())});
-  }
-  validate_score_input(input, kVocab, "test input");
-  return input;
-}
-
-// `count` floats of `a` from `a_at` against those of `b` from `b_at`, byte for byte.
-void expect_same_bytes(const Tensor& a, int64_t a_at, const Tensor& b, int64_t b_at, int64_t count,
-                       const std::string& what) {
-  ASSERT_LE(a_at + count, a.numel()) << what;
-  ASSERT_LE(b_at + count, b.numel()) << what;
-  EXPECT_EQ(std::memcmp(a.data<float>() + a_at, b.data<float>() + b_at, static_cast<size_t>(count) * sizeof(float)), 0)
-      << what;
-}
-
-std::string read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
 int run(std::vector<std::string> args) {
@@ -346,40 +325,6 @@ TEST(Score, RefusesContextParallelAndAWorldTheMeshDoesNotDivide) {
   // pp = 8 needs 16 stages of >= 1 layer: the 8-layer model is refused before any weight is read.
   expect_refused("pp8", {{"input_ids", ids_2x8()}}, {"pp = 8 needs 16 stages", "the model has 8 layers"},
                  {"parallel.pp=8", "dist.local_ranks=8"});
-}
-
-// The score input of the layout gates: 5 rows of 20 tokens, documents packed across them (micro-batches of 2 rows:
-// 3 micro-batches, the last of one row, so the data ranks get unequal shares and ep > 1 pads with repeats).
-std::string write_layout_input(const std::string& dir) {
-  const std::string path = dir + "/in.safetensors";
-  io::write_safetensors(path, {{"input_ids", Tensor::from_vector(tokens(5 * 20, 11), {5, 20})},
-                               {"cu_seqlens", cu({0, 7, 20, 33, 40, 46, 60, 80, 91, 100})}});
-  return path;
-}
-
-struct Layout {
-  int pp, ep, dp;
-  std::string name() const {
-    return "pp " + std::to_string(pp) + " x ep " + std::to_string(ep) + " x dp " + std::to_string(dp) +
-           (pp * ep * dp > 1 ? " (" + std::to_string(pp * ep * dp) + " thread ranks)" : " (one process)");
-  }
-};
-
-// Runs score on `layout` (thread ranks when it has more than one) and returns the output file's path.
-std::string score_on_layout(const std::string& dir, const std::string& input, const Layout& layout,
-                            const std::vector<std::string>& extra) {
-  ScoreOptions options;
-  options.config_path = dir + "/job.toml";
-  options.input = input;
-  options.out = dir + "/out_pp" + std::to_string(layout.pp) + "_ep" + std::to_string(layout.ep) + "_dp" +
-                std::to_string(layout.dp) + ".safetensors";
-  options.overrides = extra;
-  options.overrides.push_back("parallel.pp=" + std::to_string(layout.pp));
-  options.overrides.push_back("parallel.ep=" + std::to_string(layout.ep));
-  const int world = layout.pp * layout.ep * layout.dp;
-  if (world > 1) options.overrides.push_back("dist.local_ranks=" + std::to_string(world));
-  EXPECT_EQ(run_score(options), 0) << layout.name();
-  return options.out;
 }
 
 const std::vector<Layout>& mesh_layouts() {

@@ -129,12 +129,16 @@ TEST(ExactAdmission, AcceptsTinyMoeWithOneTwoAndFourRanks) {
 TEST(ExactAdmission, LogLineNamesStageRankLayersWireAndKernels) {
   const AdmissionReport two = admit_exact(good_declaration(), tiny_moe(), even_partition(2));
   ASSERT_EQ(two.stages.size(), 4u);
-  EXPECT_EQ(two.stages[0].log_line, "exact: stage 0 (rank 0, layers 0-1) engaged: bf16 wire, batch-invariant kernels");
-  EXPECT_EQ(two.stages[2].log_line, "exact: stage 2 (rank 1, layers 4-5) engaged: bf16 wire, batch-invariant kernels");
-  EXPECT_EQ(two.stages[3].log_line, "exact: stage 3 (rank 0, layers 6-7) engaged: bf16 wire, batch-invariant kernels");
+  EXPECT_EQ(two.stages[0].log_line,
+            "exact: stage 0 (rank 0, layers 0-1) engaged: bf16 wire, batch-invariant kernels on cpu");
+  EXPECT_EQ(two.stages[2].log_line,
+            "exact: stage 2 (rank 1, layers 4-5) engaged: bf16 wire, batch-invariant kernels on cpu");
+  EXPECT_EQ(two.stages[3].log_line,
+            "exact: stage 3 (rank 0, layers 6-7) engaged: bf16 wire, batch-invariant kernels on cpu");
   const AdmissionReport four = admit_exact(good_declaration(), tiny_moe(), even_partition(4));
   ASSERT_EQ(four.stages.size(), 8u);
-  EXPECT_EQ(four.stages[5].log_line, "exact: stage 5 (rank 2, layer 5) engaged: bf16 wire, batch-invariant kernels");
+  EXPECT_EQ(four.stages[5].log_line,
+            "exact: stage 5 (rank 2, layer 5) engaged: bf16 wire, batch-invariant kernels on cpu");
 }
 
 TEST(ExactAdmission, LogsOneLinePerStageWhenItEngages) {
@@ -217,7 +221,7 @@ TEST(ExactAdmission, OneBadStageMarksAndLogsNothing) {
 
 TEST(ExactAdmission, ListsEveryViolationInOneError) {
   ExactDeclaration d = good_declaration();
-  d.device = Device::cuda(0);
+  d.wire_dtype = DType::F32;
   d.load_balance = "global_batch";
   d.load_balance_coef = 0.01;
   Partition p = even_partition(2);
@@ -227,7 +231,7 @@ TEST(ExactAdmission, ListsEveryViolationInOneError) {
   const std::string message = refusal(d, tiny_moe(), p);
   EXPECT_EQ(count_of(message, "exact: refused: "), 3) << message;
   for (const Violation& v : violations) EXPECT_CONTAINS(message, v.message());
-  EXPECT_CONTAINS(message, "exact: refused: device:");
+  EXPECT_CONTAINS(message, "exact: refused: wire dtype:");
   EXPECT_CONTAINS(message, "exact: refused: load-balance loss:");
   EXPECT_CONTAINS(message, "exact: refused: final norm and head on the last stage:");
 }
@@ -448,19 +452,32 @@ TEST(ExactAdmission, RefusesMissingParameterDtypes) {
                   "uniformly f32 masters), found no parameter dtypes");
 }
 
-TEST(ExactAdmission, RefusesCudaNamingTheKernelsWithoutABatchInvariantVariant) {
+TEST(ExactAdmission, AdmitsCudaNamingItsBatchInvariantKernelsOnEveryStage) {
   ExactDeclaration d = good_declaration();
   d.device = Device::cuda(0);
-  const std::string message = refusal(d, tiny_moe(), even_partition(2));
-  EXPECT_CONTAINS(message,
-                  "exact: refused: device: declared cuda:0, found no batch-invariant variant of these "
-                  "kernels: gemm (cuBLASLt");
-  ASSERT_FALSE(cuda_kernels_without_batch_invariant_variant().empty());
-  for (const KernelGap& gap : cuda_kernels_without_batch_invariant_variant()) {
-    EXPECT_CONTAINS(message, gap.kernel + " (" + gap.reason + ")");
+  ::testing::internal::CaptureStderr();
+  const AdmissionReport report = admit_exact(d, tiny_moe(), even_partition(2));
+  const std::string logged = ::testing::internal::GetCapturedStderr();
+  ASSERT_EQ(report.stages.size(), 4u);
+  EXPECT_EQ(count_of(logged,
+                     "batch-invariant kernels on cuda:0 (gemm, grouped_gemm, attention, gated_delta, norm and "
+                     "cross_entropy)"),
+            4)
+      << logged;
+  ASSERT_EQ(cuda_batch_invariant_kernels().size(), 5u);
+  for (const CertifiedKernel& k : cuda_batch_invariant_kernels()) EXPECT_FALSE(k.variant.empty()) << k.kernel;
+  for (const StageAdmission& stage : report.stages) EXPECT_CONTAINS(stage.log_line, "on cuda:0 (gemm,");
+}
+
+TEST(ExactAdmission, NamesNoKernelsOnTheCpu) {
+  ::testing::internal::CaptureStderr();
+  const AdmissionReport report = admit_exact(good_declaration(), tiny_moe(), even_partition(2));
+  const std::string logged = ::testing::internal::GetCapturedStderr();
+  ASSERT_EQ(report.stages.size(), 4u);
+  for (const StageAdmission& stage : report.stages) {
+    EXPECT_TRUE(stage.log_line.ends_with("batch-invariant kernels on cpu")) << stage.log_line;
   }
-  EXPECT_CONTAINS(message, "attention (");
-  EXPECT_CONTAINS(message, "grouped_gemm (");
+  EXPECT_EQ(count_of(logged, "engaged"), 4) << logged;
 }
 
 TEST(ExactAdmission, RefusesALossWithoutAPipelinePath) {

@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include "core/error.h"
+#include "ops/cuda/attention_row.cuh"
 #include "ops/cuda/check.h"
 #include "ops/cuda/runtime.h"
 
@@ -18,8 +19,10 @@ namespace {
 
 constexpr int kThreads = 256;  // 8 warps per block
 constexpr int kWarps = kThreads / 32;
-constexpr int kKeysPerLane = 2;  // forward and dq: a key tile of 64, two keys per lane
-constexpr int kKeyTile = 32 * kKeysPerLane;
+// Forward and dq: key tiles of 64, two keys per lane (attention_row.cuh).
+using attention_row::kFullMask;
+using attention_row::kKeysPerLane;
+using attention_row::kKeyTile;
 constexpr int kQueryTile = 32;  // dk / dv: a query tile of 32, one query per lane
 constexpr int kMaxHeadDim = 256;
 
@@ -35,32 +38,10 @@ struct TileShape {
 };
 using NarrowTiles = TileShape<4, 8>;  // head dims <= 128
 using WideTiles = TileShape<8, 4>;    // head dims <= 256
-constexpr unsigned kFullMask = 0xffffffffu;
-
-__device__ __forceinline__ float to_f32(float x) { return x; }
-__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
-
-template <typename T>
-__device__ __forceinline__ T from_f32(float x);
-template <>
-__device__ __forceinline__ float from_f32<float>(float x) {
-  return x;
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
-
-// Butterfly reductions: every lane ends with the same bits (a + b == b + a in floating point).
-__device__ __forceinline__ float warp_max(float x) {
-  for (int offset = 16; offset > 0; offset >>= 1) x = fmaxf(x, __shfl_xor_sync(kFullMask, x, offset));
-  return x;
-}
-
-__device__ __forceinline__ float warp_sum(float x) {
-  for (int offset = 16; offset > 0; offset >>= 1) x += __shfl_xor_sync(kFullMask, x, offset);
-  return x;
-}
+using attention_row::from_f32;
+using attention_row::to_f32;
+using attention_row::warp_max;
+using attention_row::warp_sum;
 
 struct Dims {
   int tokens, nh, nkv, hd, hdv, group, num_docs;
@@ -125,7 +106,8 @@ __device__ void load_rows(float* dst, int dst_stride, const T* src, int64_t src_
 
 // One block per (query tile, head). Each warp owns kRowsPerWarp query rows; for every key tile it computes the
 // scores of its rows against the tile (two keys per lane), updates the running max / sum of each row and adds the
-// tile's probabilities times V into per-lane accumulators (columns lane + 32 c).
+// tile's probabilities times V into per-lane accumulators (columns lane + 32 c). The per-row arithmetic is
+// attention_row.cuh's, which the decoding step (attention_decode.cu) repeats for one row: keep the two in step.
 template <typename T, class S>
 __global__ void __launch_bounds__(kThreads)
     forward_kernel(T* out, float* lse, const T* q, const T* k, const T* v, const int32_t* cu, Dims n) {
@@ -177,36 +159,14 @@ __global__ void __launch_bounds__(kThreads)
       for (int r = 0; r < kRowsPerWarp; ++r) {
         const float qv = q_s[(warp * kRowsPerWarp + r) * qs + d];
 #pragma unroll
-        for (int kk = 0; kk < kKeysPerLane; ++kk) s[r][kk] = fmaf(qv, kv[kk], s[r][kk]);
+        for (int kk = 0; kk < kKeysPerLane; ++kk) s[r][kk] = attention_row::score_step(qv, kv[kk], s[r][kk]);
       }
     }
 
 #pragma unroll
     for (int r = 0; r < kRowsPerWarp; ++r) {
-      float x[kKeysPerLane], p[kKeysPerLane];
-      float tile_max = -INFINITY;
-#pragma unroll
-      for (int kk = 0; kk < kKeysPerLane; ++kk) {
-        const int j = k0 + lane + 32 * kk;
-        x[kk] = (j >= row_kb[r] && j < row_ke[r]) ? s[r][kk] * n.scale : -INFINITY;
-        tile_max = fmaxf(tile_max, x[kk]);
-        p[kk] = 0.0f;
-      }
-      tile_max = warp_max(tile_max);
-      if (tile_max != -INFINITY) {  // uniform over the warp; a row that sees no key of this tile is unchanged
-        const float m_new = fmaxf(m[r], tile_max);
-        const float alpha = expf(m[r] - m_new);  // 0 on the row's first visible tile (m = -inf)
-        float part = 0.0f;
-#pragma unroll
-        for (int kk = 0; kk < kKeysPerLane; ++kk) {
-          p[kk] = expf(x[kk] - m_new);
-          part += p[kk];
-        }
-        l[r] = l[r] * alpha + warp_sum(part);
-#pragma unroll
-        for (int c = 0; c < kChunks; ++c) acc[r][c] *= alpha;
-        m[r] = m_new;
-      }
+      float p[kKeysPerLane];
+      attention_row::update_row(s[r], k0, lane, row_kb[r], row_ke[r], n.scale, m[r], l[r], acc[r], p);
 #pragma unroll
       for (int kk = 0; kk < kKeysPerLane; ++kk) p_s[(warp * kRowsPerWarp + r) * kKeyTile + lane + 32 * kk] = p[kk];
     }
@@ -218,9 +178,7 @@ __global__ void __launch_bounds__(kThreads)
       for (int c = 0; c < kChunks; ++c) vv[c] = lane + 32 * c < n.hdv ? v_s[j * vs + lane + 32 * c] : 0.0f;
 #pragma unroll
       for (int r = 0; r < kRowsPerWarp; ++r) {
-        const float pr = p_s[(warp * kRowsPerWarp + r) * kKeyTile + j];
-#pragma unroll
-        for (int c = 0; c < kChunks; ++c) acc[r][c] = fmaf(pr, vv[c], acc[r][c]);
+        attention_row::add_value(p_s[(warp * kRowsPerWarp + r) * kKeyTile + j], vv, acc[r]);
       }
     }
   }
@@ -230,12 +188,7 @@ __global__ void __launch_bounds__(kThreads)
     const int i = tile.begin + warp * kRowsPerWarp + r;
     if (i >= tile.end) continue;
     const int64_t pair = static_cast<int64_t>(i) * n.nh + h;
-#pragma unroll
-    for (int c = 0; c < kChunks; ++c) {
-      const int col = lane + 32 * c;
-      if (col < n.hdv) out[pair * n.hdv + col] = from_f32<T>(acc[r][c] / l[r]);
-    }
-    if (lane == 0) lse[pair] = m[r] + logf(l[r]);
+    attention_row::write_row(out + pair * n.hdv, lse + pair, acc[r], m[r], l[r], lane, n.hdv);
   }
 }
 

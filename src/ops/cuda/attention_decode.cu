@@ -1,12 +1,14 @@
-// defines: the CUDA decoding attention (ops/cuda/attention_decode.h).
+// defines: the CUDA decoding attention (ops/cuda/attention_decode.h): one warp per (sequence, head) repeating the
+// training forward's per-row arithmetic (attention_row.cuh) for the sequence's newest token.
 #include "ops/cuda/attention_decode.h"
+
+#include <cstdint>
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include <type_traits>
-
 #include "core/error.h"
+#include "ops/cuda/attention_row.cuh"
 #include "ops/cuda/check.h"
 #include "ops/cuda/float_io.cuh"
 #include "ops/cuda/runtime.h"
@@ -15,56 +17,107 @@ namespace moetrain::ops::cuda {
 
 namespace {
 
-constexpr int kThreads = 128;
+using attention_row::kFullMask;
+using attention_row::kKeysPerLane;
+using attention_row::kKeyTile;
 
-// Sum or max over the block's kThreads threads in a fixed tree; every thread gets the result.
-template <bool kMax>
-__device__ float block_reduce(float value, float* scratch) {
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    const float other = __shfl_xor_sync(0xffffffffu, value, offset);
-    value = kMax ? fmaxf(value, other) : value + other;
+constexpr int kWarps = 4;  // warps per block, each its own (sequence, head)
+constexpr int kThreads = 32 * kWarps;
+constexpr int kMaxHeadDim = 256;  // the training forward's limit (ops/cuda/attention.cu)
+
+// Row b of q at position i = lengths[b] - 1 of a document starting at cache row 0, exactly as forward_kernel computes
+// that row: key tiles of 64 aligned to the document's start, from the tile holding the row's first visible key to
+// the one holding i; per tile the scores of the lane's two keys (k0 + lane, k0 + lane + 32) as one fused chain over
+// ascending d, update_row, then acc += p_j v_j over the tile's keys in ascending order. forward_kernel's tiles before
+// the row's first visible one leave it unchanged (m = -inf, l = 0, acc = +0 and acc + 0 v = +0), so they are skipped.
+// The lane's columns are lane + 32 c (c < kChunks); kSpan elements of a key row are read at a time (8: 16-byte
+// loads, when hd is a multiple of 8 and k_cache is 16-byte aligned), which changes no arithmetic.
+template <typename T, int kChunks, int kSpan>
+__global__ void __launch_bounds__(kThreads)
+    decode_kernel(T* out, float* lse, const T* q, const T* k_cache, const T* v_cache, const int32_t* lengths,
+                  int64_t pairs, int nh, int nkv, int hd, int hdv, int64_t capacity, float scale, int window) {
+  __shared__ float q_s[kWarps][kMaxHeadDim];
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int64_t pair = static_cast<int64_t>(blockIdx.x) * kWarps + warp;
+  if (pair >= pairs) return;  // the whole warp: nothing below synchronizes more than a warp
+  const int64_t b = pair / nh;
+  const int h = static_cast<int>(pair % nh), g = h / (nh / nkv);
+  const int i = lengths[b] - 1;
+  const int kb = window > 0 ? max(0, i - window + 1) : 0, ke = i + 1;  // keys [kb, ke): key_begin / key_end
+
+  float* q_row = q_s[warp];
+  for (int d = lane; d < hd; d += 32) q_row[d] = attention_row::to_f32(q[pair * hd + d]);
+  __syncwarp();
+  const int64_t k_stride = static_cast<int64_t>(nkv) * hd, v_stride = static_cast<int64_t>(nkv) * hdv;
+  const T* k_base = k_cache + b * capacity * k_stride + static_cast<int64_t>(g) * hd;
+  const T* v_base = v_cache + b * capacity * v_stride + static_cast<int64_t>(g) * hdv;
+
+  float m = -INFINITY, l = 0.0f, acc[kChunks];
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) acc[c] = 0.0f;
+  for (int k0 = kb / kKeyTile * kKeyTile; k0 < ke; k0 += kKeyTile) {
+    const int nk = min(kKeyTile, ke - k0);
+    // Scores of keys the row does not see are masked by update_row (and their cache rows may lie past the length),
+    // so they are not computed.
+    float s[kKeysPerLane] = {};
+#pragma unroll
+    for (int kk = 0; kk < kKeysPerLane; ++kk) {
+      const int j = k0 + lane + 32 * kk;
+      if (j < kb || j >= ke) continue;
+      const T* k_row = k_base + j * k_stride;
+      for (int d = 0; d < hd; d += kSpan) {
+        float kv[kSpan];
+        load_span<kSpan>(k_row + d, kv);
+#pragma unroll
+        for (int e = 0; e < kSpan; ++e) s[kk] = attention_row::score_step(q_row[d + e], kv[e], s[kk]);
+      }
+    }
+
+    float p[kKeysPerLane];
+    attention_row::update_row(s, k0, lane, kb, ke, scale, m, l, acc, p);
+
+    // The tile's keys in ascending order, key k0 + 32 kk + t's probability from lane t.
+#pragma unroll
+    for (int kk = 0; kk < kKeysPerLane; ++kk) {
+      const int count = min(32, nk - 32 * kk);
+      for (int t = 0; t < count; ++t) {
+        const float pj = __shfl_sync(kFullMask, p[kk], t);
+        const T* v_row = v_base + (k0 + 32 * kk + t) * v_stride;
+        float vv[kChunks];
+#pragma unroll
+        for (int c = 0; c < kChunks; ++c) vv[c] = lane + 32 * c < hdv ? load_float(v_row + lane + 32 * c) : 0.0f;
+        attention_row::add_value(pj, vv, acc);
+      }
+    }
   }
-  if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = value;
-  __syncthreads();
-  float total = scratch[0];
-  for (int w = 1; w < kThreads / 32; ++w) total = kMax ? fmaxf(total, scratch[w]) : total + scratch[w];
-  __syncthreads();
-  return total;
+  attention_row::write_row(out + pair * hdv, lse + pair, acc, m, l, lane, hdv);
+}
+
+template <typename T, int kChunks, int kSpan>
+void launch(cudaStream_t stream, const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k_cache,
+            const Tensor& v_cache, const Tensor& lengths, const AttentionParams& params) {
+  const int64_t pairs = q.size(0) * q.size(1);
+  decode_kernel<T, kChunks, kSpan><<<static_cast<unsigned>((pairs + kWarps - 1) / kWarps), kThreads, 0, stream>>>(
+      static_cast<T*>(out.raw_data()), static_cast<float*>(lse.raw_data()), static_cast<const T*>(q.raw_data()),
+      static_cast<const T*>(k_cache.raw_data()), static_cast<const T*>(v_cache.raw_data()),
+      static_cast<const int32_t*>(lengths.raw_data()), pairs, static_cast<int>(q.size(1)),
+      static_cast<int>(k_cache.size(2)), static_cast<int>(q.size(2)), static_cast<int>(v_cache.size(3)),
+      k_cache.size(1), params.softmax_scale, params.sliding_window);
+  MT_CUDA_CHECK(cudaGetLastError());
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads)
-    decode_kernel(T* out, float* lse, float* scores, const T* q, const T* k_cache, const T* v_cache,
-                  const int32_t* lengths, int64_t nh, int64_t nkv, int64_t hd, int64_t hdv, int64_t capacity,
-                  float scale, int window) {
-  __shared__ float scratch[kThreads / 32];
-  const int64_t pair = blockIdx.x, b = pair / nh, h = pair % nh, g = h / (nh / nkv);
-  const int64_t end = lengths[b], begin = window > 0 && end - window > 0 ? end - window : 0;
-  const T* qi = q + pair * hd;
-  const T* kb = k_cache + b * capacity * nkv * hd;
-  const T* vb = v_cache + b * capacity * nkv * hdv;
-  float* p = scores + pair * capacity;
-  float max = -INFINITY;
-  for (int64_t j = begin + threadIdx.x; j < end; j += kThreads) {
-    const T* kj = kb + (j * nkv + g) * hd;
-    float dot = 0.0f;
-    for (int64_t e = 0; e < hd; ++e) dot += load_float(qi + e) * load_float(kj + e);
-    p[j] = dot * scale;
-    max = fmaxf(max, p[j]);
+void launch_typed(cudaStream_t stream, const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k_cache,
+                  const Tensor& v_cache, const Tensor& lengths, const AttentionParams& params) {
+  const int64_t hd = q.size(2), hdv = v_cache.size(3);
+  const bool wide = hdv > 128, spans = spans_of_8(hd, {k_cache.raw_data()});
+  if (wide) {
+    spans ? launch<T, 8, 8>(stream, out, lse, q, k_cache, v_cache, lengths, params)
+          : launch<T, 8, 1>(stream, out, lse, q, k_cache, v_cache, lengths, params);
+  } else {
+    spans ? launch<T, 4, 8>(stream, out, lse, q, k_cache, v_cache, lengths, params)
+          : launch<T, 4, 1>(stream, out, lse, q, k_cache, v_cache, lengths, params);
   }
-  max = block_reduce<true>(max, scratch);
-  float sum = 0.0f;
-  for (int64_t j = begin + threadIdx.x; j < end; j += kThreads) {
-    p[j] = expf(p[j] - max);
-    sum += p[j];
-  }
-  sum = block_reduce<false>(sum, scratch);  // its barriers also publish p
-  for (int64_t e = threadIdx.x; e < hdv; e += kThreads) {
-    float acc = 0.0f;
-    for (int64_t j = begin; j < end; ++j) acc += p[j] * load_float(vb + (j * nkv + g) * hdv + e);
-    store_float(out + pair * hdv + e, acc / sum);
-  }
-  if (threadIdx.x == 0) lse[pair] = max + logf(sum);
 }
 
 }  // namespace
@@ -72,24 +125,21 @@ __global__ void __launch_bounds__(kThreads)
 void attention_decode_forward(const Stream& stream, const Tensor& out, const Tensor& lse, const Tensor& q,
                               const Tensor& k_cache, const Tensor& v_cache, const Tensor& lengths,
                               const AttentionParams& params) {
-  const int64_t rows = q.size(0), nh = q.size(1), hd = q.size(2), capacity = k_cache.size(1), nkv = k_cache.size(2),
-                hdv = v_cache.size(3);
-  const Tensor scores = Tensor::empty({rows, nh, capacity}, DType::F32, q.device());
-  const cudaStream_t cs = static_cast<cudaStream_t>(stream_handle(stream));
-  const auto launch = [&](auto* tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
-    decode_kernel<T><<<static_cast<unsigned>(rows * nh), kThreads, 0, cs>>>(
-        static_cast<T*>(out.raw_data()), static_cast<float*>(lse.raw_data()), static_cast<float*>(scores.raw_data()),
-        static_cast<const T*>(q.raw_data()), static_cast<const T*>(k_cache.raw_data()),
-        static_cast<const T*>(v_cache.raw_data()), static_cast<const int32_t*>(lengths.raw_data()), nh, nkv, hd, hdv,
-        capacity, params.softmax_scale, params.sliding_window);
-  };
+  constexpr const char* op = "attention_decode_forward (CUDA)";
+  const int64_t nh = q.size(1), hd = q.size(2), capacity = k_cache.size(1), hdv = v_cache.size(3);
+  MT_CHECK(hd >= 1 && hd <= kMaxHeadDim && hdv >= 1 && hdv <= kMaxHeadDim,
+           "{}: the CUDA kernel takes head dims in [1, {}] (those of the training forward) but found hd = {} (q, "
+           "k_cache) and hdv = {} (v_cache)",
+           op, kMaxHeadDim, hd, hdv);
+  // Key indices are ints, as in the training forward (offsets are 64-bit).
+  MT_CHECK(capacity <= (int64_t{1} << 30) && nh <= (int64_t{1} << 30),
+           "{}: the CUDA kernel takes at most 2^30 cached rows and heads but found C = {}, nh = {}", op, capacity, nh);
+  const auto cs = static_cast<cudaStream_t>(stream_handle(stream));
   switch (q.dtype()) {
-    case DType::F32: launch(static_cast<float*>(nullptr)); break;
-    case DType::BF16: launch(static_cast<__nv_bfloat16*>(nullptr)); break;
-    default: MT_FAIL("attention_decode_forward (CUDA): expected q in f32 or bf16 but found {}", q.describe());
+    case DType::F32: launch_typed<float>(cs, out, lse, q, k_cache, v_cache, lengths, params); break;
+    case DType::BF16: launch_typed<__nv_bfloat16>(cs, out, lse, q, k_cache, v_cache, lengths, params); break;
+    default: MT_FAIL("{}: expected q in f32 or bf16 but found {}", op, q.describe());
   }
-  MT_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace moetrain::ops::cuda

@@ -8,6 +8,9 @@
 
 #include <cuda_bf16.h>
 
+#include "core/device.h"
+#include "core/error.h"
+
 namespace moetrain::ops::cuda {
 
 __device__ __forceinline__ float load_float(const float* p) { return *p; }
@@ -81,6 +84,24 @@ inline bool spans_of_8(int64_t width, std::initializer_list<const void*> bases) 
   if (width % 8 != 0) return false;
   for (const void* base : bases) {
     if (reinterpret_cast<uintptr_t>(base) % 16 != 0) return false;
+  }
+  return true;
+}
+
+// Whether a kernel whose row sums follow its access layout (the norms, the cross-entropy) walks rows of `width` in
+// packs of `pack` elements: when the width and every base allow it. Under the exact lanes' batch-invariant policy the
+// layout, and so the order of the sums, must follow from the width alone: a width that allows packs with a base that
+// does not is refused rather than summed in the other order.
+inline bool reduction_packs(const Stream& stream, int64_t width, int pack, std::initializer_list<const void*> bases,
+                            const char* op) {
+  if (width % pack != 0) return false;
+  for (const void* base : bases) {
+    if (reinterpret_cast<uintptr_t>(base) % 16 == 0) continue;
+    MT_CHECK(!batch_invariant(stream),
+             "{} (batch-invariant): rows of {} elements are summed in packs of {}, which needs 16-byte aligned data, "
+             "but a tensor starts at {}; the exact lanes do not sum them in another order",
+             op, width, pack, base);
+    return false;
   }
   return true;
 }

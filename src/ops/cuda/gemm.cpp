@@ -18,6 +18,7 @@
 
 #include "core/error.h"
 #include "ops/cuda/cublas_check.h"
+#include "ops/cuda/gemm_batch_invariant.h"
 #include "ops/cuda/runtime.h"
 
 namespace moetrain::ops::cuda {
@@ -182,6 +183,12 @@ void gemm(const Stream& stream, const Tensor& out, const Tensor& a, Transpose tr
   const auto beta_f = static_cast<float>(beta);
   if (key.k == 0) {  // an empty sum: out = beta * out, without cuBLAS
     scale_in_place(stream, out, beta_f);
+    return;
+  }
+  // The exact lanes: a layer's forward and input gradient (the rows of a are the batch) on the batch-invariant kernels.
+  // A weight gradient (a^T: the reduction runs over the batch itself) stays here, deterministic for its shape.
+  if (batch_invariant(stream) && !key.transpose_a) {
+    gemm_batch_invariant(stream, out, a, b, transpose_b, alpha, beta);
     return;
   }
   key.operand_dtype = a.dtype();

@@ -40,4 +40,11 @@ void grouped_linear_backward_input_cutlass(const Stream& stream, const Tensor& d
 void grouped_linear_backward_weight_cutlass(const Stream& stream, const Tensor& dw, const Tensor& dy, const Tensor& x,
                                             const Tensor& offsets, bool accumulate = true);
 
+// The exact lanes' dense GEMMs on the same bf16 instantiations, as one group of all R rows (no offsets); callers check
+// cutlass_grouped_gemm_supported first (ops/cuda/gemm_batch_invariant.h). w [N, K] bf16.
+// y [R, N] (bf16) = x [R, K] (bf16) * w^T.
+void dense_linear_forward_cutlass(const Stream& stream, const Tensor& y, const Tensor& x, const Tensor& w);
+// dx [R, K] (bf16) = dy [R, N] (bf16) * w.
+void dense_linear_backward_input_cutlass(const Stream& stream, const Tensor& dx, const Tensor& dy, const Tensor& w);
+
 }  // namespace moetrain::ops::cuda

@@ -90,13 +90,9 @@ __device__ __forceinline__ RunningSum shuffle_xor(RunningSum v, int offset) {
   return {__shfl_xor_sync(0xffffffffu, v.max, offset), __shfl_xor_sync(0xffffffffu, v.sum, offset)};
 }
 
-// Rows whose length and start allow 16-byte packs (V a multiple of kPack<T>): each thread takes packs thread,
-// thread + blockDim, ... (kUnroll loads in flight); otherwise one element at a time. Either way the order is fixed by
-// V alone.
-template <typename T>
-__device__ __forceinline__ bool packed_rows(const T* base, int64_t vocab) {
-  return vocab % kPack<T> == 0 && reinterpret_cast<uintptr_t>(base) % 16 == 0;
-}
+// Rows whose length and start allow 16-byte packs (V a multiple of kPack<T>, `packed`, chosen on the host by
+// reduction_packs): each thread takes packs thread, thread + blockDim, ... (kUnroll loads in flight); otherwise one
+// element at a time.
 constexpr int kUnroll = 4;
 
 // Calls f(p, x) for each of the thread's packs p of a packed row (x: the pack's values, zeros when !load), with the
@@ -122,10 +118,9 @@ __device__ __forceinline__ void for_each_pack(const T* row, int64_t packs, bool 
 // One pass over the row (the online softmax): lse = max + log(sum exp(x - max)), loss = lse - x[target].
 template <typename T>
 __global__ void forward_kernel(float* losses, float* lse, const T* logits, const int32_t* targets, int64_t tokens,
-                               int64_t vocab, int ignore_index) {
+                               int64_t vocab, int ignore_index, bool packed) {
   __shared__ RunningSum scratch[kWarps];
   constexpr int N = kPack<T>;
-  const bool packed = packed_rows(logits, vocab);
   for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
     const T* xr = logits + t * vocab;
     RunningSum r;
@@ -158,9 +153,8 @@ __global__ void forward_kernel(float* losses, float* lse, const T* logits, const
 // dlogits = scale * (exp(x - lse) - onehot(target)), one read and one write of the row.
 template <typename T>
 __global__ void backward_kernel(T* dlogits, const T* logits, const float* lse, const int32_t* targets, int64_t tokens,
-                                int64_t vocab, float scale, int ignore_index) {
+                                int64_t vocab, float scale, int ignore_index, bool packed) {
   constexpr int N = kPack<T>;
-  const bool packed = packed_rows(logits, vocab) && packed_rows(dlogits, vocab);
   for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
     const T* xr = logits + t * vocab;
     T* dxr = dlogits + t * vocab;
@@ -236,7 +230,7 @@ void cross_entropy_forward(const Stream& stream, const Tensor& losses, const Ten
     forward_kernel<<<row_blocks(tokens), kCrossEntropyThreads, 0, cu_stream>>>(
         static_cast<float*>(losses.raw_data()), static_cast<float*>(lse.raw_data()),
         static_cast<const T*>(logits.raw_data()), static_cast<const int32_t*>(targets.raw_data()), tokens, vocab,
-        ignore_index);
+        ignore_index, reduction_packs(stream, vocab, kPack<T>, {logits.raw_data()}, "cross_entropy_forward"));
   });
   MT_CUDA_CHECK(cudaGetLastError());
 }
@@ -251,7 +245,8 @@ void cross_entropy_backward(const Stream& stream, const Tensor& dlogits, const T
     backward_kernel<<<row_blocks(tokens), kCrossEntropyThreads, 0, cu_stream>>>(
         static_cast<T*>(dlogits.raw_data()), static_cast<const T*>(logits.raw_data()),
         static_cast<const float*>(lse.raw_data()), static_cast<const int32_t*>(targets.raw_data()), tokens, vocab,
-        static_cast<float>(scale), ignore_index);
+        static_cast<float>(scale), ignore_index,
+        reduction_packs(stream, vocab, kPack<T>, {logits.raw_data(), dlogits.raw_data()}, "cross_entropy_backward"));
   });
   MT_CUDA_CHECK(cudaGetLastError());
 }

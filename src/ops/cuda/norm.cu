@@ -265,7 +265,7 @@ void rmsnorm_forward(const Stream& stream, const Tensor& y, const Tensor& rstd, 
     forward_kernel<<<row_blocks(rows), kRowThreads, 0, native(stream)>>>(
         static_cast<TY*>(y.raw_data()), static_cast<float*>(rstd.raw_data()), static_cast<const TX*>(x.raw_data()),
         static_cast<const float*>(w.raw_data()), rows, dim, params.eps, params.zero_centered,
-        spans_of_8(dim, {y.raw_data(), x.raw_data(), w.raw_data()}));
+        reduction_packs(stream, dim, 8, {y.raw_data(), x.raw_data(), w.raw_data()}, "rmsnorm_forward"));
   });
   MT_CUDA_CHECK(cudaGetLastError());
 }
@@ -281,7 +281,8 @@ void add_rmsnorm_forward(const Stream& stream, const Tensor& sum, const Tensor& 
         static_cast<TA*>(sum.raw_data()), static_cast<TB*>(y.raw_data()), static_cast<float*>(rstd.raw_data()),
         static_cast<const TA*>(a.raw_data()), static_cast<const TB*>(b.raw_data()),
         static_cast<const float*>(w.raw_data()), rows, dim, params.eps, params.zero_centered,
-        spans_of_8(dim, {sum.raw_data(), y.raw_data(), a.raw_data(), b.raw_data(), w.raw_data()}));
+        reduction_packs(stream, dim, 8, {sum.raw_data(), y.raw_data(), a.raw_data(), b.raw_data(), w.raw_data()},
+                        "add_rmsnorm_forward"));
   });
   MT_CUDA_CHECK(cudaGetLastError());
 }
@@ -296,7 +297,9 @@ void rmsnorm_backward_input(const Stream& stream, const Tensor& dx, const Tensor
     backward_input_kernel<<<row_blocks(rows), kRowThreads, 0, native(stream)>>>(
         static_cast<TX*>(dx.raw_data()), static_cast<const TDY*>(dy.raw_data()), static_cast<const TX*>(x.raw_data()),
         static_cast<const float*>(w.raw_data()), static_cast<const float*>(rstd.raw_data()), rows, dim,
-        params.zero_centered, spans_of_8(dim, {dx.raw_data(), dy.raw_data(), x.raw_data(), w.raw_data()}));
+        params.zero_centered,
+        reduction_packs(stream, dim, 8, {dx.raw_data(), dy.raw_data(), x.raw_data(), w.raw_data()},
+                        "rmsnorm_backward_input"));
   });
   MT_CUDA_CHECK(cudaGetLastError());
 }

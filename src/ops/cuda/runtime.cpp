@@ -98,7 +98,10 @@ int device_count() {
 
 void setup_cuda(int index) {
   CudaState& s = state();
-  if (s.device == index) return;
+  if (s.device == index) {  // set up already: make it the calling thread's device (thread ranks sharing a GPU)
+    MT_CUDA_CHECK(cudaSetDevice(index));
+    return;
+  }
   MT_CHECK(s.device < 0, "cuda: this process drives {} already and cannot set up cuda:{} as well",
            Device::cuda(s.device).str(), index);
   const int count = device_count();

@@ -13,8 +13,8 @@ namespace moetrain::ops::cuda {
 
 // Number of CUDA devices visible; 0 when the build has no CUDA or the machine no driver/GPU.
 int device_count();
-// Sets up device `index` once (later calls for the same device are no-ops; another device is an
-// error: one process drives one GPU). Fails closed when no device is present.
+// Sets up device `index` once (later calls for the same device only make it the calling thread's current device;
+// another device is an error: one process drives one GPU). Fails closed when no device is present.
 void setup_cuda(int index);
 bool is_setup();
 

@@ -179,8 +179,8 @@ class DeepseekV2Family final : public Family {
   }
 
   // Latent attention is built from the same batch-invariant ops as Qwen3's attention (projections, norms, rope,
-  // column moves, attention per document): the CPU's exact program holds. CUDA is refused by the admission's device
-  // rule, which names the kernels without a batch-invariant variant.
+  // column moves, attention per document): the exact program holds on the CPU and on CUDA's batch-invariant kernels
+  // (attention with d_qk != d_v included).
   LayerActivationShape layer_activation_shape(const ModelConfig&, int64_t) const override {
     return {.not_modeled = "latent attention"};
   }
