@@ -3,6 +3,7 @@
 // wraps a cudaStream_t owned elsewhere (src/ops/cuda).
 #pragma once
 
+#include <atomic>
 #include <string>
 
 namespace moetrain {
@@ -36,18 +37,27 @@ class Stream {
  public:
   Stream() = default;
   Stream(Device device, void* native) : device_(device), native_(native) {}
+  Stream(const Stream& other) : device_(other.device_), native_(other.native_), holders_(other.holders_.load()) {}
+  Stream& operator=(const Stream& other) {
+    device_ = other.device_;
+    native_ = other.native_;
+    holders_ = other.holders_.load();
+    return *this;
+  }
   static Stream& cpu();  // the process-wide CPU stream token
 
   Device device() const { return device_; }
   void* native() const { return native_; }  // cudaStream_t on CUDA, nullptr on the CPU
-  KernelPolicy policy() const { return policy_; }
-  // Set by the model's exact mode (model::CausalLm::set_exact) before any op of the run is queued.
-  void set_policy(KernelPolicy policy) { policy_ = policy; }
+  KernelPolicy policy() const { return holders_.load() > 0 ? KernelPolicy::BatchInvariant : KernelPolicy::Fastest; }
+  // The policy is BatchInvariant while anyone holds it: each exact model holds it on its device's stream while it is
+  // exact (model::CausalLm::set_exact), so thread ranks sharing a device keep it until the last of them lets go.
+  void hold_batch_invariant() { ++holders_; }
+  void release_batch_invariant() { --holders_; }
 
  private:
   Device device_ = Device::cpu();
   void* native_ = nullptr;
-  KernelPolicy policy_ = KernelPolicy::Fastest;
+  std::atomic<int> holders_{0};
 };
 
 // True when `stream` runs the exact lanes' batch-invariant kernels.

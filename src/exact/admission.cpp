@@ -82,7 +82,8 @@ const std::vector<CertifiedKernel>& cuda_batch_invariant_kernels() {
        "of 8, else a tiled kernel summing K in ascending order; chosen by (N, K) alone"},
       {"grouped_gemm", "CUTLASS or the generic kernels, chosen by (N, K) alone; a row never depends on its group"},
       {"attention",
-       "our kernels (tiles from each document's first token, a deterministic backward without atomics), never cuDNN"},
+       "our kernels (tiles from each document's first token, on the tensor cores in bf16 at head dims 64 and 128; a "
+       "deterministic backward without atomics), never cuDNN"},
       {"gated_delta", "the sequential scan per document, which generation's prefill and steps run too"},
       {"norm and cross_entropy", "rows summed in a layout fixed by their width, refusing data it does not fit"},
   };

@@ -111,12 +111,14 @@ void CausalLm::set_recompute_activation(bool on) {
 }
 
 CausalLm::~CausalLm() {
-  if (exact_) default_stream(device_).set_policy(KernelPolicy::Fastest);
+  if (exact_) default_stream(device_).release_batch_invariant();
 }
 
 void CausalLm::set_exact(bool exact) {
+  if (exact == exact_) return;
   exact_ = exact;
-  default_stream(device_).set_policy(exact ? KernelPolicy::BatchInvariant : KernelPolicy::Fastest);
+  Stream& stream = default_stream(device_);
+  exact ? stream.hold_batch_invariant() : stream.release_batch_invariant();
 }
 
 void CausalLm::round_boundary(Tensor& hidden) const {

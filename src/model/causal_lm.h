@@ -44,7 +44,7 @@ class CausalLm {
   // Zero parameters of the layout `config` implies; activations in `compute_dtype` (f32, or bf16
   // on CUDA with fp32 masters: see ParameterStore).
   explicit CausalLm(const ModelConfig& config, Device device = Device::cpu(), DType compute_dtype = DType::F32);
-  // An exact model hands its device's stream back to the fastest kernels.
+  // An exact model lets go of its hold on the batch-invariant policy.
   ~CausalLm();
   CausalLm(const CausalLm&) = delete;
   CausalLm& operator=(const CausalLm&) = delete;
@@ -80,9 +80,9 @@ class CausalLm {
   // values after the embedding and after every decoder layer, i.e. at every boundary where a
   // pipeline may cut, so the wire between stages is the same program whatever the cut; within a
   // layer the math stays f32. The backward passes gradients straight through the rounding. A bf16
-  // hidden state (CUDA bf16 compute) is already on the bf16 grid. It also puts the model's device stream under the
-  // batch-invariant kernel policy (KernelPolicy, core/device.h), so that every op runs a kernel whose bytes for a token
-  // do not depend on the batch (the CPU's always do). Off by default.
+  // hidden state (CUDA bf16 compute) is already on the bf16 grid. While on, the model holds its device stream under
+  // the batch-invariant kernel policy (KernelPolicy, core/device.h), so that every op runs a kernel whose bytes for a
+  // token do not depend on the batch (the CPU's always do). Off by default.
   void set_exact(bool exact);
   bool exact() const { return exact_; }
   // Rounds `hidden` to the bf16 grid in place when exact mode is on (and it is f32); else nothing.

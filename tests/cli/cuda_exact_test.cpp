@@ -1,9 +1,9 @@
 // Tests of exact mode on one GPU (docs/exact_lanes.md): the CPU's byte gates (tests/cli/score_command_test.cpp,
 // tests/cli/generate_command_test.cpp) on CUDA with bf16 compute and the batch-invariant kernels, for every family
-// (the tiny example and each golden model, widened to 8 layers, random weights, a head chunk narrower than the
-// vocabulary): packed documents give the bytes of each document alone, padding leaves them, the training forward's
-// log-probs are score's, generate's log-probs are score's, and the score file is byte-identical for pp in {1, 2, 4}
-// x ep in {1, 2} on thread ranks sharing the GPU.
+// (the tiny example and each golden model, widened to 8 layers, and Qwen3-MoE at head dim 64 for the tensor-core
+// attention; random weights, a head chunk narrower than the vocabulary): packed documents give the bytes of each
+// document alone, padding leaves them, the training forward's log-probs are score's, generate's log-probs are score's,
+// and the score file is byte-identical for pp in {1, 2, 4} x ep in {1, 2} on thread ranks sharing the GPU.
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -39,15 +39,16 @@ constexpr int kLayers = 8;  // pp = 4 runs 8 stages of one layer
 struct Family {
   std::string name;
   std::string config;  // config.json path
-  bool moe;            // ep = 2 runs only where there are experts to spread
 };
 
-// The golden model's config with kLayers decoder layers (a per-layer list repeats its pattern), written to `dir`.
-std::string widened_config(const std::string& family, const std::string& dir) {
+// The golden model's config with kLayers decoder layers (a per-layer list repeats its pattern) and, when given, another
+// head dim, written to `dir`.
+std::string widened_config(const std::string& family, const std::string& dir, int head_dim = 0) {
   nlohmann::json config =
       nlohmann::json::parse(std::ifstream(testing::test_data_path("golden/" + family + "/config.json")));
   nlohmann::json& text = config.contains("text_config") ? config["text_config"] : config;
   text["num_hidden_layers"] = kLayers;
+  if (head_dim > 0) text["head_dim"] = head_dim;
   if (text.contains("layer_types")) {
     const nlohmann::json pattern = text["layer_types"];
     nlohmann::json types = nlohmann::json::array();
@@ -62,17 +63,15 @@ std::string widened_config(const std::string& family, const std::string& dir) {
 std::vector<Family> families() {
   const std::string dir = testing::make_temp_dir("exact_families");
   std::vector<Family> out = {
-      {"tiny_moe", (fs::path(MOETRAIN_TEST_DATA_DIR) / "../../examples/tiny_moe/config.json").lexically_normal(),
-       true}};
-  for (const auto& [name, moe] : std::vector<std::pair<std::string, bool>>{{"qwen3", false},
-                                                                           {"qwen3_moe", true},
-                                                                           {"deepseek_v2", true},
-                                                                           {"gpt_oss", true},
-                                                                           {"qwen3_5", false},
-                                                                           {"qwen3_5_moe", true}}) {
+      {"tiny_moe", (fs::path(MOETRAIN_TEST_DATA_DIR) / "../../examples/tiny_moe/config.json").lexically_normal()}};
+  for (const std::string name : {"qwen3", "qwen3_moe", "deepseek_v2", "gpt_oss", "qwen3_5", "qwen3_5_moe"}) {
     fs::create_directories(dir + "/" + name);
-    out.push_back({name, widened_config(name, dir + "/" + name), moe});
+    out.push_back({name, widened_config(name, dir + "/" + name)});
   }
+  // Head dim 64: attention on the tensor-core kernels (ops/cuda/attention_mma.h), the golden models' 16 and 32 on the
+  // CUDA-core ones.
+  fs::create_directories(dir + "/qwen3_moe_hd64");
+  out.push_back({"qwen3_moe_hd64", widened_config("qwen3_moe", dir + "/qwen3_moe_hd64", 64)});
   return out;
 }
 
@@ -136,7 +135,9 @@ void expect_training_logprobs_are_score_bytes(model::CausalLm& model) {
   }
   const model::MicroBatch batch =
       model::MicroBatch::packed(Tensor::from_vector(ids, {64}), Tensor::from_vector(targets, {64}), i32_vector(cu));
+  // The log-probs of the head training runs (the job's fused head), not of materialised logits kept for inspection.
   model::ForwardObservation observe;
+  observe.keep_logits = false;
   model.params().zero_grads();
   pipeline::forward_backward(model, {batch}, 0, &observe);  // moves the host batch to the model's device
   ASSERT_EQ(observe.token_logprobs.size(), 1u);
@@ -199,8 +200,7 @@ TEST(CudaExact, GenerateLogprobsAreTheBytesScoreWritesForEveryFamily) {
   }
 }
 
-// The layouts of tests/cli/score_command_test.cpp's gate, on thread ranks sharing the GPU: ep = 2 where there are
-// experts.
+// The layouts of tests/cli/score_command_test.cpp's gate, on thread ranks sharing the GPU.
 TEST(CudaExact, ScoreFileIsByteIdenticalForEveryPipelineAndExpertLayoutOnOneGpu) {
   MT_REQUIRE_GPU();
   for (const Family& family : families()) {
@@ -210,8 +210,8 @@ TEST(CudaExact, ScoreFileIsByteIdenticalForEveryPipelineAndExpertLayoutOnOneGpu)
     const std::string input = testing::write_layout_input(dir);
     const std::string reference = testing::read_file_bytes(testing::score_on_layout(dir, input, {1, 1, 1}, {}));
     ASSERT_FALSE(reference.empty());
-    std::vector<testing::Layout> layouts = {{2, 1, 1}, {4, 1, 1}, {1, 1, 2}};
-    if (family.moe) layouts.insert(layouts.end(), {{1, 2, 1}, {2, 2, 1}, {4, 2, 1}});
+    // ep 2 on a dense model (qwen3, qwen3_5) spreads no experts: its ep ranks run as data ranks do.
+    const std::vector<testing::Layout> layouts = {{2, 1, 1}, {4, 1, 1}, {1, 1, 2}, {1, 2, 1}, {2, 2, 1}, {4, 2, 1}};
     for (const testing::Layout& layout : layouts) {
       const std::string bytes = testing::read_file_bytes(testing::score_on_layout(dir, input, layout, {}));
       EXPECT_TRUE(bytes == reference) << layout.name() << ": the score file differs from pp 1 x ep 1 x dp 1";

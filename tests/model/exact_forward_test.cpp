@@ -2,6 +2,7 @@
 // embedding and after every decoder layer, and the per-token log-probs the training forward reports.
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -51,6 +52,30 @@ bool on_bf16_grid(const Tensor& t) {
     if ((bits & 0xFFFFu) != 0) return false;
   }
   return true;
+}
+
+// The stream's policy is batch-invariant while any exact model holds it: thread ranks sharing a device keep it until
+// the last exact model lets go (on the CPU every kernel is batch-invariant anyway; the hold is counted the same).
+TEST(ExactForward, ExactModelsHoldTheBatchInvariantPolicyUntilTheLastLetsGo) {
+  Stream& stream = default_stream(Device::cpu());
+  ASSERT_EQ(stream.policy(), KernelPolicy::Fastest);
+  {
+    CausalLm first(tiny_moe_config());
+    auto second = std::make_unique<CausalLm>(tiny_moe_config());
+    first.set_exact(true);
+    first.set_exact(true);  // no second hold
+    second->set_exact(true);
+    EXPECT_EQ(stream.policy(), KernelPolicy::BatchInvariant);
+    second.reset();
+    EXPECT_EQ(stream.policy(), KernelPolicy::BatchInvariant);
+    first.set_exact(false);
+    EXPECT_EQ(stream.policy(), KernelPolicy::Fastest);
+    first.set_exact(false);  // nothing to let go of
+    first.set_exact(true);
+    const Stream copy = stream;  // a copy carries the holds it was made with
+    EXPECT_EQ(copy.policy(), KernelPolicy::BatchInvariant);
+  }
+  EXPECT_EQ(stream.policy(), KernelPolicy::Fastest);
 }
 
 TEST(ExactForward, IsOffByDefault) {

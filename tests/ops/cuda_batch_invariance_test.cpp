@@ -39,8 +39,8 @@ using testing::same_bytes;
 // Runs the scope's ops under the exact lanes' policy and hands the stream back to the fastest kernels after.
 class BatchInvariantScope {
  public:
-  BatchInvariantScope() { gpu().set_policy(KernelPolicy::BatchInvariant); }
-  ~BatchInvariantScope() { gpu().set_policy(KernelPolicy::Fastest); }
+  BatchInvariantScope() { gpu().hold_batch_invariant(); }
+  ~BatchInvariantScope() { gpu().release_batch_invariant(); }
   BatchInvariantScope(const BatchInvariantScope&) = delete;
   BatchInvariantScope& operator=(const BatchInvariantScope&) = delete;
 };
@@ -339,17 +339,16 @@ TEST(CudaBatchInvariance, GatedDeltaRunsTheSequentialScanWhoseDocumentsDoNotDepe
     beta.data<float>()[i] = 1.0f / (1.0f + std::exp(-beta.data<float>()[i]));
   }
   const float scale = 0.125f;
-  const auto run = [&](const std::vector<int64_t>& rows, const std::vector<int32_t>& doc_cu, bool policy_on) {
+  const BatchInvariantScope policy;
+  const auto run = [&](const std::vector<int64_t>& rows, const std::vector<int32_t>& doc_cu) {
     Tensor out = Tensor::empty({static_cast<int64_t>(rows.size()), hv, dv}, DType::BF16, Device::cuda(0));
     const Tensor cu_gpu = on_gpu(Tensor::from_vector(doc_cu, {static_cast<int64_t>(doc_cu.size())}));
-    if (policy_on) gpu().set_policy(KernelPolicy::BatchInvariant);
     gated_delta_rule_forward(gpu(), out, on_gpu(gather_rows(q, rows)), on_gpu(gather_rows(k, rows)),
                              on_gpu(gather_rows(v, rows)), on_gpu(gather_rows(g, rows)),
                              on_gpu(gather_rows(beta, rows)), cu_gpu, scale);
-    gpu().set_policy(KernelPolicy::Fastest);
     return out.to(Device::cpu());
   };
-  const Tensor packed = run(range(0, T), cu, true);
+  const Tensor packed = run(range(0, T), cu);
 #if MOETRAIN_HAS_CUDA
   // The sequential scan itself, called directly.
   Tensor sequential = Tensor::empty({T, hv, dv}, DType::BF16, Device::cuda(0));
@@ -358,7 +357,7 @@ TEST(CudaBatchInvariance, GatedDeltaRunsTheSequentialScanWhoseDocumentsDoNotDepe
   EXPECT_TRUE(same_bytes(packed, sequential));
 #endif
   for (size_t d = 0; d + 1 < cu.size(); ++d) {
-    const Tensor alone = run(range(cu[d], cu[d + 1]), {0, cu[d + 1] - cu[d]}, true);
+    const Tensor alone = run(range(cu[d], cu[d + 1]), {0, cu[d + 1] - cu[d]});
     for (int64_t i = 0; i < cu[d + 1] - cu[d]; ++i) {
       ASSERT_TRUE(same_row(alone, i, packed, cu[d] + i)) << "document " << d << " token " << i;
     }

@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include "core/error.h"
+#include "ops/cuda/attention_mma.h"
 #include "ops/cuda/attention_row.cuh"
 #include "ops/cuda/check.h"
 #include "ops/cuda/runtime.h"
@@ -534,6 +535,11 @@ void attention_forward(const Stream& stream, const Tensor& out, const Tensor& ls
                        const Tensor& v, const Tensor& cu_seqlens, const AttentionParams& params) {
   constexpr const char* op = "attention_forward";
   const Dims n = dims_of(q, k, v, cu_seqlens, params, op);
+  // bf16 at head dims 64 / 128: the tensor-core kernels (attention_mma.h), with the same tiling and properties.
+  if (mma_attention_supported(q.dtype(), n.hd, n.hdv)) {
+    mma_attention_forward(stream, out, lse, q, k, v, cu_seqlens, params);
+    return;
+  }
   const auto s = static_cast<cudaStream_t>(stream_handle(stream));
   const bool wide = n.hd > 32 * NarrowTiles::kChunks || n.hdv > 32 * NarrowTiles::kChunks;
   switch (q.dtype()) {
@@ -554,6 +560,10 @@ void attention_backward(const Stream& stream, const Tensor& dq, const Tensor& dk
                         const Tensor& cu_seqlens, const AttentionParams& params) {
   constexpr const char* op = "attention_backward";
   const Dims n = dims_of(q, k, v, cu_seqlens, params, op);
+  if (mma_attention_supported(q.dtype(), n.hd, n.hdv)) {
+    mma_attention_backward(stream, dq, dk, dv, dout, q, k, v, out, lse, cu_seqlens, params);
+    return;
+  }
   const auto s = static_cast<cudaStream_t>(stream_handle(stream));
   const bool wide = n.hd > 32 * NarrowTiles::kChunks || n.hdv > 32 * NarrowTiles::kChunks;
   switch (q.dtype()) {

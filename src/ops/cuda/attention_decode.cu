@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include "core/error.h"
+#include "ops/cuda/attention_mma.h"
 #include "ops/cuda/attention_row.cuh"
 #include "ops/cuda/check.h"
 #include "ops/cuda/float_io.cuh"
@@ -134,6 +135,11 @@ void attention_decode_forward(const Stream& stream, const Tensor& out, const Ten
   // Key indices are ints, as in the training forward (offsets are 64-bit).
   MT_CHECK(capacity <= (int64_t{1} << 30) && nh <= (int64_t{1} << 30),
            "{}: the CUDA kernel takes at most 2^30 cached rows and heads but found C = {}, nh = {}", op, capacity, nh);
+  // The cases the training forward runs on the tensor-core kernels decode through their device code.
+  if (mma_attention_supported(q.dtype(), hd, hdv)) {
+    mma_attention_decode_forward(stream, out, lse, q, k_cache, v_cache, lengths, params);
+    return;
+  }
   const auto cs = static_cast<cudaStream_t>(stream_handle(stream));
   switch (q.dtype()) {
     case DType::F32: launch_typed<float>(cs, out, lse, q, k_cache, v_cache, lengths, params); break;
