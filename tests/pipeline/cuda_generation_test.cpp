@@ -1,7 +1,7 @@
 // Tests of generate on the GPU: the same model and weights on the CPU score what the GPU generated, and the
 // log-probs agree within the kernels' tolerance (f32 compute: 1e-4; bf16 compute: the bf16 rounding of the
-// activations, 0.1 nats), for the tiny Qwen3-MoE example, GPT-OSS, DeepSeek-V2 and Qwen3.5-MoE. (The bytes agree only
-// in exact mode, which the GPU does not offer yet.)
+// activations, 0.1 nats), for the tiny Qwen3-MoE example, GPT-OSS, DeepSeek-V2 and Qwen3.5-MoE. (In exact mode the
+// GPU's log-probs are score's bytes on the GPU: tests/cli/cuda_exact_test.cpp.)
 #include <cmath>
 #include <memory>
 #include <string>

@@ -179,9 +179,9 @@ class GptOssFamily final : public Family {
     return s;
   }
 
-  // Built from batch-invariant CPU ops (biased projections, per-document attention with a window, the sink rescale
-  // per (token, head), per-row router and activation): the CPU's exact program holds; CUDA is refused by the
-  // admission's device rule.
+  // Built from batch-invariant ops (biased projections, per-document attention with a window, the sink rescale per
+  // (token, head), per-row router and activation): the exact program holds on the CPU and on CUDA's batch-invariant
+  // kernels.
   ExactCertification exact_certification(const ModelConfig&) const override { return {true, ""}; }
 };
 
