@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "ops/cuda/attention_mma.h"
 #include "ops/cuda/attention_row.cuh"
+#include "ops/cuda/attention_tiles.cuh"
 #include "ops/cuda/check.h"
 #include "ops/cuda/runtime.h"
 
@@ -51,46 +52,7 @@ struct Dims {
   int window;  // 0: unlimited; clamped to < tokens by the launcher so that i + window fits an int
 };
 
-// The visibility rules of the CPU reference (ops/cpu/attention.h): key j is seen by query i of the same document
-// when j in [key_begin(i), key_end(i)), equivalently i in [query_begin(j), query_end(j)).
-__device__ __forceinline__ int key_begin(int i, int doc_begin, const Dims& n) {
-  return n.window > 0 ? max(doc_begin, i - n.window + 1) : doc_begin;
-}
-__device__ __forceinline__ int key_end(int i, int doc_end, const Dims& n) {
-  if (n.causal) return i + 1;
-  return n.window > 0 ? min(doc_end, i + n.window) : doc_end;
-}
-__device__ __forceinline__ int query_begin(int j, int doc_begin, const Dims& n) {
-  if (n.causal) return j;
-  return n.window > 0 ? max(doc_begin, j - n.window + 1) : doc_begin;
-}
-__device__ __forceinline__ int query_end(int j, int doc_end, const Dims& n) {
-  return n.window > 0 ? min(doc_end, j + n.window) : doc_end;
-}
-
-// Rows [begin, end) of document [doc_begin, doc_end).
-struct Tile {
-  int begin, end, doc_begin, doc_end;
-};
-
-// Tiles of `tile_rows` rows start at each document's first token. Document d owns the tile indices
-// [cu[d] / tile_rows + d, cu[d + 1] / tile_rows + d + 1), at least ceil(len_d / tile_rows) of them, so
-// T / tile_rows + D tiles cover every document; a tile past its document's end is empty (returns false).
-__device__ bool find_tile(const int32_t* cu, int num_docs, int tile, int tile_rows, Tile* out) {
-  int lo = 0, hi = num_docs - 1;  // the last document whose first tile index is <= tile
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (cu[mid] / tile_rows + mid <= tile) {
-      lo = mid;
-    } else {
-      hi = mid - 1;
-    }
-  }
-  const int doc_begin = cu[lo], doc_end = cu[lo + 1];
-  const int begin = doc_begin + (tile - (doc_begin / tile_rows + lo)) * tile_rows;
-  *out = {begin, min(begin + tile_rows, doc_end), doc_begin, doc_end};
-  return begin < doc_end;
-}
+using namespace attention_tiles;
 
 int num_tiles(const Dims& n, int tile_rows) { return n.tokens / tile_rows + n.num_docs; }
 

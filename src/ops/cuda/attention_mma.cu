@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include "core/error.h"
+#include "ops/cuda/attention_tiles.cuh"
 #include "ops/cuda/check.h"
 #include "ops/cuda/runtime.h"
 
@@ -36,44 +37,7 @@ struct Dims {
   int window;  // 0: unlimited; clamped to < tokens as in attention.cu
 };
 
-// Visibility (ops/cpu/attention.h): key j is seen by query i of the same document when j in [key_begin(i),
-// key_end(i)), equivalently i in [query_begin(j), query_end(j)).
-__device__ __forceinline__ int key_begin(int i, int doc_begin, const Dims& n) {
-  return n.window > 0 ? max(doc_begin, i - n.window + 1) : doc_begin;
-}
-__device__ __forceinline__ int key_end(int i, int doc_end, const Dims& n) {
-  if (n.causal) return i + 1;
-  return n.window > 0 ? min(doc_end, i + n.window) : doc_end;
-}
-__device__ __forceinline__ int query_begin(int j, int doc_begin, const Dims& n) {
-  if (n.causal) return j;
-  return n.window > 0 ? max(doc_begin, j - n.window + 1) : doc_begin;
-}
-__device__ __forceinline__ int query_end(int j, int doc_end, const Dims& n) {
-  return n.window > 0 ? min(doc_end, j + n.window) : doc_end;
-}
-
-struct Tile {
-  int begin, end, doc_begin, doc_end;
-};
-
-// attention.cu's find_tile: tiles of `tile_rows` rows start at each document's first token; document d owns tile
-// indices [cu[d] / tile_rows + d, cu[d + 1] / tile_rows + d + 1); a tile past its document's end is empty.
-__device__ bool find_tile(const int32_t* cu, int num_docs, int tile, int tile_rows, Tile* out) {
-  int lo = 0, hi = num_docs - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (cu[mid] / tile_rows + mid <= tile) {
-      lo = mid;
-    } else {
-      hi = mid - 1;
-    }
-  }
-  const int doc_begin = cu[lo], doc_end = cu[lo + 1];
-  const int begin = doc_begin + (tile - (doc_begin / tile_rows + lo)) * tile_rows;
-  *out = {begin, min(begin + tile_rows, doc_end), doc_begin, doc_end};
-  return begin < doc_end;
-}
+using namespace attention_tiles;
 
 // ---- PTX wrappers -----------------------------------------------------------------------------------------------
 
@@ -193,6 +157,39 @@ __device__ __forceinline__ void load_tile(bf16* dst, const bf16* src, int64_t sr
 // Every floating-point step outside the mma is an explicit round-to-nearest intrinsic (nothing to contract), so a
 // row's results depend only on its inputs, not on the kernel around it.
 
+// The key tiles a tile of 64 query rows walks (forward, dq): 64-key tiles counted from its document's first token,
+// from the one holding the tile's first visible key to the one holding its last; the visible keys of one warp's 16
+// rows; and the double-buffered load of a tile's keys and values.
+struct KeyWalk {
+  int first, count, end;                 // the first tile's first key, the number of tiles, one past the last key
+  int warp_first, warp_begin, warp_end;  // the warp's first row, and the keys [begin, end) its rows see
+  bool active;                           // the warp holds rows of the tile
+
+  __device__ KeyWalk(const Tile& tile, const Dims& n, int warp) {
+    const int kb = key_begin(tile.begin, tile.doc_begin, n);
+    end = key_end(tile.end - 1, tile.doc_end, n);
+    first = tile.doc_begin + (kb - tile.doc_begin) / kKeyTile * kKeyTile;
+    count = (end - first + kKeyTile - 1) / kKeyTile;
+    warp_first = tile.begin + warp * kWarpRows;
+    active = warp_first < tile.end;
+    const int warp_last = min(warp_first + kWarpRows, tile.end) - 1;
+    warp_begin = active ? key_begin(warp_first, tile.doc_begin, n) : 0;
+    warp_end = active ? key_end(warp_last, tile.doc_end, n) : 0;
+  }
+
+  // Tile `it` of kv head g into buffer it % 2 of k_s and v_s ([2][64][HD + kPad] each).
+  template <int HD>
+  __device__ void load(int it, bf16* k_s, bf16* v_s, const bf16* k, const bf16* v, int64_t k_stride, int g,
+                       bool aligned) const {
+    constexpr int kStride = HD + kPad;
+    const int k0 = first + it * kKeyTile, nk = min(kKeyTile, end - k0), buf = it % 2;
+    load_tile<HD>(k_s + buf * kKeyTile * kStride, k + k0 * k_stride + static_cast<int64_t>(g) * HD, k_stride, nk,
+                  kKeyTile, aligned);
+    load_tile<HD>(v_s + buf * kKeyTile * kStride, v + k0 * k_stride + static_cast<int64_t>(g) * HD, k_stride, nk,
+                  kKeyTile, aligned);
+  }
+};
+
 template <int HD>
 struct RowTile {     // one warp's 16 query rows; a lane holds rows L / 4 (index 0) and L / 4 + 8 (index 1)
   float m[2], l[2];  // running max (base-2 scaled scores) and sum
@@ -309,23 +306,13 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(bf16* out, float* lse
   load_tile<HD>(q_s, q + tile.begin * q_stride + static_cast<int64_t>(h) * HD, q_stride, tile.end - tile.begin,
                 kBlockRows, aligned);
 
-  const int kb = key_begin(tile.begin, tile.doc_begin, n), ke = key_end(tile.end - 1, tile.doc_end, n);
-  const int k_first = tile.doc_begin + (kb - tile.doc_begin) / kKeyTile * kKeyTile;
-  const int num_k = (ke - k_first + kKeyTile - 1) / kKeyTile;
-  const auto load_kv = [&](int it) {
-    const int k0 = k_first + it * kKeyTile, nk = min(kKeyTile, ke - k0), buf = it % 2;
-    load_tile<HD>(k_s + buf * kKeyTile * kStride, k + k0 * k_stride + static_cast<int64_t>(g) * HD, k_stride, nk,
-                  kKeyTile, aligned);
-    load_tile<HD>(v_s + buf * kKeyTile * kStride, v + k0 * k_stride + static_cast<int64_t>(g) * HD, k_stride, nk,
-                  kKeyTile, aligned);
-  };
+  const KeyWalk walk(tile, n, warp);
+  const auto load_kv = [&](int it) { walk.load<HD>(it, k_s, v_s, k, v, k_stride, g, aligned); };
+  const int num_k = walk.count, w_first = walk.warp_first, w_kb = walk.warp_begin, w_ke = walk.warp_end;
+  const bool active = walk.active;
   load_kv(0);
   cp_async_commit();
 
-  const int w_first = tile.begin + warp * kWarpRows, w_last = min(w_first + kWarpRows, tile.end) - 1;
-  const bool active = w_first < tile.end;
-  const int w_kb = active ? key_begin(w_first, tile.doc_begin, n) : 0;
-  const int w_ke = active ? key_end(w_last, tile.doc_end, n) : 0;
   int row_kb[2], row_ke[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -341,7 +328,7 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(bf16* out, float* lse
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();
-    const int k0 = k_first + it * kKeyTile;
+    const int k0 = walk.first + it * kKeyTile;
     if (active && k0 < w_ke && k0 + kKeyTile > w_kb) {
       const int buf = it % 2;
       forward_tile<HD>(t, q_s + warp * kWarpRows * kStride, k_s + buf * kKeyTile * kStride,
@@ -447,23 +434,13 @@ __global__ void __launch_bounds__(kThreads)
   load_tile<HD>(q_s, q + tile.begin * q_stride + static_cast<int64_t>(h) * HD, q_stride, rows, kBlockRows, aligned);
   load_tile<HD>(do_s, dout + tile.begin * q_stride + static_cast<int64_t>(h) * HD, q_stride, rows, kBlockRows, aligned);
 
-  const int kb = key_begin(tile.begin, tile.doc_begin, n), ke = key_end(tile.end - 1, tile.doc_end, n);
-  const int k_first = tile.doc_begin + (kb - tile.doc_begin) / kKeyTile * kKeyTile;
-  const int num_k = (ke - k_first + kKeyTile - 1) / kKeyTile;
-  const auto load_kv = [&](int it) {
-    const int k0 = k_first + it * kKeyTile, nk = min(kKeyTile, ke - k0), buf = it % 2;
-    load_tile<HD>(k_s + buf * kKeyTile * kStride, k + k0 * k_stride + static_cast<int64_t>(g) * HD, k_stride, nk,
-                  kKeyTile, aligned);
-    load_tile<HD>(v_s + buf * kKeyTile * kStride, v + k0 * k_stride + static_cast<int64_t>(g) * HD, k_stride, nk,
-                  kKeyTile, aligned);
-  };
+  const KeyWalk walk(tile, n, warp);
+  const auto load_kv = [&](int it) { walk.load<HD>(it, k_s, v_s, k, v, k_stride, g, aligned); };
+  const int num_k = walk.count, w_first = walk.warp_first, w_kb = walk.warp_begin, w_ke = walk.warp_end;
+  const bool active = walk.active;
   load_kv(0);
   cp_async_commit();
 
-  const int w_first = tile.begin + warp * kWarpRows, w_last = min(w_first + kWarpRows, tile.end) - 1;
-  const bool active = w_first < tile.end;
-  const int w_kb = active ? key_begin(w_first, tile.doc_begin, n) : 0;
-  const int w_ke = active ? key_end(w_last, tile.doc_end, n) : 0;
   int row_kb[2], row_ke[2];
   float row_lse[2], row_d[2];
 #pragma unroll
@@ -488,7 +465,7 @@ __global__ void __launch_bounds__(kThreads)
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();
-    const int k0 = k_first + it * kKeyTile;
+    const int k0 = walk.first + it * kKeyTile;
     if (active && k0 < w_ke && k0 + kKeyTile > w_kb) {
       const bf16* kt = k_s + (it % 2) * kKeyTile * kStride;
       const bf16* vt = v_s + (it % 2) * kKeyTile * kStride;
