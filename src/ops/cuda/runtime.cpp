@@ -186,8 +186,10 @@ void* cublaslt_workspace(size_t*) { MT_FAIL("cuda: this build has no CUDA backen
 DeviceMemory device_memory() { MT_FAIL("cuda: this build has no CUDA backend"); }
 int cudnn_runtime_version() { return 0; }
 void synchronize(Device) {}
-StreamScope::StreamScope(const Stream&) {}
-StreamScope::~StreamScope() = default;
+// Nothing to redirect without CUDA; the fields stay at their defaults (and stay referenced, so that a build with
+// -Wunused-private-field accepts the one class definition both builds share).
+StreamScope::StreamScope(const Stream&) : previous_(nullptr), active_(false) {}
+StreamScope::~StreamScope() { MT_CHECK(!active_ && previous_ == nullptr, "cuda: a StreamScope without CUDA was set"); }
 
 #endif
 
