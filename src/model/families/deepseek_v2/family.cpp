@@ -5,19 +5,16 @@
 
 #include <cmath>
 
-#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "core/error.h"
 #include "model/blocks/latent_attention.h"
 #include "model/blocks/pre_norm_layer.h"
 #include "model/families/deepseek_v2/config.h"
+#include "model/pre_norm_decoder.h"
 
 namespace moetrain::model::families::deepseek_v2 {
 
 namespace {
-
-std::string layer_prefix(int64_t layer) { return fmt::format("layers.{}.", layer); }
 
 LatentAttentionOptions attention_options(const ModelConfig& g, const DeepseekV2Config& c) {
   LatentAttentionOptions o;
@@ -40,32 +37,18 @@ LatentAttentionOptions attention_options(const ModelConfig& g, const DeepseekV2C
 }
 
 PreNormLayerOptions layer_options(const ModelConfig& g, const DeepseekV2Config& c, int64_t layer) {
-  PreNormLayerOptions o;
-  o.layer = layer;
-  o.moe_index = g.moe_index(layer);
-  o.hidden_size = g.hidden_size;
-  o.norm.eps = static_cast<float>(c.rms_norm_eps);
-  GatedMlpOptions mlp;
-  mlp.hidden_size = g.hidden_size;
+  PreNormLayerOptions o = pre_norm_layer_options(g, layer, rms_norm_params(c.rms_norm_eps));
   if (!g.layer_is_moe(layer)) {
-    mlp.intermediate_size = c.intermediate_size;
-    o.dense_mlp = mlp;
+    o.dense_mlp = dense_mlp_options(g, c.intermediate_size);
     return o;
   }
-  MoeOptions moe;
-  moe.router.hidden_size = g.hidden_size;
-  moe.router.num_experts = g.num_experts;
-  moe.router.top_k = g.num_experts_per_tok;
-  moe.router.renormalize = false;  // transformers' DeepSeek-V2 router ignores norm_topk_prob
+  // transformers' DeepSeek-V2 router ignores norm_topk_prob.
+  MoeOptions moe = routed_experts_options(g, c.moe_intermediate_size, false);
   if (c.topk_method == "group_limited_greedy") {
     moe.router.num_groups = c.n_group;
     moe.router.topk_groups = c.topk_group;
   }
   moe.router.scaling_factor = c.routed_scaling_factor;
-  mlp.intermediate_size = c.moe_intermediate_size;
-  mlp.num_experts = g.num_experts;
-  mlp.role = ParamRole::ExpertBank;
-  moe.experts = mlp;
   if (c.n_shared_experts > 0) {
     SharedExpertOptions shared;
     shared.hidden_size = g.hidden_size;
@@ -76,42 +59,21 @@ PreNormLayerOptions layer_options(const ModelConfig& g, const DeepseekV2Config& 
   return o;
 }
 
-// transformers' names for the parameters of decoder layer `layer`.
-void attach_layer_pieces(std::vector<ParamSpec>& specs, int64_t layer) {
-  const std::string prefix = layer_prefix(layer);
-  const std::string hf = fmt::format("model.layers.{}.", layer);
-  for (ParamSpec& spec : specs) {
-    MT_CHECK(spec.name.rfind(prefix, 0) == 0 && spec.pieces.empty(),
-             "deepseek_v2 layout: parameter '{}' is not a fresh parameter of layer {}", spec.name, layer);
-    const std::string local = spec.name.substr(prefix.size());
-    const auto whole = [&](const std::string& hf_name) {
-      spec.pieces.push_back({hf + hf_name, spec.shape, 0, {}, {}});
-    };
-    if (local == "input_norm") {
-      whole("input_layernorm.weight");
-    } else if (local == "post_norm") {
-      whole("post_attention_layernorm.weight");
-    } else if (local == "attn.q_proj" || local == "attn.q_a_proj" || local == "attn.q_b_proj" ||
-               local == "attn.kv_b_proj" || local == "attn.o_proj") {
-      whole("self_attn." + local.substr(5) + ".weight");
-    } else if (local == "attn.kv_a_proj") {
-      whole("self_attn.kv_a_proj_with_mqa.weight");
-    } else if (local == "attn.q_a_norm") {
-      whole("self_attn.q_a_layernorm.weight");
-    } else if (local == "attn.kv_a_norm") {
-      whole("self_attn.kv_a_layernorm.weight");
-    } else if (local == "router") {
-      whole("mlp.gate.weight");
-    } else if (local == "mlp.gate_up" || local == "experts.gate_up") {
-      attach_hf_mlp_pieces(spec, hf + "mlp.", local == "experts.gate_up", true);
-    } else if (local == "mlp.down" || local == "experts.down") {
-      attach_hf_mlp_pieces(spec, hf + "mlp.", local == "experts.down", false);
-    } else if (local == "shared_expert.gate_up" || local == "shared_expert.down") {
-      attach_hf_mlp_pieces(spec, hf + "mlp.shared_experts.", false, local == "shared_expert.gate_up");
-    } else {
-      MT_FAIL("deepseek_v2 layout: no HF name for parameter '{}'", spec.name);
-    }
+// transformers' names for the parameters of a decoder layer that are DeepSeek-V2's own (pre_norm_decoder.h has the
+// rest).
+bool attach_own_name(const LayerParam& p) {
+  if (p.local == "attn.kv_a_proj") {
+    p.whole("self_attn.kv_a_proj_with_mqa.weight");
+  } else if (p.local == "attn.q_a_norm") {
+    p.whole("self_attn.q_a_layernorm.weight");
+  } else if (p.local == "attn.kv_a_norm") {
+    p.whole("self_attn.kv_a_layernorm.weight");
+  } else if (p.local == "shared_expert.gate_up" || p.local == "shared_expert.down") {
+    attach_hf_mlp_pieces(p.spec, p.hf_prefix + "mlp.shared_experts.", false, p.local == "shared_expert.gate_up");
+  } else {
+    return false;
   }
+  return true;
 }
 
 class DeepseekV2Family final : public Family {
@@ -128,10 +90,7 @@ class DeepseekV2Family final : public Family {
   }
 
   std::string to_hf_config_json(const ModelConfig& g) const override {
-    nlohmann::json j = fields_json(g, g.family_config<DeepseekV2Config>());
-    j["architectures"] = nlohmann::json::array({"DeepseekV2ForCausalLM"});
-    j["model_type"] = "deepseek_v2";
-    return j.dump(2) + "\n";
+    return hf_config_text(fields_json(g, g.family_config<DeepseekV2Config>()), "DeepseekV2ForCausalLM", "deepseek_v2");
   }
 
   std::vector<ParamSpec> param_specs(const ModelConfig& g) const override {
@@ -141,7 +100,7 @@ class DeepseekV2Family final : public Family {
       std::vector<ParamSpec> specs = PreNormLayer::param_specs(
           layer_options(g, c, layer), LatentAttention::param_specs(attention_options(g, c), prefix + "attn.", layer),
           prefix);
-      attach_layer_pieces(specs, layer);
+      attach_layer_pieces(specs, layer, "deepseek_v2", attach_own_name);
       return specs;
     });
   }
@@ -154,9 +113,7 @@ class DeepseekV2Family final : public Family {
   }
 
   ops::RmsNormParams final_norm(const ModelConfig& g) const override {
-    ops::RmsNormParams norm;
-    norm.eps = static_cast<float>(g.family_config<DeepseekV2Config>().rms_norm_eps);
-    return norm;
+    return rms_norm_params(g.family_config<DeepseekV2Config>().rms_norm_eps);
   }
 
   LayerFlops layer_flops(const ModelConfig& g, int64_t layer, int64_t context) const override {

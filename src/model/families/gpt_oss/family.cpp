@@ -2,19 +2,16 @@
 // with alternating gate and up columns, read through strided pieces), its layers, FLOPs and certification.
 #include "model/families/gpt_oss/family.h"
 
-#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "core/error.h"
 #include "model/blocks/attention.h"
 #include "model/blocks/pre_norm_layer.h"
 #include "model/families/gpt_oss/config.h"
+#include "model/pre_norm_decoder.h"
 
 namespace moetrain::model::families::gpt_oss {
 
 namespace {
-
-std::string layer_prefix(int64_t layer) { return fmt::format("layers.{}.", layer); }
 
 AttentionOptions attention_options(const ModelConfig& g, const GptOssConfig& c, int64_t layer) {
   AttentionOptions o;
@@ -35,76 +32,51 @@ AttentionOptions attention_options(const ModelConfig& g, const GptOssConfig& c, 
 }
 
 PreNormLayerOptions layer_options(const ModelConfig& g, const GptOssConfig& c, int64_t layer) {
-  PreNormLayerOptions o;
-  o.layer = layer;
-  o.moe_index = g.moe_index(layer);
-  o.hidden_size = g.hidden_size;
-  o.norm.eps = static_cast<float>(c.rms_norm_eps);
-  MoeOptions moe;
-  moe.router.hidden_size = g.hidden_size;
-  moe.router.num_experts = g.num_experts;
-  moe.router.top_k = g.num_experts_per_tok;
+  PreNormLayerOptions o = pre_norm_layer_options(g, layer, rms_norm_params(c.rms_norm_eps));
+  MoeOptions moe = routed_experts_options(g, c.intermediate_size, false);
   moe.router.topk_before_softmax = true;
   moe.router.bias = true;
-  GatedMlpOptions experts;
-  experts.hidden_size = g.hidden_size;
-  experts.intermediate_size = c.intermediate_size;
-  experts.num_experts = g.num_experts;
-  experts.role = ParamRole::ExpertBank;
-  experts.activation = GatedActivation::ClampedSwiGlu;
-  experts.swiglu_alpha = kSwigluAlpha;
-  experts.swiglu_limit = kSwigluLimit;
-  experts.bias = true;
-  moe.experts = experts;
+  moe.experts.activation = GatedActivation::ClampedSwiGlu;
+  moe.experts.swiglu_alpha = kSwigluAlpha;
+  moe.experts.swiglu_limit = kSwigluLimit;
+  moe.experts.bias = true;
   o.moe = moe;
   return o;
 }
 
-// transformers' names for the parameters of decoder layer `layer`. The experts are stored [E, in, out] (x @ W) with
-// gate_up's columns alternating gate (even) and up (odd); internally gate_up is [E, 2I, H], gate rows first.
-void attach_layer_pieces(std::vector<ParamSpec>& specs, const ModelConfig& g, const GptOssConfig& c, int64_t layer) {
-  const std::string prefix = layer_prefix(layer);
-  const std::string hf = fmt::format("model.layers.{}.", layer);
+// transformers' names for the parameters of a decoder layer that are GPT-OSS's own (pre_norm_decoder.h has the
+// rest). The experts are stored [E, in, out] (x @ W) with gate_up's columns alternating gate (even) and up (odd);
+// internally gate_up is [E, 2I, H], gate rows first.
+bool attach_own_name(const LayerParam& p, const ModelConfig& g, const GptOssConfig& c) {
+  const std::string& local = p.local;
+  const std::string& hf = p.hf_prefix;
   const int64_t e = g.num_experts, h = g.hidden_size, i = c.intermediate_size;
-  for (ParamSpec& spec : specs) {
-    MT_CHECK(spec.name.rfind(prefix, 0) == 0 && spec.pieces.empty(),
-             "gpt_oss layout: parameter '{}' is not a fresh parameter of layer {}", spec.name, layer);
-    const std::string local = spec.name.substr(prefix.size());
-    const auto whole = [&](const std::string& hf_name) {
-      spec.pieces.push_back({hf + hf_name, spec.shape, 0, {}, {}});
-    };
-    if (local == "input_norm") {
-      whole("input_layernorm.weight");
-    } else if (local == "post_norm") {
-      whole("post_attention_layernorm.weight");
-    } else if (local == "attn.q_proj" || local == "attn.k_proj" || local == "attn.v_proj" || local == "attn.o_proj") {
-      whole("self_attn." + local.substr(5) + ".weight");
-    } else if (local == "attn.q_bias" || local == "attn.k_bias" || local == "attn.v_bias" || local == "attn.o_bias") {
-      whole("self_attn." + local.substr(5, 1) + "_proj.bias");
-    } else if (local == "attn.sinks") {
-      whole("self_attn.sinks");
-    } else if (local == "router") {
-      whole("mlp.router.weight");
-    } else if (local == "router_bias") {
-      whole("mlp.router.bias");
-    } else if (local == "experts.gate_up") {
-      // HF (e, h, 2j + p) -> internal (e, p * I + j, h): p = 0 gate, 1 up.
-      spec.pieces.push_back(
-          strided_piece(hf + "mlp.experts.gate_up_proj", {e, h, 2 * i}, 0, {e, h, i, 2}, {2 * i * h, 1, h, i * h}));
-      spec.pieces.back().mxfp4_transposed = true;  // released checkpoints: gate_up_proj_blocks [E, 2I, H / 32, 16]
-    } else if (local == "experts.gate_up_bias") {
-      spec.pieces.push_back(
-          strided_piece(hf + "mlp.experts.gate_up_proj_bias", {e, 2 * i}, 0, {e, i, 2}, {2 * i, 1, i}));
-    } else if (local == "experts.down") {
-      // HF (e, j, h) -> internal (e, h, j).
-      spec.pieces.push_back(strided_piece(hf + "mlp.experts.down_proj", {e, i, h}, 0, {e, i, h}, {h * i, 1, i}));
-      spec.pieces.back().mxfp4_transposed = true;  // down_proj_blocks [E, H, I / 32, 16]
-    } else if (local == "experts.down_bias") {
-      whole("mlp.experts.down_proj_bias");
-    } else {
-      MT_FAIL("gpt_oss layout: no HF name for parameter '{}'", spec.name);
-    }
+  if (local == "attn.q_bias" || local == "attn.k_bias" || local == "attn.v_bias" || local == "attn.o_bias") {
+    p.whole("self_attn." + local.substr(5, 1) + "_proj.bias");
+  } else if (local == "attn.sinks") {
+    p.whole("self_attn.sinks");
+  } else if (local == "router") {
+    p.whole("mlp.router.weight");
+  } else if (local == "router_bias") {
+    p.whole("mlp.router.bias");
+  } else if (local == "experts.gate_up") {
+    // HF (e, h, 2j + p) -> internal (e, p * I + j, h): p = 0 gate, 1 up.
+    p.spec.pieces.push_back(
+        strided_piece(hf + "mlp.experts.gate_up_proj", {e, h, 2 * i}, 0, {e, h, i, 2}, {2 * i * h, 1, h, i * h}));
+    p.spec.pieces.back().mxfp4_transposed = true;  // released checkpoints: gate_up_proj_blocks [E, 2I, H / 32, 16]
+  } else if (local == "experts.gate_up_bias") {
+    p.spec.pieces.push_back(
+        strided_piece(hf + "mlp.experts.gate_up_proj_bias", {e, 2 * i}, 0, {e, i, 2}, {2 * i, 1, i}));
+  } else if (local == "experts.down") {
+    // HF (e, j, h) -> internal (e, h, j).
+    p.spec.pieces.push_back(strided_piece(hf + "mlp.experts.down_proj", {e, i, h}, 0, {e, i, h}, {h * i, 1, i}));
+    p.spec.pieces.back().mxfp4_transposed = true;  // down_proj_blocks [E, H, I / 32, 16]
+  } else if (local == "experts.down_bias") {
+    p.whole("mlp.experts.down_proj_bias");
+  } else {
+    return false;
   }
+  return true;
 }
 
 class GptOssFamily final : public Family {
@@ -121,10 +93,7 @@ class GptOssFamily final : public Family {
   }
 
   std::string to_hf_config_json(const ModelConfig& g) const override {
-    nlohmann::json j = fields_json(g, g.family_config<GptOssConfig>());
-    j["architectures"] = nlohmann::json::array({"GptOssForCausalLM"});
-    j["model_type"] = "gpt_oss";
-    return j.dump(2) + "\n";
+    return hf_config_text(fields_json(g, g.family_config<GptOssConfig>()), "GptOssForCausalLM", "gpt_oss");
   }
 
   std::vector<ParamSpec> param_specs(const ModelConfig& g) const override {
@@ -134,7 +103,7 @@ class GptOssFamily final : public Family {
       std::vector<ParamSpec> specs = PreNormLayer::param_specs(
           layer_options(g, c, layer),
           GqaAttention::param_specs(attention_options(g, c, layer), prefix + "attn.", layer), prefix);
-      attach_layer_pieces(specs, g, c, layer);
+      attach_layer_pieces(specs, layer, "gpt_oss", [&](const LayerParam& p) { return attach_own_name(p, g, c); });
       return specs;
     });
   }
@@ -147,9 +116,7 @@ class GptOssFamily final : public Family {
   }
 
   ops::RmsNormParams final_norm(const ModelConfig& g) const override {
-    ops::RmsNormParams norm;
-    norm.eps = static_cast<float>(g.family_config<GptOssConfig>().rms_norm_eps);
-    return norm;
+    return rms_norm_params(g.family_config<GptOssConfig>().rms_norm_eps);
   }
 
   LayerFlops layer_flops(const ModelConfig& g, int64_t layer, int64_t context) const override {

@@ -12,14 +12,8 @@ namespace moetrain::model::families::qwen3 {
 namespace {
 
 PreNormLayerOptions layer_options(const ModelConfig& g, const Qwen3Config& c, int64_t layer) {
-  PreNormLayerOptions o;
-  o.layer = layer;
-  o.hidden_size = g.hidden_size;
-  o.norm.eps = static_cast<float>(c.rms_norm_eps);
-  GatedMlpOptions mlp;
-  mlp.hidden_size = g.hidden_size;
-  mlp.intermediate_size = c.intermediate_size;
-  o.dense_mlp = mlp;
+  PreNormLayerOptions o = pre_norm_layer_options(g, layer, rms_norm_params(c.rms_norm_eps));
+  o.dense_mlp = dense_mlp_options(g, c.intermediate_size);
   return o;
 }
 
@@ -38,10 +32,7 @@ class Qwen3Family final : public Family {
   }
 
   std::string to_hf_config_json(const ModelConfig& g) const override {
-    nlohmann::json j = shared_fields_json(g, g.family_config<Qwen3Config>());
-    j["architectures"] = nlohmann::json::array({"Qwen3ForCausalLM"});
-    j["model_type"] = "qwen3";
-    return j.dump(2) + "\n";
+    return hf_config_text(shared_fields_json(g, g.family_config<Qwen3Config>()), "Qwen3ForCausalLM", "qwen3");
   }
 
   std::vector<ParamSpec> param_specs(const ModelConfig& g) const override {
@@ -55,9 +46,7 @@ class Qwen3Family final : public Family {
   }
 
   ops::RmsNormParams final_norm(const ModelConfig& g) const override {
-    ops::RmsNormParams norm;
-    norm.eps = static_cast<float>(g.family_config<Qwen3Config>().rms_norm_eps);
-    return norm;
+    return rms_norm_params(g.family_config<Qwen3Config>().rms_norm_eps);
   }
 
   LayerFlops layer_flops(const ModelConfig& g, int64_t, int64_t context) const override {

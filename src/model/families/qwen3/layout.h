@@ -14,15 +14,9 @@
 #include "model/families/qwen3/config.h"
 #include "model/family.h"
 #include "model/parameter_store.h"
+#include "model/pre_norm_decoder.h"
 
 namespace moetrain::model::families::qwen3 {
-
-// The prefix of decoder layer `layer`'s internal names ("layers.3.").
-std::string layer_prefix(int64_t layer);
-
-// Attaches the HF pieces to every spec of decoder layer `layer` (names under layer_prefix(layer)); a spec this
-// adapter does not know is an error naming it.
-void attach_layer_pieces(std::vector<ParamSpec>& specs, int64_t layer);
 
 // Every parameter of a Qwen3 or Qwen3-MoE model in order (embedding, layers, final norm, head), each layer's from
 // `options(layer)` and the attention block, with their HF pieces.

@@ -5,7 +5,6 @@
 #include <string>
 #include <string_view>
 
-#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -13,18 +12,16 @@
 #include "model/blocks/gated_delta_net.h"
 #include "model/blocks/pre_norm_layer.h"
 #include "model/families/qwen3_5/config.h"
+#include "model/pre_norm_decoder.h"
 
 namespace moetrain::model::families::qwen3_5 {
 
 namespace {
 
-std::string layer_prefix(int64_t layer) { return fmt::format("layers.{}.", layer); }
-
 bool is_linear(const Qwen3_5Config& c, int64_t layer) { return c.linear_layers[static_cast<size_t>(layer)]; }
 
 ops::RmsNormParams norm_params(const Qwen3_5Config& c) {
-  ops::RmsNormParams norm;
-  norm.eps = static_cast<float>(c.rms_norm_eps);
+  ops::RmsNormParams norm = rms_norm_params(c.rms_norm_eps);
   norm.zero_centered = true;  // Qwen3_5RMSNorm: x * rstd * (1 + w)
   return norm;
 }
@@ -56,27 +53,12 @@ GatedDeltaNetOptions linear_options(const ModelConfig& g, const Qwen3_5Config& c
 }
 
 PreNormLayerOptions layer_options(const ModelConfig& g, const Qwen3_5Config& c, int64_t layer) {
-  PreNormLayerOptions o;
-  o.layer = layer;
-  o.moe_index = g.moe_index(layer);
-  o.hidden_size = g.hidden_size;
-  o.norm = norm_params(c);
-  GatedMlpOptions mlp;
-  mlp.hidden_size = g.hidden_size;
+  PreNormLayerOptions o = pre_norm_layer_options(g, layer, norm_params(c));
   if (!g.layer_is_moe(layer)) {
-    mlp.intermediate_size = c.intermediate_size;
-    o.dense_mlp = mlp;
+    o.dense_mlp = dense_mlp_options(g, c.intermediate_size);
     return o;
   }
-  MoeOptions moe;
-  moe.router.hidden_size = g.hidden_size;
-  moe.router.num_experts = g.num_experts;
-  moe.router.top_k = g.num_experts_per_tok;
-  moe.router.renormalize = true;  // Qwen3_5MoeTopKRouter
-  mlp.intermediate_size = c.moe_intermediate_size;
-  mlp.num_experts = g.num_experts;
-  mlp.role = ParamRole::ExpertBank;
-  moe.experts = mlp;
+  MoeOptions moe = routed_experts_options(g, c.moe_intermediate_size, true);  // Qwen3_5MoeTopKRouter renormalises
   SharedExpertOptions shared;
   shared.hidden_size = g.hidden_size;
   shared.intermediate_size = c.shared_expert_intermediate_size;
@@ -93,45 +75,26 @@ std::vector<ParamSpec> mixer_specs(const ModelConfig& g, const Qwen3_5Config& c,
   return GqaAttention::param_specs(attention_options(g, c), prefix + "attn.", layer);
 }
 
-// transformers' names for the parameters of decoder layer `layer`.
-void attach_layer_pieces(std::vector<ParamSpec>& specs, const Qwen3_5Config& c, int64_t layer) {
-  const std::string prefix = layer_prefix(layer);
-  const std::string hf = fmt::format("model.layers.{}.", layer);
-  const int64_t conv_channels =
-      2 * c.linear_num_key_heads * c.linear_key_head_dim + c.linear_num_value_heads * c.linear_value_head_dim;
-  for (ParamSpec& spec : specs) {
-    MT_CHECK(spec.name.rfind(prefix, 0) == 0 && spec.pieces.empty(),
-             "qwen3_5 layout: parameter '{}' is not a fresh parameter of layer {}", spec.name, layer);
-    const std::string local = spec.name.substr(prefix.size());
-    const auto whole = [&](const std::string& hf_name, Shape hf_shape) {
-      spec.pieces.push_back({hf + hf_name, std::move(hf_shape), 0, {}, {}});
-    };
-    if (local == "input_norm") {
-      whole("input_layernorm.weight", spec.shape);
-    } else if (local == "post_norm") {
-      whole("post_attention_layernorm.weight", spec.shape);
-    } else if (local.rfind("attn.", 0) == 0) {
-      whole("self_attn." + local.substr(5) + ".weight", spec.shape);  // q_proj, k_proj, v_proj, o_proj, q_norm, k_norm
-    } else if (local == "linear_attn.conv") {
-      whole("linear_attn.conv1d.weight", {conv_channels, 1, c.linear_conv_kernel_dim});  // [C, 1, K] read as [C, K]
-    } else if (local == "linear_attn.A_log" || local == "linear_attn.dt_bias") {
-      whole(local, spec.shape);
-    } else if (local.rfind("linear_attn.", 0) == 0) {
-      whole(local + ".weight", spec.shape);  // in_proj_qkv, in_proj_z, in_proj_a, in_proj_b, norm, out_proj
-    } else if (local == "router") {
-      whole("mlp.gate.weight", spec.shape);
-    } else if (local == "mlp.gate_up" || local == "experts.gate_up") {
-      attach_hf_mlp_pieces(spec, hf + "mlp.", local == "experts.gate_up", true);
-    } else if (local == "mlp.down" || local == "experts.down") {
-      attach_hf_mlp_pieces(spec, hf + "mlp.", local == "experts.down", false);
-    } else if (local == "shared_expert.gate_up" || local == "shared_expert.down") {
-      attach_hf_mlp_pieces(spec, hf + "mlp.shared_expert.", false, local == "shared_expert.gate_up");
-    } else if (local == "shared_expert.sigmoid_gate") {
-      whole("mlp.shared_expert_gate.weight", spec.shape);
-    } else {
-      MT_FAIL("qwen3_5 layout: no HF name for parameter '{}'", spec.name);
-    }
+// transformers' names for the parameters of a decoder layer that are Qwen3.5's own (pre_norm_decoder.h has the
+// rest): the Gated DeltaNet's and the gated shared expert's.
+bool attach_own_name(const LayerParam& p, const Qwen3_5Config& c) {
+  const std::string& local = p.local;
+  if (local == "linear_attn.conv") {
+    const int64_t conv_channels =
+        2 * c.linear_num_key_heads * c.linear_key_head_dim + c.linear_num_value_heads * c.linear_value_head_dim;
+    p.whole("linear_attn.conv1d.weight", {conv_channels, 1, c.linear_conv_kernel_dim});  // [C, 1, K] read as [C, K]
+  } else if (local == "linear_attn.A_log" || local == "linear_attn.dt_bias") {
+    p.whole(local);
+  } else if (local.starts_with("linear_attn.")) {
+    p.whole(local + ".weight");  // in_proj_qkv, in_proj_z, in_proj_a, in_proj_b, norm, out_proj
+  } else if (local == "shared_expert.gate_up" || local == "shared_expert.down") {
+    attach_hf_mlp_pieces(p.spec, p.hf_prefix + "mlp.shared_expert.", false, local == "shared_expert.gate_up");
+  } else if (local == "shared_expert.sigmoid_gate") {
+    p.whole("mlp.shared_expert_gate.weight");
+  } else {
+    return false;
   }
+  return true;
 }
 
 class Qwen3_5Family final : public Family {
@@ -172,10 +135,8 @@ class Qwen3_5Family final : public Family {
 
   std::string to_hf_config_json(const ModelConfig& g) const override {
     const Qwen3_5Config& c = g.family_config<Qwen3_5Config>();
-    nlohmann::json j = fields_json(g, c);
-    j["architectures"] = nlohmann::json::array({c.moe ? "Qwen3_5MoeForCausalLM" : "Qwen3_5ForCausalLM"});
-    j["model_type"] = c.moe ? kMoeTextType : kDenseTextType;
-    return j.dump(2) + "\n";
+    return hf_config_text(fields_json(g, c), c.moe ? "Qwen3_5MoeForCausalLM" : "Qwen3_5ForCausalLM",
+                          c.moe ? kMoeTextType : kDenseTextType);
   }
 
   std::vector<ParamSpec> param_specs(const ModelConfig& g) const override {
@@ -183,7 +144,7 @@ class Qwen3_5Family final : public Family {
     const auto layer_specs = [&](int64_t layer) {
       std::vector<ParamSpec> specs =
           PreNormLayer::param_specs(layer_options(g, c, layer), mixer_specs(g, c, layer), layer_prefix(layer));
-      attach_layer_pieces(specs, c, layer);
+      attach_layer_pieces(specs, layer, "qwen3_5", [&](const LayerParam& p) { return attach_own_name(p, c); });
       return specs;
     };
     return decoder_model_specs(g, layer_specs, ParamInit::Zeros);  // the final norm is zero-centred: 1 + w

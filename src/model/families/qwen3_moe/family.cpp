@@ -2,6 +2,8 @@
 // softmax top-k router and a SwiGLU expert bank on MoE layers, the dense MLP elsewhere), FLOPs and certification.
 #include "model/families/qwen3_moe/family.h"
 
+#include <utility>
+
 #include <nlohmann/json.hpp>
 
 #include "model/families/qwen3/layout.h"
@@ -12,28 +14,12 @@ namespace moetrain::model::families::qwen3_moe {
 namespace {
 
 PreNormLayerOptions layer_options(const ModelConfig& g, const Qwen3MoeConfig& c, int64_t layer) {
-  PreNormLayerOptions o;
-  o.layer = layer;
-  o.moe_index = g.moe_index(layer);
-  o.hidden_size = g.hidden_size;
-  o.norm.eps = static_cast<float>(c.rms_norm_eps);
-  GatedMlpOptions mlp;
-  mlp.hidden_size = g.hidden_size;
-  if (!g.layer_is_moe(layer)) {
-    mlp.intermediate_size = c.intermediate_size;
-    o.dense_mlp = mlp;
-    return o;
+  PreNormLayerOptions o = pre_norm_layer_options(g, layer, rms_norm_params(c.rms_norm_eps));
+  if (g.layer_is_moe(layer)) {
+    o.moe = routed_experts_options(g, c.moe_intermediate_size, c.norm_topk_prob);
+  } else {
+    o.dense_mlp = dense_mlp_options(g, c.intermediate_size);
   }
-  MoeOptions moe;
-  moe.router.hidden_size = g.hidden_size;
-  moe.router.num_experts = g.num_experts;
-  moe.router.top_k = g.num_experts_per_tok;
-  moe.router.renormalize = c.norm_topk_prob;
-  mlp.intermediate_size = c.moe_intermediate_size;
-  mlp.num_experts = g.num_experts;
-  mlp.role = ParamRole::ExpertBank;
-  moe.experts = mlp;
-  o.moe = moe;
   return o;
 }
 
@@ -55,9 +41,7 @@ class Qwen3MoeFamily final : public Family {
     const Qwen3MoeConfig& c = g.family_config<Qwen3MoeConfig>();
     nlohmann::json j = qwen3::shared_fields_json(g, c);
     j.update(moe_fields_json(g, c));
-    j["architectures"] = nlohmann::json::array({"Qwen3MoeForCausalLM"});
-    j["model_type"] = "qwen3_moe";
-    return j.dump(2) + "\n";
+    return hf_config_text(std::move(j), "Qwen3MoeForCausalLM", "qwen3_moe");
   }
 
   std::vector<ParamSpec> param_specs(const ModelConfig& g) const override {
@@ -71,9 +55,7 @@ class Qwen3MoeFamily final : public Family {
   }
 
   ops::RmsNormParams final_norm(const ModelConfig& g) const override {
-    ops::RmsNormParams norm;
-    norm.eps = static_cast<float>(g.family_config<Qwen3MoeConfig>().rms_norm_eps);
-    return norm;
+    return rms_norm_params(g.family_config<Qwen3MoeConfig>().rms_norm_eps);
   }
 
   LayerFlops layer_flops(const ModelConfig& g, int64_t layer, int64_t context) const override {
