@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 # defines: the reference measurement for moetrain's grouped expert GEMMs: torch._grouped_mm (PyTorch's CUTLASS
-# grouped kernel) on the Qwen3-30B-A3B expert shapes and the routings of CudaGroupedGemmBench.DISABLED_ExpertShapes
+# grouped kernel) on the Qwen3-30B-A3B and DeepSeek-V2-Lite expert shapes and the routings of CudaGroupedGemmBench.DISABLED_ExpertShapes
 # (tests/ops/cuda_grouped_gemm_cutlass_test.cpp), printing TFLOP/s so the two can be compared in one run.
 # Usage: python3 bench/grouped_mm_torch.py   (needs a CUDA GPU and PyTorch with torch._grouped_mm)
 import inspect
@@ -9,21 +9,25 @@ import sys
 
 import torch
 
-EXPERTS = 128
-ROWS = 65536
-SHAPES = [("gate_up (N=1536, K=2048)", 1536, 2048), ("down (N=2048, K=768)", 2048, 768)]
+# (name, experts, rows, N, K): the workload of record's micro-batch and DeepSeek-V2-Lite's, as the C++ bench.
+SHAPES = [
+    ("gate_up (N=1536, K=2048)", 128, 65536, 1536, 2048),
+    ("down (N=2048, K=768)", 128, 65536, 2048, 768),
+    ("v2-lite gate_up (N=2816, K=2048)", 64, 24576, 2816, 2048),
+    ("v2-lite down (N=2048, K=1408)", 64, 24576, 2048, 1408),
+]
 WARMUP, TIMED = 3, 20
 
 
-def bench_sizes(skewed):
+def bench_sizes(skewed, experts, rows):
     """Rows per expert: uniform, or a Zipf-like share ~ 1 / (e + 1)^1.2 with the last 16 experts empty (as the C++)."""
     if not skewed:
-        return [ROWS // EXPERTS] * EXPERTS
-    active = EXPERTS - 16
-    share = [1.0 / math.pow(e + 1.0, 1.2) if e < active else 0.0 for e in range(EXPERTS)]
+        return [rows // experts] * experts
+    active = experts - 16
+    share = [1.0 / math.pow(e + 1.0, 1.2) if e < active else 0.0 for e in range(experts)]
     total = sum(share)
-    sizes = [int(math.floor(ROWS * s / total)) for s in share]
-    sizes[0] += ROWS - sum(sizes)
+    sizes = [int(math.floor(rows * s / total)) for s in share]
+    sizes[0] += rows - sum(sizes)
     return sizes
 
 
@@ -50,15 +54,16 @@ def main():
         print(f"torch._grouped_mm doc: {(torch._grouped_mm.__doc__ or '').strip()[:300]}")
     dev = torch.device("cuda")
     torch.manual_seed(0)
-    print(f"torch._grouped_mm: {EXPERTS} experts, {ROWS} rows, bf16 in, bf16 out (f32 accumulate inside)")
-    for name, n_out, n_in in SHAPES:
-        x = torch.randn(ROWS, n_in, device=dev, dtype=torch.bfloat16)
-        w = torch.randn(EXPERTS, n_out, n_in, device=dev, dtype=torch.bfloat16)
-        dy = torch.randn(ROWS, n_out, device=dev, dtype=torch.bfloat16)
+    print("torch._grouped_mm: bf16 in, bf16 out (f32 accumulate inside)")
+    for name, experts, rows, n_out, n_in in SHAPES:
+        print(f"  {name}: {experts} experts, {rows} rows")
+        x = torch.randn(rows, n_in, device=dev, dtype=torch.bfloat16)
+        w = torch.randn(experts, n_out, n_in, device=dev, dtype=torch.bfloat16)
+        dy = torch.randn(rows, n_out, device=dev, dtype=torch.bfloat16)
         for skewed in (False, True):
-            sizes = bench_sizes(skewed)
+            sizes = bench_sizes(skewed, experts, rows)
             offs = torch.tensor(sizes, device=dev, dtype=torch.int64).cumsum(0).to(torch.int32)
-            flops = 2.0 * ROWS * n_out * n_in
+            flops = 2.0 * rows * n_out * n_in
             ops = [
                 # y [R, N] = x [R, K] w[g]^T
                 ("fwd  ", lambda: torch._grouped_mm(x, w.transpose(-2, -1), offs=offs)),
@@ -75,7 +80,7 @@ def main():
                 except Exception as e:  # report and go on: one unsupported case must not hide the others
                     print(f"  {name:<26} {routing} {op} FAILED: {type(e).__name__}: {str(e)[:200]}")
         # A spot check that the forward computes what the C++ op does (y = x w[g]^T per group).
-        sizes = bench_sizes(True)
+        sizes = bench_sizes(True, experts, rows)
         offs = torch.tensor(sizes, device=dev, dtype=torch.int64).cumsum(0).to(torch.int32)
         y = torch._grouped_mm(x, w.transpose(-2, -1), offs=offs)
         g, begin = 3, sum(sizes[:3])

@@ -1,10 +1,11 @@
 // Tests for the Hopper (CUTLASS) path of the grouped expert GEMMs (ops/cuda/grouped_gemm_cutlass.*), reached through
 // the public ops with bf16 operands whose N and K are multiples of 8: forward, backward input and backward weight
 // against the CPU reference on bf16-rounded inputs over uniform groups, skewed groups with empty ones, one group, no
-// rows, odd row counts and more groups than a warp scans at once; weight-gradient accumulation and the launcher's
-// overwriting form, determinism, group independence and the fallback for shapes the path does not take. Each comparison
-// prints ||gpu - cpu|| / ||cpu||. CudaGroupedGemmBench.DISABLED_ExpertShapes times the Qwen3-30B-A3B expert shapes
-// (run it with --gtest_also_run_disabled_tests; bench/grouped_mm_torch.py times torch._grouped_mm on the same ones).
+// rows, odd row counts and more groups than a warp scans at once; weight-gradient accumulation, the launcher's
+// overwriting form and its ping-pong schedule, determinism, group independence and the fallback for shapes the path
+// does not take. Each comparison prints ||gpu - cpu|| / ||cpu||. CudaGroupedGemmBench.DISABLED_ExpertShapes times the
+// Qwen3-30B-A3B expert shapes (run it with --gtest_also_run_disabled_tests; bench/grouped_mm_torch.py times
+// torch._grouped_mm on the same ones).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -200,6 +201,30 @@ TEST(CudaGroupedGemmCutlass, BackwardWeightOverwriteIgnoresPreviousContentsAndZe
   }
 }
 
+// The ping-pong weight gradient (WeightGradientSchedule::Pingpong) accumulates like the cooperative one: against the
+// CPU as closely, and with the same bytes, because both run the same 64 x 256 x 16 wgmma over the same k-blocks in the
+// same order per output element and the same epilogue arithmetic (acc + C); only which warp group computes a tile and
+// when differ. The same bytes let it replace the cooperative kernel without changing any bitwise result.
+TEST(CudaGroupedGemmCutlass, BackwardWeightPingpongAccumulatesWithTheCooperativeBytes) {
+  MT_REQUIRE_GPU();
+  uint64_t seed = 900;
+  for (const GroupCase& c : cases()) {
+    SCOPED_TRACE(c.name);
+    const Inputs in = make_inputs(c, seed++);
+    Tensor want = in.dw_start.clone();
+    ops::grouped_linear_backward_weight(Stream::cpu(), want, in.dy, in.x, in.offsets);
+    const Tensor dy = bf16_gpu(in.dy), x = bf16_gpu(in.x), offsets = on_gpu(in.offsets);
+    Tensor cooperative = on_gpu(in.dw_start), pingpong = on_gpu(in.dw_start);
+    ops::cuda::grouped_linear_backward_weight_cutlass(gpu(), cooperative, dy, x, offsets, /*accumulate=*/true,
+                                                      ops::cuda::WeightGradientSchedule::Cooperative);
+    ops::cuda::grouped_linear_backward_weight_cutlass(gpu(), pingpong, dy, x, offsets, /*accumulate=*/true,
+                                                      ops::cuda::WeightGradientSchedule::Pingpong);
+    const Tensor got = host_f32(pingpong);
+    expect_close(got, want, kF32GradientTolerance, "backward_weight ping-pong: " + c.name);
+    EXPECT_TRUE(same_bytes(got, host_f32(cooperative))) << c.name << ": ping-pong and cooperative bytes differ";
+  }
+}
+
 TEST(CudaGroupedGemmCutlass, RepeatedRunsAreBitwiseIdentical) {
   MT_REQUIRE_GPU();
   for (const GroupCase& c : cases()) {
@@ -274,9 +299,10 @@ TEST(CudaGroupedGemmCutlass, UnalignedShapesFallBackToTheGenericKernels) {
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// Benchmark: the Qwen3-30B-A3B expert GEMMs (E = 128, H = 2048, I = 768, 65,536 routed rows), bf16 in, f32
-// accumulate. Uniform routing (512 rows per expert) and a Zipf-like skew (expert e gets a share ~ 1 / (e + 1)^1.2,
-// the last 16 experts none); bench/grouped_mm_torch.py builds the same routing.
+// Benchmark: the Qwen3-30B-A3B expert GEMMs (E = 128, H = 2048, I = 768, 65,536 routed rows) and DeepSeek-V2-Lite's
+// (E = 64, H = 2048, I = 1408, 24,576 routed rows), bf16 in, f32 accumulate. Uniform routing (512 rows per expert) and
+// a Zipf-like skew (expert e gets a share ~ 1 / (e + 1)^1.2, the last 16 experts none); bench/grouped_mm_torch.py
+// builds the same routing.
 
 std::vector<int32_t> bench_sizes(bool skewed, int experts, int rows) {
   std::vector<int32_t> sizes(experts, rows / experts);
@@ -329,34 +355,45 @@ double time_ms(F&& call) {
 
 TEST(CudaGroupedGemmBench, DISABLED_ExpertShapes) {
   MT_REQUIRE_GPU();
-  constexpr int kExperts = 128, kRows = 65536;
-  struct Shape2 {
+  struct ExpertShape {
     const char* name;
+    int experts, rows;
     int64_t n_out, n_in;
   };
-  const Shape2 shapes[] = {{"gate_up (N=1536, K=2048)", 1536, 2048}, {"down (N=2048, K=768)", 2048, 768}};
+  // The workload of record's micro-batch (8192 tokens, top-8 of 128), and DeepSeek-V2-Lite's (bench/deepseek_v2_lite:
+  // 4096 tokens, top-6 of 64, expert width 1408).
+  const ExpertShape shapes[] = {{"gate_up (N=1536, K=2048)", 128, 65536, 1536, 2048},
+                                {"down (N=2048, K=768)", 128, 65536, 2048, 768},
+                                {"v2-lite gate_up (N=2816, K=2048)", 64, 24576, 2816, 2048},
+                                {"v2-lite down (N=2048, K=1408)", 64, 24576, 2048, 1408}};
   Rng rng(7);
-  std::printf("moetrain CUTLASS grouped GEMM: %d experts, %d rows, bf16 in, f32 accumulate\n", kExperts, kRows);
-  for (const Shape2& s : shapes) {
-    const Tensor x = bench_tensor({kRows, s.n_in}, rng), w = bench_tensor({kExperts, s.n_out, s.n_in}, rng);
-    const Tensor dy = bench_tensor({kRows, s.n_out}, rng);
-    Tensor y = Tensor::empty({kRows, s.n_out}, DType::BF16, Device::cuda(0));
-    Tensor dx = Tensor::empty({kRows, s.n_in}, DType::BF16, Device::cuda(0));
-    Tensor dw = Tensor::zeros({kExperts, s.n_out, s.n_in}, DType::F32, Device::cuda(0));
+  std::printf("moetrain CUTLASS grouped GEMM: bf16 in, f32 accumulate\n");
+  for (const ExpertShape& s : shapes) {
+    std::printf("  %s: %d experts, %d rows\n", s.name, s.experts, s.rows);
+    const Tensor x = bench_tensor({s.rows, s.n_in}, rng), w = bench_tensor({s.experts, s.n_out, s.n_in}, rng);
+    const Tensor dy = bench_tensor({s.rows, s.n_out}, rng);
+    Tensor y = Tensor::empty({s.rows, s.n_out}, DType::BF16, Device::cuda(0));
+    Tensor dx = Tensor::empty({s.rows, s.n_in}, DType::BF16, Device::cuda(0));
+    Tensor dw = Tensor::zeros({s.experts, s.n_out, s.n_in}, DType::F32, Device::cuda(0));
     for (bool skewed : {false, true}) {
-      const std::vector<int32_t> sizes = bench_sizes(skewed, kExperts, kRows);
+      const std::vector<int32_t> sizes = bench_sizes(skewed, s.experts, s.rows);
       const Tensor offsets = on_gpu(offsets_tensor(offsets_from_sizes(sizes)));
-      ASSERT_TRUE(ops::cuda::cutlass_grouped_gemm_supported(DType::BF16, kRows, s.n_out, s.n_in, {&x, &w, &y}));
-      const double flops = 2.0 * kRows * static_cast<double>(s.n_out) * static_cast<double>(s.n_in);
+      ASSERT_TRUE(ops::cuda::cutlass_grouped_gemm_supported(DType::BF16, s.rows, s.n_out, s.n_in, {&x, &w, &y}));
+      const double flops = 2.0 * s.rows * static_cast<double>(s.n_out) * static_cast<double>(s.n_in);
       const double fwd = time_ms([&] { ops::grouped_linear_forward(gpu(), y, x, w, offsets); });
       const double dgrad = time_ms([&] { ops::grouped_linear_backward_input(gpu(), dx, dy, w, offsets); });
       const double wgrad = time_ms([&] { ops::grouped_linear_backward_weight(gpu(), dw, dy, x, offsets); });
       const double wgrad_overwrite = time_ms(
           [&] { ops::cuda::grouped_linear_backward_weight_cutlass(gpu(), dw, dy, x, offsets, /*accumulate=*/false); });
+      const double wgrad_pingpong = time_ms([&] {
+        ops::cuda::grouped_linear_backward_weight_cutlass(gpu(), dw, dy, x, offsets, /*accumulate=*/true,
+                                                          ops::cuda::WeightGradientSchedule::Pingpong);
+      });
       const char* routing = skewed ? "skewed (Zipf 1.2, 16 empty, max " : "uniform (";
       const int32_t largest = *std::max_element(sizes.begin(), sizes.end());
-      for (const auto& [op, ms] : {std::pair{"fwd  ", fwd}, std::pair{"dgrad", dgrad}, std::pair{"wgrad", wgrad},
-                                   std::pair{"wgrad(overwrite)", wgrad_overwrite}}) {
+      for (const auto& [op, ms] :
+           {std::pair{"fwd  ", fwd}, std::pair{"dgrad", dgrad}, std::pair{"wgrad", wgrad},
+            std::pair{"wgrad(overwrite)", wgrad_overwrite}, std::pair{"wgrad(ping-pong)", wgrad_pingpong}}) {
         std::printf("  %-26s %s%d rows) %s %8.3f ms %7.1f TFLOP/s\n", s.name, routing, largest, op, ms,
                     flops / (ms * 1e-3) / 1e12);
       }

@@ -1,11 +1,12 @@
 // defines: the machinery shared by the CUTLASS GEMMs (ops/cuda/grouped_gemm_cutlass.h, the grouped expert GEMMs,
 // and ops/cuda/gemm_batch_invariant.h, the exact lanes' dense GEMMs as one group): CUTLASS 4's Hopper ptr-array
 // grouped kernels (after CUTLASS example 57_hopper_grouped_gemm and PyTorch's _grouped_mm): TMA loads, wgmma,
-// warp-specialised cooperative schedule, one tile configuration (128 x 256 x 64, cluster 2 x 1) for every
-// instantiation, a persistent grid over all groups' tiles, no split-K. A small kernel turns the device offsets into the
-// per-group problem sizes, pointers and strides the GEMM reads (no host copy, no synchronisation); the GEMM object and
-// its device workspace are built once per (op, stream, G, N, K) and cached. Each output tile is computed by one CTA
-// along the whole reduction in a fixed order, so a row's result depends on its own operands and (N, K) alone.
+// warp-specialised schedules (cooperative, 128 x 256 x 64 with cluster 2 x 1, for every instantiation but the
+// ping-pong weight gradient's 64 x 256 x 64), a persistent grid over all groups' tiles, no split-K. A small kernel
+// turns the device offsets into the per-group problem sizes, pointers and strides the GEMM reads (no host copy, no
+// synchronisation); the GEMM object and its device workspace are built once per (op, stream, G, N, K) and cached.
+// Each output tile is computed by one warp group or CTA along the whole reduction in a fixed order, so a row's result
+// depends on its own operands and (N, K) alone.
 #pragma once
 
 #include <algorithm>
@@ -42,16 +43,35 @@ using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>
 using Problem = ProblemShape::UnderlyingProblemShape;
 using Bf16 = cutlass::bfloat16_t;
 
-// One grouped GEMM D_g [M, N] = A_g [M, K] * B_g [K, N] (+ C_g when ElementC is not void) in CUTLASS's terms: LayoutA
-// RowMajor = A K-contiguous, ColumnMajor = M-contiguous; LayoutB ColumnMajor = B K-contiguous ([N, K] rows),
-// RowMajor = N-contiguous. C and D are row-major. One tile configuration for every op keeps the compile short; it is
-// the one PyTorch picks for groups of more than 128 rows.
-template <class LayoutA, class LayoutB, class ElementC, class ElementD>
-struct GroupedGemm {
+// The cooperative schedule: the two consumer warp groups share one 128 x 256 tile, and a tile's epilogue follows its
+// mainloop. The tile configuration PyTorch picks for groups of more than 128 rows; every op uses it but one.
+struct CooperativeSchedule {
   using TileShape = cute::Shape<cute::_128, cute::_256, cute::_64>;
   using ClusterShape = cute::Shape<cute::_2, cute::_1, cute::_1>;
-  using KernelSchedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
-  using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
+  using Kernel = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
+  using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
+};
+
+// The ping-pong schedule: each consumer warp group owns a 64 x 256 tile and the two take turns on the tensor cores, so
+// one group's epilogue runs while the other multiplies. Meant for the accumulating expert weight gradient, whose
+// epilogue reads and writes the f32 gradient (8 bytes an element against a reduction over ~500 rows): on the
+// cooperative schedule that traffic does not overlap the tensor cores.
+struct PingpongSchedule {
+  using TileShape = cute::Shape<cute::_64, cute::_256, cute::_64>;
+  using ClusterShape = cute::Shape<cute::_2, cute::_1, cute::_1>;
+  using Kernel = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong;
+  using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
+};
+
+// One grouped GEMM D_g [M, N] = A_g [M, K] * B_g [K, N] (+ C_g when ElementC is not void) in CUTLASS's terms: LayoutA
+// RowMajor = A K-contiguous, ColumnMajor = M-contiguous; LayoutB ColumnMajor = B K-contiguous ([N, K] rows),
+// RowMajor = N-contiguous. C and D are row-major. Few tile configurations keep the compile short.
+template <class LayoutA, class LayoutB, class ElementC, class ElementD, class Schedule = CooperativeSchedule>
+struct GroupedGemm {
+  using TileShape = typename Schedule::TileShape;
+  using ClusterShape = typename Schedule::ClusterShape;
+  using KernelSchedule = typename Schedule::Kernel;
+  using EpilogueSchedule = typename Schedule::Epilogue;
   using NonVoidC = std::conditional_t<std::is_void_v<ElementC>, ElementD, ElementC>;
   static constexpr int kAlignmentAB = 16 / static_cast<int>(sizeof(Bf16));
   static constexpr int kAlignmentD = 16 / static_cast<int>(sizeof(ElementD));
@@ -82,6 +102,9 @@ using ForwardGemm = GroupedGemm<cutlass::layout::RowMajor, cutlass::layout::Colu
 using BackwardInputGemm = GroupedGemm<cutlass::layout::RowMajor, cutlass::layout::RowMajor, void, Bf16>;
 // dw += dy^T x: A(n, r) = dy_g[r][n] (M-contiguous), B(r, k) = x_g[r][k] (N-contiguous), C = D = dw[g] [N, K] f32.
 using BackwardWeightGemm = GroupedGemm<cutlass::layout::ColumnMajor, cutlass::layout::RowMajor, float, float>;
+// The same on the ping-pong schedule (the epilogue's f32 traffic beside the other warp group's multiplications).
+using BackwardWeightPingpongGemm =
+    GroupedGemm<cutlass::layout::ColumnMajor, cutlass::layout::RowMajor, float, float, PingpongSchedule>;
 // dw = dy^T x without reading dw (C void): the f32 read of the accumulation is ~1/3 of the weight gradient's time on
 // the expert shapes. Empty groups get no tiles here; zero_empty_groups writes their zeros.
 using BackwardWeightOverwriteGemm = GroupedGemm<cutlass::layout::ColumnMajor, cutlass::layout::RowMajor, void, float>;

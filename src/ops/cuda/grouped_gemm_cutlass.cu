@@ -1,5 +1,6 @@
-// defines: the grouped expert GEMMs on the CUTLASS machinery of ops/cuda/cutlass_grouped.cuh. Four instantiations:
-// forward, backward input, backward weight accumulating into f32 dw (C = D = dw, beta = 1) and overwriting it (no C).
+// defines: the grouped expert GEMMs on the CUTLASS machinery of ops/cuda/cutlass_grouped.cuh. Five instantiations:
+// forward, backward input, backward weight accumulating into f32 dw (C = D = dw, beta = 1) on the cooperative and on
+// the ping-pong schedule, and overwriting it (no C).
 #include "ops/cuda/grouped_gemm_cutlass.h"
 
 #include <algorithm>
@@ -68,8 +69,13 @@ void grouped_linear_backward_input_cutlass(const Stream& stream, const Tensor& d
 }
 
 void grouped_linear_backward_weight_cutlass(const Stream& stream, const Tensor& dw, const Tensor& dy, const Tensor& x,
-                                            const Tensor& offsets, bool accumulate) {
+                                            const Tensor& offsets, bool accumulate, WeightGradientSchedule schedule) {
   constexpr const char* op = "grouped_linear_backward_weight";
+  if (accumulate && schedule == WeightGradientSchedule::Pingpong) {
+    run_grouped<BackwardWeightPingpongGemm, OpKind::kBackwardWeight>(stream, dy, x, dw, offsets.data<int32_t>(),
+                                                                     dw.size(0), x.size(0), dw.size(1), dw.size(2), op);
+    return;
+  }
   if (accumulate) {
     run_grouped<BackwardWeightGemm, OpKind::kBackwardWeight>(stream, dy, x, dw, offsets.data<int32_t>(), dw.size(0),
                                                              x.size(0), dw.size(1), dw.size(2), op);

@@ -33,12 +33,18 @@ void grouped_linear_forward_cutlass(const Stream& stream, const Tensor& y, const
 // dx [R, K] (bf16) = dy [R, N] (bf16) * w[g] (overwrites dx).
 void grouped_linear_backward_input_cutlass(const Stream& stream, const Tensor& dx, const Tensor& dy, const Tensor& w,
                                            const Tensor& offsets);
+// The kernel schedule of the accumulating weight gradient (ops/cuda/cutlass_grouped.cuh): cooperative (the one the
+// public op runs) or ping-pong (one warp group's f32 epilogue beside the other's multiplications; timed against it by
+// CudaGroupedGemmBench.DISABLED_ExpertShapes before it may replace it).
+enum class WeightGradientSchedule { Cooperative, Pingpong };
+
 // dw[g] [N, K] (f32) += dy_g^T * x_g (dy, x bf16): the group's sum is formed in f32 and then added to dw[g]; an
 // empty group leaves dw[g] untouched. With accumulate = false, dw[g] = dy_g^T * x_g instead (an empty group's dw[g]
 // becomes 0) and dw is never read: ~1.5x faster on the expert shapes, for the first micro-batch of a step (the public
-// op always accumulates).
+// op always accumulates). `schedule` applies to the accumulating form; the overwriting one is cooperative.
 void grouped_linear_backward_weight_cutlass(const Stream& stream, const Tensor& dw, const Tensor& dy, const Tensor& x,
-                                            const Tensor& offsets, bool accumulate = true);
+                                            const Tensor& offsets, bool accumulate = true,
+                                            WeightGradientSchedule schedule = WeightGradientSchedule::Cooperative);
 
 // The exact lanes' dense GEMMs on the same bf16 instantiations, as one group of all R rows (no offsets); callers check
 // cutlass_grouped_gemm_supported first (ops/cuda/gemm_batch_invariant.h). w [N, K] bf16.
