@@ -180,7 +180,15 @@ LossSum CausalLm::head_forward(EpilogRecord& r, const Tensor& hidden, const Micr
   if (!head_is_fused(keep_logits)) {
     r.logits = Tensor::empty({hidden.size(0), config_.vocab_size}, compute_dtype(), device_);
     ops::linear_forward(s, r.logits, r.normed, head_weight());
-    ops::cross_entropy_forward(s, r.losses, r.lse, r.logits, batch.targets);
+    if (loss_scale > 0.0 && !keep_logits) {
+      // A training step whose logits nobody reads: their gradient replaces them now, in the pass that reads them for
+      // the loss (the same bits as the backward's own pass).
+      ops::cross_entropy_forward_backward(s, r.losses, r.lse, r.logits, r.logits, batch.targets, loss_scale);
+      r.logits_hold_gradient = true;
+      r.loss_scale = loss_scale;
+    } else {
+      ops::cross_entropy_forward(s, r.losses, r.lse, r.logits, batch.targets);
+    }
   } else if (loss_scale > 0.0) {
     r.d_normed = Tensor::empty(r.normed.shape(), r.normed.dtype(), device_);
     ops::linear_cross_entropy_forward_backward(s, r.losses, r.lse, r.d_normed, head_grad(), r.normed, head_weight(),
@@ -196,18 +204,20 @@ LossSum CausalLm::head_forward(EpilogRecord& r, const Tensor& hidden, const Micr
 
 Tensor CausalLm::head_backward_input(EpilogRecord& r, double loss_scale) const {
   Stream& s = default_stream(device_);
-  if (r.fused) {
+  if (r.fused || r.logits_hold_gradient) {
     MT_CHECK(loss_scale == r.loss_scale,
-             "head_backward_input: the fused head's forward produced gradients for loss scale {} but the backward "
-             "asks for {}",
-             r.loss_scale, loss_scale);
-  } else {
+             "head_backward_input: the {} head's forward produced gradients for loss scale {} but the backward asks "
+             "for {}",
+             r.fused ? "fused" : "materialised", r.loss_scale, loss_scale);
+  }
+  if (!r.fused) {
     MT_CHECK(r.logits.defined(),
              "head_backward_input: the epilog record holds no logits (a forward-only fused head, loss scale 0, cannot "
              "be back-propagated)");
     // In place: the logits' gradient replaces them in their buffer (they are not needed again), so the [T, V] logits
     // never exist twice; r.logits then holds the gradient, which the weight pass reads.
-    ops::cross_entropy_backward(s, r.logits, r.logits, r.lse, r.batch->targets, loss_scale);
+    if (!r.logits_hold_gradient)
+      ops::cross_entropy_backward(s, r.logits, r.logits, r.lse, r.batch->targets, loss_scale);
     r.d_normed = Tensor::empty(r.normed.shape(), r.normed.dtype(), device_);
     ops::linear_backward_input(s, r.d_normed, r.logits, head_weight());
   }

@@ -31,7 +31,10 @@ struct EpilogRecord {
   Tensor d_normed;  // kept by backward_input for backward_weight; made by a fused forward with a loss scale
   // Set by a fused head_forward with loss_scale > 0: d_normed exists and the head's weight gradient is accumulated.
   bool fused = false;
-  double loss_scale = 0.0;
+  // Set by a materialised head_forward with loss_scale > 0 whose logits the caller does not keep: `logits` holds
+  // their gradient already.
+  bool logits_hold_gradient = false;
+  double loss_scale = 0.0;  // the scale the forward's gradients were made for (fused or logits_hold_gradient)
 };
 
 struct LossSum {
@@ -97,7 +100,8 @@ class CausalLm {
   // the head chunk is 0 or the caller wants the logits (`keep_logits`: they stay in record.logits). The fused head
   // with loss_scale > 0 (1 / the step's global target count) produces its gradients at once: d_normed is kept in the
   // record and the head's weight gradient accumulated now; loss_scale == 0 is forward only (no backward may follow).
-  // The materialised head ignores loss_scale (its backward takes it).
+  // The materialised head with loss_scale > 0 and logits not kept replaces the logits with their gradient in the
+  // loss's own pass (ops::cross_entropy_forward_backward); its backward must then ask for the same scale.
   LossSum head_forward(EpilogRecord& record, const Tensor& hidden, const MicroBatch& batch, double loss_scale,
                        bool keep_logits = false) const;
   // Whether head_forward would run the fused head.

@@ -79,6 +79,30 @@ void cross_entropy_backward(Stream& stream, Tensor dlogits, const Tensor& logits
   cpu::cross_entropy_backward(dlogits, logits, lse, targets, scale, ignore_index);
 }
 
+void cross_entropy_forward_backward(Stream& stream, Tensor losses, Tensor lse, Tensor dlogits, const Tensor& logits,
+                                    const Tensor& targets, double scale, int ignore_index) {
+  OpScope profile(stream, "loss");
+  constexpr const char* op = "cross_entropy_forward_backward";
+  check_stream_backend(stream, op);
+  check_logits(logits, stream, op);
+  const int64_t tokens = logits.size(0);
+  const int64_t vocab = logits.size(1);
+  check_argument(losses, {tokens}, row_dtype(logits), stream, op, "losses");
+  check_argument(lse, {tokens}, row_dtype(logits), stream, op, "lse");
+  check_argument(dlogits, {tokens, vocab}, logits.dtype(), stream, op, "dlogits");
+  check_class_targets(targets, tokens, vocab, ignore_index, stream, op);
+  MT_CHECK(std::isfinite(scale), "{}: expected a finite scale but found {}", op, scale);
+#if MOETRAIN_HAS_CUDA
+  if (logits.device().is_cuda()) {
+    cuda::cross_entropy_forward_backward(stream, losses, lse, dlogits, logits, targets, scale, ignore_index);
+    return;
+  }
+#endif
+  // The reference is the two ops in turn: the forward has read every row before the backward overwrites any.
+  cpu::cross_entropy_forward(losses, lse, logits, targets, ignore_index);
+  cpu::cross_entropy_backward(dlogits, logits, lse, targets, scale, ignore_index);
+}
+
 LossTotals cross_entropy_totals(Stream& stream, const Tensor& losses, const Tensor& targets, int ignore_index) {
   OpScope profile(stream, "loss");
   constexpr const char* op = "cross_entropy_totals";

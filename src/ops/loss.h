@@ -21,6 +21,13 @@ void cross_entropy_forward(Stream& stream, Tensor losses, Tensor lse, const Tens
 void cross_entropy_backward(Stream& stream, Tensor dlogits, const Tensor& logits, const Tensor& lse,
                             const Tensor& targets, double scale, int ignore_index = kIgnoreIndex);
 
+// cross_entropy_forward then cross_entropy_backward in one call, for a forward that knows its loss scale: the same
+// losses, lse and dlogits bits as the two calls. dlogits may be logits itself (the gradient then replaces the logits in
+// their buffer). On CUDA one kernel reads each row for its log-sum-exp and at once again, mostly from L2, for its
+// gradient: two passes over the [T, V] logits instead of three.
+void cross_entropy_forward_backward(Stream& stream, Tensor losses, Tensor lse, Tensor dlogits, const Tensor& logits,
+                                    const Tensor& targets, double scale, int ignore_index = kIgnoreIndex);
+
 struct LossTotals {
   double sum = 0.0;   // sum of per-token losses, accumulated in f64 in ascending token order
   int64_t count = 0;  // number of targets != ignore_index

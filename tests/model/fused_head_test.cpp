@@ -151,6 +151,25 @@ TEST_P(FusedHead, BackwardRejectsAnotherLossScale) {
     EXPECT_NE(std::string(e.what()).find("loss scale 0.25 but the backward asks for 0.5"), std::string::npos)
         << e.what();
   }
+  // The materialised head (head chunk 0) makes the logits' gradient in its forward too when nobody keeps them.
+  const int64_t fused_chunk = model->head_chunk();
+  model->set_head_chunk(0);
+  EpilogRecord materialised;
+  model->head_forward(materialised, hidden, batch, 0.25);
+  EXPECT_TRUE(materialised.logits_hold_gradient);
+  try {
+    model->head_backward_input(materialised, 0.5);
+    ADD_FAILURE() << "expected a moetrain::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("materialised head's forward produced gradients for loss scale 0.25 but the "
+                                         "backward asks for 0.5"),
+              std::string::npos)
+        << e.what();
+  }
+  EpilogRecord kept;
+  model->head_forward(kept, hidden, batch, 0.25, /*keep_logits=*/true);
+  EXPECT_FALSE(kept.logits_hold_gradient) << "kept logits must stay logits until the backward";
+  model->set_head_chunk(fused_chunk);
   EpilogRecord forward_only_record;
   model->head_forward(forward_only_record, hidden, batch, 0.0);
   try {

@@ -1,6 +1,7 @@
-// Tests for the CUDA cross-entropy kernels (ops/cuda/loss.*) through the public ops: forward (losses, lse), backward
-// and the totals against the CPU reference for f32 and bf16 logits up to a full 151936-token vocabulary with ignored
-// targets, batch invariance, determinism, the out-of-range guard and argument checks. Run on a GPU; skipped elsewhere.
+// Tests for the CUDA cross-entropy kernels (ops/cuda/loss.*) through the public ops: forward (losses, lse), backward,
+// the fused forward + backward (the two kernels' bytes) and the totals against the CPU reference for f32 and bf16
+// logits up to a full 151936-token vocabulary with ignored targets, batch invariance, determinism, the out-of-range
+// guard and argument checks. Run on a GPU; skipped elsewhere.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -184,6 +185,37 @@ TEST(CudaCrossEntropy, BackwardInPlaceGivesTheBitsOfASeparateGradient) {
       Tensor in_place = logits.clone();
       ops::cross_entropy_backward(gpu(), in_place, in_place, lse, targets, 0.25);
       EXPECT_TRUE(same_bytes(in_place, separate));
+    }
+  }
+}
+
+TEST(CudaCrossEntropy, ForwardBackwardGivesTheBitsOfTheTwoKernels) {
+  MT_REQUIRE_GPU();
+  // The fused kernel (one block per SM, rows grid-strided, the gradient pass walking each row backwards) against the
+  // forward and the backward kernels: the same losses, lse and gradient bytes, into a separate gradient and in place,
+  // in 16-byte packs (V = 1000, 151936) and element by element (V = 5003 in bf16, V = 7), and with more rows than SMs.
+  for (const Case& c : {Case{5, 7}, Case{1, 1}, Case{300, 1000}, Case{64, 5003}, Case{4, 151936}, Case{0, 9}}) {
+    for (DType dtype : {DType::F32, DType::BF16}) {
+      SCOPED_TRACE(::testing::Message() << c.tokens << " x " << c.vocab << " " << dtype_name(dtype));
+      Rng rng(75);
+      const Tensor logits = on_gpu(random_tensor({c.tokens, c.vocab}, DType::F32, rng, 2.0).to(dtype));
+      const Tensor targets = on_gpu(make_targets(c.tokens, c.vocab, rng));
+      Tensor losses = Tensor::empty({c.tokens}, DType::F32, Device::cuda(0));
+      Tensor lse = Tensor::empty({c.tokens}, DType::F32, Device::cuda(0));
+      ops::cross_entropy_forward(gpu(), losses, lse, logits, targets);
+      Tensor gradient = Tensor::empty(logits.shape(), dtype, Device::cuda(0));
+      ops::cross_entropy_backward(gpu(), gradient, logits, lse, targets, 0.25);
+      for (bool in_place : {false, true}) {
+        SCOPED_TRACE(in_place ? "in place" : "separate gradient");
+        Tensor fused_losses = Tensor::empty({c.tokens}, DType::F32, Device::cuda(0));
+        Tensor fused_lse = Tensor::empty({c.tokens}, DType::F32, Device::cuda(0));
+        Tensor input = logits.clone();
+        Tensor fused_gradient = in_place ? input : Tensor::empty(logits.shape(), dtype, Device::cuda(0));
+        ops::cross_entropy_forward_backward(gpu(), fused_losses, fused_lse, fused_gradient, input, targets, 0.25);
+        EXPECT_TRUE(same_bytes(fused_losses, losses)) << "losses";
+        EXPECT_TRUE(same_bytes(fused_lse, lse)) << "lse";
+        EXPECT_TRUE(same_bytes(fused_gradient, gradient)) << "gradient";
+      }
     }
   }
 }

@@ -1,5 +1,6 @@
 // Tests for ops/loss: cross-entropy forward against a direct log-softmax, ignored rows, backward against finite
-// differences, the f64 totals, batch invariance, and argument checks.
+// differences, the fused forward + backward against the two ops, the f64 totals, batch invariance, and argument
+// checks.
 #include "ops/loss.h"
 
 #include <cmath>
@@ -138,6 +139,29 @@ TEST(CrossEntropy, BackwardMayOverwriteLogits) {
   EXPECT_EQ(std::memcmp(separate.raw_data(), in_place.raw_data(), separate.nbytes()), 0);
 }
 
+// The fused call is the two ops in turn: the same losses, lse and gradient bits, into a separate gradient or in place.
+TEST(CrossEntropy, ForwardBackwardGivesTheBitsOfTheTwoOps) {
+  Rng rng(16);
+  for (DType dtype : {DType::F32, DType::F64}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const Tensor logits = random_tensor({6, 11}, dtype, rng, 2.0);
+    const Tensor targets = targets_tensor({1, ops::kIgnoreIndex, 10, 0, 3, ops::kIgnoreIndex});
+    const Outputs want = forward(logits, targets);
+    Tensor want_grad = Tensor::empty({6, 11}, dtype);
+    ops::cross_entropy_backward(Stream::cpu(), want_grad, logits, want.lse, targets, 0.125);
+    for (bool in_place : {false, true}) {
+      SCOPED_TRACE(in_place ? "in place" : "separate gradient");
+      Outputs got{Tensor::zeros({6}, dtype), Tensor::zeros({6}, dtype)};
+      Tensor input = logits.clone();
+      Tensor grad = in_place ? input : Tensor::empty({6, 11}, dtype);
+      ops::cross_entropy_forward_backward(Stream::cpu(), got.losses, got.lse, grad, input, targets, 0.125);
+      EXPECT_EQ(std::memcmp(got.losses.raw_data(), want.losses.raw_data(), want.losses.nbytes()), 0);
+      EXPECT_EQ(std::memcmp(got.lse.raw_data(), want.lse.raw_data(), want.lse.nbytes()), 0);
+      EXPECT_EQ(std::memcmp(grad.raw_data(), want_grad.raw_data(), want_grad.nbytes()), 0);
+    }
+  }
+}
+
 TEST(CrossEntropy, RowResultsDoNotDependOnOtherRows) {
   Rng rng(7);
   const Tensor big = random_tensor({9, 33}, DType::F32, rng, 2.0);
@@ -215,6 +239,16 @@ TEST(CrossEntropy, RejectsMismatchedShapesAndDtypes) {
   Tensor bad_dlogits = Tensor::zeros({3, 4}, DType::F32);
   expect_error_containing([&] { ops::cross_entropy_backward(Stream::cpu(), bad_dlogits, logits, lse, targets, 1.0); },
                           {"dlogits", "expected shape [3, 5]", "found [3, 4]"});
+  expect_error_containing(
+      [&] { ops::cross_entropy_forward_backward(Stream::cpu(), losses, lse, bad_dlogits, logits, targets, 1.0); },
+      {"cross_entropy_forward_backward", "dlogits", "expected shape [3, 5]", "found [3, 4]"});
+  expect_error_containing(
+      [&] { ops::cross_entropy_forward_backward(Stream::cpu(), short_losses, lse, bad_dlogits, logits, targets, 1.0); },
+      {"cross_entropy_forward_backward", "losses", "expected shape [3]", "found [2]"});
+  Tensor dlogits = Tensor::zeros({3, 5}, DType::F32);
+  expect_error_containing(
+      [&] { ops::cross_entropy_forward_backward(Stream::cpu(), losses, lse, dlogits, logits, targets, std::nan("")); },
+      {"cross_entropy_forward_backward", "finite scale"});
   expect_error_containing(
       [&] {
         ops::cross_entropy_totals(Stream::cpu(), losses, targets_tensor({0, 1}));

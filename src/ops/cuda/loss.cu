@@ -1,10 +1,12 @@
 // defines: the CUDA cross-entropy kernels, the formulas of ops/cpu/loss.cpp in f32: lse = m + log(sum exp(x - m))
 // with m the row maximum, loss = lse - x[target]; dlogits = scale * (exp(x - lse) - onehot). The forward reads each
 // row once (the online softmax: a running maximum and a sum rescaled when it grows), the backward reads and writes it
-// once, both in 16-byte packs where the row allows, so both run near HBM speed on [T, V] logits. Block reductions are
+// once, both in 16-byte packs where the row allows, so both run near HBM speed on [T, V] logits; the fused form runs
+// both on a row in one block, its second read mostly from L2. Block reductions are
 // a fixed tree: per-thread strided partials, a butterfly inside each warp, then the warp results in a fixed order.
 #include "ops/cuda/loss.h"
 
+#include <algorithm>
 #include <cstdint>
 
 #include <cuda_bf16.h>
@@ -21,6 +23,9 @@ namespace {
 constexpr int kWarps = kCrossEntropyThreads / 32;
 constexpr int kTotalsThreads = 1024;
 constexpr int64_t kMaxRowBlocks = int64_t(1) << 20;  // grid-stride beyond this
+// The fused forward + backward keeps this many rows in flight per SM: 132 rows of 151,936 bf16 logits (40 MB) fit in
+// an H200's 50 MB L2, so a row's second pass finds much of it there.
+constexpr int64_t kFusedRowBlocksPerSm = 1;
 
 __device__ __forceinline__ float quiet_nan() { return __int_as_float(0x7fc00000); }
 
@@ -96,16 +101,17 @@ __device__ __forceinline__ RunningSum shuffle_xor(RunningSum v, int offset) {
 constexpr int kUnroll = 4;
 
 // Calls f(p, x) for each of the thread's packs p of a packed row (x: the pack's values, zeros when !load), with the
-// loads of kUnroll packs issued before any is used.
+// loads of kUnroll packs issued before any is used. Pack p starts at row + p * step (step N, or -N to walk backwards
+// from the row's last pack).
 template <typename T, typename F>
-__device__ __forceinline__ void for_each_pack(const T* row, int64_t packs, bool load, F&& f) {
+__device__ __forceinline__ void for_each_pack_strided(const T* row, int64_t step, int64_t packs, bool load, F&& f) {
   constexpr int N = kPack<T>;
   for (int64_t first = threadIdx.x; first < packs; first += int64_t{kUnroll} * blockDim.x) {
     float x[kUnroll][N] = {};
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t p = first + int64_t{u} * blockDim.x;
-      if (p < packs && load) load_pack(row + p * N, x[u]);
+      if (p < packs && load) load_pack(row + p * step, x[u]);
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -115,72 +121,115 @@ __device__ __forceinline__ void for_each_pack(const T* row, int64_t packs, bool 
   }
 }
 
-// One pass over the row (the online softmax): lse = max + log(sum exp(x - max)), loss = lse - x[target].
+template <typename T, typename F>
+__device__ __forceinline__ void for_each_pack(const T* row, int64_t packs, bool load, F&& f) {
+  for_each_pack_strided(row, int64_t{kPack<T>}, packs, load, f);
+}
+
+// The row's log-sum-exp, max + log(sum exp(x - max)), in one pass (the online softmax), returned to every thread.
+// `scratch` holds kWarps partial sums; its previous readers must be done (the first __syncthreads sees to it).
 template <typename T>
-__global__ void forward_kernel(float* losses, float* lse, const T* logits, const int32_t* targets, int64_t tokens,
-                               int64_t vocab, int ignore_index, bool packed) {
-  __shared__ RunningSum scratch[kWarps];
+__device__ float row_log_sum_exp(const T* xr, int64_t vocab, bool packed, RunningSum* scratch) {
   constexpr int N = kPack<T>;
-  for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
-    const T* xr = logits + t * vocab;
-    RunningSum r;
-    if (packed) {
-      for_each_pack(xr, vocab / N, true, [&](int64_t, const float(&x)[N]) { add_values(r, x); });
-    } else {
-      for (int64_t v = threadIdx.x; v < vocab; v += blockDim.x) {
-        const float x[1] = {load_float(xr + v)};
-        add_values(r, x);
-      }
+  RunningSum r;
+  if (packed) {
+    for_each_pack(xr, vocab / N, true, [&](int64_t, const float(&x)[N]) { add_values(r, x); });
+  } else {
+    for (int64_t v = threadIdx.x; v < vocab; v += blockDim.x) {
+      const float x[1] = {load_float(xr + v)};
+      add_values(r, x);
     }
-    // A butterfly in each warp, then the warps in order.
-    for (int offset = 16; offset > 0; offset >>= 1) r = Merge{}(r, shuffle_xor(r, offset));
-    __syncthreads();  // the previous row's readers of scratch are done
-    if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = r;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      RunningSum total = scratch[0];
-      for (int w = 1; w < kWarps; ++w) total = Merge{}(total, scratch[w]);
-      const float l = total.max + logf(total.sum);
-      lse[t] = l;
-      const int64_t target = targets[t];
-      float loss = 0.0f;
-      if (target != ignore_index) loss = target >= 0 && target < vocab ? l - load_float(xr + target) : quiet_nan();
-      losses[t] = loss;
+  }
+  // A butterfly in each warp, then the warps in order (every thread, the same order).
+  for (int offset = 16; offset > 0; offset >>= 1) r = Merge{}(r, shuffle_xor(r, offset));
+  __syncthreads();  // the previous row's readers of scratch are done
+  if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = r;
+  __syncthreads();
+  RunningSum total = scratch[0];
+  for (int w = 1; w < kWarps; ++w) total = Merge{}(total, scratch[w]);
+  return total.max + logf(total.sum);
+}
+
+// Thread 0 writes the row's lse and loss = lse - x[target] (0 for an ignored row, NaN for a target outside [0, V)).
+template <typename T>
+__device__ void write_row_loss(float* losses, float* lse, int64_t t, float l, const T* xr, int64_t target,
+                               int64_t vocab, int ignore_index) {
+  if (threadIdx.x != 0) return;
+  lse[t] = l;
+  float loss = 0.0f;
+  if (target != ignore_index) loss = target >= 0 && target < vocab ? l - load_float(xr + target) : quiet_nan();
+  losses[t] = loss;
+}
+
+// dxr = scale * (exp(x - l) - onehot(target)), one read and one write of the row; `reverse` walks it from its end.
+// An ignored row is zero; a target outside [0, V) (not validated on the device) poisons the row with NaN. `l` is read
+// only for a counted row.
+template <typename T>
+__device__ void write_row_gradient(T* dxr, const T* xr, int64_t vocab, int64_t target, float l, float scale,
+                                   int ignore_index, bool packed, bool reverse) {
+  constexpr int N = kPack<T>;
+  const bool ignored = target == ignore_index;
+  const bool poisoned = !ignored && (target < 0 || target >= vocab);
+  if (ignored || poisoned) l = 0.0f;
+  const auto gradient = [&](float x, int64_t v) {
+    if (ignored) return 0.0f;
+    if (poisoned) return quiet_nan();
+    const float p = expf(x - l);
+    return scale * (v == target ? p - 1.0f : p);
+  };
+  if (packed) {
+    const int64_t packs = vocab / N;
+    const T* xs = reverse ? xr + (packs - 1) * N : xr;  // pack p of the walk is pack packs - 1 - p of the row
+    const int64_t step = reverse ? -N : N;
+    for_each_pack_strided(xs, step, packs, !ignored && !poisoned, [&](int64_t p, const float(&x)[N]) {
+      const int64_t q = reverse ? packs - 1 - p : p;
+      float g[N];
+#pragma unroll
+      for (int i = 0; i < N; ++i) g[i] = gradient(x[i], q * N + i);
+      store_pack(dxr + q * N, g);
+    });
+  } else {
+    for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
+      const int64_t v = reverse ? vocab - 1 - i : i;
+      store_float(dxr + v, gradient(ignored || poisoned ? 0.0f : load_float(xr + v), v));
     }
   }
 }
 
-// dlogits = scale * (exp(x - lse) - onehot(target)), one read and one write of the row.
+template <typename T>
+__global__ void forward_kernel(float* losses, float* lse, const T* logits, const int32_t* targets, int64_t tokens,
+                               int64_t vocab, int ignore_index, bool packed) {
+  __shared__ RunningSum scratch[kWarps];
+  for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
+    const T* xr = logits + t * vocab;
+    const float l = row_log_sum_exp(xr, vocab, packed, scratch);
+    write_row_loss(losses, lse, t, l, xr, targets[t], vocab, ignore_index);
+  }
+}
+
 template <typename T>
 __global__ void backward_kernel(T* dlogits, const T* logits, const float* lse, const int32_t* targets, int64_t tokens,
                                 int64_t vocab, float scale, int ignore_index, bool packed) {
-  constexpr int N = kPack<T>;
+  for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
+    const int64_t target = targets[t];
+    const bool counted = target != ignore_index && target >= 0 && target < vocab;
+    write_row_gradient(dlogits + t * vocab, logits + t * vocab, vocab, target, counted ? lse[t] : 0.0f, scale,
+                       ignore_index, packed, /*reverse=*/false);
+  }
+}
+
+// Both kernels' rows in one: the gradient pass follows the row's reduction, walking the row backwards.
+template <typename T>
+__global__ void forward_backward_kernel(float* losses, float* lse, T* dlogits, const T* logits, const int32_t* targets,
+                                        int64_t tokens, int64_t vocab, float scale, int ignore_index, bool packed) {
+  __shared__ RunningSum scratch[kWarps];
   for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
     const T* xr = logits + t * vocab;
-    T* dxr = dlogits + t * vocab;
     const int64_t target = targets[t];
-    // An ignored row is zero; a target outside [0, V) (not validated on the device) poisons the row with NaN.
-    const bool ignored = target == ignore_index;
-    const bool poisoned = !ignored && (target < 0 || target >= vocab);
-    const float l = ignored || poisoned ? 0.0f : lse[t];
-    const auto gradient = [&](float x, int64_t v) {
-      if (ignored) return 0.0f;
-      if (poisoned) return quiet_nan();
-      const float p = expf(x - l);
-      return scale * (v == target ? p - 1.0f : p);
-    };
-    if (packed) {
-      for_each_pack(xr, vocab / N, !ignored && !poisoned, [&](int64_t p, const float(&x)[N]) {
-        float g[N];
-#pragma unroll
-        for (int i = 0; i < N; ++i) g[i] = gradient(x[i], p * N + i);
-        store_pack(dxr + p * N, g);
-      });
-    } else {
-      for (int64_t v = threadIdx.x; v < vocab; v += blockDim.x) {
-        store_float(dxr + v, gradient(ignored || poisoned ? 0.0f : load_float(xr + v), v));
-      }
-    }
+    const float l = row_log_sum_exp(xr, vocab, packed, scratch);
+    write_row_loss(losses, lse, t, l, xr, target, vocab, ignore_index);
+    __syncthreads();  // thread 0 has read x[target] before the row may be overwritten (dlogits == logits)
+    write_row_gradient(dlogits + t * vocab, xr, vocab, target, l, scale, ignore_index, packed, /*reverse=*/true);
   }
 }
 
@@ -247,6 +296,28 @@ void cross_entropy_backward(const Stream& stream, const Tensor& dlogits, const T
         static_cast<const float*>(lse.raw_data()), static_cast<const int32_t*>(targets.raw_data()), tokens, vocab,
         static_cast<float>(scale), ignore_index,
         reduction_packs(stream, vocab, kPack<T>, {logits.raw_data(), dlogits.raw_data()}, "cross_entropy_backward"));
+  });
+  MT_CUDA_CHECK(cudaGetLastError());
+}
+
+void cross_entropy_forward_backward(const Stream& stream, const Tensor& losses, const Tensor& lse,
+                                    const Tensor& dlogits, const Tensor& logits, const Tensor& targets, double scale,
+                                    int ignore_index) {
+  const int64_t tokens = logits.size(0);
+  const int64_t vocab = logits.size(1);
+  if (tokens == 0) return;
+  const auto cu_stream = static_cast<cudaStream_t>(stream_handle(stream));
+  int device = 0, sms = 0;
+  MT_CUDA_CHECK(cudaGetDevice(&device));
+  MT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int64_t blocks = std::min<int64_t>(tokens, int64_t{sms} * kFusedRowBlocksPerSm);
+  dispatch_logits(logits, "cross_entropy_forward_backward", [&]<typename T>(T*) {
+    forward_backward_kernel<<<static_cast<unsigned>(blocks), kCrossEntropyThreads, 0, cu_stream>>>(
+        static_cast<float*>(losses.raw_data()), static_cast<float*>(lse.raw_data()),
+        static_cast<T*>(dlogits.raw_data()), static_cast<const T*>(logits.raw_data()),
+        static_cast<const int32_t*>(targets.raw_data()), tokens, vocab, static_cast<float>(scale), ignore_index,
+        reduction_packs(stream, vocab, kPack<T>, {logits.raw_data(), dlogits.raw_data()},
+                        "cross_entropy_forward_backward"));
   });
   MT_CUDA_CHECK(cudaGetLastError());
 }
