@@ -36,19 +36,36 @@ void check_logits(const Tensor& logits, const Stream& stream, const char* op) {
            "{}: expected logits in f32 or f64 but found {}", op, logits.describe());
 }
 
+// The arguments every cross-entropy op over [T, V] logits shares: the logits, the targets and, when defined, the
+// per-token losses and lse [T] and the logits' gradient [T, V] with its finite scale.
+struct LossArguments {
+  const Tensor* losses = nullptr;
+  const Tensor* lse = nullptr;
+  const Tensor* dlogits = nullptr;
+  double scale = 0.0;
+};
+
+void check_loss_arguments(const Stream& stream, const Tensor& logits, const Tensor& targets, int ignore_index,
+                          const LossArguments& a, const char* op) {
+  check_stream_backend(stream, op);
+  check_logits(logits, stream, op);
+  const int64_t tokens = logits.size(0);
+  const int64_t vocab = logits.size(1);
+  if (a.losses != nullptr) check_argument(*a.losses, {tokens}, row_dtype(logits), stream, op, "losses");
+  if (a.lse != nullptr) check_argument(*a.lse, {tokens}, row_dtype(logits), stream, op, "lse");
+  if (a.dlogits != nullptr) {
+    check_argument(*a.dlogits, {tokens, vocab}, logits.dtype(), stream, op, "dlogits");
+    MT_CHECK(std::isfinite(a.scale), "{}: expected a finite scale but found {}", op, a.scale);
+  }
+  check_class_targets(targets, tokens, vocab, ignore_index, stream, op);
+}
+
 }  // namespace
 
 void cross_entropy_forward(Stream& stream, Tensor losses, Tensor lse, const Tensor& logits, const Tensor& targets,
                            int ignore_index) {
   OpScope profile(stream, "loss");
-  constexpr const char* op = "cross_entropy_forward";
-  check_stream_backend(stream, op);
-  check_logits(logits, stream, op);
-  const int64_t tokens = logits.size(0);
-  const int64_t vocab = logits.size(1);
-  check_argument(losses, {tokens}, row_dtype(logits), stream, op, "losses");
-  check_argument(lse, {tokens}, row_dtype(logits), stream, op, "lse");
-  check_class_targets(targets, tokens, vocab, ignore_index, stream, op);
+  check_loss_arguments(stream, logits, targets, ignore_index, {&losses, &lse, nullptr, 0.0}, "cross_entropy_forward");
 #if MOETRAIN_HAS_CUDA
   if (logits.device().is_cuda()) {
     cuda::cross_entropy_forward(stream, losses, lse, logits, targets, ignore_index);
@@ -61,15 +78,8 @@ void cross_entropy_forward(Stream& stream, Tensor losses, Tensor lse, const Tens
 void cross_entropy_backward(Stream& stream, Tensor dlogits, const Tensor& logits, const Tensor& lse,
                             const Tensor& targets, double scale, int ignore_index) {
   OpScope profile(stream, "loss");
-  constexpr const char* op = "cross_entropy_backward";
-  check_stream_backend(stream, op);
-  check_logits(logits, stream, op);
-  const int64_t tokens = logits.size(0);
-  const int64_t vocab = logits.size(1);
-  check_argument(dlogits, {tokens, vocab}, logits.dtype(), stream, op, "dlogits");
-  check_argument(lse, {tokens}, row_dtype(logits), stream, op, "lse");
-  check_class_targets(targets, tokens, vocab, ignore_index, stream, op);
-  MT_CHECK(std::isfinite(scale), "{}: expected a finite scale but found {}", op, scale);
+  check_loss_arguments(stream, logits, targets, ignore_index, {nullptr, &lse, &dlogits, scale},
+                       "cross_entropy_backward");
 #if MOETRAIN_HAS_CUDA
   if (logits.device().is_cuda()) {
     cuda::cross_entropy_backward(stream, dlogits, logits, lse, targets, scale, ignore_index);
@@ -82,16 +92,8 @@ void cross_entropy_backward(Stream& stream, Tensor dlogits, const Tensor& logits
 void cross_entropy_forward_backward(Stream& stream, Tensor losses, Tensor lse, Tensor dlogits, const Tensor& logits,
                                     const Tensor& targets, double scale, int ignore_index) {
   OpScope profile(stream, "loss");
-  constexpr const char* op = "cross_entropy_forward_backward";
-  check_stream_backend(stream, op);
-  check_logits(logits, stream, op);
-  const int64_t tokens = logits.size(0);
-  const int64_t vocab = logits.size(1);
-  check_argument(losses, {tokens}, row_dtype(logits), stream, op, "losses");
-  check_argument(lse, {tokens}, row_dtype(logits), stream, op, "lse");
-  check_argument(dlogits, {tokens, vocab}, logits.dtype(), stream, op, "dlogits");
-  check_class_targets(targets, tokens, vocab, ignore_index, stream, op);
-  MT_CHECK(std::isfinite(scale), "{}: expected a finite scale but found {}", op, scale);
+  check_loss_arguments(stream, logits, targets, ignore_index, {&losses, &lse, &dlogits, scale},
+                       "cross_entropy_forward_backward");
 #if MOETRAIN_HAS_CUDA
   if (logits.device().is_cuda()) {
     cuda::cross_entropy_forward_backward(stream, losses, lse, dlogits, logits, targets, scale, ignore_index);

@@ -3,6 +3,7 @@
 // logits up to a full 151936-token vocabulary with ignored targets, batch invariance, determinism, the out-of-range
 // guard and argument checks. Run on a GPU; skipped elsewhere.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -15,6 +16,9 @@
 
 #include "core/rng.h"
 #include "ops/loss.h"
+#if MOETRAIN_HAS_CUDA
+#include "ops/cuda/loss.h"
+#endif
 #include "testing/cuda_compare.h"
 #include "testing/gpu.h"
 #include "testing/test_data.h"
@@ -274,6 +278,51 @@ TEST(CudaCrossEntropy, RejectsDtypesWithoutACudaKernelAndMixedDevices) {
       [&] { ops::cross_entropy_totals(gpu(), Tensor::zeros({3}, DType::F32, cuda), Tensor::zeros({3}, DType::I32)); },
       {"cross_entropy_totals", "targets", "stream's device cuda:0", "on cpu"});
 }
+
+#if MOETRAIN_HAS_CUDA
+// Benchmark: one micro-batch of the workload of record's loss (8192 tokens, Qwen's 151,936-token vocabulary, bf16
+// logits, 2.5 GB): the forward and the in-place backward kernels against the fused kernel at 1, 2 and 4 row blocks
+// per SM, in ms and in bytes of logits moved per second (three passes for the two kernels, two for the fused one).
+TEST(CudaCrossEntropyBench, DISABLED_WorkloadShape) {
+  MT_REQUIRE_GPU();
+  constexpr int64_t kTokens = 8192, kVocab = 151936;
+  const Device dev = Device::cuda(0);
+  Rng rng(76);
+  const Tensor row = random_tensor({kVocab}, DType::F32, rng, 2.0).to(DType::BF16);
+  Tensor logits = Tensor::empty({kTokens, kVocab}, DType::BF16, dev);
+  for (int64_t t = 0; t < kTokens; ++t) {
+    copy_bytes(static_cast<uint8_t*>(logits.raw_data()) + t * kVocab * 2, dev, row.raw_data(), Device::cpu(),
+               static_cast<size_t>(kVocab) * 2);
+  }
+  const Tensor targets = on_gpu(make_targets(kTokens, kVocab, rng));
+  Tensor losses = Tensor::empty({kTokens}, DType::F32, dev), lse = Tensor::empty({kTokens}, DType::F32, dev);
+  const double pass_bytes = static_cast<double>(kTokens) * kVocab * 2;
+  const auto time_ms = [&](const std::function<void()>& call) {
+    call();
+    ops::cuda::synchronize(dev);
+    constexpr int kReps = 10;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int r = 0; r < kReps; ++r) call();
+    ops::cuda::synchronize(dev);
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / kReps;
+  };
+  const double two_kernels = time_ms([&] {
+    ops::cross_entropy_forward(gpu(), losses, lse, logits, targets);
+    ops::cross_entropy_backward(gpu(), logits, logits, lse, targets, 1e-4);
+  });
+  std::printf("[cross-entropy] %lld x %lld bf16: forward + backward kernels %.3f ms (%.0f GB/s over 3 passes)\n",
+              static_cast<long long>(kTokens), static_cast<long long>(kVocab), two_kernels,
+              3 * pass_bytes / two_kernels / 1e6);
+  for (int blocks_per_sm : {1, 2, 4}) {
+    const double fused = time_ms([&] {
+      ops::cuda::cross_entropy_forward_backward(gpu(), losses, lse, logits, logits, targets, 1e-4, ops::kIgnoreIndex,
+                                                blocks_per_sm);
+    });
+    std::printf("[cross-entropy] fused, %d row block(s) per SM: %.3f ms (%.0f GB/s over 3 passes; x%.2f)\n",
+                blocks_per_sm, fused, 3 * pass_bytes / fused / 1e6, two_kernels / fused);
+  }
+}
+#endif  // MOETRAIN_HAS_CUDA
 
 }  // namespace
 }  // namespace moetrain

@@ -23,9 +23,6 @@ namespace {
 constexpr int kWarps = kCrossEntropyThreads / 32;
 constexpr int kTotalsThreads = 1024;
 constexpr int64_t kMaxRowBlocks = int64_t(1) << 20;  // grid-stride beyond this
-// The fused forward + backward keeps this many rows in flight per SM: 132 rows of 151,936 bf16 logits (40 MB) fit in
-// an H200's 50 MB L2, so a row's second pass finds much of it there.
-constexpr int64_t kFusedRowBlocksPerSm = 1;
 
 __device__ __forceinline__ float quiet_nan() { return __int_as_float(0x7fc00000); }
 
@@ -302,7 +299,9 @@ void cross_entropy_backward(const Stream& stream, const Tensor& dlogits, const T
 
 void cross_entropy_forward_backward(const Stream& stream, const Tensor& losses, const Tensor& lse,
                                     const Tensor& dlogits, const Tensor& logits, const Tensor& targets, double scale,
-                                    int ignore_index) {
+                                    int ignore_index, int row_blocks_per_sm) {
+  MT_CHECK(row_blocks_per_sm > 0, "cross_entropy_forward_backward (CUDA): expected row blocks per SM > 0 but found {}",
+           row_blocks_per_sm);
   const int64_t tokens = logits.size(0);
   const int64_t vocab = logits.size(1);
   if (tokens == 0) return;
@@ -310,7 +309,9 @@ void cross_entropy_forward_backward(const Stream& stream, const Tensor& losses, 
   int device = 0, sms = 0;
   MT_CUDA_CHECK(cudaGetDevice(&device));
   MT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  const int64_t blocks = std::min<int64_t>(tokens, int64_t{sms} * kFusedRowBlocksPerSm);
+  // One block per SM keeps 132 rows of 151,936 bf16 logits (40 MB) in flight, within an H200's 50 MB L2: a row's
+  // second pass finds much of it there.
+  const int64_t blocks = std::min<int64_t>(tokens, int64_t{sms} * row_blocks_per_sm);
   dispatch_logits(logits, "cross_entropy_forward_backward", [&]<typename T>(T*) {
     forward_backward_kernel<<<static_cast<unsigned>(blocks), kCrossEntropyThreads, 0, cu_stream>>>(
         static_cast<float*>(losses.raw_data()), static_cast<float*>(lse.raw_data()),

@@ -20,12 +20,14 @@ void cross_entropy_forward(const Stream& stream, const Tensor& losses, const Ten
 void cross_entropy_backward(const Stream& stream, const Tensor& dlogits, const Tensor& logits, const Tensor& lse,
                             const Tensor& targets, double scale, int ignore_index);
 // The two above in one kernel: each row's log-sum-exp, loss and gradient by one block, the gradient pass right after
-// the row's reduction and in reverse order (the row's most recently read end is the likeliest still in L2), with one
-// block per SM so the rows in flight fit in L2. The same bits as the two kernels: the same per-row code, and the
-// gradient reads the log-sum-exp as the forward writes it. dlogits may be logits.
+// the row's reduction and in reverse order (the row's most recently read end is the likeliest still in L2), with
+// `row_blocks_per_sm` blocks per SM (few, so that the rows in flight fit in L2; the benchmark tries others). The same
+// bits as the two kernels: the same per-row code, and the gradient reads the log-sum-exp as the forward writes it.
+// dlogits may be logits.
+inline constexpr int kFusedCrossEntropyBlocksPerSm = 1;
 void cross_entropy_forward_backward(const Stream& stream, const Tensor& losses, const Tensor& lse,
                                     const Tensor& dlogits, const Tensor& logits, const Tensor& targets, double scale,
-                                    int ignore_index);
+                                    int ignore_index, int row_blocks_per_sm = kFusedCrossEntropyBlocksPerSm);
 // Sum (f64) and count of the counted tokens' losses (f32 [T]), reduced on the device in an order fixed by T alone,
 // then copied to the host: this call synchronises the stream.
 LossTotals cross_entropy_totals(const Stream& stream, const Tensor& losses, const Tensor& targets, int ignore_index);
