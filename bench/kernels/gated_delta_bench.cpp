@@ -148,7 +148,7 @@ int run() {
                                                  cu_seqlens, scale);
   }
   ops::set_op_profiling(false);
-  for (const auto& [kernel, seconds] : ops::collect_op_times()) {
+  for (const auto& [kernel, seconds] : ops::collect_op_times().by_family) {
     std::printf("kernel %-28s %8.3f ms per forward + backward\n", kernel.c_str(), seconds * 1e3 / kIterations);
   }
 

@@ -90,7 +90,7 @@ int run_bench(const BenchOptions& options) {
   ops::collect_op_times();  // drop anything recorded before the timed steps
   const train::TrainSummary timed = trainer.run(options.steps);
   ops::set_op_profiling(false);
-  const std::map<std::string, double> by_family = ops::collect_op_times();
+  const ops::OpTimes op_times = ops::collect_op_times();
 
   const double seconds = std::accumulate(timed.step_seconds.begin(), timed.step_seconds.end(), 0.0);
   const double tokens =
@@ -138,22 +138,36 @@ int run_bench(const BenchOptions& options) {
       result["memory"]["activations_and_workspace_GiB"].get<double>(), startup_peak / kGiB);
   std::vector<std::pair<double, std::string>> families;
   double device_seconds = 0.0;
-  for (const auto& [family, s] : by_family) {
+  for (const auto& [family, s] : op_times.by_family) {
     families.emplace_back(s, family);
     device_seconds += s;
   }
   std::sort(families.rbegin(), families.rend());
   nlohmann::json time_json = nlohmann::json::object();
+  nlohmann::json op_json = nlohmann::json::object();
   for (const auto& [s, family] : families) {
     const double per_step = s / static_cast<double>(options.steps);
     std::printf("bench: time %-14s %8.2f ms/step %5.1f%%\n", family.c_str(), 1e3 * per_step, 100.0 * s / seconds);
     time_json[family] = per_step;
+    // The family's ops, the slowest first, where it has more than one.
+    std::vector<std::pair<double, std::string>> ops_of_family;
+    for (const auto& [op, op_seconds] : op_times.by_op.at(family)) {
+      ops_of_family.emplace_back(op_seconds, op);
+      op_json[family][op] = op_seconds / static_cast<double>(options.steps);
+    }
+    std::sort(ops_of_family.rbegin(), ops_of_family.rend());
+    if (ops_of_family.size() < 2) continue;
+    for (const auto& [op_seconds, op] : ops_of_family) {
+      std::printf("bench:      %-37s %8.2f ms/step\n", op.c_str(),
+                  1e3 * op_seconds / static_cast<double>(options.steps));
+    }
   }
   const double other = std::max(0.0, seconds - device_seconds) / static_cast<double>(options.steps);
   std::printf("bench: time %-14s %8.2f ms/step %5.1f%% (host work and gaps between ops)\n", "other", 1e3 * other,
               100.0 * other * static_cast<double>(options.steps) / seconds);
   time_json["other"] = other;
   result["time_per_step_s"] = time_json;
+  result["time_per_op_s"] = op_json;
   if (!options.out.empty()) {
     std::ofstream out(options.out);
     MT_CHECK(out.good(), "bench: cannot write {}", options.out);

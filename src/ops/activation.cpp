@@ -44,8 +44,8 @@ void check_clamped_swiglu_params(const ClampedSwigluParams& params, const std::s
 }
 
 void swiglu_forward(Stream& stream, Tensor y, const Tensor& gate_up) {
-  OpScope profile(stream, "activation");
   constexpr const char* op = "swiglu_forward";
+  OpScope profile(stream, "activation", op);
   check_stream_backend(stream, op);
   const int64_t width = check_gate_up(gate_up, stream, op);
   check_argument(y, {gate_up.size(0), width}, gate_up.dtype(), stream, op, "y [N, I]");
@@ -59,8 +59,8 @@ void swiglu_forward(Stream& stream, Tensor y, const Tensor& gate_up) {
 }
 
 void swiglu_backward(Stream& stream, Tensor dgate_up, const Tensor& dy, const Tensor& gate_up) {
-  OpScope profile(stream, "activation");
   constexpr const char* op = "swiglu_backward";
+  OpScope profile(stream, "activation", op);
   check_stream_backend(stream, op);
   const int64_t width = check_gate_up(gate_up, stream, op);
   check_argument(dy, {gate_up.size(0), width}, gate_up.dtype(), stream, op, "dy [N, I]");
@@ -75,8 +75,8 @@ void swiglu_backward(Stream& stream, Tensor dgate_up, const Tensor& dy, const Te
 }
 
 void clamped_swiglu_forward(Stream& stream, Tensor y, const Tensor& gate_up, const ClampedSwigluParams& params) {
-  OpScope profile(stream, "activation");
   constexpr const char* op = "clamped_swiglu_forward";
+  OpScope profile(stream, "activation", op);
   check_stream_backend(stream, op);
   check_clamped_swiglu_params(params, op);
   const int64_t width = check_gate_up(gate_up, stream, op);
@@ -92,8 +92,8 @@ void clamped_swiglu_forward(Stream& stream, Tensor y, const Tensor& gate_up, con
 
 void clamped_swiglu_backward(Stream& stream, Tensor dgate_up, const Tensor& dy, const Tensor& gate_up,
                              const ClampedSwigluParams& params) {
-  OpScope profile(stream, "activation");
   constexpr const char* op = "clamped_swiglu_backward";
+  OpScope profile(stream, "activation", op);
   check_stream_backend(stream, op);
   check_clamped_swiglu_params(params, op);
   const int64_t width = check_gate_up(gate_up, stream, op);
@@ -131,8 +131,8 @@ int64_t check_sigmoid_gate(const Tensor& x, const Tensor& gate, const Stream& st
 }  // namespace
 
 void sigmoid_gate_forward(Stream& stream, Tensor y, const Tensor& x, const Tensor& gate) {
-  OpScope profile(stream, "activation");
   constexpr const char* op = "sigmoid_gate_forward";
+  OpScope profile(stream, "activation", op);
   check_stream_backend(stream, op);
   check_sigmoid_gate(x, gate, stream, op);
   check_argument(y, x.shape(), x.dtype(), stream, op, "y [N, D]");
@@ -147,8 +147,8 @@ void sigmoid_gate_forward(Stream& stream, Tensor y, const Tensor& x, const Tenso
 
 void sigmoid_gate_backward(Stream& stream, Tensor dx, Tensor dgate, const Tensor& dy, const Tensor& x,
                            const Tensor& gate) {
-  OpScope profile(stream, "activation");
   constexpr const char* op = "sigmoid_gate_backward";
+  OpScope profile(stream, "activation", op);
   check_stream_backend(stream, op);
   check_sigmoid_gate(x, gate, stream, op);
   check_argument(dy, x.shape(), x.dtype(), stream, op, "dy [N, D]");

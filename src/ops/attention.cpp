@@ -151,8 +151,8 @@ void validate_cu_seqlens(const Tensor& cu_seqlens, int64_t num_tokens, const cha
 
 void attention_forward(Stream& stream, Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
                        const Tensor& cu_seqlens, const AttentionParams& params) {
-  OpScope profile(stream, "attention");
   constexpr const char* op = "attention_forward";
+  OpScope profile(stream, "attention", op);
   const AttentionShape s = check_qkv(q, k, v, op);
   const Device device = check_tensor_backend(stream, q, op, "q");
   const DType dtype = q.dtype();
@@ -181,8 +181,8 @@ void attention_forward(Stream& stream, Tensor out, Tensor lse, const Tensor& q, 
 void attention_backward(Stream& stream, Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q,
                         const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                         const Tensor& cu_seqlens, const AttentionParams& params) {
-  OpScope profile(stream, "attention");
   constexpr const char* op = "attention_backward";
+  OpScope profile(stream, "attention", op);
   const AttentionShape s = check_qkv(q, k, v, op);
   const Device device = check_tensor_backend(stream, q, op, "q");
   const DType dtype = q.dtype();
@@ -212,8 +212,8 @@ void attention_backward(Stream& stream, Tensor dq, Tensor dk, Tensor dv, const T
 
 void attention_decode_forward(Stream& stream, Tensor out, Tensor lse, const Tensor& q, const Tensor& k_cache,
                               const Tensor& v_cache, const Tensor& lengths, const AttentionParams& params) {
-  OpScope profile(stream, "attention");
   constexpr const char* op = "attention_decode_forward";
+  OpScope profile(stream, "attention", op);
   const Device device = check_tensor_backend(stream, q, op, "q");
   MT_CHECK(q.dim() == 3, "{}: expected q [B, nh, hd] but found {}", op, q.describe());
   MT_CHECK(k_cache.dim() == 4, "{}: expected k_cache [B, C, nkv, hd] but found {}", op, k_cache.describe());
@@ -255,8 +255,8 @@ void attention_decode_forward(Stream& stream, Tensor out, Tensor lse, const Tens
 }
 
 void attention_sinks_forward(Stream& stream, Tensor out, Tensor lse, const Tensor& sinks) {
-  OpScope profile(stream, "attention");
   constexpr const char* op = "attention_sinks_forward";
+  OpScope profile(stream, "attention", op);
   Device device;
   const AttentionShape s = check_sinks(stream, out, lse, sinks, op, &device);
   if (s.tokens == 0 || s.nh == 0) return;
@@ -271,8 +271,8 @@ void attention_sinks_forward(Stream& stream, Tensor out, Tensor lse, const Tenso
 
 void attention_sinks_backward(Stream& stream, Tensor dsinks, const Tensor& dout, const Tensor& out, const Tensor& lse,
                               const Tensor& sinks) {
-  OpScope profile(stream, "attention");
   constexpr const char* op = "attention_sinks_backward";
+  OpScope profile(stream, "attention", op);
   Device device;
   const AttentionShape s = check_sinks(stream, out, lse, sinks, op, &device);
   check_argument(dout, out.shape(), out.dtype(), device, op, "dout", "out");

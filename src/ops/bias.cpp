@@ -83,8 +83,8 @@ int64_t check_groups(const Tensor& t, const char* op, const char* name) {
 }  // namespace
 
 void bias_add(Stream& stream, Tensor y, const Tensor& bias) {
-  OpScope profile(stream, "bias");
   constexpr const char* op = "bias_add";
+  OpScope profile(stream, "bias", op);
   const auto [rows, width] = check_rows(stream, y, op, "y");
   check_bias(stream, bias, {width}, y, op, "bias [N]");
 #if MOETRAIN_HAS_CUDA
@@ -97,8 +97,8 @@ void bias_add(Stream& stream, Tensor y, const Tensor& bias) {
 }
 
 void bias_backward(Stream& stream, Tensor dbias, const Tensor& dy) {
-  OpScope profile(stream, "bias");
   constexpr const char* op = "bias_backward";
+  OpScope profile(stream, "bias", op);
   const auto [rows, width] = check_rows(stream, dy, op, "dy");
   check_argument(dbias, {width}, gradient_dtype(dy), stream, op, "dbias [N]");
 #if MOETRAIN_HAS_CUDA
@@ -111,8 +111,8 @@ void bias_backward(Stream& stream, Tensor dbias, const Tensor& dy) {
 }
 
 void grouped_bias_add(Stream& stream, Tensor y, const Tensor& bias, const Tensor& offsets) {
-  OpScope profile(stream, "bias");
   constexpr const char* op = "grouped_bias_add";
+  OpScope profile(stream, "bias", op);
   const auto [rows, width] = check_rows(stream, y, op, "y");
   const int64_t groups = check_groups(bias, op, "bias");
   check_bias(stream, bias, {groups, width}, y, op, "bias [G, N]");
@@ -127,8 +127,8 @@ void grouped_bias_add(Stream& stream, Tensor y, const Tensor& bias, const Tensor
 }
 
 void grouped_bias_backward(Stream& stream, Tensor dbias, const Tensor& dy, const Tensor& offsets) {
-  OpScope profile(stream, "bias");
   constexpr const char* op = "grouped_bias_backward";
+  OpScope profile(stream, "bias", op);
   const auto [rows, width] = check_rows(stream, dy, op, "dy");
   const int64_t groups = check_groups(dbias, op, "dbias");
   check_argument(dbias, {groups, width}, gradient_dtype(dy), stream, op, "dbias [G, N]");

@@ -39,8 +39,8 @@ void check_block(const Shape2& dst, int64_t dst_col, const Shape2& src, int64_t 
 
 void copy_columns(Stream& stream, Tensor dst, int64_t dst_col, const Tensor& src, int64_t src_col, int64_t width,
                   int64_t repeat) {
-  OpScope profile(stream, "elementwise");
   constexpr const char* op = "copy_columns";
+  OpScope profile(stream, "elementwise", op);
   check_stream_backend(stream, op);
   const Shape2 d = as_matrix(dst, stream, op, "dst"), s = as_matrix(src, stream, op, "src");
   MT_CHECK(dst.dtype() == src.dtype(), "{}: dst is {} but src is {}", op, dst.describe(), src.describe());
@@ -60,8 +60,8 @@ void copy_columns(Stream& stream, Tensor dst, int64_t dst_col, const Tensor& src
 
 void sum_repeated_columns(Stream& stream, Tensor dst, int64_t dst_col, const Tensor& src, int64_t src_col,
                           int64_t width, int64_t repeat) {
-  OpScope profile(stream, "elementwise");
   constexpr const char* op = "sum_repeated_columns";
+  OpScope profile(stream, "elementwise", op);
   check_stream_backend(stream, op);
   const Shape2 d = as_matrix(dst, stream, op, "dst"), s = as_matrix(src, stream, op, "src");
   MT_CHECK(dst.dtype() == src.dtype(), "{}: dst is {} but src is {}", op, dst.describe(), src.describe());

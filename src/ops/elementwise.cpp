@@ -50,8 +50,8 @@ void check_addend(const Tensor& t, const Tensor& sum, const Stream& stream, cons
 }  // namespace
 
 void add_forward(Stream& stream, Tensor out, const Tensor& a, const Tensor& b) {
-  OpScope profile(stream, "elementwise");
   constexpr const char* op = "add_forward";
+  OpScope profile(stream, "elementwise", op);
   check_stream_backend(stream, op);
   check_float(a, stream, op, "a");
   check_addend(b, a, stream, op, "b");
@@ -69,8 +69,8 @@ void add_forward(Stream& stream, Tensor out, const Tensor& a, const Tensor& b) {
 }
 
 void accumulate(Stream& stream, Tensor acc, const Tensor& x) {
-  OpScope profile(stream, "elementwise");
   constexpr const char* op = "accumulate";
+  OpScope profile(stream, "elementwise", op);
   check_stream_backend(stream, op);
   check_float(acc, stream, op, "acc");
   check_addend(x, acc, stream, op, "x");
@@ -84,8 +84,8 @@ void accumulate(Stream& stream, Tensor acc, const Tensor& x) {
 }
 
 void scale_inplace(Stream& stream, Tensor x, double factor) {
-  OpScope profile(stream, "elementwise");
   constexpr const char* op = "scale_inplace";
+  OpScope profile(stream, "elementwise", op);
   check_stream_backend(stream, op);
   check_float(x, stream, op, "x");
 #if MOETRAIN_HAS_CUDA
@@ -98,8 +98,8 @@ void scale_inplace(Stream& stream, Tensor x, double factor) {
 }
 
 void cast(Stream& stream, Tensor out, const Tensor& in) {
-  OpScope profile(stream, "elementwise");
   constexpr const char* op = "cast";
+  OpScope profile(stream, "elementwise", op);
   check_stream_backend(stream, op);
   check_castable(in, stream, op, "in");
   check_castable(out, stream, op, "out");
@@ -121,8 +121,8 @@ Tensor in_dtype(Stream& stream, const Tensor& in, DType dtype) {
 }
 
 void round_to_bf16_inplace(Stream& stream, Tensor x) {
-  OpScope profile(stream, "elementwise");
   constexpr const char* op = "round_to_bf16_inplace";
+  OpScope profile(stream, "elementwise", op);
   check_stream_backend(stream, op);
   const std::string what = fmt::format("{}: x", op);
   expect_dtype(x, DType::F32, what);

@@ -63,8 +63,8 @@ int64_t check_ids(const Tensor& ids, int64_t vocab, const Stream& stream, const 
 }  // namespace
 
 void embedding_forward(Stream& stream, Tensor y, const Tensor& ids, const Tensor& table) {
-  OpScope profile(stream, "embedding");
   constexpr const char* op = "embedding_forward";
+  OpScope profile(stream, "embedding", op);
   check_stream_backend(stream, op);
   check_table(table, stream, op, "table");
   check_float_dtype(table, stream, op, "table");
@@ -83,8 +83,8 @@ void embedding_forward(Stream& stream, Tensor y, const Tensor& ids, const Tensor
 }
 
 void embedding_backward_weight(Stream& stream, Tensor dtable, const Tensor& dy, const Tensor& ids) {
-  OpScope profile(stream, "embedding");
   constexpr const char* op = "embedding_backward_weight";
+  OpScope profile(stream, "embedding", op);
   check_stream_backend(stream, op);
   check_table(dtable, stream, op, "dtable");
   const int64_t tokens = check_ids(ids, dtable.size(0), stream, op);

@@ -132,8 +132,8 @@ RuleShape check_rule(const Stream& stream, const Tensor& q, const Tensor& k, con
 }  // namespace
 
 void causal_conv1d_silu_forward(Stream& s, Tensor y, const Tensor& x, const Tensor& w, const Tensor& cu_seqlens) {
-  OpScope profile(s, "gated_delta");
   constexpr const char* op = "causal_conv1d_silu_forward";
+  OpScope profile(s, "gated_delta", op);
   GdnDTypes dtypes{};
   const ConvShape c = check_conv(s, x, w, &dtypes, op);
   check_argument(y, x.shape(), dtypes.act, s, op, "y");
@@ -149,8 +149,8 @@ void causal_conv1d_silu_forward(Stream& s, Tensor y, const Tensor& x, const Tens
 
 void causal_conv1d_silu_backward(Stream& s, Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x, const Tensor& w,
                                  const Tensor& cu_seqlens) {
-  OpScope profile(s, "gated_delta");
   constexpr const char* op = "causal_conv1d_silu_backward";
+  OpScope profile(s, "gated_delta", op);
   GdnDTypes dtypes{};
   const ConvShape c = check_conv(s, x, w, &dtypes, op);
   check_argument(dy, x.shape(), dtypes.act, s, op, "dy");
@@ -167,8 +167,8 @@ void causal_conv1d_silu_backward(Stream& s, Tensor dx, Tensor dw, const Tensor& 
 }
 
 void l2norm_forward(Stream& s, Tensor y, const Tensor& x, float eps) {
-  OpScope profile(s, "gated_delta");
   constexpr const char* op = "l2norm_forward";
+  OpScope profile(s, "gated_delta", op);
   const GdnDTypes dtypes = check_first(s, x, op, "x");
   check_rows(x, op, "x");
   check_argument(y, x.shape(), dtypes.act, s, op, "y");
@@ -183,8 +183,8 @@ void l2norm_forward(Stream& s, Tensor y, const Tensor& x, float eps) {
 }
 
 void l2norm_backward(Stream& s, Tensor dx, const Tensor& dy, const Tensor& x, float eps) {
-  OpScope profile(s, "gated_delta");
   constexpr const char* op = "l2norm_backward";
+  OpScope profile(s, "gated_delta", op);
   const GdnDTypes dtypes = check_first(s, x, op, "x");
   check_rows(x, op, "x");
   check_argument(dy, x.shape(), dtypes.act, s, op, "dy");
@@ -203,8 +203,8 @@ void l2norm_backward(Stream& s, Tensor dx, const Tensor& dy, const Tensor& x, fl
 
 void gated_delta_gates_forward(Stream& s, Tensor g, Tensor beta, const Tensor& a, const Tensor& b, const Tensor& A_log,
                                const Tensor& dt_bias) {
-  OpScope profile(s, "gated_delta");
   constexpr const char* op = "gated_delta_gates_forward";
+  OpScope profile(s, "gated_delta", op);
   const GdnDTypes dtypes = check_first(s, a, op, "a");
   MT_CHECK(a.dim() == 2 && a.size(0) > 0 && a.size(1) > 0, "{}: expected a [T, H] with T, H > 0 but found {}", op,
            a.describe());
@@ -226,8 +226,8 @@ void gated_delta_gates_forward(Stream& s, Tensor g, Tensor beta, const Tensor& a
 void gated_delta_gates_backward(Stream& s, Tensor da, Tensor db, Tensor dA_log, Tensor ddt_bias, const Tensor& dg,
                                 const Tensor& dbeta, const Tensor& a, const Tensor& b, const Tensor& A_log,
                                 const Tensor& dt_bias) {
-  OpScope profile(s, "gated_delta");
   constexpr const char* op = "gated_delta_gates_backward";
+  OpScope profile(s, "gated_delta", op);
   const GdnDTypes dtypes = check_first(s, a, op, "a");
   MT_CHECK(a.dim() == 2 && a.size(0) > 0 && a.size(1) > 0, "{}: expected a [T, H] with T, H > 0 but found {}", op,
            a.describe());
@@ -252,8 +252,8 @@ void gated_delta_gates_backward(Stream& s, Tensor da, Tensor db, Tensor dA_log, 
 
 void gated_delta_rule_forward(Stream& s, Tensor out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
                               const Tensor& beta, const Tensor& cu_seqlens, float scale, GatedDeltaSaved* saved) {
-  OpScope profile(s, "gated_delta");
   constexpr const char* op = "gated_delta_rule_forward";
+  OpScope profile(s, "gated_delta", op);
   if (saved != nullptr) saved->tensors.clear();
   GdnDTypes dtypes{};
   check_rule(s, q, k, v, g, beta, cu_seqlens, scale, &dtypes, op);
@@ -277,8 +277,8 @@ void gated_delta_rule_forward(Stream& s, Tensor out, const Tensor& q, const Tens
 void gated_delta_rule_backward(Stream& s, Tensor dq, Tensor dk, Tensor dv, Tensor dg, Tensor dbeta, const Tensor& dout,
                                const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
                                const Tensor& cu_seqlens, float scale, const GatedDeltaSaved* saved) {
-  OpScope profile(s, "gated_delta");
   constexpr const char* op = "gated_delta_rule_backward";
+  OpScope profile(s, "gated_delta", op);
   GdnDTypes dtypes{};
   const RuleShape r = check_rule(s, q, k, v, g, beta, cu_seqlens, scale, &dtypes, op);
   check_argument(dout, v.shape(), dtypes.act, s, op, "dout");
@@ -314,8 +314,8 @@ Tensor one_token_per_document(const Stream& s, int64_t rows) {
 void gated_delta_rule_prefill(Stream& s, Tensor out, Tensor final_state, const Tensor& q, const Tensor& k,
                               const Tensor& v, const Tensor& g, const Tensor& beta, const Tensor& cu_seqlens,
                               float scale) {
-  OpScope profile(s, "gated_delta");
   constexpr const char* op = "gated_delta_rule_prefill";
+  OpScope profile(s, "gated_delta", op);
   GdnDTypes dtypes{};
   const RuleShape r = check_rule(s, q, k, v, g, beta, cu_seqlens, scale, &dtypes, op);
   check_argument(out, v.shape(), dtypes.act, s, op, "out");
@@ -331,8 +331,8 @@ void gated_delta_rule_prefill(Stream& s, Tensor out, Tensor final_state, const T
 
 void gated_delta_rule_decode(Stream& s, Tensor out, Tensor state, const Tensor& q, const Tensor& k, const Tensor& v,
                              const Tensor& g, const Tensor& beta, float scale) {
-  OpScope profile(s, "gated_delta");
   constexpr const char* op = "gated_delta_rule_decode";
+  OpScope profile(s, "gated_delta", op);
   GdnDTypes dtypes{};
   const int64_t rows = q.defined() && q.dim() == 3 ? q.size(0) : 0;
   const Tensor cu = one_token_per_document(s, rows);
@@ -349,8 +349,8 @@ void gated_delta_rule_decode(Stream& s, Tensor out, Tensor state, const Tensor& 
 }
 
 void causal_conv1d_silu_decode(Stream& s, Tensor y, const Tensor& history, const Tensor& w, const Tensor& lengths) {
-  OpScope profile(s, "gated_delta");
   constexpr const char* op = "causal_conv1d_silu_decode";
+  OpScope profile(s, "gated_delta", op);
   GdnDTypes dtypes = check_first(s, history, op, "history");
   MT_CHECK(history.dim() == 3 && history.size(0) > 0 && history.size(1) > 0 && history.size(2) > 0,
            "{}: expected history [B, capacity, C] with every size > 0 but found {}", op, history.describe());
@@ -379,8 +379,8 @@ void causal_conv1d_silu_decode(Stream& s, Tensor y, const Tensor& history, const
 
 void gated_rmsnorm_forward(Stream& s, Tensor y, Tensor rstd, const Tensor& x, const Tensor& z, const Tensor& w,
                            float eps) {
-  OpScope profile(s, "gated_delta");
   constexpr const char* op = "gated_rmsnorm_forward";
+  OpScope profile(s, "gated_delta", op);
   const GdnDTypes dtypes = check_first(s, x, op, "x");
   const int64_t rows = check_rows(x, op, "x");
   check_argument(z, x.shape(), dtypes.act, s, op, "z");
@@ -399,8 +399,8 @@ void gated_rmsnorm_forward(Stream& s, Tensor y, Tensor rstd, const Tensor& x, co
 
 void gated_rmsnorm_backward(Stream& s, Tensor dx, Tensor dz, Tensor dw, const Tensor& dy, const Tensor& x,
                             const Tensor& z, const Tensor& w, const Tensor& rstd, float eps) {
-  OpScope profile(s, "gated_delta");
   constexpr const char* op = "gated_rmsnorm_backward";
+  OpScope profile(s, "gated_delta", op);
   const GdnDTypes dtypes = check_first(s, x, op, "x");
   const int64_t rows = check_rows(x, op, "x");
   check_argument(z, x.shape(), dtypes.act, s, op, "z");

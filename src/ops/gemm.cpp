@@ -58,8 +58,8 @@ const char* transpose_name(Transpose t) { return t == Transpose::No ? "" : "^T";
 
 void gemm(Stream& stream, Tensor out, const Tensor& a, Transpose transpose_a, const Tensor& b, Transpose transpose_b,
           double alpha, double beta) {
-  OpScope profile(stream, "gemm");
   constexpr const char* op = "gemm";
+  OpScope profile(stream, "gemm", op);
   check_matrix(stream, out, op, "out");
   check_matrix(stream, a, op, "a");
   check_matrix(stream, b, op, "b");
@@ -93,8 +93,8 @@ void gemm(Stream& stream, Tensor out, const Tensor& a, Transpose transpose_a, co
 }
 
 void linear_forward(Stream& stream, Tensor y, const Tensor& x, const Tensor& w) {
-  OpScope profile(stream, "gemm");
   constexpr const char* op = "linear_forward";
+  OpScope profile(stream, "gemm", op);
   check_matrix(stream, x, op, "x [M, K]");
   check_matrix(stream, w, op, "w [N, K]");
   check_matrix(stream, y, op, "y [M, N]");
@@ -107,8 +107,8 @@ void linear_forward(Stream& stream, Tensor y, const Tensor& x, const Tensor& w) 
 }
 
 void linear_backward_input(Stream& stream, Tensor dx, const Tensor& dy, const Tensor& w) {
-  OpScope profile(stream, "gemm");
   constexpr const char* op = "linear_backward_input";
+  OpScope profile(stream, "gemm", op);
   check_matrix(stream, dy, op, "dy [M, N]");
   check_matrix(stream, w, op, "w [N, K]");
   check_matrix(stream, dx, op, "dx [M, K]");
@@ -121,8 +121,8 @@ void linear_backward_input(Stream& stream, Tensor dx, const Tensor& dy, const Te
 }
 
 void linear_backward_weight(Stream& stream, Tensor dw, const Tensor& dy, const Tensor& x) {
-  OpScope profile(stream, "gemm");
   constexpr const char* op = "linear_backward_weight";
+  OpScope profile(stream, "gemm", op);
   check_matrix(stream, dy, op, "dy [M, N]");
   check_matrix(stream, x, op, "x [M, K]");
   check_matrix(stream, dw, op, "dw [N, K]");

@@ -96,8 +96,8 @@ void check_offsets(const Stream& stream, const Tensor& offsets, int64_t groups, 
 }  // namespace
 
 void grouped_linear_forward(Stream& stream, Tensor y, const Tensor& x, const Tensor& w, const Tensor& offsets) {
-  OpScope profile(stream, "grouped_gemm");
   constexpr const char* op = "grouped_linear_forward";
+  OpScope profile(stream, "grouped_gemm", op);
   check_weight_rank(w, op, "w");
   check_matrix_rank(x, op, "x", "[R, K]");
   const int64_t groups = w.size(0), n_out = w.size(1), n_in = w.size(2), rows = x.size(0);
@@ -121,8 +121,8 @@ void grouped_linear_forward(Stream& stream, Tensor y, const Tensor& x, const Ten
 
 void grouped_linear_backward_input(Stream& stream, Tensor dx, const Tensor& dy, const Tensor& w,
                                    const Tensor& offsets) {
-  OpScope profile(stream, "grouped_gemm");
   constexpr const char* op = "grouped_linear_backward_input";
+  OpScope profile(stream, "grouped_gemm", op);
   check_weight_rank(w, op, "w");
   check_matrix_rank(dy, op, "dy", "[R, N]");
   const int64_t groups = w.size(0), n_out = w.size(1), n_in = w.size(2), rows = dy.size(0);
@@ -146,8 +146,8 @@ void grouped_linear_backward_input(Stream& stream, Tensor dx, const Tensor& dy, 
 
 void grouped_linear_backward_weight(Stream& stream, Tensor dw, const Tensor& dy, const Tensor& x,
                                     const Tensor& offsets) {
-  OpScope profile(stream, "grouped_gemm");
   constexpr const char* op = "grouped_linear_backward_weight";
+  OpScope profile(stream, "grouped_gemm", op);
   check_weight_rank(dw, op, "dw");
   check_matrix_rank(x, op, "x", "[R, K]");
   const int64_t groups = dw.size(0), n_out = dw.size(1), n_in = dw.size(2), rows = x.size(0);

@@ -133,7 +133,7 @@ void run(Stream& stream, const Tensor& losses, const Tensor& lse, const Tensor& 
 
 void linear_cross_entropy_forward(Stream& stream, Tensor losses, Tensor lse, const Tensor& x, const Tensor& w,
                                   const Tensor& targets, int64_t chunk, int ignore_index) {
-  OpScope profile(stream, "loss");
+  OpScope profile(stream, "loss", kForward);
   check_inputs(x, w, chunk, stream, kForward);
   const int64_t tokens = x.size(0);
   check_argument(losses, {tokens}, row_dtype(x), stream, kForward, "losses");
@@ -145,7 +145,7 @@ void linear_cross_entropy_forward(Stream& stream, Tensor losses, Tensor lse, con
 void linear_cross_entropy_forward_backward(Stream& stream, Tensor losses, Tensor lse, Tensor dx, Tensor dw,
                                            const Tensor& x, const Tensor& w, const Tensor& targets, double scale,
                                            int64_t chunk, int ignore_index) {
-  OpScope profile(stream, "loss");
+  OpScope profile(stream, "loss", kForwardBackward);
   constexpr const char* op = kForwardBackward;
   check_inputs(x, w, chunk, stream, op);
   const int64_t tokens = x.size(0);

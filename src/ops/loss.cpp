@@ -64,7 +64,7 @@ void check_loss_arguments(const Stream& stream, const Tensor& logits, const Tens
 
 void cross_entropy_forward(Stream& stream, Tensor losses, Tensor lse, const Tensor& logits, const Tensor& targets,
                            int ignore_index) {
-  OpScope profile(stream, "loss");
+  OpScope profile(stream, "loss", "cross_entropy_forward");
   check_loss_arguments(stream, logits, targets, ignore_index, {&losses, &lse, nullptr, 0.0}, "cross_entropy_forward");
 #if MOETRAIN_HAS_CUDA
   if (logits.device().is_cuda()) {
@@ -77,7 +77,7 @@ void cross_entropy_forward(Stream& stream, Tensor losses, Tensor lse, const Tens
 
 void cross_entropy_backward(Stream& stream, Tensor dlogits, const Tensor& logits, const Tensor& lse,
                             const Tensor& targets, double scale, int ignore_index) {
-  OpScope profile(stream, "loss");
+  OpScope profile(stream, "loss", "cross_entropy_backward");
   check_loss_arguments(stream, logits, targets, ignore_index, {nullptr, &lse, &dlogits, scale},
                        "cross_entropy_backward");
 #if MOETRAIN_HAS_CUDA
@@ -91,7 +91,7 @@ void cross_entropy_backward(Stream& stream, Tensor dlogits, const Tensor& logits
 
 void cross_entropy_forward_backward(Stream& stream, Tensor losses, Tensor lse, Tensor dlogits, const Tensor& logits,
                                     const Tensor& targets, double scale, int ignore_index) {
-  OpScope profile(stream, "loss");
+  OpScope profile(stream, "loss", "cross_entropy_forward_backward");
   check_loss_arguments(stream, logits, targets, ignore_index, {&losses, &lse, &dlogits, scale},
                        "cross_entropy_forward_backward");
 #if MOETRAIN_HAS_CUDA
@@ -106,8 +106,8 @@ void cross_entropy_forward_backward(Stream& stream, Tensor losses, Tensor lse, T
 }
 
 LossTotals cross_entropy_totals(Stream& stream, const Tensor& losses, const Tensor& targets, int ignore_index) {
-  OpScope profile(stream, "loss");
   constexpr const char* op = "cross_entropy_totals";
+  OpScope profile(stream, "loss", op);
   check_stream_backend(stream, op);
   expect_contiguous(losses, fmt::format("{}: losses", op));
   check_on_stream_device(stream, losses, op, "losses");

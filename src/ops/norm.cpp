@@ -85,8 +85,8 @@ void check_params(const RmsNormParams& params, const char* op) {
 
 void rmsnorm_forward(Stream& stream, Tensor y, Tensor rstd, const Tensor& x, const Tensor& w,
                      const RmsNormParams& params) {
-  OpScope profile(stream, "norm");
   constexpr const char* op = "rmsnorm_forward";
+  OpScope profile(stream, "norm", op);
   check_stream_backend(stream, op);
   NormDTypes dtypes{};
   const RowsView view = check_x(x, stream, &dtypes, op, "x");
@@ -105,8 +105,8 @@ void rmsnorm_forward(Stream& stream, Tensor y, Tensor rstd, const Tensor& x, con
 
 void add_rmsnorm_forward(Stream& stream, Tensor sum, Tensor y, Tensor rstd, const Tensor& a, const Tensor& b,
                          const Tensor& w, const RmsNormParams& params) {
-  OpScope profile(stream, "norm");
   constexpr const char* op = "add_rmsnorm_forward";
+  OpScope profile(stream, "norm", op);
   check_stream_backend(stream, op);
   NormDTypes dtypes{};
   const RowsView view = check_x(a, stream, &dtypes, op, "a");
@@ -138,8 +138,8 @@ void add_rmsnorm_forward(Stream& stream, Tensor sum, Tensor y, Tensor rstd, cons
 
 void rmsnorm_backward_input(Stream& stream, Tensor dx, const Tensor& dy, const Tensor& x, const Tensor& w,
                             const Tensor& rstd, const RmsNormParams& params) {
-  OpScope profile(stream, "norm");
   constexpr const char* op = "rmsnorm_backward_input";
+  OpScope profile(stream, "norm", op);
   check_stream_backend(stream, op);
   NormDTypes dtypes{};
   const RowsView view = check_x(x, stream, &dtypes, op, "x");
@@ -162,8 +162,8 @@ void rmsnorm_backward_input(Stream& stream, Tensor dx, const Tensor& dy, const T
 }
 
 void rmsnorm_backward_weight(Stream& stream, Tensor dw, const Tensor& dy, const Tensor& x, const Tensor& rstd) {
-  OpScope profile(stream, "norm");
   constexpr const char* op = "rmsnorm_backward_weight";
+  OpScope profile(stream, "norm", op);
   check_stream_backend(stream, op);
   NormDTypes dtypes{};
   const RowsView view = check_x(x, stream, &dtypes, op, "x");

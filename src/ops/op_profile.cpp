@@ -1,5 +1,5 @@
-// defines: the op-family timers: a thread-local depth so nested ops count once, and a list of
-// (family, start, stop) marks resolved when the bench collects them.
+// defines: the op timers: a thread-local depth so nested ops count once, and a list of (family, op, start, stop)
+// marks resolved when the bench collects them.
 #include "ops/op_profile.h"
 
 #include <atomic>
@@ -19,7 +19,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 struct Mark {
-  std::string family;
+  const char* family = nullptr;
+  const char* op = nullptr;
   bool cuda = false;
   void* start = nullptr;
   void* stop = nullptr;
@@ -36,12 +37,13 @@ thread_local int t_depth = 0;
 void set_op_profiling(bool on) { g_profiling = on; }
 bool op_profiling() { return g_profiling; }
 
-OpScope::OpScope(const Stream& stream, const char* family) {
+OpScope::OpScope(const Stream& stream, const char* family, const char* op) {
   if (!g_profiling) return;
   nested_ = true;
   if (t_depth++ > 0) return;
   stream_ = &stream;
   family_ = family;
+  op_ = op;
 #if MOETRAIN_HAS_CUDA
   if (stream.device().is_cuda()) {
     start_ = cuda::record_profile_event(stream);
@@ -55,7 +57,7 @@ OpScope::~OpScope() {
   if (!nested_) return;
   --t_depth;
   if (stream_ == nullptr) return;
-  Mark mark{family_};
+  Mark mark{family_, op_};
 #if MOETRAIN_HAS_CUDA
   if (stream_->device().is_cuda()) {
     mark.cuda = true;
@@ -72,23 +74,22 @@ OpScope::~OpScope() {
   g_marks.push_back(std::move(mark));
 }
 
-std::map<std::string, double> collect_op_times() {
+OpTimes collect_op_times() {
   std::vector<Mark> marks;
   {
     std::lock_guard lock(g_mutex);
     marks.swap(g_marks);
   }
-  std::map<std::string, double> seconds;
+  OpTimes times;
   for (const Mark& mark : marks) {
+    double seconds = mark.cpu_seconds;
 #if MOETRAIN_HAS_CUDA
-    if (mark.cuda) {
-      seconds[mark.family] += cuda::profile_event_seconds(mark.start, mark.stop);
-      continue;
-    }
+    if (mark.cuda) seconds = cuda::profile_event_seconds(mark.start, mark.stop);
 #endif
-    seconds[mark.family] += mark.cpu_seconds;
+    times.by_family[mark.family] += seconds;
+    times.by_op[mark.family][mark.op != nullptr ? mark.op : mark.family] += seconds;
   }
-  return seconds;
+  return times;
 }
 
 }  // namespace moetrain::ops

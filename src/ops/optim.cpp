@@ -67,8 +67,8 @@ double total_sum_of_squares(const Stream& stream, const std::vector<Tensor>& ten
 
 void adamw_step(Stream& stream, Tensor param, Tensor exp_avg, Tensor exp_avg_sq, const Tensor& grad,
                 const AdamWParams& params) {
-  OpScope profile(stream, "optimizer");
   constexpr const char* op = "adamw_step";
+  OpScope profile(stream, "optimizer", op);
   check_stream_backend(stream, op);
   check_float(param, stream, op, "param");
   check_like(exp_avg, param, stream, op, "exp_avg");
@@ -88,8 +88,8 @@ void adamw_step_multi(Stream& stream, const std::vector<Tensor>& params, const s
                       const std::vector<Tensor>& exp_avg_sq, const std::vector<Tensor>& grads,
                       const std::vector<Tensor>& compute_copies, const std::vector<double>& weight_decay,
                       const AdamWParams& hyper) {
-  OpScope profile(stream, "optimizer");
   constexpr const char* op = "adamw_step_multi";
+  OpScope profile(stream, "optimizer", op);
   check_stream_backend(stream, op);
   const size_t n = params.size();
   MT_CHECK(exp_avg.size() == n && exp_avg_sq.size() == n && grads.size() == n && weight_decay.size() == n,
@@ -154,8 +154,8 @@ void adamw_step_multi(Stream& stream, const std::vector<Tensor>& params, const s
 }
 
 double sum_of_squares(Stream& stream, const Tensor& x) {
-  OpScope profile(stream, "optimizer");
   constexpr const char* op = "sum_of_squares";
+  OpScope profile(stream, "optimizer", op);
   check_stream_backend(stream, op);
   check_float(x, stream, op, "x");
 #if MOETRAIN_HAS_CUDA
@@ -165,8 +165,8 @@ double sum_of_squares(Stream& stream, const Tensor& x) {
 }
 
 double global_norm(Stream& stream, const std::vector<Tensor>& tensors) {
-  OpScope profile(stream, "optimizer");
   constexpr const char* op = "global_norm";
+  OpScope profile(stream, "optimizer", op);
   check_stream_backend(stream, op);
   for (size_t i = 0; i < tensors.size(); ++i) check_float(tensors[i], stream, op, fmt::format("tensors[{}]", i));
   return std::sqrt(total_sum_of_squares(stream, tensors));
@@ -181,8 +181,8 @@ double clip_coefficient(double norm, double max_norm) {
 }
 
 double clip_by_global_norm(Stream& stream, const std::vector<Tensor>& grads, double max_norm) {
-  OpScope profile(stream, "optimizer");
   constexpr const char* op = "clip_by_global_norm";
+  OpScope profile(stream, "optimizer", op);
   check_stream_backend(stream, op);
   MT_CHECK(!std::isnan(max_norm), "{}: expected a max_norm (<= 0 disables clipping) but found NaN", op);
   for (size_t i = 0; i < grads.size(); ++i) check_float(grads[i], stream, op, fmt::format("grads[{}]", i));

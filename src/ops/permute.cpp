@@ -82,8 +82,8 @@ void check_plan(const RoutingPlan& plan, Device device, const char* op) {
 }  // namespace
 
 RoutingPlan make_routing_plan(Stream& stream, const Tensor& topk_index, int64_t num_experts) {
-  OpScope profile(stream, "permute");
   constexpr const char* op = "make_routing_plan";
+  OpScope profile(stream, "permute", op);
   expect_defined(topk_index, "make_routing_plan: topk_index");
   MT_CHECK(topk_index.dim() == 2, "{}: expected topk_index [T, K] but found {}", op, topk_index.describe());
   const Device device = check_tensor_backend(stream, topk_index, op, "topk_index");
@@ -109,8 +109,8 @@ RoutingPlan make_routing_plan(Stream& stream, const Tensor& topk_index, int64_t 
 }
 
 void permute_forward(Stream& stream, Tensor permuted, const Tensor& x, const RoutingPlan& plan) {
-  OpScope profile(stream, "permute");
   constexpr const char* op = "permute_forward";
+  OpScope profile(stream, "permute", op);
   const Device device = check_tensor_backend(stream, x, op, "x");
   check_plan(plan, device, op);
   MT_CHECK(x.dim() == 2, "{}: expected x [T, H] but found {}", op, x.describe());
@@ -128,8 +128,8 @@ void permute_forward(Stream& stream, Tensor permuted, const Tensor& x, const Rou
 }
 
 void permute_backward(Stream& stream, Tensor dx, const Tensor& dpermuted, const RoutingPlan& plan) {
-  OpScope profile(stream, "permute");
   constexpr const char* op = "permute_backward";
+  OpScope profile(stream, "permute", op);
   const Device device = check_tensor_backend(stream, dpermuted, op, "dpermuted");
   check_plan(plan, device, op);
   MT_CHECK(dpermuted.dim() == 2, "{}: expected dpermuted [T*K, H] but found {}", op, dpermuted.describe());
@@ -148,8 +148,8 @@ void permute_backward(Stream& stream, Tensor dx, const Tensor& dpermuted, const 
 
 void unpermute_forward(Stream& stream, Tensor y, const Tensor& expert_out, const Tensor& topk_weight,
                        const RoutingPlan& plan) {
-  OpScope profile(stream, "permute");
   constexpr const char* op = "unpermute_forward";
+  OpScope profile(stream, "permute", op);
   const Device device = check_tensor_backend(stream, expert_out, op, "expert_out");
   check_plan(plan, device, op);
   MT_CHECK(expert_out.dim() == 2, "{}: expected expert_out [T*K, H] but found {}", op, expert_out.describe());
@@ -170,8 +170,8 @@ void unpermute_forward(Stream& stream, Tensor y, const Tensor& expert_out, const
 
 void unpermute_backward(Stream& stream, Tensor dexpert_out, Tensor dtopk_weight, const Tensor& dy,
                         const Tensor& expert_out, const Tensor& topk_weight, const RoutingPlan& plan) {
-  OpScope profile(stream, "permute");
   constexpr const char* op = "unpermute_backward";
+  OpScope profile(stream, "permute", op);
   const Device device = check_tensor_backend(stream, dy, op, "dy");
   check_plan(plan, device, op);
   MT_CHECK(dy.dim() == 2, "{}: expected dy [T, H] but found {}", op, dy.describe());

@@ -195,8 +195,8 @@ double yarn_softmax_scale(double scaling, const YarnOptions& options) {
 }
 
 void rope_forward(Stream& stream, Tensor y, const Tensor& x, const Tensor& position_ids, const RopeParams& params) {
-  OpScope profile(stream, "rope");
   constexpr const char* op = "rope_forward";
+  OpScope profile(stream, "rope", op);
   check_stream_backend(stream, op);
   check_rope_arguments(y, x, position_ids, params, stream, op, "y", "x");
 #if MOETRAIN_HAS_CUDA
@@ -209,8 +209,8 @@ void rope_forward(Stream& stream, Tensor y, const Tensor& x, const Tensor& posit
 }
 
 void rope_backward(Stream& stream, Tensor dx, const Tensor& dy, const Tensor& position_ids, const RopeParams& params) {
-  OpScope profile(stream, "rope");
   constexpr const char* op = "rope_backward";
+  OpScope profile(stream, "rope", op);
   check_stream_backend(stream, op);
   check_rope_arguments(dx, dy, position_ids, params, stream, op, "dx", "dy");
 #if MOETRAIN_HAS_CUDA

@@ -82,7 +82,7 @@ namespace {
 
 void router_forward_impl(Stream& stream, const Tensor& probs, const Tensor& topk_index, const Tensor& topk_weight,
                          const Tensor& logits, const RouterParams& params, bool given, const char* op) {
-  OpScope profile(stream, "router");
+  OpScope profile(stream, "router", op);
   const auto [tokens, experts] = check_router_shape(logits, params, op, "logits");
   const Device device = check_tensor_backend(stream, logits, op, "logits");
   const DType dtype = logits.dtype();
@@ -127,8 +127,8 @@ void router_forward_given(Stream& stream, Tensor probs, const Tensor& topk_index
 void router_backward(Stream& stream, Tensor dlogits, const Tensor& dtopk_weight, const Tensor& dprobs,
                      const Tensor& probs, const Tensor& topk_index, const Tensor& topk_weight,
                      const RouterParams& params) {
-  OpScope profile(stream, "router");
   constexpr const char* op = "router_backward";
+  OpScope profile(stream, "router", op);
   const auto [tokens, experts] = check_router_shape(probs, params, op, "probs");
   const Device device = check_tensor_backend(stream, probs, op, "probs");
   const DType dtype = probs.dtype();

@@ -47,8 +47,8 @@ void check_index_values(const Tensor& t, int64_t bound, const char* op, const ch
 }  // namespace
 
 void gather_rows(Stream& stream, Tensor out, const Tensor& in, const Tensor& index) {
-  OpScope profile(stream, "row_gather");
   constexpr const char* op = "gather_rows";
+  OpScope profile(stream, "row_gather", op);
   check_stream_backend(stream, op);
   const Device device = check_tensor_backend(stream, in, op, "in");
   check_matrix(in, device, op, "in");
@@ -65,8 +65,8 @@ void gather_rows(Stream& stream, Tensor out, const Tensor& in, const Tensor& ind
 }
 
 void sum_rows(Stream& stream, Tensor out, const Tensor& in, const Tensor& segment_offsets, const Tensor& segment_rows) {
-  OpScope profile(stream, "row_gather");
   constexpr const char* op = "sum_rows";
+  OpScope profile(stream, "row_gather", op);
   check_stream_backend(stream, op);
   const Device device = check_tensor_backend(stream, in, op, "in");
   check_matrix(in, device, op, "in");
@@ -107,8 +107,8 @@ void sum_rows(Stream& stream, Tensor out, const Tensor& in, const Tensor& segmen
 }
 
 void count_tokens_per_rank(Stream& stream, Tensor counts, const Tensor& topk_index, int64_t experts_per_rank) {
-  OpScope profile(stream, "row_gather");
   constexpr const char* op = "count_tokens_per_rank";
+  OpScope profile(stream, "row_gather", op);
   check_stream_backend(stream, op);
   const Device device = check_tensor_backend(stream, topk_index, op, "topk_index");
   expect_defined(topk_index, fmt::format("{}: topk_index", op));

@@ -1,5 +1,6 @@
 // Tests for `moetrain bench`: a CPU run of the tiny example on synthetic tokens writes every figure
-// it prints (tokens/s, memory by role, time by op family), and bad step counts fail before any work.
+// it prints (tokens/s, memory by role, time by op family and by op), the materialised head's loss in one pass pair,
+// and bad step counts fail before any work.
 #include "cli/bench_command.h"
 
 #include <fstream>
@@ -24,7 +25,7 @@ BenchOptions tiny_bench(const std::string& out) {
   return o;
 }
 
-TEST(BenchCommand, WritesThroughputMemoryAndTimeByOpFamily) {
+TEST(BenchCommand, WritesThroughputMemoryAndTimeByOpFamilyAndOp) {
   const std::string out = testing::make_temp_dir("bench_command") + "/bench.json";
   ASSERT_EQ(run_bench(tiny_bench(out)), 0);
   std::ifstream in(out);
@@ -41,6 +42,35 @@ TEST(BenchCommand, WritesThroughputMemoryAndTimeByOpFamily) {
   const nlohmann::json& time = r.at("time_per_step_s");
   for (const char* family : {"gemm", "attention", "grouped_gemm", "norm", "loss", "optimizer", "other"})
     EXPECT_TRUE(time.contains(family)) << "no time for " << family << " in " << time.dump();
+  // Each family's time split by op: the ops add up to their family, and the ops of a step are named.
+  const nlohmann::json& by_op = r.at("time_per_op_s");
+  for (const auto& [family, ops_of_family] : by_op.items()) {
+    double sum = 0.0;
+    for (const auto& [op, seconds] : ops_of_family.items()) sum += seconds.get<double>();
+    EXPECT_NEAR(sum, time.at(family).get<double>(), 1e-9 + 1e-9 * sum) << family;
+  }
+  for (const auto& [family, op] :
+       std::vector<std::pair<std::string, std::string>>{{"gemm", "linear_forward"},
+                                                        {"gemm", "linear_backward_weight"},
+                                                        {"grouped_gemm", "grouped_linear_backward_weight"},
+                                                        {"loss", "linear_cross_entropy_forward_backward"},
+                                                        {"optimizer", "adamw_step_multi"}}) {
+    EXPECT_TRUE(by_op.contains(family) && by_op.at(family).contains(op))
+        << "no time for " << family << " / " << op << " in " << by_op.dump();
+  }
+}
+
+TEST(BenchCommand, MaterialisedHeadMakesTheLossGradientInTheLossPass) {
+  const std::string out = testing::make_temp_dir("bench_command_materialised") + "/bench.json";
+  BenchOptions o = tiny_bench(out);
+  o.overrides.push_back("model.head_chunk=0");
+  ASSERT_EQ(run_bench(o), 0);
+  std::ifstream in(out);
+  ASSERT_TRUE(in.good()) << out;
+  const nlohmann::json loss = nlohmann::json::parse(in).at("time_per_op_s").at("loss");
+  EXPECT_TRUE(loss.contains("cross_entropy_forward_backward")) << loss.dump();
+  EXPECT_FALSE(loss.contains("cross_entropy_backward"))
+      << "a training step's logits need one pass pair: " << loss.dump();
 }
 
 TEST(BenchCommand, RejectsStepCountsBeforeAnyWork) {
