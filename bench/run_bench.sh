@@ -19,19 +19,4 @@ for prec in ${BASELINE_PRECS:-amp}; do
   PREC=$prec python3 bench/torch_baseline.py >"$out/torch_$prec.log" 2>&1 || { echo "torch $prec: FAILED"; tail -5 "$out/torch_$prec.log"; }
 done
 
-python3 - "$out" <<'PY'
-import json, os, sys
-out = sys.argv[1]
-ours = json.load(open(os.path.join(out, "bench_moetrain.json")))
-print(f"moetrain: {ours['tokens_per_s']:.0f} tokens/s, {100 * ours['mfu_vs_989']:.1f}% MFU, "
-      f"peak {ours['memory']['peak_GiB']:.1f} GiB")
-for prec in ("amp", "bf16"):
-    path = os.path.join(out, f"bench_torch_{prec}_acc8.json")
-    if not os.path.exists(path):
-        continue
-    t = json.load(open(path))
-    for mode in ("eager", "compiled"):
-        if f"{mode}_tok_s" in t:
-            print(f"torch {prec} {mode}: {t[f'{mode}_tok_s']:.0f} tokens/s, {100 * t[f'{mode}_mfu_vs_989']:.1f}% MFU, "
-                  f"peak {t[f'{mode}_peak_GiB']:.1f} GiB -> moetrain / torch = {ours['tokens_per_s'] / t[f'{mode}_tok_s']:.2f}x")
-PY
+python3 bench/summarize_bench.py "$out"

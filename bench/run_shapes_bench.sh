@@ -25,19 +25,5 @@ for shape in qwen3_moe_e64 qwen3_moe_e32_h2560; do
     CFG="${torch_shape[$shape]}" PREC=$prec RESULTS_DIR="$out" python3 bench/torch_baseline.py >"$out/torch_$prec.log" 2>&1 ||
       { echo "$shape torch $prec: FAILED"; tail -3 "$out/torch_$prec.log"; }
   done
-  python3 - "$out" "$shape" <<'PY'
-import json, os, sys
-out, shape = sys.argv[1], sys.argv[2]
-ours = json.load(open(os.path.join(out, "bench_moetrain.json")))
-print(f"{shape}: moetrain {ours['tokens_per_s']:.0f} tokens/s, {100 * ours['mfu_vs_989']:.1f}% MFU, "
-      f"peak {ours['memory']['peak_GiB']:.1f} GiB")
-for prec in ("amp", "bf16"):
-    path = os.path.join(out, f"bench_torch_{prec}_acc8.json")
-    if not os.path.exists(path):
-        continue
-    t = json.load(open(path))
-    if "compiled_tok_s" in t:
-        print(f"  torch.compile {prec}: {t['compiled_tok_s']:.0f} tokens/s, peak {t['compiled_peak_GiB']:.1f} GiB "
-              f"-> moetrain / torch = {ours['tokens_per_s'] / t['compiled_tok_s']:.2f}x")
-PY
+  python3 bench/summarize_bench.py "$out" "$shape"
 done
