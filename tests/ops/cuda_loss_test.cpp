@@ -195,7 +195,7 @@ TEST(CudaCrossEntropy, BackwardInPlaceGivesTheBitsOfASeparateGradient) {
 
 TEST(CudaCrossEntropy, ForwardBackwardGivesTheBitsOfTheTwoKernels) {
   MT_REQUIRE_GPU();
-  // The fused kernel (one block per SM, rows grid-strided, the gradient pass walking each row backwards) against the
+  // The fused kernel (two blocks per SM, rows grid-strided, the gradient pass walking each row backwards) against the
   // forward and the backward kernels: the same losses, lse and gradient bytes, into a separate gradient and in place,
   // in 16-byte packs (V = 1000, 151936) and element by element (V = 5003 in bf16, V = 7), and with more rows than SMs.
   for (const Case& c : {Case{5, 7}, Case{1, 1}, Case{300, 1000}, Case{64, 5003}, Case{4, 151936}, Case{0, 9}}) {

@@ -163,7 +163,7 @@ TEST(CudaRmsNorm, RowResultsDoNotDependOnOtherRows) {
 TEST(CudaRmsNorm, RepeatedRunsGiveIdenticalBits) {
   MT_REQUIRE_GPU();
   Rng rng(45);
-  const Shape shape = {4096, 1024};  // dw sums 32 chunks of 128 rows
+  const Shape shape = {4096, 1024};  // dw sums 16 blocks of 256 rows, then their sums
   const Tensor x = random_tensor(shape, DType::F32, rng).to(DType::BF16);
   const Tensor dy = random_tensor(shape, DType::F32, rng).to(DType::BF16);
   const Tensor w = random_tensor({1024}, DType::F32, rng);
@@ -175,6 +175,48 @@ TEST(CudaRmsNorm, RepeatedRunsGiveIdenticalBits) {
   EXPECT_TRUE(same_bytes(first.rstd, second.rstd)) << "rstd";
   EXPECT_TRUE(same_bytes(first.dx, second.dx)) << "dx";
   EXPECT_TRUE(same_bytes(first.dw, second.dw)) << "dw";
+}
+
+TEST(CudaRmsNorm, WeightGradientOfManyRowsIsWithinItsSummationBound) {
+  MT_REQUIRE_GPU();
+  // dw over one, two and three levels of block sums (rows up to 256, 65,536 and beyond), 16-byte spans and single
+  // columns, bf16 and f32 terms, against an f64 sum on the host. Each column's sum is a chain of at most
+  // 32 + 8 additions a level (a row lane's rows, then the lanes) and one into dw, so it errs by at most
+  // (40 levels + 1) u sum |terms| (u = 2^-24); the products each round once more (one u |term| each).
+  struct Case {
+    int64_t rows, dim;
+    DType dtype;
+  };
+  for (const Case& c : {Case{200, 64, DType::F32}, Case{8200, 2048, DType::BF16}, Case{70001, 8, DType::F32},
+                        Case{66000, 33, DType::BF16}, Case{262144, 128, DType::BF16}}) {
+    SCOPED_TRACE(::testing::Message() << c.rows << " x " << c.dim << " " << dtype_name(c.dtype));
+    Rng rng(46);
+    const Tensor x = random_tensor({c.rows, c.dim}, DType::F32, rng).to(c.dtype);
+    const Tensor dy = random_tensor({c.rows, c.dim}, DType::F32, rng).to(c.dtype);
+    const Tensor rstd = random_tensor({c.rows}, DType::F32, rng, 1.0);
+    const Tensor dw0 = random_tensor({c.dim}, DType::F32, rng);
+    Tensor dw = on_gpu(dw0);
+    ops::rmsnorm_backward_weight(gpu(), dw, on_gpu(dy), on_gpu(x), on_gpu(rstd));
+    const Tensor got = host_f32(dw);
+    const Tensor x32 = x.to(DType::F32), dy32 = dy.to(DType::F32);
+    const int levels = c.rows <= 256 ? 1 : c.rows <= 65536 ? 2 : 3;
+    int64_t over = 0;
+    for (int64_t d = 0; d < c.dim; ++d) {
+      double sum = dw0.data<float>()[d], magnitude = std::fabs(sum);
+      for (int64_t n = 0; n < c.rows; ++n) {
+        const double term = static_cast<double>(dy32.data<float>()[n * c.dim + d]) *
+                            (static_cast<double>(x32.data<float>()[n * c.dim + d]) * rstd.data<float>()[n]);
+        sum += term;
+        magnitude += std::fabs(term);
+      }
+      const double bound = (40.0 * levels + 3.0) * std::ldexp(1.0, -24) * magnitude;
+      if (std::fabs(got.data<float>()[d] - sum) > bound) ++over;
+    }
+    EXPECT_EQ(over, 0) << "columns over their summation bound";
+    Tensor again = on_gpu(dw0);
+    ops::rmsnorm_backward_weight(gpu(), again, on_gpu(dy), on_gpu(x), on_gpu(rstd));
+    EXPECT_TRUE(same_bytes(again, dw)) << "a second run";
+  }
 }
 
 TEST(CudaRmsNorm, RejectsDtypesWithoutACudaKernelAndMixedDevices) {

@@ -312,12 +312,13 @@ void add_tables(VariantPack& pack, const SdpaGraph& g, const RaggedTables& t) {
 }
 
 void execute(const Stream& stream, const GraphKey& key, const SdpaGraph& g, VariantPack& pack, Device device) {
-  // The workspace comes from the stream-ordered pool; its release is ordered after the graph's kernels. The backward's
-  // starts zeroed: cuDNN's Hopper backward before 9.18 can read its workspace before writing it (Transformer Engine
-  // zeroes it for that reason; at head dim 256 ours gave nan and inf from whatever the pool held, and repeatable
-  // values once zeroed).
+  // The workspace comes from the stream-ordered pool; its release is ordered after the graph's kernels. Before 9.19
+  // the backward's starts zeroed: older Hopper backwards can read their workspace before writing it (Transformer
+  // Engine zeroes it for that reason; at head dim 256 ours gave nan and inf from whatever the pool held under 9.14,
+  // and repeatable values once zeroed). From 9.19 the pass over it (hundreds of MB a call at the workload's shape) is
+  // skipped; CudaAttentionCudnn.BackwardIgnoresWhatItsWorkspaceHeld fills the pool with NaN first to hold that.
   const Tensor workspace = Tensor::empty({std::max<int64_t>(g.workspace_bytes, 1)}, DType::U8, device);
-  if (key.backward) {
+  if (key.backward && cudnn_runtime_version() < kCudnnFirstBackwardWithoutZeroedWorkspace) {
     MT_CUDA_CHECK(cudaMemsetAsync(workspace.raw_data(), 0, static_cast<size_t>(workspace.numel()),
                                   static_cast<cudaStream_t>(stream_handle(stream))));
   }

@@ -23,6 +23,8 @@ bool cudnn_attention_backward_supports(DType dtype, int64_t hd, int64_t hdv, con
 // The first cuDNN release whose head-dim-256 backward was seen right, as cudnnGetVersion() spells it.
 // Compared with ops::cuda::cudnn_runtime_version() (ops/cuda/runtime.h).
 inline constexpr int kCudnnFirstRightHeadDim256Backward = 91900;
+// The first release whose backward is run on a workspace left as the pool holds it (older ones get it zeroed).
+inline constexpr int kCudnnFirstBackwardWithoutZeroedWorkspace = 91900;
 
 // The arguments are validated by ops::attention_forward / ops::attention_backward (shapes, dtypes, devices) and
 // must satisfy cudnn_attention_supports (checked again here). cu_seqlens i32 [D + 1] on the device: its values are

@@ -309,8 +309,6 @@ void cross_entropy_forward_backward(const Stream& stream, const Tensor& losses, 
   int device = 0, sms = 0;
   MT_CUDA_CHECK(cudaGetDevice(&device));
   MT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  // One block per SM keeps 132 rows of 151,936 bf16 logits (40 MB) in flight, within an H200's 50 MB L2: a row's
-  // second pass finds much of it there.
   const int64_t blocks = std::min<int64_t>(tokens, int64_t{sms} * row_blocks_per_sm);
   dispatch_logits(logits, "cross_entropy_forward_backward", [&]<typename T>(T*) {
     forward_backward_kernel<<<static_cast<unsigned>(blocks), kCrossEntropyThreads, 0, cu_stream>>>(

@@ -1,7 +1,7 @@
 // defines: the CUDA RMSNorm kernels, the formulas of ops/cpu/norm.cpp in f32: rstd = 1 / sqrt(sum(x^2) / D + eps),
 // y = (x * rstd) * scale, dx = rstd * (g - xhat * mean(g * xhat)) with g = scale * dy. One warp per row, reading it
-// in 16-byte spans of 8 elements where D and the addresses allow; the weight
-// gradient sums fixed chunks of rows into a [chunks, D] buffer, then the chunks in order. Every product and sum is
+// in 16-byte spans of 8 elements where D and the addresses allow; the weight gradient sums blocks of rows into a
+// [blocks, D] buffer, then those sums by blocks again, in an order fixed by the row count. Every product and sum is
 // written with the round-to-nearest intrinsics (__fmul_rn, __fadd_rn, ...), which nvcc never fuses into a
 // multiply-add: each element rounds as the CPU's -ffp-contract=off code does, and only the summation orders differ.
 // The fused residual add + norm is the forward kernel with elementwise.cu's add in front of it. Under bf16 compute
@@ -202,31 +202,73 @@ __global__ void backward_input_kernel(TDX* dx, const TDY* dy, const TX* x, const
   }
 }
 
-// partial[c, d] = sum over rows of chunk c, ascending, of dy[n, d] * (x[n, d] * rstd[n]).
-template <typename TDY, typename TX>
-__global__ void weight_chunks_kernel(float* partial, const TDY* dy, const TX* x, const float* rstd, int64_t rows,
-                                     int64_t dim) {
-  const int64_t d = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (d >= dim) return;
-  const int64_t chunks = (rows + kRmsNormRowsPerChunk - 1) / kRmsNormRowsPerChunk;
-  for (int64_t chunk = blockIdx.y; chunk < chunks; chunk += gridDim.y) {
-    const int64_t begin = chunk * kRmsNormRowsPerChunk;
-    const int64_t end = begin + kRmsNormRowsPerChunk < rows ? begin + kRmsNormRowsPerChunk : rows;
-    float acc = 0.0f;
-    for (int64_t n = begin; n < end; ++n) {
-      acc = __fadd_rn(acc, __fmul_rn(load_float(dy + n * dim + d), __fmul_rn(load_float(x + n * dim + d), rstd[n])));
-    }
-    partial[chunk * dim + d] = acc;
+// The weight gradient's column sums, a block at a time: a block takes kColumnSpans spans of K columns and
+// kRowsPerSumBlock rows; row lane l of the block sums rows l, l + kRowLanes, ... in ascending order, then lane 0 adds
+// the lanes' sums in lane order. Each level turns [rows, D] terms into [ceil(rows / kRowsPerSumBlock), D] partial
+// sums; the last level (one row block) adds its sums into dw. So every column's order of additions follows from the
+// row count alone: neither D, nor K, nor the other columns change it. The first level's term is dy * (x * rstd), a
+// later level's the partial sum.
+constexpr int kRowLanes = 8;
+constexpr int kColumnSpans = kColumnThreads / kRowLanes;
+constexpr int64_t kRowsPerSumBlock = 256;
+
+template <int K, typename TDY, typename TX>
+__device__ __forceinline__ void add_terms(float (&acc)[K], const TDY* dy, const TX* x, const float* rstd, int64_t n,
+                                          int64_t offset) {
+  float a[K], b[K];
+  load_span<K>(dy + offset, a);
+  if (rstd == nullptr) {  // a later level: the terms are the partial sums themselves
+#pragma unroll
+    for (int i = 0; i < K; ++i) acc[i] = __fadd_rn(acc[i], a[i]);
+    return;
+  }
+  load_span<K>(x + offset, b);
+  const float r = rstd[n];
+#pragma unroll
+  for (int i = 0; i < K; ++i) acc[i] = __fadd_rn(acc[i], __fmul_rn(a[i], __fmul_rn(b[i], r)));
+}
+
+// out[blockIdx.y, d] (or dw[d] += , when `final`) = the block's sum over its rows of the terms at column d.
+template <int K, typename TDY, typename TX>
+__global__ void weight_sums_kernel(float* out, const TDY* dy, const TX* x, const float* rstd, int64_t rows, int64_t dim,
+                                   bool final) {
+  __shared__ float lane_sums[kRowLanes][kColumnSpans * K];
+  const int span = threadIdx.x % kColumnSpans, lane = threadIdx.x / kColumnSpans;
+  const int64_t d = (static_cast<int64_t>(blockIdx.x) * kColumnSpans + span) * K;
+  const int64_t begin = static_cast<int64_t>(blockIdx.y) * kRowsPerSumBlock;
+  const int64_t end = begin + kRowsPerSumBlock < rows ? begin + kRowsPerSumBlock : rows;
+  float acc[K] = {};
+  if (d < dim) {
+#pragma unroll 4
+    for (int64_t n = begin + lane; n < end; n += kRowLanes) add_terms<K>(acc, dy, x, rstd, n, n * dim + d);
+  }
+#pragma unroll
+  for (int i = 0; i < K; ++i) lane_sums[lane][span * K + i] = acc[i];
+  __syncthreads();
+  if (lane != 0 || d >= dim) return;
+#pragma unroll
+  for (int i = 0; i < K; ++i) {
+    float total = lane_sums[0][span * K + i];
+    for (int l = 1; l < kRowLanes; ++l) total = __fadd_rn(total, lane_sums[l][span * K + i]);
+    float* target = final ? out + d + i : out + blockIdx.y * dim + d + i;
+    *target = final ? __fadd_rn(*target, total) : total;
   }
 }
 
-// dw[d] += the chunk sums in ascending chunk order (with one chunk, N <= kRmsNormRowsPerChunk, exactly the CPU's sum).
-__global__ void weight_total_kernel(float* dw, const float* partial, int64_t chunks, int64_t dim) {
-  const int64_t d = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (d >= dim) return;
-  float total = 0.0f;
-  for (int64_t c = 0; c < chunks; ++c) total = __fadd_rn(total, partial[c * dim + d]);
-  dw[d] = __fadd_rn(dw[d], total);
+// One level of weight_sums_kernel over `rows` rows of terms, into dw (final) or into `out` [row blocks, D].
+template <typename TDY, typename TX>
+void launch_weight_sums(cudaStream_t stream, float* out, const TDY* dy, const TX* x, const float* rstd, int64_t rows,
+                        int64_t dim, bool packed) {
+  const int64_t row_blocks = (rows + kRowsPerSumBlock - 1) / kRowsPerSumBlock;
+  const int k = packed ? 8 : 1;
+  const int64_t column_blocks = (dim / k + kColumnSpans - 1) / kColumnSpans;
+  const dim3 grid(static_cast<unsigned>(column_blocks), static_cast<unsigned>(row_blocks));
+  if (packed) {
+    weight_sums_kernel<8><<<grid, kColumnThreads, 0, stream>>>(out, dy, x, rstd, rows, dim, row_blocks == 1);
+  } else {
+    weight_sums_kernel<1><<<grid, kColumnThreads, 0, stream>>>(out, dy, x, rstd, rows, dim, row_blocks == 1);
+  }
+  MT_CUDA_CHECK(cudaGetLastError());
 }
 
 cudaStream_t native(const Stream& stream) { return static_cast<cudaStream_t>(stream_handle(stream)); }
@@ -307,22 +349,33 @@ void rmsnorm_backward_input(const Stream& stream, const Tensor& dx, const Tensor
 void rmsnorm_backward_weight(const Stream& stream, const Tensor& dw, const Tensor& dy, const Tensor& x,
                              const Tensor& rstd) {
   const int64_t dim = dw.numel();
-  const int64_t rows = x.numel() / dim;
+  int64_t rows = x.numel() / dim;
   if (rows == 0) return;  // dw += an empty sum
-  const int64_t chunks = (rows + kRmsNormRowsPerChunk - 1) / kRmsNormRowsPerChunk;
+  MT_CHECK((rows + kRowsPerSumBlock - 1) / kRowsPerSumBlock <= 65535,
+           "rmsnorm_backward_weight (CUDA): {} rows are more than the column sums' grid takes", rows);
   const cudaStream_t cu_stream = native(stream);
-  Tensor partial = Tensor::empty({chunks, dim}, DType::F32, dw.device());
-  const unsigned column_blocks = static_cast<unsigned>((dim + kColumnThreads - 1) / kColumnThreads);
-  const unsigned chunk_blocks = static_cast<unsigned>(chunks < 65535 ? chunks : 65535);  // grid-stride beyond
+  float* const dw_data = static_cast<float*>(dw.raw_data());
+  // Level 1: the terms dy * xhat summed over blocks of rows; then the partial sums over blocks of theirs, until one
+  // block's sums go into dw.
+  Tensor partial;
   dispatch_activations(dy, x, "rmsnorm_backward_weight", [&]<typename TDY, typename TX>(TDY*, TX*) {
-    weight_chunks_kernel<<<dim3(column_blocks, chunk_blocks), kColumnThreads, 0, cu_stream>>>(
-        static_cast<float*>(partial.raw_data()), static_cast<const TDY*>(dy.raw_data()),
-        static_cast<const TX*>(x.raw_data()), static_cast<const float*>(rstd.raw_data()), rows, dim);
+    const int64_t row_blocks = (rows + kRowsPerSumBlock - 1) / kRowsPerSumBlock;
+    if (row_blocks > 1) partial = Tensor::empty({row_blocks, dim}, DType::F32, dw.device());
+    launch_weight_sums(cu_stream, row_blocks > 1 ? static_cast<float*>(partial.raw_data()) : dw_data,
+                       static_cast<const TDY*>(dy.raw_data()), static_cast<const TX*>(x.raw_data()),
+                       static_cast<const float*>(rstd.raw_data()), rows, dim,
+                       spans_of_8(dim, {dy.raw_data(), x.raw_data()}));
+    rows = row_blocks;
   });
-  MT_CUDA_CHECK(cudaGetLastError());
-  weight_total_kernel<<<column_blocks, kColumnThreads, 0, cu_stream>>>(
-      static_cast<float*>(dw.raw_data()), static_cast<const float*>(partial.raw_data()), chunks, dim);
-  MT_CUDA_CHECK(cudaGetLastError());
+  while (rows > 1) {
+    const int64_t row_blocks = (rows + kRowsPerSumBlock - 1) / kRowsPerSumBlock;
+    Tensor next = row_blocks > 1 ? Tensor::empty({row_blocks, dim}, DType::F32, dw.device()) : Tensor();
+    const auto* sums = static_cast<const float*>(partial.raw_data());
+    launch_weight_sums<float, float>(cu_stream, row_blocks > 1 ? static_cast<float*>(next.raw_data()) : dw_data, sums,
+                                     nullptr, nullptr, rows, dim, spans_of_8(dim, {sums}));
+    partial = next;
+    rows = row_blocks;
+  }
 }
 
 }  // namespace moetrain::ops::cuda

@@ -22,11 +22,9 @@ void add_rmsnorm_forward(const Stream& stream, const Tensor& sum, const Tensor& 
 // dx may alias dy.
 void rmsnorm_backward_input(const Stream& stream, const Tensor& dx, const Tensor& dy, const Tensor& x, const Tensor& w,
                             const Tensor& rstd, const RmsNormParams& params);
-// dw += sum over rows of dy * xhat: per chunk of kRmsNormRowsPerChunk rows an ascending sum, then the chunk sums in
-// ascending order (the order depends on N alone).
+// dw += sum over rows of dy * xhat, summed by blocks of rows (eight strided ascending sums a block, added in order),
+// then the blocks' sums by blocks again: each column's order of additions follows from the row count alone.
 void rmsnorm_backward_weight(const Stream& stream, const Tensor& dw, const Tensor& dy, const Tensor& x,
                              const Tensor& rstd);
-
-constexpr int64_t kRmsNormRowsPerChunk = 128;
 
 }  // namespace moetrain::ops::cuda
