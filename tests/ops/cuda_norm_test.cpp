@@ -141,22 +141,29 @@ TEST(CudaRmsNorm, BackwardInputMayOverwriteDy) {
 
 TEST(CudaRmsNorm, RowResultsDoNotDependOnOtherRows) {
   MT_REQUIRE_GPU();
-  // A row's forward and input gradient are the same bits whether it is alone or among 999 other rows.
-  for (DType dtype : {DType::F32, DType::BF16}) {
-    SCOPED_TRACE(dtype_name(dtype));
-    Rng rng(44);
-    const int64_t dim = 896;
-    const Tensor x_all = random_tensor({1000, dim}, DType::F32, rng).to(dtype);
-    const Tensor dy_all = random_tensor({1000, dim}, DType::F32, rng).to(dtype);
-    const Tensor w = random_tensor({dim}, DType::F32, rng);
-    const Tensor dw0 = Tensor::zeros({dim}, DType::F32);
-    const ops::RmsNormParams params{1e-6f, false};
-    const Outputs all = run_all(gpu(), Device::cuda(0), x_all, w, dy_all, dw0, params);
-    const Outputs one =
-        run_all(gpu(), Device::cuda(0), x_all.slice(0, 1).clone(), w, dy_all.slice(0, 1).clone(), dw0, params);
-    EXPECT_TRUE(same_bytes(one.y, all.y.to(Device::cpu()).slice(0, 1).clone())) << "y";
-    EXPECT_TRUE(same_bytes(one.rstd, all.rstd.to(Device::cpu()).slice(0, 1).clone())) << "rstd";
-    EXPECT_TRUE(same_bytes(one.dx, all.dx.to(Device::cpu()).slice(0, 1).clone())) << "dx";
+  // A row's forward and input gradient are the same bits whether it is alone or among 999 other rows: for a row of a
+  // whole warp (896), of half a warp (128 in spans of 8), of a quarter (40; 7 element by element).
+  for (const int64_t dim : {896, 128, 40, 7}) {
+    for (DType dtype : {DType::F32, DType::BF16}) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << " D = " << dim);
+      Rng rng(44);
+      const Tensor x_all = random_tensor({1000, dim}, DType::F32, rng).to(dtype);
+      const Tensor dy_all = random_tensor({1000, dim}, DType::F32, rng).to(dtype);
+      const Tensor w = random_tensor({dim}, DType::F32, rng);
+      const Tensor dw0 = Tensor::zeros({dim}, DType::F32);
+      const ops::RmsNormParams params{1e-6f, false};
+      const Outputs all = run_all(gpu(), Device::cuda(0), x_all, w, dy_all, dw0, params);
+      const Outputs one =
+          run_all(gpu(), Device::cuda(0), x_all.slice(0, 1).clone(), w, dy_all.slice(0, 1).clone(), dw0, params);
+      EXPECT_TRUE(same_bytes(one.y, all.y.to(Device::cpu()).slice(0, 1).clone())) << "y";
+      EXPECT_TRUE(same_bytes(one.rstd, all.rstd.to(Device::cpu()).slice(0, 1).clone())) << "rstd";
+      EXPECT_TRUE(same_bytes(one.dx, all.dx.to(Device::cpu()).slice(0, 1).clone())) << "dx";
+      // The last row, in the last (partly filled) warp.
+      const Outputs last = run_all(gpu(), Device::cuda(0), x_all.slice(999, 1000).clone(), w,
+                                   dy_all.slice(999, 1000).clone(), dw0, params);
+      EXPECT_TRUE(same_bytes(last.y, all.y.to(Device::cpu()).slice(999, 1000).clone())) << "last y";
+      EXPECT_TRUE(same_bytes(last.dx, all.dx.to(Device::cpu()).slice(999, 1000).clone())) << "last dx";
+    }
   }
 }
 

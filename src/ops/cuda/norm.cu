@@ -1,7 +1,8 @@
 // defines: the CUDA RMSNorm kernels, the formulas of ops/cpu/norm.cpp in f32: rstd = 1 / sqrt(sum(x^2) / D + eps),
-// y = (x * rstd) * scale, dx = rstd * (g - xhat * mean(g * xhat)) with g = scale * dy. One warp per row, reading it
-// in 16-byte spans of 8 elements where D and the addresses allow; the weight gradient sums blocks of rows into a
-// [blocks, D] buffer, then those sums by blocks again, in an order fixed by the row count. Every product and sum is
+// y = (x * rstd) * scale, dx = rstd * (g - xhat * mean(g * xhat)) with g = scale * dy. A warp, or for narrow rows (q/k
+// norm heads) a quarter or half of one, per row, reading it in 16-byte spans of 8 elements where D and the addresses
+// allow; the weight gradient sums blocks of rows into a [blocks, D] buffer, then those sums by blocks again, in an
+// order fixed by the row count. Every product and sum is
 // written with the round-to-nearest intrinsics (__fmul_rn, __fadd_rn, ...), which nvcc never fuses into a
 // multiply-add: each element rounds as the CPU's -ffp-contract=off code does, and only the summation orders differ.
 // The fused residual add + norm is the forward kernel with elementwise.cu's add in front of it. Under bf16 compute
@@ -27,11 +28,36 @@ constexpr int kRowThreads = 32 * kWarpsPerBlock;
 constexpr int kColumnThreads = 256;
 constexpr int64_t kMaxBlocks = int64_t(1) << 20;  // grid-stride beyond this
 
-// Butterfly sum over the warp: every lane ends with the same bits (each step adds the same two values, a + b and
-// b + a), in an order fixed by the lane layout.
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int offset = 16; offset > 0; offset >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, offset));
+// Butterfly sum over a row's Lanes lanes (a warp holds 32 / Lanes rows): every lane ends with the same bits (each step
+// adds the same two values, a + b and b + a), in an order fixed by the lane layout. Every lane of the warp calls it.
+template <int Lanes>
+__device__ __forceinline__ float row_sum(float v) {
+  for (int offset = Lanes / 2; offset > 0; offset >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, offset));
   return v;
+}
+
+// A row's lanes: Lanes lanes of a warp take one row, so a warp walks 32 / Lanes rows at a time. The row kernels give a
+// row of D elements in spans of K the fewest lanes that hold all its spans (Lanes = the power of two at or above
+// ceil(D / K), at least 8, at most 32). The bits are those of a whole warp per row: a warp's extra lanes would hold
+// zero sums (never -0: each sum starts at +0), which the butterfly's first steps add exactly. Lanes of a row past the
+// last one run the butterflies with zeros and store nothing.
+template <int Lanes>
+struct RowLanes {
+  static constexpr int kRowsPerWarp = 32 / Lanes;
+  int lane;     // the lane within the row
+  int64_t row;  // the row
+  bool active;  // row < rows
+};
+
+template <int Lanes, typename F>
+__device__ __forceinline__ void for_each_row(int64_t rows, F&& f) {
+  constexpr int kRowsPerWarp = RowLanes<Lanes>::kRowsPerWarp;
+  const int64_t warp = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
+  for (int64_t first = warp * kRowsPerWarp; first < rows; first += warps * kRowsPerWarp) {
+    const int64_t row = first + static_cast<int64_t>(threadIdx.x % 32) / Lanes;
+    f(RowLanes<Lanes>{static_cast<int>(threadIdx.x % Lanes), row, row < rows});
+  }
 }
 
 __device__ __forceinline__ float scale_of(float w, bool zero_centered) {
@@ -59,39 +85,38 @@ __device__ __forceinline__ void store_normed(TY* yr, int64_t d, float (&v)[K], f
   store_span<K>(yr + d, v);
 }
 
-template <int K, typename TY, typename TX>
+template <int K, int Lanes, typename TY, typename TX>
 __device__ void forward_rows(TY* y, float* rstd, const TX* x, const float* w, int64_t rows, int64_t dim, float eps,
                              bool zero_centered) {
-  const int lane = threadIdx.x % 32;
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
-  for (int64_t n = first; n < rows; n += static_cast<int64_t>(gridDim.x) * kWarpsPerBlock) {
+  for_each_row<Lanes>(rows, [&](const RowLanes<Lanes> at) {
+    const int64_t n = at.row, end = at.active ? dim : 0;
     const TX* xr = x + n * dim;
     TY* yr = y + n * dim;
     float sum_sq = 0.0f;
-    for (int64_t d = lane * K; d < dim; d += 32 * K) {
+    for (int64_t d = at.lane * K; d < end; d += Lanes * K) {
       float v[K];
       load_span<K>(xr + d, v);
 #pragma unroll
       for (int i = 0; i < K; ++i) sum_sq = __fadd_rn(sum_sq, __fmul_rn(v[i], v[i]));
     }
-    const float variance = __fdiv_rn(warp_sum(sum_sq), static_cast<float>(dim));
+    const float variance = __fdiv_rn(row_sum<Lanes>(sum_sq), static_cast<float>(dim));
     const float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(variance, eps)));
-    if (lane == 0) rstd[n] = r;
-    for (int64_t d = lane * K; d < dim; d += 32 * K) {
+    if (at.lane == 0 && at.active) rstd[n] = r;
+    for (int64_t d = at.lane * K; d < end; d += Lanes * K) {
       float v[K];
       load_span<K>(xr + d, v);
       store_normed<K>(yr, d, v, r, w, zero_centered);
     }
-  }
+  });
 }
 
-template <typename TY, typename TX>
+template <int Lanes, typename TY, typename TX>
 __global__ void forward_kernel(TY* y, float* rstd, const TX* x, const float* w, int64_t rows, int64_t dim, float eps,
                                bool zero_centered, bool packed) {
   if (packed) {
-    forward_rows<8>(y, rstd, x, w, rows, dim, eps, zero_centered);
+    forward_rows<8, Lanes>(y, rstd, x, w, rows, dim, eps, zero_centered);
   } else {
-    forward_rows<1>(y, rstd, x, w, rows, dim, eps, zero_centered);
+    forward_rows<1, Lanes>(y, rstd, x, w, rows, dim, eps, zero_centered);
   }
 }
 
@@ -104,18 +129,17 @@ __device__ __forceinline__ float stored_value(float v, const __nv_bfloat16*) {
 // forward_rows with the residual add in front: each lane adds (and stores) its spans of the row, squares the rounded
 // sums as forward_rows squares x, then rereads its own stored elements of sum for y. Each lane reads a and b at an
 // index before it writes sum there: sum may alias a or b.
-template <int K, typename TS, typename TY, typename TA, typename TB>
+template <int K, int Lanes, typename TS, typename TY, typename TA, typename TB>
 __device__ void add_forward_rows(TS* sum, TY* y, float* rstd, const TA* a, const TB* b, const float* w, int64_t rows,
                                  int64_t dim, float eps, bool zero_centered) {
-  const int lane = threadIdx.x % 32;
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
-  for (int64_t n = first; n < rows; n += static_cast<int64_t>(gridDim.x) * kWarpsPerBlock) {
+  for_each_row<Lanes>(rows, [&](const RowLanes<Lanes> at) {
+    const int64_t n = at.row, end = at.active ? dim : 0;
     const TA* ar = a + n * dim;
     const TB* br = b + n * dim;
     TS* sr = sum + n * dim;
     TY* yr = y + n * dim;
     float sum_sq = 0.0f;
-    for (int64_t d = lane * K; d < dim; d += 32 * K) {
+    for (int64_t d = at.lane * K; d < end; d += Lanes * K) {
       float va[K], vb[K];
       load_span<K>(ar + d, va);
       load_span<K>(br + d, vb);
@@ -126,24 +150,24 @@ __device__ void add_forward_rows(TS* sum, TY* y, float* rstd, const TA* a, const
       }
       store_span<K>(sr + d, va);
     }
-    const float variance = __fdiv_rn(warp_sum(sum_sq), static_cast<float>(dim));
+    const float variance = __fdiv_rn(row_sum<Lanes>(sum_sq), static_cast<float>(dim));
     const float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(variance, eps)));
-    if (lane == 0) rstd[n] = r;
-    for (int64_t d = lane * K; d < dim; d += 32 * K) {
+    if (at.lane == 0 && at.active) rstd[n] = r;
+    for (int64_t d = at.lane * K; d < end; d += Lanes * K) {
       float v[K];
       load_span<K>(sr + d, v);
       store_normed<K>(yr, d, v, r, w, zero_centered);
     }
-  }
+  });
 }
 
-template <typename TS, typename TY, typename TA, typename TB>
+template <int Lanes, typename TS, typename TY, typename TA, typename TB>
 __global__ void add_forward_kernel(TS* sum, TY* y, float* rstd, const TA* a, const TB* b, const float* w, int64_t rows,
                                    int64_t dim, float eps, bool zero_centered, bool packed) {
   if (packed) {
-    add_forward_rows<8>(sum, y, rstd, a, b, w, rows, dim, eps, zero_centered);
+    add_forward_rows<8, Lanes>(sum, y, rstd, a, b, w, rows, dim, eps, zero_centered);
   } else {
-    add_forward_rows<1>(sum, y, rstd, a, b, w, rows, dim, eps, zero_centered);
+    add_forward_rows<1, Lanes>(sum, y, rstd, a, b, w, rows, dim, eps, zero_centered);
   }
 }
 
@@ -164,41 +188,40 @@ __device__ __forceinline__ void load_gradient_span(const TDY* dyr, const TX* xr,
 
 // Every lane reads all of its dy elements for the sum before the butterfly, which no lane leaves before all have
 // entered it; then each lane rewrites only its own elements: dx may alias dy.
-template <int K, typename TDX, typename TDY, typename TX>
+template <int K, int Lanes, typename TDX, typename TDY, typename TX>
 __device__ void backward_input_rows(TDX* dx, const TDY* dy, const TX* x, const float* w, const float* rstd,
                                     int64_t rows, int64_t dim, bool zero_centered) {
-  const int lane = threadIdx.x % 32;
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
-  for (int64_t n = first; n < rows; n += static_cast<int64_t>(gridDim.x) * kWarpsPerBlock) {
+  for_each_row<Lanes>(rows, [&](const RowLanes<Lanes> at) {
+    const int64_t n = at.row, end = at.active ? dim : 0;
     const TX* xr = x + n * dim;
     const TDY* dyr = dy + n * dim;
     TDX* dxr = dx + n * dim;
-    const float r = rstd[n];
+    const float r = at.active ? rstd[n] : 0.0f;
     float sum = 0.0f;
-    for (int64_t d = lane * K; d < dim; d += 32 * K) {
+    for (int64_t d = at.lane * K; d < end; d += Lanes * K) {
       float g[K], xhat[K];
       load_gradient_span<K>(dyr, xr, w, d, r, zero_centered, g, xhat);
 #pragma unroll
       for (int i = 0; i < K; ++i) sum = __fadd_rn(sum, __fmul_rn(g[i], xhat[i]));
     }
-    const float mean = __fdiv_rn(warp_sum(sum), static_cast<float>(dim));
-    for (int64_t d = lane * K; d < dim; d += 32 * K) {
+    const float mean = __fdiv_rn(row_sum<Lanes>(sum), static_cast<float>(dim));
+    for (int64_t d = at.lane * K; d < end; d += Lanes * K) {
       float g[K], xhat[K];
       load_gradient_span<K>(dyr, xr, w, d, r, zero_centered, g, xhat);
 #pragma unroll
       for (int i = 0; i < K; ++i) g[i] = __fmul_rn(r, __fsub_rn(g[i], __fmul_rn(xhat[i], mean)));
       store_span<K>(dxr + d, g);
     }
-  }
+  });
 }
 
-template <typename TDX, typename TDY, typename TX>
+template <int Lanes, typename TDX, typename TDY, typename TX>
 __global__ void backward_input_kernel(TDX* dx, const TDY* dy, const TX* x, const float* w, const float* rstd,
                                       int64_t rows, int64_t dim, bool zero_centered, bool packed) {
   if (packed) {
-    backward_input_rows<8>(dx, dy, x, w, rstd, rows, dim, zero_centered);
+    backward_input_rows<8, Lanes>(dx, dy, x, w, rstd, rows, dim, zero_centered);
   } else {
-    backward_input_rows<1>(dx, dy, x, w, rstd, rows, dim, zero_centered);
+    backward_input_rows<1, Lanes>(dx, dy, x, w, rstd, rows, dim, zero_centered);
   }
 }
 
@@ -273,9 +296,28 @@ void launch_weight_sums(cudaStream_t stream, float* out, const TDY* dy, const TX
 
 cudaStream_t native(const Stream& stream) { return static_cast<cudaStream_t>(stream_handle(stream)); }
 
-unsigned row_blocks(int64_t rows) {
-  const int64_t blocks = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
+unsigned row_blocks(int64_t rows, int lanes) {
+  const int64_t rows_per_block = int64_t{kWarpsPerBlock} * (32 / lanes);
+  const int64_t blocks = (rows + rows_per_block - 1) / rows_per_block;
   return static_cast<unsigned>(blocks < kMaxBlocks ? blocks : kMaxBlocks);
+}
+
+// The lanes a row of `dim` elements takes in spans of 8 (`packed`) or 1 (RowLanes).
+int row_lanes(int64_t dim, bool packed) {
+  const int64_t spans = packed ? dim / 8 : dim;
+  return spans <= 8 ? 8 : spans <= 16 ? 16 : 32;
+}
+
+// Calls f with the row lanes of row_lanes as a compile-time constant.
+template <typename F>
+void with_row_lanes(int lanes, F&& f) {
+  if (lanes == 8) {
+    f.template operator()<8>();
+  } else if (lanes == 16) {
+    f.template operator()<16>();
+  } else {
+    f.template operator()<32>();
+  }
 }
 
 // Calls f(T*) with t's element type, f32 or bf16.
@@ -303,11 +345,14 @@ void rmsnorm_forward(const Stream& stream, const Tensor& y, const Tensor& rstd, 
   const int64_t dim = w.numel();
   const int64_t rows = x.numel() / dim;
   if (rows == 0) return;
+  const bool packed = reduction_packs(stream, dim, 8, {y.raw_data(), x.raw_data(), w.raw_data()}, "rmsnorm_forward");
+  const int lanes = row_lanes(dim, packed);
   dispatch_activations(y, x, "rmsnorm_forward", [&]<typename TY, typename TX>(TY*, TX*) {
-    forward_kernel<<<row_blocks(rows), kRowThreads, 0, native(stream)>>>(
-        static_cast<TY*>(y.raw_data()), static_cast<float*>(rstd.raw_data()), static_cast<const TX*>(x.raw_data()),
-        static_cast<const float*>(w.raw_data()), rows, dim, params.eps, params.zero_centered,
-        reduction_packs(stream, dim, 8, {y.raw_data(), x.raw_data(), w.raw_data()}, "rmsnorm_forward"));
+    with_row_lanes(lanes, [&]<int Lanes>() {
+      forward_kernel<Lanes><<<row_blocks(rows, Lanes), kRowThreads, 0, native(stream)>>>(
+          static_cast<TY*>(y.raw_data()), static_cast<float*>(rstd.raw_data()), static_cast<const TX*>(x.raw_data()),
+          static_cast<const float*>(w.raw_data()), rows, dim, params.eps, params.zero_centered, packed);
+    });
   });
   MT_CUDA_CHECK(cudaGetLastError());
 }
@@ -318,13 +363,16 @@ void add_rmsnorm_forward(const Stream& stream, const Tensor& sum, const Tensor& 
   const int64_t rows = a.numel() / dim;
   if (rows == 0) return;
   // sum in a's dtype and y in b's (ops/norm.cpp checks it).
+  const bool packed = reduction_packs(
+      stream, dim, 8, {sum.raw_data(), y.raw_data(), a.raw_data(), b.raw_data(), w.raw_data()}, "add_rmsnorm_forward");
+  const int lanes = row_lanes(dim, packed);
   dispatch_activations(a, b, "add_rmsnorm_forward", [&]<typename TA, typename TB>(TA*, TB*) {
-    add_forward_kernel<<<row_blocks(rows), kRowThreads, 0, native(stream)>>>(
-        static_cast<TA*>(sum.raw_data()), static_cast<TB*>(y.raw_data()), static_cast<float*>(rstd.raw_data()),
-        static_cast<const TA*>(a.raw_data()), static_cast<const TB*>(b.raw_data()),
-        static_cast<const float*>(w.raw_data()), rows, dim, params.eps, params.zero_centered,
-        reduction_packs(stream, dim, 8, {sum.raw_data(), y.raw_data(), a.raw_data(), b.raw_data(), w.raw_data()},
-                        "add_rmsnorm_forward"));
+    with_row_lanes(lanes, [&]<int Lanes>() {
+      add_forward_kernel<Lanes><<<row_blocks(rows, Lanes), kRowThreads, 0, native(stream)>>>(
+          static_cast<TA*>(sum.raw_data()), static_cast<TB*>(y.raw_data()), static_cast<float*>(rstd.raw_data()),
+          static_cast<const TA*>(a.raw_data()), static_cast<const TB*>(b.raw_data()),
+          static_cast<const float*>(w.raw_data()), rows, dim, params.eps, params.zero_centered, packed);
+    });
   });
   MT_CUDA_CHECK(cudaGetLastError());
 }
@@ -335,13 +383,16 @@ void rmsnorm_backward_input(const Stream& stream, const Tensor& dx, const Tensor
   const int64_t rows = x.numel() / dim;
   if (rows == 0) return;
   // dx in x's dtype (ops/norm.cpp checks it).
+  const bool packed = reduction_packs(stream, dim, 8, {dx.raw_data(), dy.raw_data(), x.raw_data(), w.raw_data()},
+                                      "rmsnorm_backward_input");
+  const int lanes = row_lanes(dim, packed);
   dispatch_activations(dy, x, "rmsnorm_backward_input", [&]<typename TDY, typename TX>(TDY*, TX*) {
-    backward_input_kernel<<<row_blocks(rows), kRowThreads, 0, native(stream)>>>(
-        static_cast<TX*>(dx.raw_data()), static_cast<const TDY*>(dy.raw_data()), static_cast<const TX*>(x.raw_data()),
-        static_cast<const float*>(w.raw_data()), static_cast<const float*>(rstd.raw_data()), rows, dim,
-        params.zero_centered,
-        reduction_packs(stream, dim, 8, {dx.raw_data(), dy.raw_data(), x.raw_data(), w.raw_data()},
-                        "rmsnorm_backward_input"));
+    with_row_lanes(lanes, [&]<int Lanes>() {
+      backward_input_kernel<Lanes><<<row_blocks(rows, Lanes), kRowThreads, 0, native(stream)>>>(
+          static_cast<TX*>(dx.raw_data()), static_cast<const TDY*>(dy.raw_data()), static_cast<const TX*>(x.raw_data()),
+          static_cast<const float*>(w.raw_data()), static_cast<const float*>(rstd.raw_data()), rows, dim,
+          params.zero_centered, packed);
+    });
   });
   MT_CUDA_CHECK(cudaGetLastError());
 }
