@@ -186,16 +186,18 @@ TEST(CudaRmsNorm, RepeatedRunsGiveIdenticalBits) {
 
 TEST(CudaRmsNorm, WeightGradientOfManyRowsIsWithinItsSummationBound) {
   MT_REQUIRE_GPU();
-  // dw over one, two and three levels of block sums (rows up to 256, 65,536 and beyond), 16-byte spans and single
-  // columns, bf16 and f32 terms, against an f64 sum on the host. Each column's sum is a chain of at most
-  // 32 + 8 additions a level (a row lane's rows, then the lanes) and one into dw, so it errs by at most
-  // (40 levels + 1) u sum |terms| (u = 2^-24); the products each round once more (one u |term| each).
+  // dw over one to four levels of block sums (rows up to 256, 65,536 and beyond; past 65,535 blocks of 256
+  // rows the grid strides over them), 16-byte spans and single columns, bf16 and f32 terms, against an f64 sum on
+  // the host. Each column's sum is a chain of at most 32 + 8 additions a level (a row lane's rows, then the lanes)
+  // and one into dw, so it errs by at most (40 levels + 1) u sum |terms| (u = 2^-24); the products each round once
+  // more (one u |term| each).
   struct Case {
     int64_t rows, dim;
     DType dtype;
   };
-  for (const Case& c : {Case{200, 64, DType::F32}, Case{8200, 2048, DType::BF16}, Case{70001, 8, DType::F32},
-                        Case{66000, 33, DType::BF16}, Case{262144, 128, DType::BF16}}) {
+  for (const Case& c :
+       {Case{200, 64, DType::F32}, Case{8200, 2048, DType::BF16}, Case{70001, 8, DType::F32},
+        Case{66000, 33, DType::BF16}, Case{262144, 128, DType::BF16}, Case{65536 * 256 + 300, 8, DType::BF16}}) {
     SCOPED_TRACE(::testing::Message() << c.rows << " x " << c.dim << " " << dtype_name(c.dtype));
     Rng rng(46);
     const Tensor x = random_tensor({c.rows, c.dim}, DType::F32, rng).to(c.dtype);
@@ -206,7 +208,8 @@ TEST(CudaRmsNorm, WeightGradientOfManyRowsIsWithinItsSummationBound) {
     ops::rmsnorm_backward_weight(gpu(), dw, on_gpu(dy), on_gpu(x), on_gpu(rstd));
     const Tensor got = host_f32(dw);
     const Tensor x32 = x.to(DType::F32), dy32 = dy.to(DType::F32);
-    const int levels = c.rows <= 256 ? 1 : c.rows <= 65536 ? 2 : 3;
+    int levels = 1;
+    for (int64_t sums = c.rows; sums > 256; sums = (sums + 255) / 256) ++levels;
     int64_t over = 0;
     for (int64_t d = 0; d < c.dim; ++d) {
       double sum = dw0.data<float>()[d], magnitude = std::fabs(sum);

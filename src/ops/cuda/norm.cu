@@ -258,23 +258,28 @@ __global__ void weight_sums_kernel(float* out, const TDY* dy, const TX* x, const
   __shared__ float lane_sums[kRowLanes][kColumnSpans * K];
   const int span = threadIdx.x % kColumnSpans, lane = threadIdx.x / kColumnSpans;
   const int64_t d = (static_cast<int64_t>(blockIdx.x) * kColumnSpans + span) * K;
-  const int64_t begin = static_cast<int64_t>(blockIdx.y) * kRowsPerSumBlock;
-  const int64_t end = begin + kRowsPerSumBlock < rows ? begin + kRowsPerSumBlock : rows;
-  float acc[K] = {};
-  if (d < dim) {
+  const int64_t row_blocks = (rows + kRowsPerSumBlock - 1) / kRowsPerSumBlock;
+  for (int64_t block = blockIdx.y; block < row_blocks; block += gridDim.y) {  // grid-stride beyond 65535 blocks
+    const int64_t begin = block * kRowsPerSumBlock;
+    const int64_t end = begin + kRowsPerSumBlock < rows ? begin + kRowsPerSumBlock : rows;
+    float acc[K] = {};
+    if (d < dim) {
 #pragma unroll 4
-    for (int64_t n = begin + lane; n < end; n += kRowLanes) add_terms<K>(acc, dy, x, rstd, n, n * dim + d);
-  }
+      for (int64_t n = begin + lane; n < end; n += kRowLanes) add_terms<K>(acc, dy, x, rstd, n, n * dim + d);
+    }
 #pragma unroll
-  for (int i = 0; i < K; ++i) lane_sums[lane][span * K + i] = acc[i];
-  __syncthreads();
-  if (lane != 0 || d >= dim) return;
+    for (int i = 0; i < K; ++i) lane_sums[lane][span * K + i] = acc[i];
+    __syncthreads();
+    if (lane == 0 && d < dim) {
 #pragma unroll
-  for (int i = 0; i < K; ++i) {
-    float total = lane_sums[0][span * K + i];
-    for (int l = 1; l < kRowLanes; ++l) total = __fadd_rn(total, lane_sums[l][span * K + i]);
-    float* target = final ? out + d + i : out + blockIdx.y * dim + d + i;
-    *target = final ? __fadd_rn(*target, total) : total;
+      for (int i = 0; i < K; ++i) {
+        float total = lane_sums[0][span * K + i];
+        for (int l = 1; l < kRowLanes; ++l) total = __fadd_rn(total, lane_sums[l][span * K + i]);
+        float* target = final ? out + d + i : out + block * dim + d + i;
+        *target = final ? __fadd_rn(*target, total) : total;
+      }
+    }
+    __syncthreads();  // lane 0 has read the sums before the next block's are written
   }
 }
 
@@ -285,7 +290,7 @@ void launch_weight_sums(cudaStream_t stream, float* out, const TDY* dy, const TX
   const int64_t row_blocks = (rows + kRowsPerSumBlock - 1) / kRowsPerSumBlock;
   const int k = packed ? 8 : 1;
   const int64_t column_blocks = (dim / k + kColumnSpans - 1) / kColumnSpans;
-  const dim3 grid(static_cast<unsigned>(column_blocks), static_cast<unsigned>(row_blocks));
+  const dim3 grid(static_cast<unsigned>(column_blocks), static_cast<unsigned>(row_blocks < 65535 ? row_blocks : 65535));
   if (packed) {
     weight_sums_kernel<8><<<grid, kColumnThreads, 0, stream>>>(out, dy, x, rstd, rows, dim, row_blocks == 1);
   } else {
@@ -402,8 +407,6 @@ void rmsnorm_backward_weight(const Stream& stream, const Tensor& dw, const Tenso
   const int64_t dim = dw.numel();
   int64_t rows = x.numel() / dim;
   if (rows == 0) return;  // dw += an empty sum
-  MT_CHECK((rows + kRowsPerSumBlock - 1) / kRowsPerSumBlock <= 65535,
-           "rmsnorm_backward_weight (CUDA): {} rows are more than the column sums' grid takes", rows);
   const cudaStream_t cu_stream = native(stream);
   float* const dw_data = static_cast<float*>(dw.raw_data());
   // Level 1: the terms dy * xhat summed over blocks of rows; then the partial sums over blocks of theirs, until one
