@@ -25,8 +25,9 @@ void cross_entropy_backward(const Stream& stream, const Tensor& dlogits, const T
 // per-row code, and the gradient reads the log-sum-exp as the forward writes it. dlogits may be logits.
 // Measured on an H200 at the workload of record's shape (8192 x 151936 bf16): 1 block per SM 3.27 ms (one block per
 // SM cannot draw the full bandwidth; a variant with 8 loads of 16 bytes in flight per thread instead of 4 took
-// 3.29 ms and was not kept), 2 blocks 2.41 ms, 4 blocks 2.41 ms, the two kernels 2.41 ms. At 2 blocks the rows in flight (80 MB) no longer fit in the
-// 50 MB L2, so what the one kernel saves is a launch and the memory of a separate gradient, not a read.
+// 3.29 ms and was not kept), 2 blocks 2.41 ms, 4 blocks 2.41 ms, the two kernels 2.41 ms. At 2 blocks the rows in
+// flight (80 MB) no longer fit in the 50 MB L2, so what the one kernel saves is a launch and the memory of a separate
+// gradient, not a read.
 inline constexpr int kFusedCrossEntropyBlocksPerSm = 2;
 void cross_entropy_forward_backward(const Stream& stream, const Tensor& losses, const Tensor& lse,
                                     const Tensor& dlogits, const Tensor& logits, const Tensor& targets, double scale,
