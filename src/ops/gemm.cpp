@@ -9,6 +9,7 @@
 
 #include "ops/cpu/dispatch.h"
 #include "ops/cpu/gemm.h"
+#include "ops/elementwise.h"
 #include "ops/op_checks.h"
 #include "ops/op_profile.h"
 #if MOETRAIN_HAS_CUDA
@@ -46,13 +47,20 @@ void check_output_dtype(const Tensor& out, DType operand, const char* op, const 
   expect_dtype(out, operand, fmt::format("{}: {}", op, name));
 }
 
-bool overlaps(const Tensor& a, const Tensor& b) {
-  const auto* a_begin = static_cast<const char*>(a.raw_data());
-  const auto* b_begin = static_cast<const char*>(b.raw_data());
-  return a.nbytes() > 0 && b.nbytes() > 0 && a_begin < b_begin + b.nbytes() && b_begin < a_begin + a.nbytes();
-}
-
 const char* transpose_name(Transpose t) { return t == Transpose::No ? "" : "^T"; }
+
+// The arguments of the input-gradient ops: dx [M, K] = dy [M, N] * w [N, K].
+void check_linear_backward_input(const Stream& stream, const Tensor& dx, const Tensor& dy, const Tensor& w,
+                                 const char* op) {
+  check_matrix(stream, dy, op, "dy [M, N]");
+  check_matrix(stream, w, op, "w [N, K]");
+  check_matrix(stream, dx, op, "dx [M, K]");
+  expect_dtype(w, dy.dtype(), fmt::format("{}: w", op));
+  check_output_dtype(dx, dy.dtype(), op, "dx");
+  MT_CHECK(dy.size(1) == w.size(0), "{}: dy [M, N] is {} but w [N, K] is {}: N differs", op, shape_str(dy.shape()),
+           shape_str(w.shape()));
+  expect_shape(dx, {dy.size(0), w.size(1)}, fmt::format("{}: dx [M, K]", op));
+}
 
 }  // namespace
 
@@ -81,7 +89,7 @@ void gemm(Stream& stream, Tensor out, const Tensor& a, Transpose transpose_a, co
            transpose_name(transpose_a), m, k_a, shape_str(a.shape()), transpose_name(transpose_b), k_b, n,
            shape_str(b.shape()));
   expect_shape(out, {m, n}, fmt::format("gemm: out (= op(a) [{}, {}] * op(b) [{}, {}])", m, k_a, k_b, n));
-  MT_CHECK(!overlaps(out, a) && !overlaps(out, b), "gemm: out {} must not share memory with a {} or b {}",
+  MT_CHECK(!share_memory(out, a) && !share_memory(out, b), "gemm: out {} must not share memory with a {} or b {}",
            out.describe(), a.describe(), b.describe());
 #if MOETRAIN_HAS_CUDA
   if (on_cuda(out)) {
@@ -109,15 +117,21 @@ void linear_forward(Stream& stream, Tensor y, const Tensor& x, const Tensor& w) 
 void linear_backward_input(Stream& stream, Tensor dx, const Tensor& dy, const Tensor& w) {
   constexpr const char* op = "linear_backward_input";
   OpScope profile(stream, "gemm", op);
-  check_matrix(stream, dy, op, "dy [M, N]");
-  check_matrix(stream, w, op, "w [N, K]");
-  check_matrix(stream, dx, op, "dx [M, K]");
-  expect_dtype(w, dy.dtype(), "linear_backward_input: w");
-  check_output_dtype(dx, dy.dtype(), op, "dx");
-  MT_CHECK(dy.size(1) == w.size(0), "linear_backward_input: dy [M, N] is {} but w [N, K] is {}: N differs",
-           shape_str(dy.shape()), shape_str(w.shape()));
-  expect_shape(dx, {dy.size(0), w.size(1)}, "linear_backward_input: dx [M, K]");
+  check_linear_backward_input(stream, dx, dy, w, op);
   gemm(stream, dx, dy, Transpose::No, w, Transpose::No, 1.0, 0.0);
+}
+
+void linear_backward_input_accumulate(Stream& stream, Tensor dx, const Tensor& dy, const Tensor& w) {
+  constexpr const char* op = "linear_backward_input_accumulate";
+  OpScope profile(stream, "gemm", op);
+  check_linear_backward_input(stream, dx, dy, w, op);
+  if (on_cuda(dx) && batch_invariant(stream) && dx.dtype() == DType::BF16) {
+    Tensor product = Tensor::empty(dx.shape(), dx.dtype(), dx.device());
+    gemm(stream, product, dy, Transpose::No, w, Transpose::No, 1.0, 0.0);
+    accumulate(stream, dx, product);
+    return;
+  }
+  gemm(stream, dx, dy, Transpose::No, w, Transpose::No, 1.0, 1.0);
 }
 
 void linear_backward_weight(Stream& stream, Tensor dw, const Tensor& dy, const Tensor& x) {

@@ -21,6 +21,12 @@ void gemm(Stream& stream, Tensor out, const Tensor& a, Transpose transpose_a, co
 void linear_forward(Stream& stream, Tensor y, const Tensor& x, const Tensor& w);
 // dx [M, K] = dy [M, N] * w [N, K]
 void linear_backward_input(Stream& stream, Tensor dx, const Tensor& dy, const Tensor& w);
+// dx [M, K] += dy [M, N] * w [N, K]: the input gradient of one more layer that reads x (a block's q, k and v
+// projections) added into dx in the GEMM itself, the sum rounded once (beta = 1). Two exceptions keep other bits:
+// under the exact lanes' batch-invariant policy with a bf16 dx (their CUTLASS kernel takes beta = 1 only into f32)
+// the product is rounded to bf16, then added by accumulate; on the CPU the sum is that of linear_backward_input
+// then accumulate bit for bit (the product, then one rounded addition).
+void linear_backward_input_accumulate(Stream& stream, Tensor dx, const Tensor& dy, const Tensor& w);
 // dw [N, K] += dy^T * x  (accumulates, so micro-batches sum into one gradient)
 void linear_backward_weight(Stream& stream, Tensor dw, const Tensor& dy, const Tensor& x);
 

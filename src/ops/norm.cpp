@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 
+#include "ops/cpu/elementwise.h"
 #include "ops/cpu/norm.h"
 #include "ops/op_checks.h"
 #include "ops/op_profile.h"
@@ -87,13 +88,7 @@ void rmsnorm_forward(Stream& stream, Tensor y, Tensor rstd, const Tensor& x, con
                      const RmsNormParams& params) {
   constexpr const char* op = "rmsnorm_forward";
   OpScope profile(stream, "norm", op);
-  check_stream_backend(stream, op);
-  NormDTypes dtypes{};
-  const RowsView view = check_x(x, stream, &dtypes, op, "x");
-  check_argument(w, {view.dim}, dtypes.weight, stream, op, "w");
-  check_activation(y, x.shape(), dtypes, stream, op, "y");
-  check_rstd(rstd, view, dtypes.rstd, stream, op);
-  check_params(params, op);
+  check_rmsnorm_forward(stream, y, rstd, x, w, params, op);
 #if MOETRAIN_HAS_CUDA
   if (x.device().is_cuda()) {
     cuda::rmsnorm_forward(stream, y, rstd, x, w, params);
@@ -136,10 +131,19 @@ void add_rmsnorm_forward(Stream& stream, Tensor sum, Tensor y, Tensor rstd, cons
   cpu::add_rmsnorm_forward(sum, y, rstd, a, b, w, params);
 }
 
-void rmsnorm_backward_input(Stream& stream, Tensor dx, const Tensor& dy, const Tensor& x, const Tensor& w,
-                            const Tensor& rstd, const RmsNormParams& params) {
-  constexpr const char* op = "rmsnorm_backward_input";
-  OpScope profile(stream, "norm", op);
+void check_rmsnorm_forward(const Stream& stream, const Tensor& y, const Tensor& rstd, const Tensor& x, const Tensor& w,
+                           const RmsNormParams& params, const char* op) {
+  check_stream_backend(stream, op);
+  NormDTypes dtypes{};
+  const RowsView view = check_x(x, stream, &dtypes, op, "x");
+  check_argument(w, {view.dim}, dtypes.weight, stream, op, "w");
+  check_activation(y, x.shape(), dtypes, stream, op, "y");
+  check_rstd(rstd, view, dtypes.rstd, stream, op);
+  check_params(params, op);
+}
+
+void check_rmsnorm_backward_input(const Stream& stream, const Tensor& dx, const Tensor& dy, const Tensor& x,
+                                  const Tensor& w, const Tensor& rstd, const RmsNormParams& params, const char* op) {
   check_stream_backend(stream, op);
   NormDTypes dtypes{};
   const RowsView view = check_x(x, stream, &dtypes, op, "x");
@@ -152,6 +156,13 @@ void rmsnorm_backward_input(Stream& stream, Tensor dx, const Tensor& dy, const T
            dtype_name(dx.dtype()));
   check_rstd(rstd, view, dtypes.rstd, stream, op);
   check_params(params, op);
+}
+
+void rmsnorm_backward_input(Stream& stream, Tensor dx, const Tensor& dy, const Tensor& x, const Tensor& w,
+                            const Tensor& rstd, const RmsNormParams& params) {
+  constexpr const char* op = "rmsnorm_backward_input";
+  OpScope profile(stream, "norm", op);
+  check_rmsnorm_backward_input(stream, dx, dy, x, w, rstd, params, op);
 #if MOETRAIN_HAS_CUDA
   if (x.device().is_cuda()) {
     cuda::rmsnorm_backward_input(stream, dx, dy, x, w, rstd, params);
@@ -159,6 +170,24 @@ void rmsnorm_backward_input(Stream& stream, Tensor dx, const Tensor& dy, const T
   }
 #endif
   cpu::rmsnorm_backward_input(dx, dy, x, w, rstd, params);
+}
+
+void rmsnorm_backward_input_add(Stream& stream, Tensor dx, const Tensor& dy, const Tensor& x, const Tensor& w,
+                                const Tensor& rstd, const RmsNormParams& params, const Tensor& addend) {
+  constexpr const char* op = "rmsnorm_backward_input_add";
+  OpScope profile(stream, "norm", op);
+  check_rmsnorm_backward_input(stream, dx, dy, x, w, rstd, params, op);
+  check_argument(addend, x.shape(), dx.dtype(), stream, op, "addend");
+  MT_CHECK(!share_memory(addend, dx), "{}: expected the addend {} apart from dx {} (dx is written before it is added)",
+           op, addend.describe(), dx.describe());
+#if MOETRAIN_HAS_CUDA
+  if (x.device().is_cuda()) {
+    cuda::rmsnorm_backward_input(stream, dx, dy, x, w, rstd, params, addend);
+    return;
+  }
+#endif
+  cpu::rmsnorm_backward_input(dx, dy, x, w, rstd, params);
+  cpu::accumulate(dx, addend);
 }
 
 void rmsnorm_backward_weight(Stream& stream, Tensor dw, const Tensor& dy, const Tensor& x, const Tensor& rstd) {

@@ -29,7 +29,19 @@ void add_rmsnorm_forward(Stream& stream, Tensor sum, Tensor y, Tensor rstd, cons
 // dx = rstd * (scale*dy - xhat * mean(scale*dy*xhat)), xhat = x * rstd. dx may alias dy of its dtype.
 void rmsnorm_backward_input(Stream& stream, Tensor dx, const Tensor& dy, const Tensor& x, const Tensor& w,
                             const Tensor& rstd, const RmsNormParams& params);
+// The input gradient with the residual's gradient added in the same pass: dx = rmsnorm_backward_input(dy) rounded to
+// dx's dtype, plus addend (shaped as x, in dx's dtype), rounded again: the bits of rmsnorm_backward_input followed by
+// accumulate(dx, addend) on either backend. The addend must not share memory with dx.
+void rmsnorm_backward_input_add(Stream& stream, Tensor dx, const Tensor& dy, const Tensor& x, const Tensor& w,
+                                const Tensor& rstd, const RmsNormParams& params, const Tensor& addend);
 // dw += sum_n dy[n] * xhat[n] (rows summed in ascending order). Same for both variants.
 void rmsnorm_backward_weight(Stream& stream, Tensor dw, const Tensor& dy, const Tensor& x, const Tensor& rstd);
+
+// The argument checks of rmsnorm_forward and rmsnorm_backward_input, under the name `op`: for the ops that fuse more
+// work into those kernels (ops/norm_rope.h).
+void check_rmsnorm_forward(const Stream& stream, const Tensor& y, const Tensor& rstd, const Tensor& x, const Tensor& w,
+                           const RmsNormParams& params, const char* op);
+void check_rmsnorm_backward_input(const Stream& stream, const Tensor& dx, const Tensor& dy, const Tensor& x,
+                                  const Tensor& w, const Tensor& rstd, const RmsNormParams& params, const char* op);
 
 }  // namespace moetrain::ops

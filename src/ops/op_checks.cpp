@@ -51,6 +51,12 @@ void check_like(const Tensor& t, const Tensor& like, const Stream& stream, std::
   check_argument(t, like.shape(), like.dtype(), stream, op, name);
 }
 
+bool share_memory(const Tensor& a, const Tensor& b) {
+  const auto* a_begin = static_cast<const char*>(a.raw_data());
+  const auto* b_begin = static_cast<const char*>(b.raw_data());
+  return a.nbytes() > 0 && b.nbytes() > 0 && a_begin < b_begin + b.nbytes() && b_begin < a_begin + a.nbytes();
+}
+
 void check_class_targets(const Tensor& targets, int64_t tokens, int64_t vocab, int ignore_index, const Stream& stream,
                          std::string_view op) {
   check_argument(targets, {tokens}, DType::I32, stream, op, "targets");

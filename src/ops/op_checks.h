@@ -37,6 +37,9 @@ void check_argument(const Tensor& t, const Shape& shape, DType dtype, const Stre
 // `t` has the shape and dtype of `like`, is contiguous and lives on the stream's device.
 void check_like(const Tensor& t, const Tensor& like, const Stream& stream, std::string_view op, std::string_view name);
 
+// Whether the bytes of a and b overlap (an empty tensor overlaps nothing).
+bool share_memory(const Tensor& a, const Tensor& b);
+
 // Class targets i32 [tokens] of a loss over `vocab` classes. On the CPU every entry must be in [0, vocab) or equal
 // to ignore_index. CUDA targets are not read (that would copy device memory to the host inside an op): the trainer
 // validates each batch on the host, and the CUDA kernels turn an out-of-range target into a NaN loss (and a NaN

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "ops/cpu/dispatch.h"
+#include "ops/cpu/elementwise.h"
 #include "ops/cpu/permute.h"
 #include "ops/op_checks.h"
 #include "ops/op_profile.h"
@@ -127,9 +128,11 @@ void permute_forward(Stream& stream, Tensor permuted, const Tensor& x, const Rou
   cpu::permute_forward(permuted, x, plan);
 }
 
-void permute_backward(Stream& stream, Tensor dx, const Tensor& dpermuted, const RoutingPlan& plan) {
-  constexpr const char* op = "permute_backward";
-  OpScope profile(stream, "permute", op);
+namespace {
+
+// The arguments of permute_backward (and of permute_backward_add, under its name); the device they are on.
+Device check_permute_backward(const Stream& stream, const Tensor& dx, const Tensor& dpermuted, const RoutingPlan& plan,
+                              const char* op) {
   const Device device = check_tensor_backend(stream, dpermuted, op, "dpermuted");
   check_plan(plan, device, op);
   MT_CHECK(dpermuted.dim() == 2, "{}: expected dpermuted [T*K, H] but found {}", op, dpermuted.describe());
@@ -137,19 +140,12 @@ void permute_backward(Stream& stream, Tensor dx, const Tensor& dpermuted, const 
   const int64_t hidden = dpermuted.size(1);
   check_argument(dpermuted, {plan.num_tokens * plan.top_k, hidden}, dpermuted.dtype(), device, op, "dpermuted");
   check_token_side(dx, {plan.num_tokens, hidden}, dpermuted.dtype(), device, op, "dx");
-#if MOETRAIN_HAS_CUDA
-  if (device.is_cuda()) {
-    cuda::permute_backward(stream, dx, dpermuted, plan);
-    return;
-  }
-#endif
-  cpu::permute_backward(dx, dpermuted, plan);
+  return device;
 }
 
-void unpermute_forward(Stream& stream, Tensor y, const Tensor& expert_out, const Tensor& topk_weight,
-                       const RoutingPlan& plan) {
-  constexpr const char* op = "unpermute_forward";
-  OpScope profile(stream, "permute", op);
+// The arguments of unpermute_forward (and of unpermute_forward_add, under its name); the device they are on.
+Device check_unpermute_forward(const Stream& stream, const Tensor& y, const Tensor& expert_out,
+                               const Tensor& topk_weight, const RoutingPlan& plan, const char* op) {
   const Device device = check_tensor_backend(stream, expert_out, op, "expert_out");
   check_plan(plan, device, op);
   MT_CHECK(expert_out.dim() == 2, "{}: expected expert_out [T*K, H] but found {}", op, expert_out.describe());
@@ -159,6 +155,52 @@ void unpermute_forward(Stream& stream, Tensor y, const Tensor& expert_out, const
   check_argument(expert_out, {plan.num_tokens * plan.top_k, hidden}, dtype, device, op, "expert_out");
   check_argument(topk_weight, {plan.num_tokens, plan.top_k}, weight_dtype(dtype, device), device, op, "topk_weight");
   check_token_side(y, {plan.num_tokens, hidden}, dtype, device, op, "y");
+  return device;
+}
+
+// The addend of the _add forms: shaped as the token side `sum` (dx, y), apart from it.
+void check_token_addend(const Tensor& addend, const Tensor& sum, Device device, const char* op, const char* sum_name) {
+  check_token_side(addend, sum.shape(), sum.dtype(), device, op, "addend");
+  MT_CHECK(!share_memory(addend, sum), "{}: expected the addend {} apart from {} {} ({} is written before it is added)",
+           op, addend.describe(), sum_name, sum.describe(), sum_name);
+}
+
+}  // namespace
+
+void permute_backward(Stream& stream, Tensor dx, const Tensor& dpermuted, const RoutingPlan& plan) {
+  constexpr const char* op = "permute_backward";
+  OpScope profile(stream, "permute", op);
+  [[maybe_unused]] const Device device = check_permute_backward(stream, dx, dpermuted, plan, op);
+#if MOETRAIN_HAS_CUDA
+  if (device.is_cuda()) {
+    cuda::permute_backward(stream, dx, dpermuted, plan);
+    return;
+  }
+#endif
+  cpu::permute_backward(dx, dpermuted, plan);
+}
+
+void permute_backward_add(Stream& stream, Tensor dx, const Tensor& dpermuted, const RoutingPlan& plan,
+                          const Tensor& addend) {
+  constexpr const char* op = "permute_backward_add";
+  OpScope profile(stream, "permute", op);
+  const Device device = check_permute_backward(stream, dx, dpermuted, plan, op);
+  check_token_addend(addend, dx, device, op, "dx");
+#if MOETRAIN_HAS_CUDA
+  if (device.is_cuda()) {
+    cuda::permute_backward(stream, dx, dpermuted, plan, addend);
+    return;
+  }
+#endif
+  cpu::permute_backward(dx, dpermuted, plan);
+  cpu::accumulate(dx, addend);
+}
+
+void unpermute_forward(Stream& stream, Tensor y, const Tensor& expert_out, const Tensor& topk_weight,
+                       const RoutingPlan& plan) {
+  constexpr const char* op = "unpermute_forward";
+  OpScope profile(stream, "permute", op);
+  [[maybe_unused]] const Device device = check_unpermute_forward(stream, y, expert_out, topk_weight, plan, op);
 #if MOETRAIN_HAS_CUDA
   if (device.is_cuda()) {
     cuda::unpermute_forward(stream, y, expert_out, topk_weight, plan);
@@ -166,6 +208,22 @@ void unpermute_forward(Stream& stream, Tensor y, const Tensor& expert_out, const
   }
 #endif
   cpu::unpermute_forward(y, expert_out, topk_weight, plan);
+}
+
+void unpermute_forward_add(Stream& stream, Tensor y, const Tensor& expert_out, const Tensor& topk_weight,
+                           const RoutingPlan& plan, const Tensor& addend) {
+  constexpr const char* op = "unpermute_forward_add";
+  OpScope profile(stream, "permute", op);
+  const Device device = check_unpermute_forward(stream, y, expert_out, topk_weight, plan, op);
+  check_token_addend(addend, y, device, op, "y");
+#if MOETRAIN_HAS_CUDA
+  if (device.is_cuda()) {
+    cuda::unpermute_forward(stream, y, expert_out, topk_weight, plan, addend);
+    return;
+  }
+#endif
+  cpu::unpermute_forward(y, expert_out, topk_weight, plan);
+  cpu::accumulate(y, addend);
 }
 
 void unpermute_backward(Stream& stream, Tensor dexpert_out, Tensor dtopk_weight, const Tensor& dy,

@@ -32,6 +32,14 @@ void permute_backward(Stream& stream, Tensor dx, const Tensor& dpermuted, const 
 // permute_backward, y here, dy below) may be f32 while the rows are bf16: an f32 residual stream under bf16 compute.
 void unpermute_forward(Stream& stream, Tensor y, const Tensor& expert_out, const Tensor& topk_weight,
                        const RoutingPlan& plan);
+// permute_backward and unpermute_forward with an addend [T, H] (the router's input gradient; the residual) added in
+// the same pass: each token's sum is rounded to dx's (y's) dtype, then the addend added and rounded again, the bits
+// of the op followed by accumulate(dx, addend) on either backend. The addend (on CUDA f32 or bf16, on the CPU in
+// dx's dtype) must not share memory with dx (y).
+void permute_backward_add(Stream& stream, Tensor dx, const Tensor& dpermuted, const RoutingPlan& plan,
+                          const Tensor& addend);
+void unpermute_forward_add(Stream& stream, Tensor y, const Tensor& expert_out, const Tensor& topk_weight,
+                           const RoutingPlan& plan, const Tensor& addend);
 // dexpert_out [T*K, H] and dtopk_weight [T, K] from dy [T, H]
 void unpermute_backward(Stream& stream, Tensor dexpert_out, Tensor dtopk_weight, const Tensor& dy,
                         const Tensor& expert_out, const Tensor& topk_weight, const RoutingPlan& plan);

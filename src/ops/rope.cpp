@@ -18,8 +18,6 @@
 
 namespace moetrain::ops {
 
-namespace {
-
 // Validates every argument of a rope op: `in` fixes [T, heads, hd] and the dtype, `out` must match it.
 void check_rope_arguments(const Tensor& out, const Tensor& in, const Tensor& position_ids, const RopeParams& params,
                           const Stream& stream, const char* op, const char* out_name, const char* in_name) {
@@ -71,6 +69,8 @@ void check_rope_arguments(const Tensor& out, const Tensor& in, const Tensor& pos
     MT_CHECK(positions[t] >= 0, "{}: position_ids[{}] is {}; positions must be >= 0", op, t, positions[t]);
   }
 }
+
+namespace {
 
 // HF's base ** (torch.arange(0, dim, 2).float() / dim): every step in f32 (base is cast to f32 by the tensor op).
 // pow is evaluated in double and rounded once, the closest to torch's result (which is libm powf or SIMD Sleef pow

@@ -91,4 +91,9 @@ void rope_forward(Stream& stream, Tensor y, const Tensor& x, const Tensor& posit
 // The transpose of the rotation. dx may alias dy.
 void rope_backward(Stream& stream, Tensor dx, const Tensor& dy, const Tensor& position_ids, const RopeParams& params);
 
+// The argument checks of rope_forward (out = y, in = x) and rope_backward (out = dx, in = dy) under the name `op`,
+// with the names the message gives out and in: for the ops that fuse a rotation into another kernel (ops/norm_rope.h).
+void check_rope_arguments(const Tensor& out, const Tensor& in, const Tensor& position_ids, const RopeParams& params,
+                          const Stream& stream, const char* op, const char* out_name, const char* in_name);
+
 }  // namespace moetrain::ops

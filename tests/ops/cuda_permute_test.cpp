@@ -11,6 +11,7 @@
 
 #include <gtest/gtest.h>
 
+#include "ops/elementwise.h"
 #include "ops/permute.h"
 #include "testing/cuda_compare.h"
 #include "testing/gpu.h"
@@ -263,6 +264,45 @@ TEST(CudaPermute, RejectsWhatTheKernelsDoNotTake) {
   Tensor y_cpu = Tensor::empty({4, 16}, DType::F32);
   const Tensor weight = random_tensor({4, 2}, DType::F32, rng).to(gpu());
   expect_error([&] { ops::unpermute_forward(s, y_cpu, permuted, weight, plan); }, "expected y on cuda:0");
+}
+
+// The _add forms on CUDA: bitwise the op followed by accumulate, for f32 and bf16 rows, a token side of either dtype
+// (an f32 residual stream), an addend of the token side's dtype (one kernel) or of the other (the two kernels), and a
+// hidden size that walks elements rather than spans.
+TEST(CudaPermuteAdd, GivesTheBitsOfTheOpThenAccumulate) {
+  MT_REQUIRE_GPU();
+  Stream& s = default_stream(gpu());
+  for (DType rows_dtype : {DType::F32, DType::BF16}) {
+    for (DType token_dtype : {DType::F32, DType::BF16}) {
+      for (DType addend_dtype : {DType::F32, DType::BF16}) {
+        for (int64_t hidden : {int64_t{2048}, int64_t{36}}) {
+          SCOPED_TRACE(::testing::Message()
+                       << "rows " << dtype_name(rows_dtype) << " token side " << dtype_name(token_dtype) << " addend "
+                       << dtype_name(addend_dtype) << " H " << hidden);
+          Rng rng(92);
+          const int64_t tokens = 300, top_k = 4, experts = 16;
+          const ops::RoutingPlan plan = plan_on(random_choices(tokens, top_k, experts, rng), experts, gpu());
+          const Tensor rows = random_tensor({tokens * top_k, hidden}, DType::F32, rng).to(rows_dtype).to(gpu());
+          const Tensor weight = random_tensor({tokens, top_k}, DType::F32, rng).to(gpu());
+          const Tensor addend = random_tensor({tokens, hidden}, DType::F32, rng).to(addend_dtype).to(gpu());
+
+          const Tensor y = Tensor::empty({tokens, hidden}, token_dtype, gpu());
+          ops::unpermute_forward_add(s, y, rows, weight, plan, addend);
+          const Tensor want_y = Tensor::empty({tokens, hidden}, token_dtype, gpu());
+          ops::unpermute_forward(s, want_y, rows, weight, plan);
+          ops::accumulate(s, want_y, addend);
+          EXPECT_TRUE(testing::same_bytes(y, want_y)) << "unpermute_forward_add";
+
+          const Tensor dx = Tensor::empty({tokens, hidden}, token_dtype, gpu());
+          ops::permute_backward_add(s, dx, rows, plan, addend);
+          const Tensor want_dx = Tensor::empty({tokens, hidden}, token_dtype, gpu());
+          ops::permute_backward(s, want_dx, rows, plan);
+          ops::accumulate(s, want_dx, addend);
+          EXPECT_TRUE(testing::same_bytes(dx, want_dx)) << "permute_backward_add";
+        }
+      }
+    }
+  }
 }
 
 }  // namespace

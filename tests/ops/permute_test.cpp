@@ -1,12 +1,15 @@
 // Tests for ops/permute: the routing plan (hand case with an idle expert), permute -> unpermute against the direct
-// weighted sum, backward of both against finite differences, per-token independence, and argument checks.
+// weighted sum, backward of both against finite differences, per-token independence, argument checks, and the _add
+// forms (an addend joined in the same pass) against the op followed by accumulate, bit for bit.
 #include "ops/permute.h"
 
+#include <cstring>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "ops/elementwise.h"
 #include "testing/test_data.h"
 
 namespace moetrain {
@@ -196,6 +199,39 @@ TEST(Permute, RejectsMismatchedShapesAndBrokenPlans) {
   expect_error([&] { ops::permute_forward(s, permuted, x, broken); }, "permute_forward: plan.choice_row[1] = ");
   broken.choice_row.data<int32_t>()[1] = 8;
   expect_error([&] { ops::unpermute_forward(s, y, permuted, weight, broken); }, "plan.choice_row[1] = 8");
+}
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.nbytes() == b.nbytes() && (a.nbytes() == 0 || std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0);
+}
+
+TEST(PermuteAdd, GivesTheBitsOfTheOpThenAccumulate) {
+  Stream& s = Stream::cpu();
+  Rng rng(91);
+  const int64_t tokens = 9, top_k = 3, experts = 4, hidden = 20;
+  const ops::RoutingPlan plan = ops::make_routing_plan(s, random_choices(tokens, top_k, experts, rng), experts);
+  const Tensor rows = random_tensor({tokens * top_k, hidden}, DType::F32, rng);
+  const Tensor weight = random_tensor({tokens, top_k}, DType::F32, rng);
+  const Tensor addend = random_tensor({tokens, hidden}, DType::F32, rng);
+
+  Tensor y = Tensor::empty({tokens, hidden}, DType::F32);
+  ops::unpermute_forward_add(s, y, rows, weight, plan, addend);
+  Tensor want_y = unpermute(rows, weight, plan);
+  ops::accumulate(s, want_y, addend);
+  EXPECT_TRUE(same_bits(y, want_y));
+
+  Tensor dx = Tensor::empty({tokens, hidden}, DType::F32);
+  ops::permute_backward_add(s, dx, rows, plan, addend);
+  Tensor want_dx = Tensor::empty({tokens, hidden}, DType::F32);
+  ops::permute_backward(s, want_dx, rows, plan);
+  ops::accumulate(s, want_dx, addend);
+  EXPECT_TRUE(same_bits(dx, want_dx));
+
+  expect_error([&] { ops::permute_backward_add(s, dx, rows, plan, dx); }, "expected the addend");
+  expect_error([&] { ops::unpermute_forward_add(s, y, rows, weight, plan, y.slice(0, 4)); },
+               "unpermute_forward_add: addend");
+  expect_error([&] { ops::permute_backward_add(s, dx, rows, plan, addend.to(DType::F64)); },
+               "permute_backward_add: addend");
 }
 
 }  // namespace

@@ -13,8 +13,8 @@
 #include "ops/activation.h"
 #include "ops/bias.h"
 #include "ops/columns.h"
-#include "ops/elementwise.h"
 #include "ops/gemm.h"
+#include "ops/norm_rope.h"
 
 namespace moetrain::model {
 
@@ -156,20 +156,26 @@ Tensor GqaAttention::forward(MixerRecord& record, const Tensor& x, const MicroBa
   ops::biased_linear_forward(s, r.k.view({T, -1}), x, w_k_, w_k_bias_);
   ops::biased_linear_forward(s, r.v.view({T, -1}), x, w_v_, w_v_bias_);
 
+  const bool rotary = rope_.rotary_dim > 0;
   if (options_.qk_norm) {
     r.rstd_q = Tensor::empty({T * nh}, statistics_dtype(dt), dev);
     r.rstd_k = Tensor::empty({T * nkv}, statistics_dtype(dt), dev);
     r.q_rot = Tensor::empty(r.q.shape(), dt, dev);
     r.k_rot = Tensor::empty(r.k.shape(), dt, dev);
-    ops::rmsnorm_forward(s, r.q_rot, r.rstd_q, r.q, w_q_norm_, qk_norm_);
-    ops::rmsnorm_forward(s, r.k_rot, r.rstd_k, r.k, w_k_norm_, qk_norm_);
+    if (rotary) {
+      ops::rmsnorm_rope_forward(s, r.q_rot, r.rstd_q, r.q, w_q_norm_, qk_norm_, batch.position_ids, rope_);
+      ops::rmsnorm_rope_forward(s, r.k_rot, r.rstd_k, r.k, w_k_norm_, qk_norm_, batch.position_ids, rope_);
+    } else {
+      ops::rmsnorm_forward(s, r.q_rot, r.rstd_q, r.q, w_q_norm_, qk_norm_);
+      ops::rmsnorm_forward(s, r.k_rot, r.rstd_k, r.k, w_k_norm_, qk_norm_);
+    }
   } else {
     r.q_rot = r.q.clone();
     r.k_rot = r.k.clone();
-  }
-  if (rope_.rotary_dim > 0) {
-    ops::rope_forward(s, r.q_rot, r.q_rot, batch.position_ids, rope_);
-    ops::rope_forward(s, r.k_rot, r.k_rot, batch.position_ids, rope_);
+    if (rotary) {
+      ops::rope_forward(s, r.q_rot, r.q_rot, batch.position_ids, rope_);
+      ops::rope_forward(s, r.k_rot, r.k_rot, batch.position_ids, rope_);
+    }
   }
 
   r.attn = Tensor::empty({T, nh, hd}, dt, dev);
@@ -216,16 +222,25 @@ Tensor GqaAttention::backward_input(MixerRecord& record, const Tensor& d_out) co
                           attention_for(*r.batch));
   r.d_q_normed = d_q_rot;  // rope's backward runs in place: d_q_rot becomes d(q after norm)
   r.d_k_normed = d_k_rot;
-  if (rope_.rotary_dim > 0) {
-    ops::rope_backward(s, r.d_q_normed, d_q_rot, r.batch->position_ids, rope_);
-    ops::rope_backward(s, r.d_k_normed, d_k_rot, r.batch->position_ids, rope_);
-  }
+  const bool rotary = rope_.rotary_dim > 0;
   if (options_.qk_norm) {
     r.d_q = Tensor::empty(r.q.shape(), dt, dev);
     r.d_k = Tensor::empty(r.k.shape(), dt, dev);
-    ops::rmsnorm_backward_input(s, r.d_q, r.d_q_normed, r.q, w_q_norm_, r.rstd_q, qk_norm_);
-    ops::rmsnorm_backward_input(s, r.d_k, r.d_k_normed, r.k, w_k_norm_, r.rstd_k, qk_norm_);
+    const Tensor& positions = r.batch->position_ids;
+    if (rotary) {
+      ops::rope_rmsnorm_backward_input(s, r.d_q, r.d_q_normed, d_q_rot, r.q, w_q_norm_, r.rstd_q, qk_norm_, positions,
+                                       rope_);
+      ops::rope_rmsnorm_backward_input(s, r.d_k, r.d_k_normed, d_k_rot, r.k, w_k_norm_, r.rstd_k, qk_norm_, positions,
+                                       rope_);
+    } else {
+      ops::rmsnorm_backward_input(s, r.d_q, r.d_q_normed, r.q, w_q_norm_, r.rstd_q, qk_norm_);
+      ops::rmsnorm_backward_input(s, r.d_k, r.d_k_normed, r.k, w_k_norm_, r.rstd_k, qk_norm_);
+    }
   } else {
+    if (rotary) {
+      ops::rope_backward(s, r.d_q_normed, d_q_rot, r.batch->position_ids, rope_);
+      ops::rope_backward(s, r.d_k_normed, d_k_rot, r.batch->position_ids, rope_);
+    }
     r.d_q = r.d_q_normed;
     r.d_k = r.d_k_normed;
   }
@@ -238,12 +253,9 @@ Tensor GqaAttention::backward_input(MixerRecord& record, const Tensor& d_out) co
   }
 
   Tensor dx = Tensor::empty(r.x.shape(), dt, dev);
-  Tensor partial = Tensor::empty(r.x.shape(), dt, dev);
   ops::linear_backward_input(s, dx, r.d_q_proj.view({T, -1}), w_q_);
-  ops::linear_backward_input(s, partial, r.d_k.view({T, -1}), w_k_);
-  ops::accumulate(s, dx, partial);
-  ops::linear_backward_input(s, partial, r.d_v.view({T, -1}), w_v_);
-  ops::accumulate(s, dx, partial);
+  ops::linear_backward_input_accumulate(s, dx, r.d_k.view({T, -1}), w_k_);
+  ops::linear_backward_input_accumulate(s, dx, r.d_v.view({T, -1}), w_v_);
   return dx;
 }
 

@@ -8,7 +8,6 @@
 #include "model/blocks/cached_attention.h"
 #include "model/precision.h"
 #include "ops/columns.h"
-#include "ops/elementwise.h"
 #include "ops/gemm.h"
 
 namespace moetrain::model {
@@ -213,9 +212,7 @@ Tensor LatentAttention::backward_input(MixerRecord& record, const Tensor& d_out)
   r.d_ckv = Tensor::empty(r.ckv.shape(), dt, dev);
   ops::copy_columns(s, r.d_ckv, 0, d_kv_lat, 0, rkv);
   ops::copy_columns(s, r.d_ckv, rkv, dk_rot, 0, dr);
-  Tensor partial = Tensor::empty(r.x.shape(), dt, dev);
-  ops::linear_backward_input(s, partial, r.d_ckv, w_kva_);
-  ops::accumulate(s, dx, partial);
+  ops::linear_backward_input_accumulate(s, dx, r.d_ckv, w_kva_);
   return dx;
 }
 

@@ -164,9 +164,8 @@ Tensor PreNormLayer::stage5_forward(LayerRecord& record, const Tensor& combined)
     return out;
   }
   r.combined = combined;
-  ops::unpermute_forward(s, out, combined, r.routing.topk_weight, r.routing.plan);
+  ops::unpermute_forward_add(s, out, combined, r.routing.topk_weight, r.routing.plan, r.residual);
   if (shared_expert_) ops::accumulate(s, out, shared_expert_->forward(r.shared, r.normed_post));
-  ops::accumulate(s, out, r.residual);
   return out;
 }
 
@@ -202,21 +201,21 @@ Tensor PreNormLayer::stage1_backward_input(LayerRecord& record, const Tensor& d_
   // the stream's dtype: under an f32 stream the sum is f32, as autocast sums the gradients of one f32 tensor.
   if (router_) {
     r.d_normed_post = Tensor::empty(r.normed_post.shape(), stream_dt, dev);
-    ops::permute_backward(s, r.d_normed_post, d_dispatched, r.routing.plan);
     const Tensor d_router_in = router_->backward_input(r.router, r.routing, r.d_topk_weight, r.d_probs, r.d_logits);
-    ops::accumulate(s, r.d_normed_post, d_router_in);
+    ops::permute_backward_add(s, r.d_normed_post, d_dispatched, r.routing.plan, d_router_in);
     if (shared_expert_) ops::accumulate(s, r.d_normed_post, r.d_shared_in);
   } else {
     r.d_normed_post = d_dispatched;
   }
+  // Each norm's input gradient takes the residual path's gradient in its own pass.
   Tensor d_residual = Tensor::empty(r.residual.shape(), stream_dt, dev);
-  ops::rmsnorm_backward_input(s, d_residual, r.d_normed_post, r.residual, w_post_norm_, r.rstd_post, options_.norm);
-  ops::accumulate(s, d_residual, r.d_residual);
+  ops::rmsnorm_backward_input_add(s, d_residual, r.d_normed_post, r.residual, w_post_norm_, r.rstd_post, options_.norm,
+                                  r.d_residual);
 
   r.d_normed_input = mixer_->backward_input(*r.mixer, ops::in_dtype(s, d_residual, compute_dtype_));
   Tensor d_hidden = Tensor::empty(r.hidden.shape(), stream_dt, dev);
-  ops::rmsnorm_backward_input(s, d_hidden, r.d_normed_input, r.hidden, w_input_norm_, r.rstd_input, options_.norm);
-  ops::accumulate(s, d_hidden, d_residual);
+  ops::rmsnorm_backward_input_add(s, d_hidden, r.d_normed_input, r.hidden, w_input_norm_, r.rstd_input, options_.norm,
+                                  d_residual);
   r.d_residual = r.d_topk_weight = r.d_shared_in = Tensor();
   return d_hidden;
 }

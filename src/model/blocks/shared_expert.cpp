@@ -4,7 +4,6 @@
 
 #include "core/error.h"
 #include "ops/activation.h"
-#include "ops/elementwise.h"
 #include "ops/gemm.h"
 
 namespace moetrain::model {
@@ -60,9 +59,7 @@ Tensor SharedExpert::backward_input(SharedExpertRecord& r, const Tensor& d_out) 
   r.d_logit = Tensor::empty(r.logit.shape(), r.logit.dtype(), r.logit.device());
   ops::sigmoid_gate_backward(s, d_y, r.d_logit, d_out, r.y, r.logit);
   Tensor dx = mlp_.backward_input(r.mlp, d_y);
-  Tensor partial = Tensor::empty(dx.shape(), dx.dtype(), dx.device());
-  ops::linear_backward_input(s, partial, r.d_logit, w_gate_);
-  ops::accumulate(s, dx, partial);
+  ops::linear_backward_input_accumulate(s, dx, r.d_logit, w_gate_);
   return dx;
 }
 

@@ -18,6 +18,12 @@ __device__ __forceinline__ float load_float(const __nv_bfloat16* p) { return __b
 __device__ __forceinline__ void store_float(float* p, float v) { *p = v; }
 __device__ __forceinline__ void store_float(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
 
+// The value a T element holds after store_float: f32 as is, bf16 rounded to nearest even.
+__device__ __forceinline__ float stored_value(float v, const float*) { return v; }
+__device__ __forceinline__ float stored_value(float v, const __nv_bfloat16*) {
+  return __bfloat162float(__float2bfloat16_rn(v));
+}
+
 // One 16-byte access: kPack<T> consecutive elements (4 f32 or 8 bf16) read into or written from f32 registers, with
 // the rounding of store_float. The address must be 16-byte aligned.
 template <typename T>

@@ -17,62 +17,16 @@
 
 #include "ops/cuda/check.h"
 #include "ops/cuda/float_io.cuh"
+#include "ops/cuda/norm_rows.cuh"
 #include "ops/cuda/runtime.h"
 
 namespace moetrain::ops::cuda {
 
 namespace {
 
-constexpr int kWarpsPerBlock = 8;
-constexpr int kRowThreads = 32 * kWarpsPerBlock;
+using namespace norm_rows;
+
 constexpr int kColumnThreads = 256;
-constexpr int64_t kMaxBlocks = int64_t(1) << 20;  // grid-stride beyond this
-
-// Butterfly sum over a row's Lanes lanes (a warp holds 32 / Lanes rows): every lane ends with the same bits (each step
-// adds the same two values, a + b and b + a), in an order fixed by the lane layout. Every lane of the warp calls it.
-template <int Lanes>
-__device__ __forceinline__ float row_sum(float v) {
-  for (int offset = Lanes / 2; offset > 0; offset >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, offset));
-  return v;
-}
-
-// A row's lanes: Lanes lanes of a warp take one row, so a warp walks 32 / Lanes rows at a time. The row kernels give a
-// row of D elements in spans of K the fewest lanes that hold all its spans (Lanes = the power of two at or above
-// ceil(D / K), at least 8, at most 32). The bits are those of a whole warp per row: a warp's extra lanes would hold
-// zero sums (never -0: each sum starts at +0), which the butterfly's first steps add exactly. Lanes of a row past the
-// last one run the butterflies with zeros and store nothing.
-template <int Lanes>
-struct RowLanes {
-  static constexpr int kRowsPerWarp = 32 / Lanes;
-  int lane;     // the lane within the row
-  int64_t row;  // the row
-  bool active;  // row < rows
-};
-
-template <int Lanes, typename F>
-__device__ __forceinline__ void for_each_row(int64_t rows, F&& f) {
-  constexpr int kRowsPerWarp = RowLanes<Lanes>::kRowsPerWarp;
-  const int64_t warp = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
-  const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
-  for (int64_t first = warp * kRowsPerWarp; first < rows; first += warps * kRowsPerWarp) {
-    const int64_t row = first + static_cast<int64_t>(threadIdx.x % 32) / Lanes;
-    f(RowLanes<Lanes>{static_cast<int>(threadIdx.x % Lanes), row, row < rows});
-  }
-}
-
-__device__ __forceinline__ float scale_of(float w, bool zero_centered) {
-  return zero_centered ? __fadd_rn(1.0f, w) : w;
-}
-
-// A lane's elements of a row: spans of K consecutive elements at lane * K, lane * K + 32 K, ... K = 8 (16-byte
-// accesses) when the row allows (spans_of_8), else K = 1 (elements lane, lane + 32, ...). Within a span the elements
-// are taken in ascending order, so a row's sums run in an order fixed by D and K alone.
-template <int K>
-__device__ __forceinline__ void load_scale(const float* w, bool zero_centered, float (&v)[K]) {
-  load_span<K>(w, v);
-#pragma unroll
-  for (int i = 0; i < K; ++i) v[i] = scale_of(v[i], zero_centered);
-}
 
 // y's span at d = (v * rstd) * scale, as forward_rows and add_forward_rows write it.
 template <int K, typename TY>
@@ -118,12 +72,6 @@ __global__ void forward_kernel(TY* y, float* rstd, const TX* x, const float* w, 
   } else {
     forward_rows<1, Lanes>(y, rstd, x, w, rows, dim, eps, zero_centered);
   }
-}
-
-// The value a T element holds after store_float: f32 as is, bf16 rounded to nearest even.
-__device__ __forceinline__ float stored_value(float v, const float*) { return v; }
-__device__ __forceinline__ float stored_value(float v, const __nv_bfloat16*) {
-  return __bfloat162float(__float2bfloat16_rn(v));
 }
 
 // forward_rows with the residual add in front: each lane adds (and stores) its spans of the row, squares the rounded
@@ -187,10 +135,12 @@ __device__ __forceinline__ void load_gradient_span(const TDY* dyr, const TX* xr,
 }
 
 // Every lane reads all of its dy elements for the sum before the butterfly, which no lane leaves before all have
-// entered it; then each lane rewrites only its own elements: dx may alias dy.
+// entered it; then each lane rewrites only its own elements: dx may alias dy. With an addend (the residual's gradient;
+// null for none) each element of dx is rounded to TDX, then the addend's element added and rounded again: the bits
+// of the input gradient followed by accumulate(dx, addend).
 template <int K, int Lanes, typename TDX, typename TDY, typename TX>
 __device__ void backward_input_rows(TDX* dx, const TDY* dy, const TX* x, const float* w, const float* rstd,
-                                    int64_t rows, int64_t dim, bool zero_centered) {
+                                    const TDX* addend, int64_t rows, int64_t dim, bool zero_centered) {
   for_each_row<Lanes>(rows, [&](const RowLanes<Lanes> at) {
     const int64_t n = at.row, end = at.active ? dim : 0;
     const TX* xr = x + n * dim;
@@ -210,6 +160,12 @@ __device__ void backward_input_rows(TDX* dx, const TDY* dy, const TX* x, const f
       load_gradient_span<K>(dyr, xr, w, d, r, zero_centered, g, xhat);
 #pragma unroll
       for (int i = 0; i < K; ++i) g[i] = __fmul_rn(r, __fsub_rn(g[i], __fmul_rn(xhat[i], mean)));
+      if (addend != nullptr) {
+        float a[K];
+        load_span<K>(addend + n * dim + d, a);
+#pragma unroll
+        for (int i = 0; i < K; ++i) g[i] = __fadd_rn(stored_value(g[i], dxr), a[i]);
+      }
       store_span<K>(dxr + d, g);
     }
   });
@@ -217,11 +173,11 @@ __device__ void backward_input_rows(TDX* dx, const TDY* dy, const TX* x, const f
 
 template <int Lanes, typename TDX, typename TDY, typename TX>
 __global__ void backward_input_kernel(TDX* dx, const TDY* dy, const TX* x, const float* w, const float* rstd,
-                                      int64_t rows, int64_t dim, bool zero_centered, bool packed) {
+                                      const TDX* addend, int64_t rows, int64_t dim, bool zero_centered, bool packed) {
   if (packed) {
-    backward_input_rows<8, Lanes>(dx, dy, x, w, rstd, rows, dim, zero_centered);
+    backward_input_rows<8, Lanes>(dx, dy, x, w, rstd, addend, rows, dim, zero_centered);
   } else {
-    backward_input_rows<1, Lanes>(dx, dy, x, w, rstd, rows, dim, zero_centered);
+    backward_input_rows<1, Lanes>(dx, dy, x, w, rstd, addend, rows, dim, zero_centered);
   }
 }
 
@@ -299,50 +255,6 @@ void launch_weight_sums(cudaStream_t stream, float* out, const TDY* dy, const TX
   MT_CUDA_CHECK(cudaGetLastError());
 }
 
-cudaStream_t native(const Stream& stream) { return static_cast<cudaStream_t>(stream_handle(stream)); }
-
-unsigned row_blocks(int64_t rows, int lanes) {
-  const int64_t rows_per_block = int64_t{kWarpsPerBlock} * (32 / lanes);
-  const int64_t blocks = (rows + rows_per_block - 1) / rows_per_block;
-  return static_cast<unsigned>(blocks < kMaxBlocks ? blocks : kMaxBlocks);
-}
-
-// The lanes a row of `dim` elements takes in spans of 8 (`packed`) or 1 (RowLanes).
-int row_lanes(int64_t dim, bool packed) {
-  const int64_t spans = packed ? dim / 8 : dim;
-  return spans <= 8 ? 8 : spans <= 16 ? 16 : 32;
-}
-
-// Calls f with the row lanes of row_lanes as a compile-time constant.
-template <typename F>
-void with_row_lanes(int lanes, F&& f) {
-  if (lanes == 8) {
-    f.template operator()<8>();
-  } else if (lanes == 16) {
-    f.template operator()<16>();
-  } else {
-    f.template operator()<32>();
-  }
-}
-
-// Calls f(T*) with t's element type, f32 or bf16.
-template <typename F>
-void dispatch_activation(const Tensor& t, const char* op, F&& f) {
-  switch (t.dtype()) {
-    case DType::F32: f(static_cast<float*>(nullptr)); return;
-    case DType::BF16: f(static_cast<__nv_bfloat16*>(nullptr)); return;
-    default: MT_FAIL("{} (CUDA): expected activations in f32 or bf16 but found {}", op, t.describe());
-  }
-}
-
-// The same over two tensors' element types: f(T0*, T1*).
-template <typename F>
-void dispatch_activations(const Tensor& t0, const Tensor& t1, const char* op, F&& f) {
-  dispatch_activation(t0, op, [&]<typename T0>(T0*) {
-    dispatch_activation(t1, op, [&]<typename T1>(T1*) { f(static_cast<T0*>(nullptr), static_cast<T1*>(nullptr)); });
-  });
-}
-
 }  // namespace
 
 void rmsnorm_forward(const Stream& stream, const Tensor& y, const Tensor& rstd, const Tensor& x, const Tensor& w,
@@ -383,20 +295,23 @@ void add_rmsnorm_forward(const Stream& stream, const Tensor& sum, const Tensor& 
 }
 
 void rmsnorm_backward_input(const Stream& stream, const Tensor& dx, const Tensor& dy, const Tensor& x, const Tensor& w,
-                            const Tensor& rstd, const RmsNormParams& params) {
+                            const Tensor& rstd, const RmsNormParams& params, const Tensor& addend) {
   const int64_t dim = w.numel();
   const int64_t rows = x.numel() / dim;
   if (rows == 0) return;
-  // dx in x's dtype (ops/norm.cpp checks it).
-  const bool packed = reduction_packs(stream, dim, 8, {dx.raw_data(), dy.raw_data(), x.raw_data(), w.raw_data()},
-                                      "rmsnorm_backward_input");
+  // dx and the addend in x's dtype (ops/norm.cpp checks it).
+  const void* addend_base = addend.defined() ? addend.raw_data() : dx.raw_data();
+  const bool packed =
+      reduction_packs(stream, dim, 8, {dx.raw_data(), dy.raw_data(), x.raw_data(), w.raw_data(), addend_base},
+                      "rmsnorm_backward_input");
   const int lanes = row_lanes(dim, packed);
   dispatch_activations(dy, x, "rmsnorm_backward_input", [&]<typename TDY, typename TX>(TDY*, TX*) {
     with_row_lanes(lanes, [&]<int Lanes>() {
       backward_input_kernel<Lanes><<<row_blocks(rows, Lanes), kRowThreads, 0, native(stream)>>>(
           static_cast<TX*>(dx.raw_data()), static_cast<const TDY*>(dy.raw_data()), static_cast<const TX*>(x.raw_data()),
-          static_cast<const float*>(w.raw_data()), static_cast<const float*>(rstd.raw_data()), rows, dim,
-          params.zero_centered, packed);
+          static_cast<const float*>(w.raw_data()), static_cast<const float*>(rstd.raw_data()),
+          addend.defined() ? static_cast<const TX*>(addend.raw_data()) : nullptr, rows, dim, params.zero_centered,
+          packed);
     });
   });
   MT_CUDA_CHECK(cudaGetLastError());

@@ -19,9 +19,10 @@ void rmsnorm_forward(const Stream& stream, const Tensor& y, const Tensor& rstd, 
 // y in one dtype (f32 or bf16); sum may alias a or b; y may alias a or b but not sum.
 void add_rmsnorm_forward(const Stream& stream, const Tensor& sum, const Tensor& y, const Tensor& rstd, const Tensor& a,
                          const Tensor& b, const Tensor& w, const RmsNormParams& params);
-// dx may alias dy.
+// dx may alias dy. A defined addend (shaped as x, in x's dtype) is added to each element after it is rounded to dx's
+// dtype: the bits of this op followed by accumulate(dx, addend).
 void rmsnorm_backward_input(const Stream& stream, const Tensor& dx, const Tensor& dy, const Tensor& x, const Tensor& w,
-                            const Tensor& rstd, const RmsNormParams& params);
+                            const Tensor& rstd, const RmsNormParams& params, const Tensor& addend = Tensor());
 // dw += sum over rows of dy * xhat, summed by blocks of rows (eight strided ascending sums a block, added in order),
 // then the blocks' sums by blocks again: each column's order of additions follows from the row count alone.
 void rmsnorm_backward_weight(const Stream& stream, const Tensor& dw, const Tensor& dy, const Tensor& x,

@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "ops/cuda/check.h"
+#include "ops/cuda/elementwise.h"
 #include "ops/cuda/float_io.cuh"
 #include "ops/cuda/runtime.h"
 
@@ -74,10 +75,11 @@ __global__ void __launch_bounds__(kThreads) permute_forward_kernel(T* permuted, 
 }
 
 // out_row = sum over k (ascending) of w[k] * in[rows[k]] (of in[rows[k]] when w is null), each product and sum
-// rounded apart: the block's threads take spans of 8 elements when packed, else single elements.
+// rounded apart: the block's threads take spans of 8 elements when packed, else single elements. With an addend row
+// (null for none) the sum is rounded to TO, then the addend added and rounded again: the bits of accumulate after.
 template <typename TO, typename T>
 __device__ __forceinline__ void sum_choices(TO* out_row, const T* in, const int32_t* rows, const float* w,
-                                            int64_t top_k, int64_t hidden, bool packed) {
+                                            const TO* addend_row, int64_t top_k, int64_t hidden, bool packed) {
   const auto sum_spans = [&]<int K>() {
     for (int64_t h = threadIdx.x * K; h < hidden; h += kThreads * K) {
       float acc[K] = {};
@@ -86,6 +88,12 @@ __device__ __forceinline__ void sum_choices(TO* out_row, const T* in, const int3
         load_span<K>(in + rows[k] * hidden + h, v);
 #pragma unroll
         for (int i = 0; i < K; ++i) acc[i] = __fadd_rn(acc[i], w == nullptr ? v[i] : __fmul_rn(w[k], v[i]));
+      }
+      if (addend_row != nullptr) {
+        float a[K];
+        load_span<K>(addend_row + h, a);
+#pragma unroll
+        for (int i = 0; i < K; ++i) acc[i] = __fadd_rn(stored_value(acc[i], out_row), a[i]);
       }
       store_span<K>(out_row + h, acc);
     }
@@ -100,19 +108,21 @@ __device__ __forceinline__ void sum_choices(TO* out_row, const T* in, const int3
 // dx[t] = sum over k (ascending) of dpermuted[choice_row[t*K + k]].
 template <typename TX, typename T>
 __global__ void __launch_bounds__(kThreads)
-    permute_backward_kernel(TX* dx, const T* dpermuted, const int32_t* choice_row, int64_t top_k, int64_t hidden,
-                            bool packed) {
+    permute_backward_kernel(TX* dx, const T* dpermuted, const int32_t* choice_row, const TX* addend, int64_t top_k,
+                            int64_t hidden, bool packed) {
   const int64_t t = blockIdx.x;
-  sum_choices(dx + t * hidden, dpermuted, choice_row + t * top_k, nullptr, top_k, hidden, packed);
+  sum_choices(dx + t * hidden, dpermuted, choice_row + t * top_k, nullptr,
+              addend == nullptr ? nullptr : addend + t * hidden, top_k, hidden, packed);
 }
 
 // y[t] = sum over k (ascending) of weight[t, k] * expert_out[choice_row[t*K + k]], product and sum rounded apart.
 template <typename TY, typename T>
 __global__ void __launch_bounds__(kThreads)
     unpermute_forward_kernel(TY* y, const T* expert_out, const float* topk_weight, const int32_t* choice_row,
-                             int64_t top_k, int64_t hidden, bool packed) {
+                             const TY* addend, int64_t top_k, int64_t hidden, bool packed) {
   const int64_t t = blockIdx.x;
-  sum_choices(y + t * hidden, expert_out, choice_row + t * top_k, topk_weight + t * top_k, top_k, hidden, packed);
+  sum_choices(y + t * hidden, expert_out, choice_row + t * top_k, topk_weight + t * top_k,
+              addend == nullptr ? nullptr : addend + t * hidden, top_k, hidden, packed);
 }
 
 // One block per choice c = t*K + k: dexpert_out[row] = weight[c] * dy[t] and dtopk_weight[c] = dot(dy[t], row),
@@ -242,27 +252,42 @@ void permute_forward(const Stream& stream, const Tensor& permuted, const Tensor&
   });
 }
 
-void permute_backward(const Stream& stream, const Tensor& dx, const Tensor& dpermuted, const RoutingPlan& plan) {
+void permute_backward(const Stream& stream, const Tensor& dx, const Tensor& dpermuted, const RoutingPlan& plan,
+                      const Tensor& addend) {
+  if (addend.defined() && addend.dtype() != dx.dtype()) {  // the kernel adds a token-side row of dx's dtype
+    permute_backward(stream, dx, dpermuted, plan);
+    accumulate(stream, dx, addend);
+    return;
+  }
   const auto s = static_cast<cudaStream_t>(stream_handle(stream));
   const int64_t hidden = dx.size(1);
+  const void* addend_base = addend.defined() ? addend.raw_data() : dx.raw_data();
   dispatch_activations(dx.dtype(), dpermuted.dtype(), "permute_backward", [&]<typename TX, typename T>() {
     if (plan.num_tokens == 0 || hidden == 0) return;
     permute_backward_kernel<TX, T><<<static_cast<unsigned>(plan.num_tokens), kThreads, 0, s>>>(
-        ptr<TX>(dx), ptr<const T>(dpermuted), ptr<const int32_t>(plan.choice_row), plan.top_k, hidden,
-        spans_of_8(hidden, {dx.raw_data(), dpermuted.raw_data()}));
+        ptr<TX>(dx), ptr<const T>(dpermuted), ptr<const int32_t>(plan.choice_row),
+        addend.defined() ? ptr<const TX>(addend) : nullptr, plan.top_k, hidden,
+        spans_of_8(hidden, {dx.raw_data(), dpermuted.raw_data(), addend_base}));
     MT_CUDA_CHECK(cudaGetLastError());
   });
 }
 
 void unpermute_forward(const Stream& stream, const Tensor& y, const Tensor& expert_out, const Tensor& topk_weight,
-                       const RoutingPlan& plan) {
+                       const RoutingPlan& plan, const Tensor& addend) {
+  if (addend.defined() && addend.dtype() != y.dtype()) {  // the kernel adds a token-side row of y's dtype
+    unpermute_forward(stream, y, expert_out, topk_weight, plan);
+    accumulate(stream, y, addend);
+    return;
+  }
   const auto s = static_cast<cudaStream_t>(stream_handle(stream));
   const int64_t hidden = y.size(1);
+  const void* addend_base = addend.defined() ? addend.raw_data() : y.raw_data();
   dispatch_activations(y.dtype(), expert_out.dtype(), "unpermute_forward", [&]<typename TY, typename T>() {
     if (plan.num_tokens == 0 || hidden == 0) return;
     unpermute_forward_kernel<TY, T><<<static_cast<unsigned>(plan.num_tokens), kThreads, 0, s>>>(
         ptr<TY>(y), ptr<const T>(expert_out), ptr<const float>(topk_weight), ptr<const int32_t>(plan.choice_row),
-        plan.top_k, hidden, spans_of_8(hidden, {y.raw_data(), expert_out.raw_data()}));
+        addend.defined() ? ptr<const TY>(addend) : nullptr, plan.top_k, hidden,
+        spans_of_8(hidden, {y.raw_data(), expert_out.raw_data(), addend_base}));
     MT_CUDA_CHECK(cudaGetLastError());
   });
 }

@@ -22,9 +22,12 @@ RoutingPlan make_routing_plan(const Stream& stream, const Tensor& topk_index, in
 // ascending k with separately rounded products and sums (no fused multiply-add), so f32 results equal the CPU's
 // bit for bit, except dtopk_weight's dot product over H (a fixed tree: per-thread strided sums, then the warps).
 void permute_forward(const Stream& stream, const Tensor& permuted, const Tensor& x, const RoutingPlan& plan);
-void permute_backward(const Stream& stream, const Tensor& dx, const Tensor& dpermuted, const RoutingPlan& plan);
+// A defined addend [T, H] (permute_backward_add, unpermute_forward_add) joins each token's sum after it is rounded
+// to dx's (y's) dtype: the bits of the op followed by accumulate. An addend of another dtype takes those two kernels.
+void permute_backward(const Stream& stream, const Tensor& dx, const Tensor& dpermuted, const RoutingPlan& plan,
+                      const Tensor& addend = Tensor());
 void unpermute_forward(const Stream& stream, const Tensor& y, const Tensor& expert_out, const Tensor& topk_weight,
-                       const RoutingPlan& plan);
+                       const RoutingPlan& plan, const Tensor& addend = Tensor());
 void unpermute_backward(const Stream& stream, const Tensor& dexpert_out, const Tensor& dtopk_weight, const Tensor& dy,
                         const Tensor& expert_out, const Tensor& topk_weight, const RoutingPlan& plan);
 

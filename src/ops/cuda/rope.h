@@ -15,10 +15,16 @@ constexpr int kRopeMaxFrequencies = 256;
 // f32 or bf16 (computed in f32); position_ids i32 [T]. Positions are not checked for >= 0 on the device (that needs
 // the values on the host); a negative one just rotates the other way. The angle is f32(position) * inv_freq[i] in
 // f32, as on the CPU, but its cos and sin come from cosf / sinf in f32 where the CPU rounds double results: c and s
-// may differ from the CPU's by an ulp or two. y may alias x (dx may alias dy).
+// may differ from the CPU's by an ulp or two; the rotation is then the CPU's (each product and sum rounded to f32). y
+// may alias x (dx may alias dy).
 void rope_forward(const Stream& stream, const Tensor& y, const Tensor& x, const Tensor& position_ids,
                   const RopeParams& params);
 void rope_backward(const Stream& stream, const Tensor& dx, const Tensor& dy, const Tensor& position_ids,
                    const RopeParams& params);
+
+// The c and s of every (token, pair) as rope_forward computes them (c = cos * scaling, s = sin * scaling, unsigned):
+// table f32 [2, T, rotary_dim / 2], c then s, for kernels that rotate rows of their own (ops/cuda/norm_rope.h).
+void rope_cos_sin_table(const Stream& stream, const Tensor& table, const Tensor& position_ids,
+                        const RopeParams& params);
 
 }  // namespace moetrain::ops::cuda

@@ -1,0 +1,176 @@
+// defines: the CUDA q/k norm + rope kernels. The norm's row layout (ops/cuda/norm_rows.cuh) with one 16-byte span of
+// 8 elements per lane: lane l holds elements 8l .. 8l + 7 of its head, so the rotate-half partner of each element
+// (i and i + hd / 2) sits at the same place in lane l ^ (Lanes / 2), one shuffle away. Each element's arithmetic is
+// that of ops/cuda/norm.cu and ops/cuda/rope.cu in the same order, with the same roundings between them (the normed
+// value rounded to the activation dtype before it is rotated; the rotated gradient rounded before the norm's backward
+// reads it), so the bits are those of the two ops.
+#include "ops/cuda/norm_rope.h"
+
+#include <cstdint>
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "ops/cuda/check.h"
+#include "ops/cuda/float_io.cuh"
+#include "ops/cuda/norm.h"
+#include "ops/cuda/norm_rows.cuh"
+#include "ops/cuda/rope.h"
+#include "ops/cuda/rope_pairs.cuh"
+#include "ops/cuda/runtime.h"
+
+namespace moetrain::ops::cuda {
+
+namespace {
+
+using namespace norm_rows;
+
+// Rotates a lane's span v (8 elements of a head) with its partner lane's span, by the (c, s) of the lane's pairs in
+// `table` [2, T, hd / 2] at `token`; sin_sign -1 applies the transpose. Every lane of the warp calls it (the shuffle);
+// an inactive row's lanes read no table and leave v as it is.
+template <int Lanes>
+__device__ __forceinline__ void rotate_span(float (&v)[8], const RowLanes<Lanes>& at, const float* table,
+                                            int64_t tokens, int64_t token, float sin_sign) {
+  constexpr int kHalfLanes = Lanes / 2;
+  constexpr int64_t kHalf = Lanes * 4;  // hd / 2 pairs
+  float partner[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) partner[i] = __shfl_xor_sync(0xffffffffu, v[i], kHalfLanes);
+  if (!at.active) return;
+  const int64_t pair0 = token * kHalf + (at.lane % kHalfLanes) * 8;
+  float c[8], s[8];
+  load8(table + pair0, c);
+  load8(table + tokens * kHalf + pair0, s);
+  const bool first = at.lane < kHalfLanes;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const float si = s[i] * sin_sign;  // exact
+    v[i] = first ? rotated_first(v[i], partner[i], c[i], si) : rotated_second(partner[i], v[i], c[i], si);
+  }
+}
+
+template <int Lanes, typename T>
+__global__ void norm_rope_forward_kernel(T* y, float* rstd, const T* x, const float* w, const float* table,
+                                         int64_t rows, int64_t heads, float eps, bool zero_centered) {
+  constexpr int64_t kDim = Lanes * 8;
+  const int64_t tokens = rows / heads;
+  for_each_row<Lanes>(rows, [&](const RowLanes<Lanes> at) {
+    const int64_t offset = at.row * kDim + at.lane * 8;
+    float v[8] = {};
+    if (at.active) load8(x + offset, v);
+    float sum_sq = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) sum_sq = __fadd_rn(sum_sq, __fmul_rn(v[i], v[i]));
+    const float variance = __fdiv_rn(row_sum<Lanes>(sum_sq), static_cast<float>(kDim));
+    const float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(variance, eps)));
+    if (at.lane == 0 && at.active) rstd[at.row] = r;
+    float scale[8];
+    load_scale<8>(w + at.lane * 8, zero_centered, scale);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = stored_value(__fmul_rn(__fmul_rn(v[i], r), scale[i]), y);
+    rotate_span<Lanes>(v, at, table, tokens, at.row / heads, 1.0f);
+    if (at.active) store8(y + offset, v);
+  });
+}
+
+template <int Lanes, typename T>
+__global__ void rope_norm_backward_input_kernel(T* dx, T* d_normed, const T* d_rotated, const T* x, const float* w,
+                                                const float* rstd, const float* table, int64_t rows, int64_t heads,
+                                                bool zero_centered) {
+  constexpr int64_t kDim = Lanes * 8;
+  const int64_t tokens = rows / heads;
+  for_each_row<Lanes>(rows, [&](const RowLanes<Lanes> at) {
+    const int64_t offset = at.row * kDim + at.lane * 8;
+    float g[8] = {};
+    if (at.active) load8(d_rotated + offset, g);
+    rotate_span<Lanes>(g, at, table, tokens, at.row / heads, -1.0f);  // every lane has read d_rotated: it may alias
+#pragma unroll
+    for (int i = 0; i < 8; ++i) g[i] = stored_value(g[i], d_normed);
+    if (at.active) store8(d_normed + offset, g);
+    // The norm's input gradient from the rounded d_normed, as backward_input_rows computes it.
+    const float r = at.active ? rstd[at.row] : 0.0f;
+    float xhat[8] = {}, scale[8];
+    if (at.active) load8(x + offset, xhat);
+    load_scale<8>(w + at.lane * 8, zero_centered, scale);
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      g[i] = __fmul_rn(scale[i], g[i]);
+      xhat[i] = __fmul_rn(xhat[i], r);
+      sum = __fadd_rn(sum, __fmul_rn(g[i], xhat[i]));
+    }
+    const float mean = __fdiv_rn(row_sum<Lanes>(sum), static_cast<float>(kDim));
+#pragma unroll
+    for (int i = 0; i < 8; ++i) g[i] = __fmul_rn(r, __fsub_rn(g[i], __fmul_rn(xhat[i], mean)));
+    if (at.active) store8(dx + offset, g);
+  });
+}
+
+// The lanes of the one-kernel form (8, 16 or 32), or 0 when the rows do not allow it.
+int fused_lanes(const Stream& stream, const Tensor& x, const RopeParams& rope, std::initializer_list<const void*> bases,
+                const char* op) {
+  const int64_t dim = x.size(2);
+  if (rope.interleaved || rope.rotary_dim != dim || (dim != 64 && dim != 128 && dim != 256)) return 0;
+  if (!reduction_packs(stream, dim, 8, bases, op)) return 0;
+  return static_cast<int>(dim / 8);
+}
+
+// The [2, T, hd / 2] cos / sin table of the rotation.
+Tensor cos_sin_table(const Stream& stream, const Tensor& position_ids, const RopeParams& rope) {
+  Tensor table = Tensor::empty({2, position_ids.numel(), rope.rotary_dim / 2}, DType::F32, position_ids.device());
+  rope_cos_sin_table(stream, table, position_ids, rope);
+  return table;
+}
+
+}  // namespace
+
+void rmsnorm_rope_forward(const Stream& stream, const Tensor& y, const Tensor& rstd, const Tensor& x, const Tensor& w,
+                          const RmsNormParams& norm, const Tensor& position_ids, const RopeParams& rope) {
+  constexpr const char* op = "rmsnorm_rope_forward";
+  const int lanes = fused_lanes(stream, x, rope, {y.raw_data(), x.raw_data(), w.raw_data()}, op);
+  if (lanes == 0) {
+    rmsnorm_forward(stream, y, rstd, x, w, norm);
+    rope_forward(stream, y, y, position_ids, rope);
+    return;
+  }
+  const int64_t rows = x.size(0) * x.size(1);
+  if (rows == 0) return;
+  const Tensor table = cos_sin_table(stream, position_ids, rope);
+  dispatch_activation(x, op, [&]<typename T>(T*) {
+    with_row_lanes(lanes, [&]<int Lanes>() {
+      norm_rope_forward_kernel<Lanes><<<row_blocks(rows, Lanes), kRowThreads, 0, native(stream)>>>(
+          static_cast<T*>(y.raw_data()), static_cast<float*>(rstd.raw_data()), static_cast<const T*>(x.raw_data()),
+          static_cast<const float*>(w.raw_data()), static_cast<const float*>(table.raw_data()), rows, x.size(1),
+          norm.eps, norm.zero_centered);
+    });
+  });
+  MT_CUDA_CHECK(cudaGetLastError());
+}
+
+void rope_rmsnorm_backward_input(const Stream& stream, const Tensor& dx, const Tensor& d_normed,
+                                 const Tensor& d_rotated, const Tensor& x, const Tensor& w, const Tensor& rstd,
+                                 const RmsNormParams& norm, const Tensor& position_ids, const RopeParams& rope) {
+  constexpr const char* op = "rope_rmsnorm_backward_input";
+  const int lanes = fused_lanes(
+      stream, x, rope, {dx.raw_data(), d_normed.raw_data(), d_rotated.raw_data(), x.raw_data(), w.raw_data()}, op);
+  if (lanes == 0) {
+    rope_backward(stream, d_normed, d_rotated, position_ids, rope);
+    rmsnorm_backward_input(stream, dx, d_normed, x, w, rstd, norm);
+    return;
+  }
+  const int64_t rows = x.size(0) * x.size(1);
+  if (rows == 0) return;
+  const Tensor table = cos_sin_table(stream, position_ids, rope);
+  dispatch_activation(x, op, [&]<typename T>(T*) {
+    with_row_lanes(lanes, [&]<int Lanes>() {
+      rope_norm_backward_input_kernel<Lanes><<<row_blocks(rows, Lanes), kRowThreads, 0, native(stream)>>>(
+          static_cast<T*>(dx.raw_data()), static_cast<T*>(d_normed.raw_data()),
+          static_cast<const T*>(d_rotated.raw_data()), static_cast<const T*>(x.raw_data()),
+          static_cast<const float*>(w.raw_data()), static_cast<const float*>(rstd.raw_data()),
+          static_cast<const float*>(table.raw_data()), rows, x.size(1), norm.zero_centered);
+    });
+  });
+  MT_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace moetrain::ops::cuda
