@@ -27,7 +27,9 @@ void cross_entropy_backward(const Stream& stream, const Tensor& dlogits, const T
 // SM cannot draw the full bandwidth; a variant with 8 loads of 16 bytes in flight per thread instead of 4 took
 // 3.29 ms and was not kept), 2 blocks 2.41 ms, 4 blocks 2.41 ms, the two kernels 2.41 ms. At 2 blocks the rows in
 // flight (80 MB) no longer fit in the 50 MB L2, so what the one kernel saves is a launch and the memory of a separate
-// gradient, not a read.
+// gradient, not a read. A form that stages each row in the shared memory of a cluster of 2, 4 or 8 blocks (one HBM
+// read, the same bits) took 2.30-2.43 ms: at most 0.75 rows per SM fit, too few threads for the two exp passes
+// (docs/gpu_notes.md, fourteenth session); not kept.
 inline constexpr int kFusedCrossEntropyBlocksPerSm = 2;
 void cross_entropy_forward_backward(const Stream& stream, const Tensor& losses, const Tensor& lse,
                                     const Tensor& dlogits, const Tensor& logits, const Tensor& targets, double scale,
