@@ -6,7 +6,6 @@
 // accumulate, bit for bit.
 #include "ops/norm_rope.h"
 
-#include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
@@ -16,25 +15,15 @@
 #include "core/rng.h"
 #include "ops/elementwise.h"
 #include "ops/gemm.h"
+#include "testing/cuda_compare.h"
 #include "testing/test_data.h"
 
 namespace moetrain::ops {
 namespace {
 
+using testing::expect_error;
 using testing::random_tensor;
-
-void expect_error_mentioning(const std::function<void()>& call, const std::string& text) {
-  try {
-    call();
-    ADD_FAILURE() << "expected a moetrain::Error mentioning \"" << text << "\"";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
-  }
-}
-
-bool bitwise_equal(const Tensor& a, const Tensor& b) {
-  return a.nbytes() == b.nbytes() && (a.nbytes() == 0 || std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0);
-}
+using testing::same_bytes;
 
 // Positions of two packed documents (5 and 3 tokens): they restart at the boundary.
 Tensor packed_positions() { return Tensor::from_vector<int32_t>({0, 1, 2, 3, 4, 0, 1, 2}, {8}); }
@@ -72,23 +61,23 @@ TEST(NormRope, ForwardAndInputGradientGiveTheBitsOfTheTwoOps) {
     Tensor want_y = Tensor::empty(shape, DType::F32), want_rstd = Tensor::empty({24}, DType::F32);
     rmsnorm_forward(s, want_y, want_rstd, x, w, norm);
     rope_forward(s, want_y, want_y, positions, c.rope);
-    EXPECT_TRUE(bitwise_equal(y, want_y));
-    EXPECT_TRUE(bitwise_equal(rstd, want_rstd));
+    EXPECT_TRUE(same_bytes(y, want_y));
+    EXPECT_TRUE(same_bytes(rstd, want_rstd));
 
     Tensor dx = Tensor::empty(shape, DType::F32), d_normed = Tensor::empty(shape, DType::F32);
     rope_rmsnorm_backward_input(s, dx, d_normed, d_rotated, x, w, rstd, norm, positions, c.rope);
     Tensor want_dx = Tensor::empty(shape, DType::F32), want_d_normed = Tensor::empty(shape, DType::F32);
     rope_backward(s, want_d_normed, d_rotated, positions, c.rope);
     rmsnorm_backward_input(s, want_dx, want_d_normed, x, w, rstd, norm);
-    EXPECT_TRUE(bitwise_equal(d_normed, want_d_normed));
-    EXPECT_TRUE(bitwise_equal(dx, want_dx));
+    EXPECT_TRUE(same_bytes(d_normed, want_d_normed));
+    EXPECT_TRUE(same_bytes(dx, want_dx));
 
     // d_normed over d_rotated, as the attention block runs it.
     Tensor in_place = d_rotated.clone();
     Tensor dx_in_place = Tensor::empty(shape, DType::F32);
     rope_rmsnorm_backward_input(s, dx_in_place, in_place, in_place, x, w, rstd, norm, positions, c.rope);
-    EXPECT_TRUE(bitwise_equal(in_place, want_d_normed));
-    EXPECT_TRUE(bitwise_equal(dx_in_place, want_dx));
+    EXPECT_TRUE(same_bytes(in_place, want_d_normed));
+    EXPECT_TRUE(same_bytes(dx_in_place, want_dx));
   }
 }
 
@@ -124,17 +113,15 @@ TEST(NormRope, RejectsBadArguments) {
   const Tensor w = Tensor::zeros({16}, DType::F32);
   Tensor rstd = Tensor::zeros({16}, DType::F32);
   Tensor y = Tensor::zeros({8, 2, 16}, DType::F32);
-  expect_error_mentioning([&] { rmsnorm_rope_forward(s, y, rstd, x, w, norm, Tensor::zeros({7}, DType::I32), rope); },
-                          "rmsnorm_rope_forward: position_ids");
-  expect_error_mentioning(
-      [&] { rmsnorm_rope_forward(s, y, Tensor::zeros({15}, DType::F32), x, w, norm, positions, rope); },
-      "rmsnorm_rope_forward: expected rstd with N = 16");
-  expect_error_mentioning(
-      [&] { rmsnorm_rope_forward(s, y, rstd, x, w, norm, positions, rope_default_params(32, 10000.0)); },
-      "rotary_dim (32) exceeds the head dim (16)");
+  expect_error([&] { rmsnorm_rope_forward(s, y, rstd, x, w, norm, Tensor::zeros({7}, DType::I32), rope); },
+               "rmsnorm_rope_forward: position_ids");
+  expect_error([&] { rmsnorm_rope_forward(s, y, Tensor::zeros({15}, DType::F32), x, w, norm, positions, rope); },
+               "rmsnorm_rope_forward: expected rstd with N = 16");
+  expect_error([&] { rmsnorm_rope_forward(s, y, rstd, x, w, norm, positions, rope_default_params(32, 10000.0)); },
+               "rotary_dim (32) exceeds the head dim (16)");
   const Tensor flat = Tensor::zeros({8, 32}, DType::F32);
   const Tensor flat_w = Tensor::zeros({32}, DType::F32);
-  expect_error_mentioning(
+  expect_error(
       [&] {
         rmsnorm_rope_forward(s, flat.clone(), Tensor::zeros({8}, DType::F32), flat, flat_w, norm, positions, rope);
       },
@@ -143,13 +130,13 @@ TEST(NormRope, RejectsBadArguments) {
   Tensor d_rotated = Tensor::zeros({8, 2, 16}, DType::F32);
   Tensor d_normed = Tensor::zeros({8, 2, 16}, DType::F32);
   Tensor dx = Tensor::zeros({8, 2, 16}, DType::F32);
-  expect_error_mentioning(
+  expect_error(
       [&] { rope_rmsnorm_backward_input(s, d_normed, d_normed, d_rotated, x, w, rstd, norm, positions, rope); },
       "rope_rmsnorm_backward_input: expected dx");
-  expect_error_mentioning(
+  expect_error(
       [&] { rope_rmsnorm_backward_input(s, d_rotated, d_normed, d_rotated, x, w, rstd, norm, positions, rope); },
       "apart from d_normed");
-  expect_error_mentioning(
+  expect_error(
       [&] {
         rope_rmsnorm_backward_input(s, dx, d_normed, Tensor::zeros({8, 2, 16}, DType::F64), x, w, rstd, norm, positions,
                                     rope);
@@ -173,11 +160,11 @@ TEST(RmsNormBackwardInputAdd, GivesTheBitsOfTheInputGradientThenAccumulate) {
     Tensor want = Tensor::empty({6, 40}, DType::F32);
     rmsnorm_backward_input(s, want, dy, x, w, rstd, norm);
     accumulate(s, want, addend);
-    EXPECT_TRUE(bitwise_equal(got, want));
+    EXPECT_TRUE(same_bytes(got, want));
     // dx over dy is allowed, as for rmsnorm_backward_input.
     Tensor over_dy = dy.clone();
     rmsnorm_backward_input_add(s, over_dy, over_dy, x, w, rstd, norm, addend);
-    EXPECT_TRUE(bitwise_equal(over_dy, want));
+    EXPECT_TRUE(same_bytes(over_dy, want));
   }
 }
 
@@ -189,13 +176,13 @@ TEST(RmsNormBackwardInputAdd, RejectsAnAddendItCannotTake) {
   const Tensor rstd = random_tensor({4}, DType::F32, rng);
   const Tensor dy = random_tensor({4, 8}, DType::F32, rng);
   Tensor dx = Tensor::zeros({4, 8}, DType::F32);
-  expect_error_mentioning([&] { rmsnorm_backward_input_add(s, dx, dy, x, w, rstd, {}, dx); }, "apart from dx");
-  expect_error_mentioning(
+  expect_error([&] { rmsnorm_backward_input_add(s, dx, dy, x, w, rstd, {}, dx); }, "apart from dx");
+  expect_error(
       [&] {
         rmsnorm_backward_input_add(s, dx, dy, x, w, rstd, {}, Tensor::zeros({4, 7}, DType::F32));
       },
       "rmsnorm_backward_input_add: addend");
-  expect_error_mentioning(
+  expect_error(
       [&] {
         rmsnorm_backward_input_add(s, dx, dy, x, w, rstd, {}, Tensor::zeros({4, 8}, DType::F64));
       },
@@ -214,13 +201,13 @@ TEST(LinearBackwardInputAccumulate, GivesTheBitsOfTheInputGradientThenAccumulate
   Tensor product = Tensor::empty({9, 11}, DType::F32);
   linear_backward_input(s, product, dy, w);
   accumulate(s, want, product);
-  EXPECT_TRUE(bitwise_equal(got, want));
-  expect_error_mentioning(
+  EXPECT_TRUE(same_bytes(got, want));
+  expect_error(
       [&] {
         linear_backward_input_accumulate(s, Tensor::zeros({9, 10}, DType::F32), dy, w);
       },
       "linear_backward_input_accumulate: dx [M, K]");
-  expect_error_mentioning(
+  expect_error(
       [&] {
         linear_backward_input_accumulate(s, got, dy, Tensor::zeros({5, 11}, DType::F32));
       },

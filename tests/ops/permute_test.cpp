@@ -3,13 +3,13 @@
 // forms (an addend joined in the same pass) against the op followed by accumulate, bit for bit.
 #include "ops/permute.h"
 
-#include <cstring>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 
 #include "ops/elementwise.h"
+#include "testing/cuda_compare.h"
 #include "testing/test_data.h"
 
 namespace moetrain {
@@ -201,10 +201,6 @@ TEST(Permute, RejectsMismatchedShapesAndBrokenPlans) {
   expect_error([&] { ops::unpermute_forward(s, y, permuted, weight, broken); }, "plan.choice_row[1] = 8");
 }
 
-bool same_bits(const Tensor& a, const Tensor& b) {
-  return a.nbytes() == b.nbytes() && (a.nbytes() == 0 || std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0);
-}
-
 TEST(PermuteAdd, GivesTheBitsOfTheOpThenAccumulate) {
   Stream& s = Stream::cpu();
   Rng rng(91);
@@ -218,14 +214,14 @@ TEST(PermuteAdd, GivesTheBitsOfTheOpThenAccumulate) {
   ops::unpermute_forward_add(s, y, rows, weight, plan, addend);
   Tensor want_y = unpermute(rows, weight, plan);
   ops::accumulate(s, want_y, addend);
-  EXPECT_TRUE(same_bits(y, want_y));
+  EXPECT_TRUE(testing::same_bytes(y, want_y));
 
   Tensor dx = Tensor::empty({tokens, hidden}, DType::F32);
   ops::permute_backward_add(s, dx, rows, plan, addend);
   Tensor want_dx = Tensor::empty({tokens, hidden}, DType::F32);
   ops::permute_backward(s, want_dx, rows, plan);
   ops::accumulate(s, want_dx, addend);
-  EXPECT_TRUE(same_bits(dx, want_dx));
+  EXPECT_TRUE(testing::same_bytes(dx, want_dx));
 
   expect_error([&] { ops::permute_backward_add(s, dx, rows, plan, dx); }, "expected the addend");
   expect_error([&] { ops::unpermute_forward_add(s, y, rows, weight, plan, y.slice(0, 4)); },
