@@ -28,26 +28,26 @@ void rmsnorm_rope_forward(Stream& stream, Tensor y, Tensor rstd, const Tensor& x
   cpu::rope_forward(y, y, position_ids, rope);
 }
 
-void rope_rmsnorm_backward_input(Stream& stream, Tensor dx, Tensor d_normed, const Tensor& d_rotated, const Tensor& x,
-                                 const Tensor& w, const Tensor& rstd, const RmsNormParams& norm,
-                                 const Tensor& position_ids, const RopeParams& rope) {
-  constexpr const char* op = "rope_rmsnorm_backward_input";
+void rope_rmsnorm_backward(Stream& stream, Tensor dx, Tensor dw, const Tensor& d_rotated, const Tensor& x,
+                           const Tensor& w, const Tensor& rstd, const RmsNormParams& norm, const Tensor& position_ids,
+                           const RopeParams& rope) {
+  constexpr const char* op = "rope_rmsnorm_backward";
   OpScope profile(stream, "norm", op);
-  check_rope_arguments(d_normed, d_rotated, position_ids, rope, stream, op, "d_normed", "d_rotated");
-  check_rmsnorm_backward_input(stream, dx, d_normed, x, w, rstd, norm, op);
-  MT_CHECK(d_rotated.dtype() == x.dtype(), "{}: expected d_rotated in x's dtype ({}) but found {}", op,
-           dtype_name(x.dtype()), d_rotated.describe());
-  MT_CHECK(!share_memory(dx, d_normed) && !share_memory(dx, d_rotated),
-           "{}: expected dx {} apart from d_normed {} and d_rotated {} (d_normed is kept for the weight gradient)", op,
-           dx.describe(), d_normed.describe(), d_rotated.describe());
+  check_rope_arguments(dx, d_rotated, position_ids, rope, stream, op, "dx", "d_rotated");
+  check_rmsnorm_backward_input(stream, dx, d_rotated, x, w, rstd, norm, op);
+  check_argument(dw, w.shape(), w.dtype(), stream, op, "dw");
+  MT_CHECK(!share_memory(dx, d_rotated), "{}: expected dx {} apart from d_rotated {}", op, dx.describe(),
+           d_rotated.describe());
 #if MOETRAIN_HAS_CUDA
   if (x.device().is_cuda()) {
-    cuda::rope_rmsnorm_backward_input(stream, dx, d_normed, d_rotated, x, w, rstd, norm, position_ids, rope);
+    cuda::rope_rmsnorm_backward(stream, dx, dw, d_rotated, x, w, rstd, norm, position_ids, rope);
     return;
   }
 #endif
+  const Tensor d_normed = Tensor::empty(d_rotated.shape(), d_rotated.dtype());
   cpu::rope_backward(d_normed, d_rotated, position_ids, rope);
   cpu::rmsnorm_backward_input(dx, d_normed, x, w, rstd, norm);
+  cpu::rmsnorm_backward_weight(dw, d_normed, x, rstd);
 }
 
 }  // namespace moetrain::ops

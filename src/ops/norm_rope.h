@@ -1,6 +1,6 @@
 // defines: a head's RMSNorm followed by the rotary embedding of its rows (Qwen3's q/k norm, then RoPE), forward and
-// input gradient, each in one pass over the rows where the backend can: the norm's output is rotated before it is
-// stored, and the rotation's transpose is applied to the gradient before the norm's backward reads it.
+// backward, each in one pass over the rows where the backend can: the norm's output is rotated before it is stored,
+// and the rotation's transpose is applied to the gradient before the norm's input and weight gradients read it.
 #pragma once
 
 #include "core/device.h"
@@ -17,11 +17,13 @@ namespace moetrain::ops {
 void rmsnorm_rope_forward(Stream& stream, Tensor y, Tensor rstd, const Tensor& x, const Tensor& w,
                           const RmsNormParams& norm, const Tensor& position_ids, const RopeParams& rope);
 
-// The input gradient of rmsnorm_rope_forward from d_rotated (the gradient of y): d_normed = rope_backward(d_rotated)
-// (kept: the norm's weight gradient reads it; it may alias d_rotated), then dx = rmsnorm_backward_input(d_normed).
-// The bits of those two ops on either backend; dx must not share memory with d_normed or d_rotated.
-void rope_rmsnorm_backward_input(Stream& stream, Tensor dx, Tensor d_normed, const Tensor& d_rotated, const Tensor& x,
-                                 const Tensor& w, const Tensor& rstd, const RmsNormParams& norm,
-                                 const Tensor& position_ids, const RopeParams& rope);
+// The backward of rmsnorm_rope_forward from d_rotated (the gradient of y): with d_normed = rope_backward(d_rotated),
+// dx = rmsnorm_backward_input(d_normed) and dw += rmsnorm_backward_weight(d_normed), in one pass where the backend
+// can (d_normed is then never stored). dx has the bits of those ops on either backend; dw those of
+// rmsnorm_backward_weight on the CPU, and on CUDA the same terms summed in another order fixed by the row count.
+// dx must not share memory with d_rotated.
+void rope_rmsnorm_backward(Stream& stream, Tensor dx, Tensor dw, const Tensor& d_rotated, const Tensor& x,
+                           const Tensor& w, const Tensor& rstd, const RmsNormParams& norm, const Tensor& position_ids,
+                           const RopeParams& rope);
 
 }  // namespace moetrain::ops

@@ -1,9 +1,11 @@
 // Tests for the CUDA ops that fold one op's work into another's pass: the q/k norm + rope kernels
-// (ops/cuda/norm_rope.*) against the CUDA norm then rope kernels (bitwise: fused row widths 64, 128 and 256, and the
-// shapes that run the two kernels) and against the CPU, in place, batch invariance of a row; the norm's input gradient
-// with the residual's gradient added (bitwise the input gradient then accumulate); and the input gradient added into dx
-// by its GEMM (against the CPU, and bitwise the two ops under the exact lanes' policy in bf16). Run on a GPU; skipped
+// (ops/cuda/norm_rope.*) against the CUDA norm, rope and norm-gradient kernels (bitwise for y, rstd and dx at fused
+// row widths 64, 128 and 256 and at the shapes that run the separate kernels; dw within its summation bound, many
+// rows included) and against the CPU, and a row's independence of the others; the norm's input gradient with the
+// residual's gradient added (bitwise the input gradient then accumulate); and the input gradient added into dx by its
+// GEMM (against the CPU, and bitwise the two ops under the exact lanes' policy in bf16). Run on a GPU; skipped
 // elsewhere.
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -60,28 +62,50 @@ ops::RopeParams params_of(const Case& c) {
 }
 
 struct Outputs {
-  Tensor y, rstd, d_normed, dx;
+  Tensor y, rstd, dx, dw;
 };
 
-// The fused ops (fused) or the norm and rope ops in turn, on `stream`'s device, from tensors there.
+// The fused ops (fused) or the norm and rope ops in turn, on `stream`'s device, from tensors there; dw starts at dw0.
 Outputs run(Stream& stream, bool fused, const Tensor& x, const Tensor& w, const Tensor& d_rotated,
-            const Tensor& positions, const ops::RmsNormParams& norm, const ops::RopeParams& rope) {
+            const Tensor& positions, const ops::RmsNormParams& norm, const ops::RopeParams& rope, const Tensor& dw0) {
   const Device dev = x.device();
   Outputs out;
   out.y = Tensor::empty(x.shape(), x.dtype(), dev);
   out.rstd = Tensor::empty({x.size(0) * x.size(1)}, DType::F32, dev);
-  out.d_normed = Tensor::empty(x.shape(), x.dtype(), dev);
   out.dx = Tensor::empty(x.shape(), x.dtype(), dev);
+  out.dw = dw0.to(dev);
   if (fused) {
     ops::rmsnorm_rope_forward(stream, out.y, out.rstd, x, w, norm, positions, rope);
-    ops::rope_rmsnorm_backward_input(stream, out.dx, out.d_normed, d_rotated, x, w, out.rstd, norm, positions, rope);
+    ops::rope_rmsnorm_backward(stream, out.dx, out.dw, d_rotated, x, w, out.rstd, norm, positions, rope);
   } else {
+    const Tensor d_normed = Tensor::empty(x.shape(), x.dtype(), dev);
     ops::rmsnorm_forward(stream, out.y, out.rstd, x, w, norm);
     ops::rope_forward(stream, out.y, out.y, positions, rope);
-    ops::rope_backward(stream, out.d_normed, d_rotated, positions, rope);
-    ops::rmsnorm_backward_input(stream, out.dx, out.d_normed, x, w, out.rstd, norm);
+    ops::rope_backward(stream, d_normed, d_rotated, positions, rope);
+    ops::rmsnorm_backward_input(stream, out.dx, d_normed, x, w, out.rstd, norm);
+    ops::rmsnorm_backward_weight(stream, out.dw, d_normed, x, out.rstd);
   }
   return out;
+}
+
+// dw against the f64 sum of the unfused path's terms (d_normed * x * rstd, from the CUDA ops' d_normed): the fused
+// kernel sums the same f32 terms in another fixed order, a chain of at most (rows a lane group takes + 32 groups +
+// 8 + 32 per level of add_column_sums) additions, well inside 400 u sum |terms| at these sizes.
+void expect_weight_gradient_within_bound(const Tensor& got_dw, const Tensor& dw0, const Tensor& d_normed,
+                                         const Tensor& x, const Tensor& rstd) {
+  const Tensor dn = host_f32(d_normed), xs = host_f32(x), r = host_f32(rstd), got = host_f32(got_dw);
+  const int64_t dim = dw0.numel(), rows = dn.numel() / dim;
+  int64_t over = 0;
+  for (int64_t d = 0; d < dim; ++d) {
+    double sum = dw0.data<float>()[d], magnitude = std::fabs(sum);
+    for (int64_t n = 0; n < rows; ++n) {
+      const float term = dn.data<float>()[n * dim + d] * (xs.data<float>()[n * dim + d] * r.data<float>()[n]);
+      sum += term;
+      magnitude += std::fabs(term);
+    }
+    if (std::fabs(got.data<float>()[d] - sum) > 400.0 * std::ldexp(1.0, -24) * magnitude) ++over;
+  }
+  EXPECT_EQ(over, 0) << "columns of dw over their summation bound";
 }
 
 TEST(CudaNormRope, GivesTheBitsOfNormThenRope) {
@@ -97,24 +121,42 @@ TEST(CudaNormRope, GivesTheBitsOfNormThenRope) {
         const Tensor w = on_gpu(random_tensor({c.shape[2]}, DType::F32, rng, 0.5));
         const Tensor d_rotated = on_gpu(random_tensor(c.shape, DType::F32, rng).to(dtype));
         const Tensor positions = on_gpu(make_positions(c.shape[0], rng));
+        const Tensor dw0 = random_tensor({c.shape[2]}, DType::F32, rng);
         const ops::RmsNormParams norm{1e-6f, zero_centered};
         const ops::RopeParams rope = params_of(c);
-        const Outputs got = run(gpu(), true, x, w, d_rotated, positions, norm, rope);
-        const Outputs want = run(gpu(), false, x, w, d_rotated, positions, norm, rope);
+        const Outputs got = run(gpu(), true, x, w, d_rotated, positions, norm, rope, dw0);
+        const Outputs want = run(gpu(), false, x, w, d_rotated, positions, norm, rope, dw0);
         EXPECT_TRUE(same_bytes(got.y, want.y)) << "y";
         EXPECT_TRUE(same_bytes(got.rstd, want.rstd)) << "rstd";
-        EXPECT_TRUE(same_bytes(got.d_normed, want.d_normed)) << "d_normed";
         EXPECT_TRUE(same_bytes(got.dx, want.dx)) << "dx";
-
-        // d_normed over d_rotated (the attention block's use) changes nothing.
-        const Tensor in_place = d_rotated.clone();
-        const Tensor dx = Tensor::empty(c.shape, dtype, Device::cuda(0));
-        ops::rope_rmsnorm_backward_input(gpu(), dx, in_place, in_place, x, w, got.rstd, norm, positions, rope);
-        EXPECT_TRUE(same_bytes(in_place, want.d_normed)) << "d_normed in place";
-        EXPECT_TRUE(same_bytes(dx, want.dx)) << "dx with d_normed in place";
+        const Tensor d_normed = Tensor::empty(c.shape, dtype, Device::cuda(0));
+        ops::rope_backward(gpu(), d_normed, d_rotated, positions, rope);
+        expect_weight_gradient_within_bound(got.dw, dw0, d_normed, x, want.rstd);
+        const Outputs again = run(gpu(), true, x, w, d_rotated, positions, norm, rope, dw0);
+        EXPECT_TRUE(same_bytes(again.dw, got.dw)) << "dw in a second run";
       }
     }
   }
+}
+
+// Many rows: the backward's grid stops at its block limit and the warps stride over the rest (q-norm rows of the
+// workload of record, 8192 tokens x 32 heads); dw over levels of block sums.
+TEST(CudaNormRope, WeightGradientOfManyRowsIsWithinItsSummationBound) {
+  MT_REQUIRE_GPU();
+  Rng rng(86);
+  const Shape shape{8192, 32, 128};
+  const Tensor x = on_gpu(random_tensor(shape, DType::F32, rng).to(DType::BF16));
+  const Tensor w = on_gpu(random_tensor({128}, DType::F32, rng, 0.5));
+  const Tensor d_rotated = on_gpu(random_tensor(shape, DType::F32, rng).to(DType::BF16));
+  const Tensor positions = on_gpu(make_positions(8192, rng));
+  const Tensor dw0 = random_tensor({128}, DType::F32, rng);
+  const ops::RopeParams rope = ops::rope_default_params(128, 1e6);
+  const Outputs got = run(gpu(), true, x, w, d_rotated, positions, {}, rope, dw0);
+  const Outputs want = run(gpu(), false, x, w, d_rotated, positions, {}, rope, dw0);
+  EXPECT_TRUE(same_bytes(got.dx, want.dx)) << "dx";
+  const Tensor d_normed = Tensor::empty(shape, DType::BF16, Device::cuda(0));
+  ops::rope_backward(gpu(), d_normed, d_rotated, positions, rope);
+  expect_weight_gradient_within_bound(got.dw, dw0, d_normed, x, want.rstd);
 }
 
 // f32 against the CPU: the norm's sums run in other orders and cosf / sinf are within 2 ulp of the CPU's rounded
@@ -129,13 +171,13 @@ TEST(CudaNormRope, F32MatchesCpu) {
     const Tensor w = random_tensor({c.shape[2]}, DType::F32, rng, 0.5);
     const Tensor d_rotated = random_tensor(c.shape, DType::F32, rng);
     const Tensor positions = make_positions(c.shape[0], rng);
+    const Tensor dw0 = random_tensor({c.shape[2]}, DType::F32, rng);
     const ops::RmsNormParams norm{1e-6f, false};
     const ops::RopeParams rope = params_of(c);
-    const Outputs want = run(Stream::cpu(), true, x, w, d_rotated, positions, norm, rope);
-    const Outputs got = run(gpu(), true, on_gpu(x), on_gpu(w), on_gpu(d_rotated), on_gpu(positions), norm, rope);
-    for (const auto& [name, a, b] :
-         {std::tuple{"y", got.y, want.y}, std::tuple{"rstd", got.rstd, want.rstd},
-          std::tuple{"d_normed", got.d_normed, want.d_normed}, std::tuple{"dx", got.dx, want.dx}}) {
+    const Outputs want = run(Stream::cpu(), true, x, w, d_rotated, positions, norm, rope, dw0);
+    const Outputs got = run(gpu(), true, on_gpu(x), on_gpu(w), on_gpu(d_rotated), on_gpu(positions), norm, rope, dw0);
+    for (const auto& [name, a, b] : {std::tuple{"y", got.y, want.y}, std::tuple{"rstd", got.rstd, want.rstd},
+                                     std::tuple{"dx", got.dx, want.dx}, std::tuple{"dw", got.dw, want.dw}}) {
       const double error = relative_error(host_f32(a), b);
       EXPECT_LT(error, 1e-5) << name;
       std::printf("norm_rope %s %s: rel err %.2e\n", shape_str(c.shape).c_str(), name, error);
@@ -152,10 +194,11 @@ TEST(CudaNormRope, RowResultsDoNotDependOnOtherRows) {
   const Tensor w = on_gpu(random_tensor({128}, DType::F32, rng, 0.5));
   const Tensor d_rotated = on_gpu(random_tensor(shape, DType::F32, rng).to(DType::BF16));
   const Tensor positions = on_gpu(make_positions(64, rng));
+  const Tensor dw0 = Tensor::zeros({128}, DType::F32);
   const ops::RopeParams rope = ops::rope_default_params(128, 1e6);
-  const Outputs all = run(gpu(), true, x, w, d_rotated, positions, {}, rope);
+  const Outputs all = run(gpu(), true, x, w, d_rotated, positions, {}, rope, dw0);
   const Outputs part = run(gpu(), true, x.slice(0, 5).clone(), w, d_rotated.slice(0, 5).clone(),
-                           positions.slice(0, 5).clone(), {}, rope);
+                           positions.slice(0, 5).clone(), {}, rope, dw0);
   EXPECT_TRUE(same_bytes(part.y, all.y.slice(0, 5).clone()));
   EXPECT_TRUE(same_bytes(part.dx, all.dx.slice(0, 5).clone()));
 }

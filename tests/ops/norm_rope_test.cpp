@@ -1,6 +1,6 @@
-// Tests for ops/norm_rope (the q/k norm followed by rope, fused) on the CPU: the forward and the input gradient give
-// the bits of the two ops they fuse, the input gradient against finite differences of the composed forward (f64), the
-// rotated gradient overwritten in place by d_normed, and argument checks. Also the fused gradient sums of the other
+// Tests for ops/norm_rope (the q/k norm followed by rope, fused) on the CPU: the forward and the backward give the
+// bits of the ops they fuse, the input and weight gradients against finite differences of the composed forward (f64),
+// and argument checks. Also the fused gradient sums of the other
 // ops that take an addend in their pass: the norm's input gradient plus the residual's (rmsnorm_backward_input_add)
 // and an input gradient added into dx by its GEMM (linear_backward_input_accumulate), each against the op followed by
 // accumulate, bit for bit.
@@ -43,7 +43,7 @@ std::vector<NormRopeCase> cases() {
           {16, interleaved, false}};
 }
 
-TEST(NormRope, ForwardAndInputGradientGiveTheBitsOfTheTwoOps) {
+TEST(NormRope, ForwardAndBackwardGiveTheBitsOfTheOpsTheyFuse) {
   Stream& s = Stream::cpu();
   const Tensor positions = packed_positions();
   for (const NormRopeCase& c : cases()) {
@@ -64,24 +64,20 @@ TEST(NormRope, ForwardAndInputGradientGiveTheBitsOfTheTwoOps) {
     EXPECT_TRUE(same_bytes(y, want_y));
     EXPECT_TRUE(same_bytes(rstd, want_rstd));
 
-    Tensor dx = Tensor::empty(shape, DType::F32), d_normed = Tensor::empty(shape, DType::F32);
-    rope_rmsnorm_backward_input(s, dx, d_normed, d_rotated, x, w, rstd, norm, positions, c.rope);
+    const Tensor dw0 = random_tensor({c.head_dim}, DType::F32, rng);
+    Tensor dx = Tensor::empty(shape, DType::F32), dw = dw0.clone();
+    rope_rmsnorm_backward(s, dx, dw, d_rotated, x, w, rstd, norm, positions, c.rope);
     Tensor want_dx = Tensor::empty(shape, DType::F32), want_d_normed = Tensor::empty(shape, DType::F32);
+    Tensor want_dw = dw0.clone();
     rope_backward(s, want_d_normed, d_rotated, positions, c.rope);
     rmsnorm_backward_input(s, want_dx, want_d_normed, x, w, rstd, norm);
-    EXPECT_TRUE(same_bytes(d_normed, want_d_normed));
+    rmsnorm_backward_weight(s, want_dw, want_d_normed, x, rstd);
     EXPECT_TRUE(same_bytes(dx, want_dx));
-
-    // d_normed over d_rotated, as the attention block runs it.
-    Tensor in_place = d_rotated.clone();
-    Tensor dx_in_place = Tensor::empty(shape, DType::F32);
-    rope_rmsnorm_backward_input(s, dx_in_place, in_place, in_place, x, w, rstd, norm, positions, c.rope);
-    EXPECT_TRUE(same_bytes(in_place, want_d_normed));
-    EXPECT_TRUE(same_bytes(dx_in_place, want_dx));
+    EXPECT_TRUE(same_bytes(dw, want_dw));
   }
 }
 
-TEST(NormRope, InputGradientMatchesFiniteDifferences) {
+TEST(NormRope, GradientsMatchFiniteDifferences) {
   Stream& s = Stream::cpu();
   const Tensor positions = packed_positions();
   for (const NormRopeCase& c : cases()) {
@@ -89,7 +85,7 @@ TEST(NormRope, InputGradientMatchesFiniteDifferences) {
     Rng rng(72);
     const Shape shape{8, 2, c.head_dim};
     Tensor x = random_tensor(shape, DType::F64, rng, 2.0);
-    const Tensor w = random_tensor({c.head_dim}, DType::F64, rng, 0.5);
+    Tensor w = random_tensor({c.head_dim}, DType::F64, rng, 0.5);
     const Tensor g = random_tensor(shape, DType::F64, rng);  // the loss is sum(y * g): dL/dy = g
     const RmsNormParams norm{1e-6f, c.zero_centered};
     Tensor y = Tensor::empty(shape, DType::F64), rstd = Tensor::empty({16}, DType::F64);
@@ -98,9 +94,9 @@ TEST(NormRope, InputGradientMatchesFiniteDifferences) {
       return testing::dot(y, g);
     };
     loss();
-    Tensor dx = Tensor::empty(shape, DType::F64), d_normed = Tensor::empty(shape, DType::F64);
-    rope_rmsnorm_backward_input(s, dx, d_normed, g, x, w, rstd, norm, positions, c.rope);
-    testing::expect_gradients_match(loss, {{"x", x, dx}});
+    Tensor dx = Tensor::empty(shape, DType::F64), dw = Tensor::zeros({c.head_dim}, DType::F64);
+    rope_rmsnorm_backward(s, dx, dw, g, x, w, rstd, norm, positions, c.rope);
+    testing::expect_gradients_match(loss, {{"x", x, dx}, {"w", w, dw}});
   }
 }
 
@@ -128,20 +124,20 @@ TEST(NormRope, RejectsBadArguments) {
       "expected x [T, heads, hd]");
 
   Tensor d_rotated = Tensor::zeros({8, 2, 16}, DType::F32);
-  Tensor d_normed = Tensor::zeros({8, 2, 16}, DType::F32);
   Tensor dx = Tensor::zeros({8, 2, 16}, DType::F32);
-  expect_error(
-      [&] { rope_rmsnorm_backward_input(s, d_normed, d_normed, d_rotated, x, w, rstd, norm, positions, rope); },
-      "rope_rmsnorm_backward_input: expected dx");
-  expect_error(
-      [&] { rope_rmsnorm_backward_input(s, d_rotated, d_normed, d_rotated, x, w, rstd, norm, positions, rope); },
-      "apart from d_normed");
+  Tensor dw = Tensor::zeros({16}, DType::F32);
+  expect_error([&] { rope_rmsnorm_backward(s, d_rotated, dw, d_rotated, x, w, rstd, norm, positions, rope); },
+               "rope_rmsnorm_backward: expected dx");
   expect_error(
       [&] {
-        rope_rmsnorm_backward_input(s, dx, d_normed, Tensor::zeros({8, 2, 16}, DType::F64), x, w, rstd, norm, positions,
-                                    rope);
+        rope_rmsnorm_backward(s, dx, Tensor::zeros({8}, DType::F32), d_rotated, x, w, rstd, norm, positions, rope);
       },
-      "rope_rmsnorm_backward_input: d_normed");
+      "rope_rmsnorm_backward: dw");
+  expect_error(
+      [&] {
+        rope_rmsnorm_backward(s, dx, dw, Tensor::zeros({8, 2, 16}, DType::F64), x, w, rstd, norm, positions, rope);
+      },
+      "rope_rmsnorm_backward: dx");
 }
 
 TEST(RmsNormBackwardInputAdd, GivesTheBitsOfTheInputGradientThenAccumulate) {

@@ -227,11 +227,10 @@ Tensor GqaAttention::backward_input(MixerRecord& record, const Tensor& d_out) co
     r.d_q = Tensor::empty(r.q.shape(), dt, dev);
     r.d_k = Tensor::empty(r.k.shape(), dt, dev);
     const Tensor& positions = r.batch->position_ids;
-    if (rotary) {
-      ops::rope_rmsnorm_backward_input(s, r.d_q, r.d_q_normed, d_q_rot, r.q, w_q_norm_, r.rstd_q, qk_norm_, positions,
-                                       rope_);
-      ops::rope_rmsnorm_backward_input(s, r.d_k, r.d_k_normed, d_k_rot, r.k, w_k_norm_, r.rstd_k, qk_norm_, positions,
-                                       rope_);
+    if (rotary) {  // the norms' weight gradients come from the same pass: d(q after norm) is never stored
+      ops::rope_rmsnorm_backward(s, r.d_q, g_q_norm_, d_q_rot, r.q, w_q_norm_, r.rstd_q, qk_norm_, positions, rope_);
+      ops::rope_rmsnorm_backward(s, r.d_k, g_k_norm_, d_k_rot, r.k, w_k_norm_, r.rstd_k, qk_norm_, positions, rope_);
+      r.d_q_normed = r.d_k_normed = Tensor();
     } else {
       ops::rmsnorm_backward_input(s, r.d_q, r.d_q_normed, r.q, w_q_norm_, r.rstd_q, qk_norm_);
       ops::rmsnorm_backward_input(s, r.d_k, r.d_k_normed, r.k, w_k_norm_, r.rstd_k, qk_norm_);
@@ -272,7 +271,7 @@ void GqaAttention::backward_weight(MixerRecord& record) const {
   bias_grad(s, g_k_bias_, r.d_k.view({T, -1}));
   bias_grad(s, g_v_bias_, r.d_v.view({T, -1}));
   if (options_.sinks) ops::attention_sinks_backward(s, g_sinks_, r.d_attn, r.attn, r.lse, w_sinks_);
-  if (options_.qk_norm) {
+  if (options_.qk_norm && rope_.rotary_dim == 0) {  // with rope, backward_input added them
     ops::rmsnorm_backward_weight(s, g_q_norm_, r.d_q_normed, r.q, r.rstd_q);
     ops::rmsnorm_backward_weight(s, g_k_norm_, r.d_k_normed, r.k, r.rstd_k);
   }

@@ -324,8 +324,8 @@ void rmsnorm_backward_weight(const Stream& stream, const Tensor& dw, const Tenso
   if (rows == 0) return;  // dw += an empty sum
   const cudaStream_t cu_stream = native(stream);
   float* const dw_data = static_cast<float*>(dw.raw_data());
-  // Level 1: the terms dy * xhat summed over blocks of rows; then the partial sums over blocks of theirs, until one
-  // block's sums go into dw.
+  // Level 1: the terms dy * xhat summed over blocks of rows; then the partial sums over blocks of theirs
+  // (add_column_sums), until one block's sums go into dw.
   Tensor partial;
   dispatch_activations(dy, x, "rmsnorm_backward_weight", [&]<typename TDY, typename TX>(TDY*, TX*) {
     const int64_t row_blocks = (rows + kRowsPerSumBlock - 1) / kRowsPerSumBlock;
@@ -336,13 +336,22 @@ void rmsnorm_backward_weight(const Stream& stream, const Tensor& dw, const Tenso
                        spans_of_8(dim, {dy.raw_data(), x.raw_data()}));
     rows = row_blocks;
   });
-  while (rows > 1) {
+  if (rows > 1) add_column_sums(stream, dw, partial);
+}
+
+void add_column_sums(const Stream& stream, const Tensor& dw, const Tensor& partial) {
+  const int64_t dim = dw.numel();
+  int64_t rows = partial.numel() / dim;
+  Tensor sums_in = partial;
+  while (rows > 0) {
     const int64_t row_blocks = (rows + kRowsPerSumBlock - 1) / kRowsPerSumBlock;
     Tensor next = row_blocks > 1 ? Tensor::empty({row_blocks, dim}, DType::F32, dw.device()) : Tensor();
-    const auto* sums = static_cast<const float*>(partial.raw_data());
-    launch_weight_sums<float, float>(cu_stream, row_blocks > 1 ? static_cast<float*>(next.raw_data()) : dw_data, sums,
+    const auto* sums = static_cast<const float*>(sums_in.raw_data());
+    launch_weight_sums<float, float>(native(stream),
+                                     static_cast<float*>(row_blocks > 1 ? next.raw_data() : dw.raw_data()), sums,
                                      nullptr, nullptr, rows, dim, spans_of_8(dim, {sums}));
-    partial = next;
+    if (row_blocks == 1) return;
+    sums_in = next;
     rows = row_blocks;
   }
 }

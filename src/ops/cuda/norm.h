@@ -28,4 +28,8 @@ void rmsnorm_backward_input(const Stream& stream, const Tensor& dx, const Tensor
 void rmsnorm_backward_weight(const Stream& stream, const Tensor& dw, const Tensor& dy, const Tensor& x,
                              const Tensor& rstd);
 
+// dw [D] += the column sums of partial [R, D] f32 (R > 0: terms already formed, e.g. one row of sums per block of a
+// kernel that made them), by the weight gradient's levels of row blocks: each column's order follows from R alone.
+void add_column_sums(const Stream& stream, const Tensor& dw, const Tensor& partial);
+
 }  // namespace moetrain::ops::cuda

@@ -73,21 +73,27 @@ __global__ void norm_rope_forward_kernel(T* y, float* rstd, const T* x, const fl
   });
 }
 
+// The input gradient as rope_backward then rmsnorm_backward_input compute it, and the norm's weight gradient terms
+// d_normed * (x * rstd) as rmsnorm_backward_weight forms them: each lane sums its columns' terms over the rows its
+// group takes (ascending), the block's row groups are added in order into partial[block] [hd], and add_column_sums
+// takes the blocks' sums into dw. With the grid a function of the row count (weight_blocks), so is every column's
+// order of additions.
 template <int Lanes, typename T>
-__global__ void rope_norm_backward_input_kernel(T* dx, T* d_normed, const T* d_rotated, const T* x, const float* w,
-                                                const float* rstd, const float* table, int64_t rows, int64_t heads,
-                                                bool zero_centered) {
-  constexpr int64_t kDim = Lanes * 8;
+__global__ void rope_norm_backward_kernel(T* dx, float* partial, const T* d_rotated, const T* x, const float* w,
+                                          const float* rstd, const float* table, int64_t rows, int64_t heads,
+                                          bool zero_centered) {
+  constexpr int kDim = Lanes * 8;
+  constexpr int kGroups = kWarpsPerBlock * (32 / Lanes);  // a block's row groups
+  __shared__ float group_sums[kGroups][kDim];
   const int64_t tokens = rows / heads;
+  float terms[8] = {};
   for_each_row<Lanes>(rows, [&](const RowLanes<Lanes> at) {
     const int64_t offset = at.row * kDim + at.lane * 8;
     float g[8] = {};
     if (at.active) load8(d_rotated + offset, g);
-    rotate_span<Lanes>(g, at, table, tokens, at.row / heads, -1.0f);  // every lane has read d_rotated: it may alias
+    rotate_span<Lanes>(g, at, table, tokens, at.row / heads, -1.0f);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) g[i] = stored_value(g[i], d_normed);
-    if (at.active) store8(d_normed + offset, g);
-    // The norm's input gradient from the rounded d_normed, as backward_input_rows computes it.
+    for (int i = 0; i < 8; ++i) g[i] = stored_value(g[i], dx);  // d_normed as rope_backward stores it
     const float r = at.active ? rstd[at.row] : 0.0f;
     float xhat[8] = {}, scale[8];
     if (at.active) load8(x + offset, xhat);
@@ -95,8 +101,9 @@ __global__ void rope_norm_backward_input_kernel(T* dx, T* d_normed, const T* d_r
     float sum = 0.0f;
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      g[i] = __fmul_rn(scale[i], g[i]);
       xhat[i] = __fmul_rn(xhat[i], r);
+      if (at.active) terms[i] = __fadd_rn(terms[i], __fmul_rn(g[i], xhat[i]));
+      g[i] = __fmul_rn(scale[i], g[i]);
       sum = __fadd_rn(sum, __fmul_rn(g[i], xhat[i]));
     }
     const float mean = __fdiv_rn(row_sum<Lanes>(sum), static_cast<float>(kDim));
@@ -104,6 +111,23 @@ __global__ void rope_norm_backward_input_kernel(T* dx, T* d_normed, const T* d_r
     for (int i = 0; i < 8; ++i) g[i] = __fmul_rn(r, __fsub_rn(g[i], __fmul_rn(xhat[i], mean)));
     if (at.active) store8(dx + offset, g);
   });
+  const int group = static_cast<int>(threadIdx.x / Lanes), lane = static_cast<int>(threadIdx.x % Lanes);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) group_sums[group][lane * 8 + i] = terms[i];
+  __syncthreads();
+  for (int column = static_cast<int>(threadIdx.x); column < kDim; column += static_cast<int>(blockDim.x)) {
+    float total = group_sums[0][column];
+    for (int other = 1; other < kGroups; ++other) total = __fadd_rn(total, group_sums[other][column]);
+    partial[static_cast<int64_t>(blockIdx.x) * kDim + column] = total;
+  }
+}
+
+// The backward's grid: the norm's row blocks up to kMaxWeightBlocks (the warps then stride over more rows), a function
+// of the row count alone, so the weight gradient's order is too.
+constexpr int64_t kMaxWeightBlocks = 4096;
+unsigned weight_blocks(int64_t rows, int lanes) {
+  const unsigned blocks = row_blocks(rows, lanes);
+  return blocks < kMaxWeightBlocks ? blocks : static_cast<unsigned>(kMaxWeightBlocks);
 }
 
 // The lanes of the one-kernel form (8, 16 or 32), or 0 when the rows do not allow it.
@@ -147,30 +171,34 @@ void rmsnorm_rope_forward(const Stream& stream, const Tensor& y, const Tensor& r
   MT_CUDA_CHECK(cudaGetLastError());
 }
 
-void rope_rmsnorm_backward_input(const Stream& stream, const Tensor& dx, const Tensor& d_normed,
-                                 const Tensor& d_rotated, const Tensor& x, const Tensor& w, const Tensor& rstd,
-                                 const RmsNormParams& norm, const Tensor& position_ids, const RopeParams& rope) {
-  constexpr const char* op = "rope_rmsnorm_backward_input";
-  const int lanes = fused_lanes(
-      stream, x, rope, {dx.raw_data(), d_normed.raw_data(), d_rotated.raw_data(), x.raw_data(), w.raw_data()}, op);
+void rope_rmsnorm_backward(const Stream& stream, const Tensor& dx, const Tensor& dw, const Tensor& d_rotated,
+                           const Tensor& x, const Tensor& w, const Tensor& rstd, const RmsNormParams& norm,
+                           const Tensor& position_ids, const RopeParams& rope) {
+  constexpr const char* op = "rope_rmsnorm_backward";
+  const int lanes = fused_lanes(stream, x, rope, {dx.raw_data(), d_rotated.raw_data(), x.raw_data(), w.raw_data()}, op);
   if (lanes == 0) {
+    const Tensor d_normed = Tensor::empty(d_rotated.shape(), d_rotated.dtype(), d_rotated.device());
     rope_backward(stream, d_normed, d_rotated, position_ids, rope);
     rmsnorm_backward_input(stream, dx, d_normed, x, w, rstd, norm);
+    rmsnorm_backward_weight(stream, dw, d_normed, x, rstd);
     return;
   }
   const int64_t rows = x.size(0) * x.size(1);
-  if (rows == 0) return;
+  if (rows == 0) return;  // dw += an empty sum
   const Tensor table = cos_sin_table(stream, position_ids, rope);
+  const unsigned blocks = weight_blocks(rows, lanes);
+  const Tensor partial = Tensor::empty({static_cast<int64_t>(blocks), x.size(2)}, DType::F32, x.device());
   dispatch_activation(x, op, [&]<typename T>(T*) {
     with_row_lanes(lanes, [&]<int Lanes>() {
-      rope_norm_backward_input_kernel<Lanes><<<row_blocks(rows, Lanes), kRowThreads, 0, native(stream)>>>(
-          static_cast<T*>(dx.raw_data()), static_cast<T*>(d_normed.raw_data()),
+      rope_norm_backward_kernel<Lanes><<<blocks, kRowThreads, 0, native(stream)>>>(
+          static_cast<T*>(dx.raw_data()), static_cast<float*>(partial.raw_data()),
           static_cast<const T*>(d_rotated.raw_data()), static_cast<const T*>(x.raw_data()),
           static_cast<const float*>(w.raw_data()), static_cast<const float*>(rstd.raw_data()),
           static_cast<const float*>(table.raw_data()), rows, x.size(1), norm.zero_centered);
     });
   });
   MT_CUDA_CHECK(cudaGetLastError());
+  add_column_sums(stream, dw, partial);
 }
 
 }  // namespace moetrain::ops::cuda
