@@ -8,7 +8,7 @@
 
 namespace moetrain::ops::cuda {
 
-// Arguments validated by ops::rmsnorm_rope_forward / ops::rope_rmsnorm_backward_input: [T, heads, hd] activations in
+// Arguments validated by ops::rmsnorm_rope_forward / ops::rope_rmsnorm_backward: [T, heads, hd] activations in
 // one dtype (f32 or bf16), w and rstd f32. One kernel when a row of hd elements is one 16-byte span per lane of the
 // norm's row layout (hd = 64, 128 or 256: 8, 16 or 32 lanes), the rotation covers the whole head in rotate-half
 // pairs and every tensor is 16-byte aligned: a pair's partner span is then Lanes / 2 lanes away, one shuffle. The
