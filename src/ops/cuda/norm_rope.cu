@@ -3,10 +3,12 @@
 // (i and i + hd / 2) sits at the same place in lane l ^ (Lanes / 2), one shuffle away. Each element's arithmetic is
 // that of ops/cuda/norm.cu and ops/cuda/rope.cu in the same order, with the same roundings between them (the normed
 // value rounded to the activation dtype before it is rotated; the rotated gradient rounded before the norm's backward
-// reads it), so the bits are those of the two ops.
+// reads it), so y, rstd and dx have the bits of the separate ops. The backward also sums the norm's weight-gradient
+// terms from its registers (rope_norm_backward_kernel), in an order of its own.
 #include "ops/cuda/norm_rope.h"
 
 #include <cstdint>
+#include <initializer_list>
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
