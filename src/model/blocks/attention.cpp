@@ -29,7 +29,8 @@ struct AttentionRecord final : MixerRecord {
   Tensor q_rot, k_rot;    // after norm and rope: what attention saw
   Tensor attn, lse;       // attention output [T, nh, hd] and its log-sum-exp [T, nh] (with the sinks when on)
   const MicroBatch* batch = nullptr;
-  // Kept by backward_input for backward_weight.
+  // Kept by backward_input for backward_weight. d_q_normed / d_k_normed: q/k norm without rope only (with rope,
+  // backward_input adds the norms' weight gradients itself).
   Tensor d_out, d_attn, d_q_normed, d_k_normed, d_q, d_k, d_v;
   Tensor d_q_proj;  // the gradient of q_proj's output: d_q, or with the output gate [T, nh, 2 hd] of d_q and d_gate
 };
@@ -220,28 +221,27 @@ Tensor GqaAttention::backward_input(MixerRecord& record, const Tensor& d_out) co
   r.d_v = Tensor::empty(r.v.shape(), dt, dev);
   ops::attention_backward(s, d_q_rot, d_k_rot, r.d_v, d_attn, r.q_rot, r.k_rot, r.v, r.attn, r.lse, r.batch->cu_seqlens,
                           attention_for(*r.batch));
-  r.d_q_normed = d_q_rot;  // rope's backward runs in place: d_q_rot becomes d(q after norm)
-  r.d_k_normed = d_k_rot;
   const bool rotary = rope_.rotary_dim > 0;
+  const Tensor& positions = r.batch->position_ids;
   if (options_.qk_norm) {
     r.d_q = Tensor::empty(r.q.shape(), dt, dev);
     r.d_k = Tensor::empty(r.k.shape(), dt, dev);
-    const Tensor& positions = r.batch->position_ids;
     if (rotary) {  // the norms' weight gradients come from the same pass: d(q after norm) is never stored
       ops::rope_rmsnorm_backward(s, r.d_q, g_q_norm_, d_q_rot, r.q, w_q_norm_, r.rstd_q, qk_norm_, positions, rope_);
       ops::rope_rmsnorm_backward(s, r.d_k, g_k_norm_, d_k_rot, r.k, w_k_norm_, r.rstd_k, qk_norm_, positions, rope_);
-      r.d_q_normed = r.d_k_normed = Tensor();
-    } else {
+    } else {  // no rotation: the attention's gradient is d(q after norm), kept for backward_weight
+      r.d_q_normed = d_q_rot;
+      r.d_k_normed = d_k_rot;
       ops::rmsnorm_backward_input(s, r.d_q, r.d_q_normed, r.q, w_q_norm_, r.rstd_q, qk_norm_);
       ops::rmsnorm_backward_input(s, r.d_k, r.d_k_normed, r.k, w_k_norm_, r.rstd_k, qk_norm_);
     }
   } else {
-    if (rotary) {
-      ops::rope_backward(s, r.d_q_normed, d_q_rot, r.batch->position_ids, rope_);
-      ops::rope_backward(s, r.d_k_normed, d_k_rot, r.batch->position_ids, rope_);
+    if (rotary) {  // in place: d_q_rot becomes d(q before rope)
+      ops::rope_backward(s, d_q_rot, d_q_rot, positions, rope_);
+      ops::rope_backward(s, d_k_rot, d_k_rot, positions, rope_);
     }
-    r.d_q = r.d_q_normed;
-    r.d_k = r.d_k_normed;
+    r.d_q = d_q_rot;
+    r.d_k = d_k_rot;
   }
 
   r.d_q_proj = r.d_q;
