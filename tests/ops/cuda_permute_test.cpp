@@ -150,7 +150,9 @@ Results run_ops(const Inputs& in, const Tensor& topk_index, int64_t experts, Dev
 struct OpsCase {
   int64_t tokens, top_k, experts, hidden;
 };
-const OpsCase kOpsCases[] = {{1000, 4, 64, 256}, {37, 2, 5, 300}, {1, 1, 1, 64}, {513, 8, 16, 1000}};
+// H = 4104: rows of more 16-byte chunks than a warp's batch of 32 x 8 (a second, partial batch), 14 rows (a last
+// block with idle warps).
+const OpsCase kOpsCases[] = {{1000, 4, 64, 256}, {37, 2, 5, 300}, {1, 1, 1, 64}, {513, 8, 16, 1000}, {7, 2, 3, 4104}};
 
 std::string case_name(const OpsCase& c) {
   return "T=" + std::to_string(c.tokens) + " K=" + std::to_string(c.top_k) + " E=" + std::to_string(c.experts) +
