@@ -2,9 +2,9 @@
 // {64, 128, 256}, max_seqlen known; at 256 the backward on our kernels): forward (out, lse) and backward (dq, dk, dv)
 // against the f32 CPU reference on the same bf16 values (one document, unequal documents with single-token ones,
 // batches that get padded with empty documents, GQA 32/4 and 4/2, MHA, non-causal, causal sliding windows of 1, 37 and
-// 128 keys), against our own CUDA kernels at the workload of record (2 x 4096 tokens, 32/4 heads, hd 128), the graph
-// cache, the dispatch rules, the max_seqlen checks, and a throughput benchmark that only runs on request
-// (--gtest_also_run_disabled_tests).
+// 128 keys), the dense graph of documents that fill their rows against the same, against our own CUDA kernels at the
+// workload of record (2 x 4096 tokens, 32/4 heads, hd 128), the graph cache, the dispatch rules, the max_seqlen
+// checks, and a throughput benchmark that only runs on request (--gtest_also_run_disabled_tests).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -170,6 +170,66 @@ TEST(CudaAttentionCudnn, MatchesCpuReferenceOnTheSameBf16Values) {
     const Results got = run_attention(in, c, params, gpu_device(), DType::BF16);
     const Results want = run_attention(in, c, params, Device::cpu(), DType::F32);
     expect_close(got, want, kThreshold, c.name);
+  }
+}
+
+// Forward then backward through the cuDNN functions themselves (bf16 on the GPU), the dense graph allowed or not.
+Results run_cudnn(const Inputs& in, const Case& c, const ops::AttentionParams& params, bool allow_dense) {
+  const auto put = [&](const Tensor& t) { return t.to(DType::BF16).to(gpu_device()); };
+  const Tensor q = put(in.q), k = put(in.k), v = put(in.v), dout = put(in.dout);
+  const Tensor cu = cu_tensor(c.cu).to(gpu_device());
+  const int64_t tokens = c.cu.back();
+  Tensor out = Tensor::empty({tokens, c.nh, c.value_dim()}, DType::BF16, gpu_device());
+  Tensor lse = Tensor::empty({tokens, c.nh}, DType::F32, gpu_device());
+  Tensor dq = Tensor::empty({tokens, c.nh, c.hd}, DType::BF16, gpu_device());
+  Tensor dk = Tensor::empty({tokens, c.nkv, c.hd}, DType::BF16, gpu_device());
+  Tensor dv = Tensor::empty({tokens, c.nkv, c.value_dim()}, DType::BF16, gpu_device());
+  Stream& s = testing::gpu();
+  ops::cuda::cudnn_attention_forward(s, out, lse, q, k, v, cu, params, allow_dense);
+  ops::cuda::cudnn_attention_backward(s, dq, dk, dv, dout, q, k, v, out, lse, cu, params, allow_dense);
+  return {testing::host_f32(out), testing::host_f32(lse), testing::host_f32(dq), testing::host_f32(dk),
+          testing::host_f32(dv)};
+}
+
+TEST(CudaAttentionCudnn, DenseGraphMatchesCpuReference) {
+  MT_REQUIRE_GPU();
+  // Documents that all fill max_seqlen tokens (T = D * max_seqlen, max_seqlen a power of two >= 64) run a graph
+  // without ragged offsets or a padding mask when it is allowed: against the CPU as the ragged graph is (2e-2,
+  // MatchesCpuReferenceOnTheSameBf16Values), and it builds graphs of its own (the shapes here are new to the cache).
+  constexpr double kThreshold = 2e-2;
+  const std::vector<Case> cases = {
+      {"dense_one_document_gqa32_4_hd128", 32, 4, 128, {0, 512}},
+      {"dense_three_documents_gqa4_2_hd128", 4, 2, 128, {0, 256, 512, 768}},
+      {"dense_two_documents_gqa8_1_hd64_window37", 8, 1, 64, {0, 128, 256}, true, 0, 0, 37},
+      {"dense_two_documents_mla4_hd192_hdv128", 4, 4, 192, {0, 128, 256}, true, 0, 128},
+      {"dense_two_documents_non_causal_gqa4_2_hd64", 4, 2, 64, {0, 64, 128}, false},
+  };
+  uint64_t seed = 1500;
+  for (const Case& c : cases) {
+    const Inputs in = random_inputs(c, seed++);
+    const ops::AttentionParams params = params_of(c);
+    const Results want = run_attention(in, c, params, Device::cpu(), DType::F32);
+    const Results ragged = run_cudnn(in, c, params, /*allow_dense=*/false);
+    expect_close(ragged, want, kThreshold, c.name + " (ragged graph)");
+    const int64_t built = ops::cuda::cudnn_attention_graphs_built();
+    const Results dense = run_cudnn(in, c, params, /*allow_dense=*/true);
+    EXPECT_EQ(ops::cuda::cudnn_attention_graphs_built() - built, 2) << c.name << ": a dense forward and backward graph";
+    expect_close(dense, want, kThreshold, c.name + " (dense graph)");
+    // The public ops take the dense graph (kCudnnDenseDocuments).
+    expect_close(run_attention(in, c, params, gpu_device(), DType::BF16), want, kThreshold, c.name + " (public ops)");
+  }
+}
+
+TEST(CudaAttentionCudnn, DenseGraphOnlyForPowerOfTwoRows) {
+  MT_REQUIRE_GPU();
+  // Documents that fill rows of 300 or 32 tokens keep the ragged graphs of their buckets: the dense graphs stay as few
+  // as the ragged ones. Each case runs ragged first, so the dense call must build nothing.
+  for (const Case& c : {Case{"rows_of_300", 4, 2, 64, {0, 300, 600}}, Case{"rows_of_32", 4, 2, 64, {0, 32, 64}}}) {
+    const Inputs in = random_inputs(c, 1600);
+    run_cudnn(in, c, params_of(c), /*allow_dense=*/false);
+    const int64_t built = ops::cuda::cudnn_attention_graphs_built();
+    run_cudnn(in, c, params_of(c), /*allow_dense=*/true);
+    EXPECT_EQ(ops::cuda::cudnn_attention_graphs_built(), built) << c.name << ": a dense graph was built";
   }
 }
 
@@ -401,17 +461,33 @@ TEST(CudaAttentionCudnnBench, DISABLED_Throughput) {
   Tensor dk = Tensor::empty({tokens, c.nkv, c.hd}, DType::BF16, gpu_device());
   Tensor dv = Tensor::empty({tokens, c.nkv, c.hd}, DType::BF16, gpu_device());
   Stream& s = testing::gpu();
-  for (const bool cudnn : {true, false}) {
+  // cuDNN's ragged graph (what the public ops run), its dense graph (the documents fill their rows), our kernel.
+  for (const int form : {0, 1, 2}) {
     ops::AttentionParams params = params_of(c);
-    if (!cudnn) params.max_seqlen = 0;  // our kernels
-    const double fwd_ms = time_ms([&] { ops::attention_forward(s, out, lse, q, k, v, cu, params); }, 3, 20);
+    if (form == 2) params.max_seqlen = 0;  // our kernels
+    const auto forward = [&] {
+      if (form == 2) {
+        ops::attention_forward(s, out, lse, q, k, v, cu, params);
+      } else {
+        ops::cuda::cudnn_attention_forward(s, out, lse, q, k, v, cu, params, /*allow_dense=*/form == 1);
+      }
+    };
+    const auto backward = [&] {
+      if (form == 2) {
+        ops::attention_backward(s, dq, dk, dv, dout, q, k, v, out, lse, cu, params);
+      } else {
+        ops::cuda::cudnn_attention_backward(s, dq, dk, dv, dout, q, k, v, out, lse, cu, params,
+                                            /*allow_dense=*/form == 1);
+      }
+    };
+    const double fwd_ms = time_ms(forward, 3, 20);
     const double fwd_bwd_ms = time_ms(
         [&] {
-          ops::attention_forward(s, out, lse, q, k, v, cu, params);
-          ops::attention_backward(s, dq, dk, dv, dout, q, k, v, out, lse, cu, params);
+          forward();
+          backward();
         },
         3, 20);
-    const char* name = cudnn ? "cuDNN SDPA" : "our kernel";
+    const char* name = form == 0 ? "cuDNN SDPA (ragged)" : form == 1 ? "cuDNN SDPA (dense)" : "our kernel";
     std::printf(
         "[ bench    ] %s, T=8192 (2 x 4096), 32/4 heads, hd 128, bf16 causal: forward %.3f ms = %.1f TFLOP/s, "
         "forward+backward %.3f ms = %.1f TFLOP/s\n",

@@ -36,7 +36,46 @@ __global__ void ragged_tables_kernel(int32_t* seq_lens, int64_t* offsets, int64_
   offsets[4 * row_stride + b] = start * m.stats;
 }
 
+// One thread per boundary b in [0, D].
+__global__ void check_dense_documents_kernel(const int32_t* cu, int64_t docs, int64_t seq) {
+  const int64_t b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (b <= docs && cu[b] != b * seq) __trap();
+}
+
+// One thread per element of bhsd [B, nh, S]: bhsd[b][h][i] = lse[(b S + i) nh + h].
+__global__ void stats_to_bhsd_kernel(float* bhsd, const float* lse, int64_t batch, int64_t seq, int64_t heads) {
+  const int64_t n = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (n >= batch * heads * seq) return;
+  const int64_t i = n % seq, h = (n / seq) % heads, b = n / (seq * heads);
+  bhsd[n] = lse[(b * seq + i) * heads + h];
+}
+
 }  // namespace
+
+void stats_to_bhsd(const Stream& stream, const Tensor& bhsd, const Tensor& lse, int64_t batch, int64_t seq) {
+  const int64_t heads = lse.dim() == 2 ? lse.size(1) : 0;
+  MT_CHECK(lse.dtype() == DType::F32 && lse.dim() == 2 && lse.size(0) == batch * seq,
+           "stats_to_bhsd: expected lse f32 [{} x {}, heads] but found {}", batch, seq, lse.describe());
+  MT_CHECK(bhsd.dtype() == DType::F32 && bhsd.numel() == lse.numel(),
+           "stats_to_bhsd: expected an f32 buffer of {} elements but found {}", lse.numel(), bhsd.describe());
+  const int64_t n = lse.numel();
+  if (n == 0) return;
+  const unsigned blocks = static_cast<unsigned>((n + kThreads - 1) / kThreads);
+  stats_to_bhsd_kernel<<<blocks, kThreads, 0, static_cast<cudaStream_t>(stream_handle(stream))>>>(
+      static_cast<float*>(bhsd.raw_data()), static_cast<const float*>(lse.raw_data()), batch, seq, heads);
+  MT_CUDA_CHECK(cudaGetLastError());
+}
+
+void check_dense_documents(const Stream& stream, const Tensor& cu_seqlens, int64_t seq) {
+  MT_CHECK(cu_seqlens.dtype() == DType::I32 && cu_seqlens.numel() >= 2,
+           "check_dense_documents: expected cu_seqlens i32 with at least 2 entries but found {}",
+           cu_seqlens.describe());
+  const int64_t docs = cu_seqlens.numel() - 1;
+  const unsigned blocks = static_cast<unsigned>((docs + 1 + kThreads - 1) / kThreads);
+  check_dense_documents_kernel<<<blocks, kThreads, 0, static_cast<cudaStream_t>(stream_handle(stream))>>>(
+      static_cast<const int32_t*>(cu_seqlens.raw_data()), docs, seq);
+  MT_CUDA_CHECK(cudaGetLastError());
+}
 
 void fill_ragged_tables(const Stream& stream, const Tensor& seq_lens, const Tensor& offsets, const Tensor& cu_seqlens,
                         int64_t batch, int64_t max_len, const RaggedMultipliers& multipliers) {
