@@ -223,8 +223,9 @@ TEST(CudaAttentionCudnn, DenseGraphMatchesCpuReference) {
 TEST(CudaAttentionCudnn, DenseGraphOnlyForPowerOfTwoRows) {
   MT_REQUIRE_GPU();
   // Documents that fill rows of 300 or 32 tokens keep the ragged graphs of their buckets: the dense graphs stay as few
-  // as the ragged ones. Each case runs ragged first, so the dense call must build nothing.
-  for (const Case& c : {Case{"rows_of_300", 4, 2, 64, {0, 300, 600}}, Case{"rows_of_32", 4, 2, 64, {0, 32, 64}}}) {
+  // as the ragged ones. Each case runs ragged first, so the dense call must build nothing. (2 / 1 heads: shapes no
+  // other test builds, so ReusesTheGraphWithinABucket's counts do not depend on the order the tests run in.)
+  for (const Case& c : {Case{"rows_of_300", 2, 1, 64, {0, 300, 600}}, Case{"rows_of_32", 2, 1, 64, {0, 32, 64}}}) {
     const Inputs in = random_inputs(c, 1600);
     run_cudnn(in, c, params_of(c), /*allow_dense=*/false);
     const int64_t built = ops::cuda::cudnn_attention_graphs_built();
