@@ -422,6 +422,37 @@ TEST(CudaAttentionCudnn, RejectsMaxSeqlenOutsideItsRange) {
   }
 }
 
+TEST(CudaAttentionCudnn, DenseStatisticsAreTheLseTransposed) {
+  MT_REQUIRE_GPU();
+  // stats_to_bhsd: lse [B S, nh] (token-major, as every attention kernel writes it) -> [B, nh, S] for the dense
+  // backward; every value moved, none changed. And its refusals, and check_dense_documents'.
+  constexpr int64_t kBatch = 3, kSeq = 5, kHeads = 4;
+  std::vector<float> values(kBatch * kSeq * kHeads);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i) + 0.25f;
+  const Tensor lse = Tensor::from_vector<float>(values, {kBatch * kSeq, kHeads}).to(gpu_device());
+  Tensor bhsd = Tensor::empty({kBatch * kSeq, kHeads}, DType::F32, gpu_device());
+  Stream& s = testing::gpu();
+  ops::cuda::stats_to_bhsd(s, bhsd, lse, kBatch, kSeq);
+  const std::vector<float> got = testing::host_f32(bhsd).to_vector<float>();
+  for (int64_t b = 0; b < kBatch; ++b) {
+    for (int64_t h = 0; h < kHeads; ++h) {
+      for (int64_t i = 0; i < kSeq; ++i) {
+        ASSERT_EQ(got[static_cast<size_t>((b * kHeads + h) * kSeq + i)],
+                  values[static_cast<size_t>((b * kSeq + i) * kHeads + h)])
+            << "b " << b << " h " << h << " i " << i;
+      }
+    }
+  }
+  expect_error([&] { ops::cuda::stats_to_bhsd(s, bhsd, lse, kBatch, kSeq + 1); },
+               "stats_to_bhsd: expected lse f32 [3 x 6, heads]");
+  const Tensor short_buffer = Tensor::empty({kHeads}, DType::F32, gpu_device());
+  expect_error([&] { ops::cuda::stats_to_bhsd(s, short_buffer, lse, kBatch, kSeq); },
+               "stats_to_bhsd: expected an f32 buffer of 60 elements");
+  const Tensor cu_i64 = Tensor::from_vector<int64_t>({0, 5}, {2}).to(gpu_device());
+  expect_error([&] { ops::cuda::check_dense_documents(s, cu_i64, kSeq); },
+               "check_dense_documents: expected cu_seqlens i32 with at least 2 entries");
+}
+
 // Milliseconds per call of `fn`, timed with CUDA events on the compute stream over `iterations` after `warmups`.
 template <typename Fn>
 double time_ms(Fn&& fn, int warmups, int iterations) {

@@ -37,7 +37,8 @@ inline constexpr int kCudnnFirstBackwardWithoutZeroedWorkspace = 91900;
 // S or more keys hides nothing (no document is longer than S) and shares the graphs of plain causal attention.
 //
 // lse is cuDNN's softmax statistic, the natural-log log-sum-exp of the scaled scores, written straight into
-// lse [T, nh] through a ragged offset: the same convention as the other CUDA kernels and the CPU reference.
+// lse [T, nh] through a ragged offset (a dense graph: through its batch stride): the same convention as the other CUDA
+// kernels and the CPU reference.
 // With `allow_dense`, T = D * max_seqlen (every document fills max_seqlen tokens) and max_seqlen a power of two of at
 // least 64, the graph addresses documents by a batch stride instead of ragged offsets and has no padding mask, and
 // its backward reads the softmax statistics transposed to [B, nh, S] (stats_to_bhsd). Measured on an H200 at the
