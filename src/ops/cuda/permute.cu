@@ -60,8 +60,8 @@ constexpr int kRowPack = 8;
 // permuted[r] = x[row_choice[r] / K], element by element: one block per row (rows whose length or start rules out
 // 16-byte copies).
 template <typename T>
-__global__ void __launch_bounds__(kThreads) permute_forward_kernel(T* permuted, const T* x, const int32_t* row_choice,
-                                                                   int64_t top_k, int64_t hidden) {
+__global__ void __launch_bounds__(kThreads)
+    permute_forward_kernel(T* permuted, const T* x, const int32_t* row_choice, int64_t top_k, int64_t hidden) {
   const int64_t r = blockIdx.x;
   const T* src = x + (row_choice[r] / top_k) * hidden;
   T* dst = permuted + r * hidden;
