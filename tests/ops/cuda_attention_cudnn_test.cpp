@@ -88,8 +88,13 @@ Inputs random_inputs(const Case& c, uint64_t seed) {
   return in;
 }
 
-// Forward then backward (reading the forward's own out and lse) through the public ops on `device` in `dtype`.
-Results run_attention(const Inputs& in, const Case& c, const ops::AttentionParams& params, Device device, DType dtype) {
+// How run_attention calls attention: through the public ops, or through the cuDNN functions themselves with the dense
+// graph allowed or not (bf16 on the GPU).
+enum class Route { PublicOps, CudnnRagged, CudnnDense };
+
+// Forward then backward (reading the forward's own out and lse) on `device` in `dtype`.
+Results run_attention(const Inputs& in, const Case& c, const ops::AttentionParams& params, Device device, DType dtype,
+                      Route route = Route::PublicOps) {
   const auto put = [&](const Tensor& t) { return t.to(dtype).to(device); };
   const Tensor q = put(in.q), k = put(in.k), v = put(in.v), dout = put(in.dout);
   const Tensor cu = cu_tensor(c.cu).to(device);
@@ -100,8 +105,14 @@ Results run_attention(const Inputs& in, const Case& c, const ops::AttentionParam
   Tensor dk = Tensor::empty({tokens, c.nkv, c.hd}, dtype, device);
   Tensor dv = Tensor::empty({tokens, c.nkv, c.value_dim()}, dtype, device);
   Stream& s = default_stream(device);
-  ops::attention_forward(s, out, lse, q, k, v, cu, params);
-  ops::attention_backward(s, dq, dk, dv, dout, q, k, v, out, lse, cu, params);
+  if (route == Route::PublicOps) {
+    ops::attention_forward(s, out, lse, q, k, v, cu, params);
+    ops::attention_backward(s, dq, dk, dv, dout, q, k, v, out, lse, cu, params);
+  } else {
+    const bool dense = route == Route::CudnnDense;
+    ops::cuda::cudnn_attention_forward(s, out, lse, q, k, v, cu, params, dense);
+    ops::cuda::cudnn_attention_backward(s, dq, dk, dv, dout, q, k, v, out, lse, cu, params, dense);
+  }
   return {testing::host_f32(out), testing::host_f32(lse), testing::host_f32(dq), testing::host_f32(dk),
           testing::host_f32(dv)};
 }
@@ -173,24 +184,6 @@ TEST(CudaAttentionCudnn, MatchesCpuReferenceOnTheSameBf16Values) {
   }
 }
 
-// Forward then backward through the cuDNN functions themselves (bf16 on the GPU), the dense graph allowed or not.
-Results run_cudnn(const Inputs& in, const Case& c, const ops::AttentionParams& params, bool allow_dense) {
-  const auto put = [&](const Tensor& t) { return t.to(DType::BF16).to(gpu_device()); };
-  const Tensor q = put(in.q), k = put(in.k), v = put(in.v), dout = put(in.dout);
-  const Tensor cu = cu_tensor(c.cu).to(gpu_device());
-  const int64_t tokens = c.cu.back();
-  Tensor out = Tensor::empty({tokens, c.nh, c.value_dim()}, DType::BF16, gpu_device());
-  Tensor lse = Tensor::empty({tokens, c.nh}, DType::F32, gpu_device());
-  Tensor dq = Tensor::empty({tokens, c.nh, c.hd}, DType::BF16, gpu_device());
-  Tensor dk = Tensor::empty({tokens, c.nkv, c.hd}, DType::BF16, gpu_device());
-  Tensor dv = Tensor::empty({tokens, c.nkv, c.value_dim()}, DType::BF16, gpu_device());
-  Stream& s = testing::gpu();
-  ops::cuda::cudnn_attention_forward(s, out, lse, q, k, v, cu, params, allow_dense);
-  ops::cuda::cudnn_attention_backward(s, dq, dk, dv, dout, q, k, v, out, lse, cu, params, allow_dense);
-  return {testing::host_f32(out), testing::host_f32(lse), testing::host_f32(dq), testing::host_f32(dk),
-          testing::host_f32(dv)};
-}
-
 TEST(CudaAttentionCudnn, DenseGraphMatchesCpuReference) {
   MT_REQUIRE_GPU();
   // Documents that all fill max_seqlen tokens (T = D * max_seqlen, max_seqlen a power of two >= 64) run a graph
@@ -209,10 +202,10 @@ TEST(CudaAttentionCudnn, DenseGraphMatchesCpuReference) {
     const Inputs in = random_inputs(c, seed++);
     const ops::AttentionParams params = params_of(c);
     const Results want = run_attention(in, c, params, Device::cpu(), DType::F32);
-    const Results ragged = run_cudnn(in, c, params, /*allow_dense=*/false);
+    const Results ragged = run_attention(in, c, params, gpu_device(), DType::BF16, Route::CudnnRagged);
     expect_close(ragged, want, kThreshold, c.name + " (ragged graph)");
     const int64_t built = ops::cuda::cudnn_attention_graphs_built();
-    const Results dense = run_cudnn(in, c, params, /*allow_dense=*/true);
+    const Results dense = run_attention(in, c, params, gpu_device(), DType::BF16, Route::CudnnDense);
     EXPECT_EQ(ops::cuda::cudnn_attention_graphs_built() - built, 2) << c.name << ": a dense forward and backward graph";
     expect_close(dense, want, kThreshold, c.name + " (dense graph)");
     // The public ops take the dense graph (kCudnnDenseDocuments).
@@ -227,9 +220,9 @@ TEST(CudaAttentionCudnn, DenseGraphOnlyForPowerOfTwoRows) {
   // other test builds, so ReusesTheGraphWithinABucket's counts do not depend on the order the tests run in.)
   for (const Case& c : {Case{"rows_of_300", 2, 1, 64, {0, 300, 600}}, Case{"rows_of_32", 2, 1, 64, {0, 32, 64}}}) {
     const Inputs in = random_inputs(c, 1600);
-    run_cudnn(in, c, params_of(c), /*allow_dense=*/false);
+    run_attention(in, c, params_of(c), gpu_device(), DType::BF16, Route::CudnnRagged);
     const int64_t built = ops::cuda::cudnn_attention_graphs_built();
-    run_cudnn(in, c, params_of(c), /*allow_dense=*/true);
+    run_attention(in, c, params_of(c), gpu_device(), DType::BF16, Route::CudnnDense);
     EXPECT_EQ(ops::cuda::cudnn_attention_graphs_built(), built) << c.name << ": a dense graph was built";
   }
 }
