@@ -176,10 +176,44 @@ int64_t ParameterStore::num_parameters() const {
 }
 
 void ParameterStore::zero_grads() {
+  first_write_pending_.assign(grads_.size(), 0);
   if (grads_.empty()) return;
-  // Timed as its own op: on the workload of record it writes 12.4 GB a step (docs/gpu_notes.md).
+  // Timed as its own op: on the workload of record it wrote 12.4 GB a step before the expert banks' gradients were
+  // left to their first writes (docs/gpu_notes.md).
   const ops::OpScope profile(default_stream(grads_.front().device()), "elementwise", "zero_grads");
   for (Tensor& g : grads_) g.zero_();
+}
+
+size_t ParameterStore::overwrite_on_first_write(const std::string& name) {
+  auto it = index_.find(name);
+  MT_CHECK(it != index_.end(), "parameter store: no parameter '{}' to leave to its first writer", name);
+  overwrites_first_.resize(grads_.size(), 0);
+  overwrites_first_[it->second] = 1;  // again for a block built twice: its writers share the one first write
+  return it->second;
+}
+
+void ParameterStore::begin_accumulation() {
+  overwrites_first_.resize(grads_.size(), 0);
+  first_write_pending_ = overwrites_first_;
+  if (grads_.empty()) return;
+  const ops::OpScope profile(default_stream(grads_.front().device()), "elementwise", "zero_grads");
+  for (size_t i = 0; i < grads_.size(); ++i) {
+    if (!first_write_pending_[i]) grads_[i].zero_();
+  }
+}
+
+bool ParameterStore::take_first_write(size_t slot) {
+  MT_CHECK(slot < grads_.size(), "parameter store: first-write slot {} of {} parameters", slot, grads_.size());
+  if (slot >= first_write_pending_.size() || !first_write_pending_[slot]) return false;
+  first_write_pending_[slot] = 0;
+  return true;
+}
+
+void ParameterStore::end_accumulation() {
+  for (size_t i = 0; i < first_write_pending_.size(); ++i) {
+    if (first_write_pending_[i]) grads_[i].zero_();
+  }
+  first_write_pending_.assign(grads_.size(), 0);
 }
 
 void ParameterStore::load_hf(const io::SafetensorsReader& reader) {

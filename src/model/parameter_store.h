@@ -104,7 +104,23 @@ class ParameterStore {
   std::vector<Tensor> all_params() const { return params_; }
   std::vector<Tensor> all_grads() const { return grads_; }
   int64_t num_parameters() const;
+  // Every gradient becomes zero, none is left to its first writer (see begin_accumulation).
   void zero_grads();
+
+  // A step's gradient accumulation with first writes. A block whose weight gradient has one writer that can replace
+  // it (an expert bank's grouped GEMM) registers it; begin_accumulation then zeroes every other gradient and
+  // leaves the registered ones to their writer, whose first write of the step overwrites (take_first_write says
+  // when): no pass zeroes them and the first micro-batch's GEMM never reads them. The sums are the bytes of adding
+  // onto zeros. end_accumulation zeroes a registered gradient that no writer touched (a layer another pipeline rank
+  // runs), so no step ever reads the one before's values. zero_grads still zeroes everything (check-golden, ZeRO-3's
+  // shards, which reduce the gradients per micro-batch, and any caller that accumulates without asking). Every writer
+  // of a registered gradient asks take_first_write: one that added without asking would add to the last step's sums.
+  size_t overwrite_on_first_write(const std::string& name);
+  void begin_accumulation();
+  // True for the first write of the gradient registered as `slot` since begin_accumulation (then false until the
+  // next one; always false after zero_grads).
+  bool take_first_write(size_t slot);
+  void end_accumulation();
 
   // Fills every parameter from HF tensors. All checks run before any byte is copied: every
   // expected HF name present with the expected shape, no unexpected names; the error lists every
@@ -134,6 +150,9 @@ class ParameterStore {
   std::vector<Tensor> grads_;
   DType compute_dtype_ = DType::F32;
   std::vector<Tensor> compute_;  // per parameter: its bf16 copy, or the master
+  // Per parameter: its gradient's writer overwrites it on the first write of a step; and that write is still to come.
+  std::vector<uint8_t> overwrites_first_;
+  std::vector<uint8_t> first_write_pending_;
 };
 
 }  // namespace moetrain::model

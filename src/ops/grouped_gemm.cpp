@@ -144,8 +144,8 @@ void grouped_linear_backward_input(Stream& stream, Tensor dx, const Tensor& dy, 
   cpu::grouped_linear_backward_input(dx, dy, w, offsets);
 }
 
-void grouped_linear_backward_weight(Stream& stream, Tensor dw, const Tensor& dy, const Tensor& x,
-                                    const Tensor& offsets) {
+void grouped_linear_backward_weight(Stream& stream, Tensor dw, const Tensor& dy, const Tensor& x, const Tensor& offsets,
+                                    GradientWrite write) {
   constexpr const char* op = "grouped_linear_backward_weight";
   OpScope profile(stream, "grouped_gemm", op);
   check_weight_rank(dw, op, "dw");
@@ -162,13 +162,18 @@ void grouped_linear_backward_weight(Stream& stream, Tensor dw, const Tensor& dy,
 #if MOETRAIN_HAS_CUDA
   if (on_cuda(dw)) {
     if (use_cutlass(stream, dtype, rows, n_out, n_in, {&dw, &dy, &x}, op)) {
-      cuda::grouped_linear_backward_weight_cutlass(stream, dw, dy, x, offsets);
+      cuda::grouped_linear_backward_weight_cutlass(stream, dw, dy, x, offsets,
+                                                   /*accumulate=*/write == GradientWrite::Accumulate);
       return;
     }
+    if (write == GradientWrite::Overwrite) dw.zero_();
     cuda::grouped_linear_backward_weight(stream, dw, dy, x, offsets);
     return;
   }
 #endif
+  // The reference and the generic kernels accumulate: overwriting is adding onto zeros, the same bytes (a sum that
+  // starts from +0 is never -0).
+  if (write == GradientWrite::Overwrite) dw.zero_();
   cpu::grouped_linear_backward_weight(dw, dy, x, offsets);
 }
 

@@ -548,11 +548,15 @@ double Trainer::train_step(int64_t step) {
   if (sharded_) {
     sharded_->begin_step(static_cast<int64_t>(batches.size()), config_.parallel.reduce_gradients == "micro_batch");
   } else {
-    model_->params().zero_grads();
+    model_->params().begin_accumulation();  // the expert banks' gradients are left to their first writes
   }
   // Under pipeline parallelism every pp rank passes the step's micro-batches; only pp rank 0 reads their tokens.
   model::StepLoss loss = executor_ ? executor_->run_step(batches, targets) : plain_->run_step(batches, targets);
-  if (sharded_) sharded_->finish_step();  // the last gradient reductions are done before anything reads them
+  if (sharded_) {
+    sharded_->finish_step();  // the last gradient reductions are done before anything reads them
+  } else {
+    model_->params().end_accumulation();  // a gradient no micro-batch wrote (another pp rank's layer) is zero
+  }
   reduce_across_ranks(loss);
   check_health();
   const double total = loss.loss + router_loss_.load_balance_coef * loss.load_balance +

@@ -198,5 +198,53 @@ TEST(ParameterStore, F32ComputeReadsTheMastersAndBf16ComputeNeedsCuda) {
   }
 }
 
+// A gradient left to its first writer: begin_accumulation zeroes every other gradient and leaves it as it is (its
+// writer's first write replaces it); take_first_write says so once; end_accumulation zeroes one nobody wrote;
+// zero_grads zeroes everything and leaves nothing pending.
+TEST(ParameterStore, FirstWritesLeaveOnlyTheirGradientsUnzeroed) {
+  const Shape shape{2, 3};
+  ParameterStore store({single_piece_spec("bank", shape, ParamRole::ExpertBank, 0, "bank"),
+                        single_piece_spec("dense", shape, ParamRole::Dense, 0, "dense")});
+  const auto fill = [&](float v) {
+    for (const char* name : {"bank", "dense"})
+      store.grad(name).copy_from(Tensor::from_vector(std::vector<float>(6, v), shape));
+  };
+  const auto all_equal = [&](const char* name, float v) {
+    for (float x : store.grad(name).to_vector<float>()) {
+      if (x != v) return false;
+    }
+    return true;
+  };
+  const size_t bank = store.overwrite_on_first_write("bank");
+  EXPECT_EQ(store.overwrite_on_first_write("bank"), bank) << "a block built twice registers the same slot";
+  EXPECT_FALSE(store.take_first_write(bank)) << "nothing is pending before a step";
+
+  fill(7.0f);
+  store.begin_accumulation();
+  EXPECT_TRUE(all_equal("bank", 7.0f)) << "left to its writer";
+  EXPECT_TRUE(all_equal("dense", 0.0f));
+  EXPECT_TRUE(store.take_first_write(bank));
+  EXPECT_FALSE(store.take_first_write(bank)) << "only the first write overwrites";
+  store.end_accumulation();
+  EXPECT_TRUE(all_equal("bank", 7.0f)) << "written this step: kept";
+
+  store.begin_accumulation();
+  store.end_accumulation();
+  EXPECT_TRUE(all_equal("bank", 0.0f)) << "no writer this step: zeroed at its end";
+
+  fill(5.0f);
+  store.begin_accumulation();
+  store.zero_grads();
+  EXPECT_TRUE(all_equal("bank", 0.0f));
+  EXPECT_FALSE(store.take_first_write(bank)) << "zero_grads leaves nothing to a first write";
+
+  try {
+    store.overwrite_on_first_write("missing");
+    ADD_FAILURE() << "a first writer of a parameter the store lacks was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no parameter 'missing'"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace moetrain::model

@@ -201,7 +201,27 @@ TEST(CudaGroupedGemmCutlass, BackwardWeightOverwriteIgnoresPreviousContentsAndZe
   }
 }
 
-// The ping-pong weight gradient (WeightGradientSchedule::Pingpong) accumulates like the cooperative one: against the
+// The public op's overwriting form (a step's first write, GradientWrite::Overwrite) gives the bytes of accumulating
+// onto zeros, whatever dw held before: on CUTLASS (bf16) and on the generic kernels (f32 inputs).
+TEST(CudaGroupedGemmCutlass, PublicOverwriteGivesTheBytesOfAccumulatingOntoZeros) {
+  MT_REQUIRE_GPU();
+  uint64_t seed = 800;
+  for (const GroupCase& c : cases()) {
+    for (DType dtype : {DType::BF16, DType::F32}) {
+      SCOPED_TRACE(c.name + " " + std::string(dtype_name(dtype)));
+      const Inputs in = make_inputs(c, seed++);
+      const Tensor dy = on_gpu(in.dy.to(dtype)), x = on_gpu(in.x.to(dtype)), offsets = on_gpu(in.offsets);
+      Tensor onto_zeros = on_gpu(Tensor::zeros({c.groups(), c.n_out, c.n_in}, DType::F32));
+      if (dtype == DType::BF16) expect_cutlass_path(c, dy, x, onto_zeros);
+      ops::grouped_linear_backward_weight(gpu(), onto_zeros, dy, x, offsets);
+      Tensor dw = on_gpu(in.dw_start);
+      ops::grouped_linear_backward_weight(gpu(), dw, dy, x, offsets, ops::GradientWrite::Overwrite);
+      EXPECT_TRUE(same_bytes(host_f32(dw), host_f32(onto_zeros)));
+    }
+  }
+}
+
+// The ping-pong weight gradient (GroupedGemmSchedule::Pingpong) accumulates like the cooperative one: against the
 // CPU as closely, and with the same bytes, because both run the same 64 x 256 x 16 wgmma over the same k-blocks in the
 // same order per output element and the same epilogue arithmetic (acc + C); only which warp group computes a tile and
 // when differ. The same bytes let it replace the cooperative kernel without changing any bitwise result.
@@ -216,12 +236,39 @@ TEST(CudaGroupedGemmCutlass, BackwardWeightPingpongAccumulatesWithTheCooperative
     const Tensor dy = bf16_gpu(in.dy), x = bf16_gpu(in.x), offsets = on_gpu(in.offsets);
     Tensor cooperative = on_gpu(in.dw_start), pingpong = on_gpu(in.dw_start);
     ops::cuda::grouped_linear_backward_weight_cutlass(gpu(), cooperative, dy, x, offsets, /*accumulate=*/true,
-                                                      ops::cuda::WeightGradientSchedule::Cooperative);
+                                                      ops::cuda::GroupedGemmSchedule::Cooperative);
     ops::cuda::grouped_linear_backward_weight_cutlass(gpu(), pingpong, dy, x, offsets, /*accumulate=*/true,
-                                                      ops::cuda::WeightGradientSchedule::Pingpong);
+                                                      ops::cuda::GroupedGemmSchedule::Pingpong);
     const Tensor got = host_f32(pingpong);
     expect_close(got, want, kF32GradientTolerance, "backward_weight ping-pong: " + c.name);
     EXPECT_TRUE(same_bytes(got, host_f32(cooperative))) << c.name << ": ping-pong and cooperative bytes differ";
+  }
+}
+
+// The forward and the backward input on the ping-pong schedule (64-row tiles) give the cooperative schedule's bytes,
+// for the same reason: each output element's k-blocks in the same order through the same wgmma.
+TEST(CudaGroupedGemmCutlass, ForwardAndBackwardInputPingpongGiveTheCooperativeBytes) {
+  MT_REQUIRE_GPU();
+  uint64_t seed = 950;
+  for (const GroupCase& c : cases()) {
+    SCOPED_TRACE(c.name);
+    const Inputs in = make_inputs(c, seed++);
+    const Tensor x = bf16_gpu(in.x), w = bf16_gpu(in.w), dy = bf16_gpu(in.dy), offsets = on_gpu(in.offsets);
+    Tensor y[2], dx[2];
+    for (int i = 0; i < 2; ++i) {
+      const auto schedule =
+          i == 0 ? ops::cuda::GroupedGemmSchedule::Cooperative : ops::cuda::GroupedGemmSchedule::Pingpong;
+      y[i] = on_gpu(Tensor::zeros({c.rows(), c.n_out}, DType::BF16));
+      dx[i] = on_gpu(Tensor::zeros({c.rows(), c.n_in}, DType::BF16));
+      ops::cuda::grouped_linear_forward_cutlass(gpu(), y[i], x, w, offsets, schedule);
+      ops::cuda::grouped_linear_backward_input_cutlass(gpu(), dx[i], dy, w, offsets, schedule);
+    }
+    Tensor want = Tensor::empty({c.rows(), c.n_out}, DType::F32);
+    ops::grouped_linear_forward(Stream::cpu(), want, in.x, in.w, in.offsets);
+    expect_close(host_f32(y[1]), want, kBf16OutputTolerance, "forward ping-pong: " + c.name);
+    EXPECT_TRUE(same_bytes(y[1].to(Device::cpu()), y[0].to(Device::cpu()))) << c.name << ": forward bytes differ";
+    EXPECT_TRUE(same_bytes(dx[1].to(Device::cpu()), dx[0].to(Device::cpu())))
+        << c.name << ": backward input bytes differ";
   }
 }
 
@@ -300,13 +347,22 @@ TEST(CudaGroupedGemmCutlass, UnalignedShapesFallBackToTheGenericKernels) {
 
 // ---------------------------------------------------------------------------------------------------------------
 // Benchmark: the Qwen3-30B-A3B expert GEMMs (E = 128, H = 2048, I = 768, 65,536 routed rows) and DeepSeek-V2-Lite's
-// (E = 64, H = 2048, I = 1408, 24,576 routed rows), bf16 in, f32 accumulate. Uniform routing (512 rows per expert) and
-// a Zipf-like skew (expert e gets a share ~ 1 / (e + 1)^1.2, the last 16 experts none); bench/grouped_mm_torch.py
-// builds the same routing.
+// (E = 64, H = 2048, I = 1408, 24,576 routed rows), bf16 in, f32 accumulate. Uniform routing (512 rows per expert), a
+// random one (each row to an expert drawn uniformly, as a freshly initialised router routes: the groups a few dozen
+// rows off a multiple of 128) and a Zipf-like skew (expert e gets a share ~ 1 / (e + 1)^1.2, the last 16 experts
+// none); bench/grouped_mm_torch.py builds the uniform and the skewed routing.
 
-std::vector<int32_t> bench_sizes(bool skewed, int experts, int rows) {
+enum class BenchRouting { Uniform, Random, Skewed };
+
+std::vector<int32_t> bench_sizes(BenchRouting routing, int experts, int rows) {
   std::vector<int32_t> sizes(experts, rows / experts);
-  if (!skewed) return sizes;
+  if (routing == BenchRouting::Uniform) return sizes;
+  if (routing == BenchRouting::Random) {  // each row to an expert drawn uniformly: 512 +- 22 rows on the workload
+    std::fill(sizes.begin(), sizes.end(), 0);
+    Rng rng(11);
+    for (int r = 0; r < rows; ++r) ++sizes[rng.below(static_cast<uint64_t>(experts))];
+    return sizes;
+  }
   const int active = experts - 16;
   std::vector<double> share(experts, 0.0);
   double total = 0.0;
@@ -375,24 +431,32 @@ TEST(CudaGroupedGemmBench, DISABLED_ExpertShapes) {
     Tensor y = Tensor::empty({s.rows, s.n_out}, DType::BF16, Device::cuda(0));
     Tensor dx = Tensor::empty({s.rows, s.n_in}, DType::BF16, Device::cuda(0));
     Tensor dw = Tensor::zeros({s.experts, s.n_out, s.n_in}, DType::F32, Device::cuda(0));
-    for (bool skewed : {false, true}) {
-      const std::vector<int32_t> sizes = bench_sizes(skewed, s.experts, s.rows);
+    for (BenchRouting routing_case : {BenchRouting::Uniform, BenchRouting::Random, BenchRouting::Skewed}) {
+      const std::vector<int32_t> sizes = bench_sizes(routing_case, s.experts, s.rows);
       const Tensor offsets = on_gpu(offsets_tensor(offsets_from_sizes(sizes)));
       ASSERT_TRUE(ops::cuda::cutlass_grouped_gemm_supported(DType::BF16, s.rows, s.n_out, s.n_in, {&x, &w, &y}));
       const double flops = 2.0 * s.rows * static_cast<double>(s.n_out) * static_cast<double>(s.n_in);
       const double fwd = time_ms([&] { ops::grouped_linear_forward(gpu(), y, x, w, offsets); });
       const double dgrad = time_ms([&] { ops::grouped_linear_backward_input(gpu(), dx, dy, w, offsets); });
+      const auto pingpong = ops::cuda::GroupedGemmSchedule::Pingpong;
+      const double fwd_pingpong =
+          time_ms([&] { ops::cuda::grouped_linear_forward_cutlass(gpu(), y, x, w, offsets, pingpong); });
+      const double dgrad_pingpong =
+          time_ms([&] { ops::cuda::grouped_linear_backward_input_cutlass(gpu(), dx, dy, w, offsets, pingpong); });
       const double wgrad = time_ms([&] { ops::grouped_linear_backward_weight(gpu(), dw, dy, x, offsets); });
       const double wgrad_overwrite = time_ms(
           [&] { ops::cuda::grouped_linear_backward_weight_cutlass(gpu(), dw, dy, x, offsets, /*accumulate=*/false); });
       const double wgrad_pingpong = time_ms([&] {
         ops::cuda::grouped_linear_backward_weight_cutlass(gpu(), dw, dy, x, offsets, /*accumulate=*/true,
-                                                          ops::cuda::WeightGradientSchedule::Pingpong);
+                                                          ops::cuda::GroupedGemmSchedule::Pingpong);
       });
-      const char* routing = skewed ? "skewed (Zipf 1.2, 16 empty, max " : "uniform (";
+      const char* routing = routing_case == BenchRouting::Skewed   ? "skewed (Zipf 1.2, 16 empty, max "
+                            : routing_case == BenchRouting::Random ? "random (max "
+                                                                   : "uniform (";
       const int32_t largest = *std::max_element(sizes.begin(), sizes.end());
       for (const auto& [op, ms] :
-           {std::pair{"fwd  ", fwd}, std::pair{"dgrad", dgrad}, std::pair{"wgrad", wgrad},
+           {std::pair{"fwd  ", fwd}, std::pair{"fwd(ping-pong)", fwd_pingpong}, std::pair{"dgrad", dgrad},
+            std::pair{"dgrad(ping-pong)", dgrad_pingpong}, std::pair{"wgrad", wgrad},
             std::pair{"wgrad(overwrite)", wgrad_overwrite}, std::pair{"wgrad(ping-pong)", wgrad_pingpong}}) {
         std::printf("  %-26s %s%d rows) %s %8.3f ms %7.1f TFLOP/s\n", s.name, routing, largest, op, ms,
                     flops / (ms * 1e-3) / 1e12);

@@ -2,6 +2,7 @@
 // under group size, backward input and weight against finite differences, accumulation, and argument checks.
 #include "ops/grouped_gemm.h"
 
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -108,6 +109,27 @@ TEST(GroupedLinear, BackwardWeightAccumulatesAndLeavesEmptyGroupsUntouched) {
   }
   for (int64_t g : {1, 3}) {
     EXPECT_EQ(dw.select(g).to_vector<double>(), start.select(g).to_vector<double>()) << "empty group " << g;
+  }
+}
+
+// The overwriting form (a step's first write) replaces whatever dw held with the bytes accumulating onto zeros gives,
+// and makes the empty groups 0.
+TEST(GroupedLinear, BackwardWeightOverwriteGivesTheBytesOfAddingOntoZeros) {
+  Rng rng(7);
+  for (DType dtype : {DType::F32, DType::F64}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const Tensor x = random_tensor({kRows, kIn}, dtype, rng);
+    const Tensor dy = random_tensor({kRows, kOut}, dtype, rng);
+    const Tensor offsets = offsets_tensor(kOffsets);
+    Tensor onto_zeros = Tensor::zeros({kGroups, kOut, kIn}, dtype);
+    ops::grouped_linear_backward_weight(Stream::cpu(), onto_zeros, dy, x, offsets);
+    Tensor dw = random_tensor({kGroups, kOut, kIn}, dtype, rng);
+    ops::grouped_linear_backward_weight(Stream::cpu(), dw, dy, x, offsets, ops::GradientWrite::Overwrite);
+    ASSERT_EQ(dw.nbytes(), onto_zeros.nbytes());
+    EXPECT_EQ(std::memcmp(dw.raw_data(), onto_zeros.raw_data(), dw.nbytes()), 0);
+    for (int64_t g : {1, 3}) {
+      for (double v : dw.select(g).to(DType::F64).to_vector<double>()) EXPECT_EQ(v, 0.0) << "empty group " << g;
+    }
   }
 }
 

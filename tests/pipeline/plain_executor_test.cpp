@@ -72,6 +72,31 @@ TEST(PlainExecutor, WithoutEpEqualsForwardBackwardBitwise) {
   }
 }
 
+// A step whose expert banks' gradients are left to their first writes (ParameterStore::begin_accumulation, as the
+// trainer runs one) gives the bytes of a step on zeroed gradients, whatever the gradients held before: stale values
+// at the first step, the previous step's sums at the second.
+TEST(PlainExecutor, FirstWritesGiveTheGradientsOfAZeroedStep) {
+  const model::ModelConfig config = tiny_moe();
+  std::vector<model::MicroBatch> batches = make_batches(3, 17, config.vocab_size, 3, 20);
+  const model::RouterLossSettings settings = router_settings(config, count_targets(batches));
+  use_router_loss(batches, &settings);
+  auto reference = make_model(config, kSeed);
+  reference->params().zero_grads();
+  const model::StepLoss want = pipeline::forward_backward(*reference, batches);
+  auto model = make_model(config, kSeed);
+  for (Tensor& g : model->params().all_grads()) {
+    g.copy_from(Tensor::from_vector(std::vector<float>(static_cast<size_t>(g.numel()), 9.0f), g.shape()));
+  }
+  PlainExecutor executor(*model, nullptr);
+  for (int step = 0; step < 2; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    model->params().begin_accumulation();
+    expect_same_loss(executor.run_step(batches), want);
+    model->params().end_accumulation();
+    expect_same_grads(*model, *reference);
+  }
+}
+
 // An ep group of one still plans and runs the exchanges (all-to-all-v with itself); nothing may change.
 TEST(PlainExecutor, EpOfOneEqualsForwardBackwardBitwise) {
   const model::ModelConfig config = tiny_moe();

@@ -47,6 +47,17 @@ GatedMlp::GatedMlp(const GatedMlpOptions& options, ParameterStore& store, const 
     w_gate_up_bias_ = store.weight(prefix + "gate_up_bias"), g_gate_up_bias_ = store.grad(prefix + "gate_up_bias");
     w_down_bias_ = store.weight(prefix + "down_bias"), g_down_bias_ = store.grad(prefix + "down_bias");
   }
+  if (is_expert_bank()) {
+    // The bank's grouped weight GEMMs overwrite its gradients on their first write of a step (the largest gradients
+    // of an MoE model: nothing zeroes them, and the first micro-batch's GEMMs never read them).
+    store_ = &store;
+    gate_up_slot_ = store.overwrite_on_first_write(prefix + "gate_up");
+    down_slot_ = store.overwrite_on_first_write(prefix + "down");
+  }
+}
+
+ops::GradientWrite GatedMlp::gradient_write(size_t slot) const {
+  return store_->take_first_write(slot) ? ops::GradientWrite::Overwrite : ops::GradientWrite::Accumulate;
 }
 
 void GatedMlp::activation_forward(const Tensor& act, const Tensor& gate_up) const {
@@ -144,8 +155,9 @@ Tensor GatedMlp::backward_input(MlpRecord& r, const Tensor& d_y) const {
 void GatedMlp::backward_weight(MlpRecord& r) const {
   Stream& s = default_stream(r.x.device());
   if (is_expert_bank()) {
-    ops::grouped_linear_backward_weight(s, g_down_, r.d_y, r.act, r.group_offsets);
-    ops::grouped_linear_backward_weight(s, g_gate_up_, r.d_gate_up, r.x, r.group_offsets);
+    ops::grouped_linear_backward_weight(s, g_down_, r.d_y, r.act, r.group_offsets, gradient_write(down_slot_));
+    ops::grouped_linear_backward_weight(s, g_gate_up_, r.d_gate_up, r.x, r.group_offsets,
+                                        gradient_write(gate_up_slot_));
   } else {
     ops::linear_backward_weight(s, g_down_, r.d_y, r.act);
     ops::linear_backward_weight(s, g_gate_up_, r.d_gate_up, r.x);

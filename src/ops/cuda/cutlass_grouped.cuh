@@ -44,7 +44,7 @@ using Problem = ProblemShape::UnderlyingProblemShape;
 using Bf16 = cutlass::bfloat16_t;
 
 // The cooperative schedule: the two consumer warp groups share one 128 x 256 tile, and a tile's epilogue follows its
-// mainloop. The tile configuration PyTorch picks for groups of more than 128 rows; every op uses it but one.
+// mainloop. The tile configuration PyTorch picks for groups of more than 128 rows.
 struct CooperativeSchedule {
   using TileShape = cute::Shape<cute::_128, cute::_256, cute::_64>;
   using ClusterShape = cute::Shape<cute::_2, cute::_1, cute::_1>;
@@ -53,9 +53,10 @@ struct CooperativeSchedule {
 };
 
 // The ping-pong schedule: each consumer warp group owns a 64 x 256 tile and the two take turns on the tensor cores, so
-// one group's epilogue runs while the other multiplies. Meant for the accumulating expert weight gradient, whose
+// one group's epilogue runs while the other multiplies. Written for the accumulating expert weight gradient, whose
 // epilogue reads and writes the f32 gradient (8 bytes an element against a reduction over ~500 rows): on the
-// cooperative schedule that traffic does not overlap the tensor cores.
+// cooperative schedule that traffic does not overlap the tensor cores. Its 64-row tiles also halve the rows a group
+// of routed rows is padded by (forward, backward input).
 struct PingpongSchedule {
   using TileShape = cute::Shape<cute::_64, cute::_256, cute::_64>;
   using ClusterShape = cute::Shape<cute::_2, cute::_1, cute::_1>;
@@ -100,6 +101,12 @@ struct GroupedGemm {
 using ForwardGemm = GroupedGemm<cutlass::layout::RowMajor, cutlass::layout::ColumnMajor, void, Bf16>;
 // dx = dy w: A = dy_g [m, N] row-major, B(n, k) = w[g][n][k] (N-contiguous in GEMM terms), D = dx_g [m, K].
 using BackwardInputGemm = GroupedGemm<cutlass::layout::RowMajor, cutlass::layout::RowMajor, void, Bf16>;
+// The same two on the ping-pong schedule's 64-row tiles: a group's rows round up to a multiple of 64 instead of 128,
+// which wastes half as many multiplications when routing leaves the groups near but not at a multiple of 128.
+using ForwardPingpongGemm =
+    GroupedGemm<cutlass::layout::RowMajor, cutlass::layout::ColumnMajor, void, Bf16, PingpongSchedule>;
+using BackwardInputPingpongGemm =
+    GroupedGemm<cutlass::layout::RowMajor, cutlass::layout::RowMajor, void, Bf16, PingpongSchedule>;
 // dw += dy^T x: A(n, r) = dy_g[r][n] (M-contiguous), B(r, k) = x_g[r][k] (N-contiguous), C = D = dw[g] [N, K] f32.
 using BackwardWeightGemm = GroupedGemm<cutlass::layout::ColumnMajor, cutlass::layout::RowMajor, float, float>;
 // The same on the ping-pong schedule (the epilogue's f32 traffic beside the other warp group's multiplications).

@@ -1,6 +1,6 @@
-// defines: the grouped expert GEMMs on the CUTLASS machinery of ops/cuda/cutlass_grouped.cuh. Five instantiations:
-// forward, backward input, backward weight accumulating into f32 dw (C = D = dw, beta = 1) on the cooperative and on
-// the ping-pong schedule, and overwriting it (no C).
+// defines: the grouped expert GEMMs on the CUTLASS machinery of ops/cuda/cutlass_grouped.cuh. Seven instantiations:
+// forward, backward input and backward weight accumulating into f32 dw (C = D = dw, beta = 1), each on the
+// cooperative and on the ping-pong schedule, and the weight gradient overwriting dw (no C).
 #include "ops/cuda/grouped_gemm_cutlass.h"
 
 #include <algorithm>
@@ -56,22 +56,33 @@ bool cutlass_grouped_gemm_supported(DType activations, int64_t rows, int64_t n_o
 }
 
 void grouped_linear_forward_cutlass(const Stream& stream, const Tensor& y, const Tensor& x, const Tensor& w,
-                                    const Tensor& offsets) {
+                                    const Tensor& offsets, GroupedGemmSchedule schedule) {
+  constexpr const char* op = "grouped_linear_forward";
+  if (schedule == GroupedGemmSchedule::Pingpong) {
+    run_grouped<ForwardPingpongGemm, OpKind::kForward>(stream, x, w, y, offsets.data<int32_t>(), w.size(0), x.size(0),
+                                                       w.size(1), w.size(2), op);
+    return;
+  }
   run_grouped<ForwardGemm, OpKind::kForward>(stream, x, w, y, offsets.data<int32_t>(), w.size(0), x.size(0), w.size(1),
-                                             w.size(2), "grouped_linear_forward");
+                                             w.size(2), op);
 }
 
 void grouped_linear_backward_input_cutlass(const Stream& stream, const Tensor& dx, const Tensor& dy, const Tensor& w,
-                                           const Tensor& offsets) {
+                                           const Tensor& offsets, GroupedGemmSchedule schedule) {
+  constexpr const char* op = "grouped_linear_backward_input";
+  if (schedule == GroupedGemmSchedule::Pingpong) {
+    run_grouped<BackwardInputPingpongGemm, OpKind::kBackwardInput>(stream, dy, w, dx, offsets.data<int32_t>(),
+                                                                   w.size(0), dy.size(0), w.size(1), w.size(2), op);
+    return;
+  }
   run_grouped<BackwardInputGemm, OpKind::kBackwardInput>(stream, dy, w, dx, offsets.data<int32_t>(), w.size(0),
-                                                         dy.size(0), w.size(1), w.size(2),
-                                                         "grouped_linear_backward_input");
+                                                         dy.size(0), w.size(1), w.size(2), op);
 }
 
 void grouped_linear_backward_weight_cutlass(const Stream& stream, const Tensor& dw, const Tensor& dy, const Tensor& x,
-                                            const Tensor& offsets, bool accumulate, WeightGradientSchedule schedule) {
+                                            const Tensor& offsets, bool accumulate, GroupedGemmSchedule schedule) {
   constexpr const char* op = "grouped_linear_backward_weight";
-  if (accumulate && schedule == WeightGradientSchedule::Pingpong) {
+  if (accumulate && schedule == GroupedGemmSchedule::Pingpong) {
     run_grouped<BackwardWeightPingpongGemm, OpKind::kBackwardWeight>(stream, dy, x, dw, offsets.data<int32_t>(),
                                                                      dw.size(0), x.size(0), dw.size(1), dw.size(2), op);
     return;

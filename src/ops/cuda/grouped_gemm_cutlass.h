@@ -27,16 +27,23 @@ bool cutlass_grouped_gemm_supported(DType activations, int64_t rows, int64_t n_o
 // offsets i32 [G + 1] on the device; their values are clamped into [0, R] on the device (bad offsets give wrong
 // results, never out-of-bounds accesses). Each output tile is computed by one CTA in a fixed order along the reduction
 // (no split-K, no atomics), so results are deterministic and a group's rows do not depend on the other groups.
+// The kernel schedule (ops/cuda/cutlass_grouped.cuh): cooperative (128 x 256 tiles, both warp groups on one tile) or
+// ping-pong (a 64 x 256 tile per warp group, one group's epilogue beside the other's multiplications). Both give the
+// same bytes (the same wgmma over the same k-blocks in the same order per output element);
+// CudaGroupedGemmBench.DISABLED_ExpertShapes times them.
+enum class GroupedGemmSchedule { Cooperative, Pingpong };
+// The schedule of the ops over routed rows (forward, backward input) that the public ops run: ping-pong, whose 64-row
+// tiles pad a group half as much. With routed groups (random routing, 512 +- 22 rows; a Zipf skew) it is 6-14% faster
+// on the workload's and DeepSeek-V2-Lite's expert shapes, and 5-8% slower only when every group holds exactly a
+// multiple of 128 rows (docs/gpu_notes.md, sixteenth session).
+inline constexpr GroupedGemmSchedule kRoutedRowsSchedule = GroupedGemmSchedule::Pingpong;
+
 // y [R, N] (bf16) = x [R, K] (bf16) * w[g]^T, w [G, N, K] bf16.
 void grouped_linear_forward_cutlass(const Stream& stream, const Tensor& y, const Tensor& x, const Tensor& w,
-                                    const Tensor& offsets);
+                                    const Tensor& offsets, GroupedGemmSchedule schedule = kRoutedRowsSchedule);
 // dx [R, K] (bf16) = dy [R, N] (bf16) * w[g] (overwrites dx).
 void grouped_linear_backward_input_cutlass(const Stream& stream, const Tensor& dx, const Tensor& dy, const Tensor& w,
-                                           const Tensor& offsets);
-// The kernel schedule of the accumulating weight gradient (ops/cuda/cutlass_grouped.cuh): cooperative (the one the
-// public op runs) or ping-pong (one warp group's f32 epilogue beside the other's multiplications; timed against it by
-// CudaGroupedGemmBench.DISABLED_ExpertShapes before it may replace it).
-enum class WeightGradientSchedule { Cooperative, Pingpong };
+                                           const Tensor& offsets, GroupedGemmSchedule schedule = kRoutedRowsSchedule);
 
 // dw[g] [N, K] (f32) += dy_g^T * x_g (dy, x bf16): the group's sum is formed in f32 and then added to dw[g]; an
 // empty group leaves dw[g] untouched. With accumulate = false, dw[g] = dy_g^T * x_g instead (an empty group's dw[g]
@@ -44,7 +51,7 @@ enum class WeightGradientSchedule { Cooperative, Pingpong };
 // op always accumulates). `schedule` applies to the accumulating form; the overwriting one is cooperative.
 void grouped_linear_backward_weight_cutlass(const Stream& stream, const Tensor& dw, const Tensor& dy, const Tensor& x,
                                             const Tensor& offsets, bool accumulate = true,
-                                            WeightGradientSchedule schedule = WeightGradientSchedule::Cooperative);
+                                            GroupedGemmSchedule schedule = GroupedGemmSchedule::Cooperative);
 
 // The exact lanes' dense GEMMs on the same bf16 instantiations, as one group of all R rows (no offsets); callers check
 // cutlass_grouped_gemm_supported first (ops/cuda/gemm_batch_invariant.h). w [N, K] bf16.
