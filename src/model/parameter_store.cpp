@@ -136,6 +136,8 @@ ParameterStore::ParameterStore(std::vector<ParamSpec> specs, Device device, DTyp
     const bool copy = compute_dtype != DType::F32 && spec.is_matrix() && !spec.f32_compute;
     compute_.push_back(copy ? Tensor::zeros(spec.shape, compute_dtype, device) : params_.back());
   }
+  overwrites_first_.assign(specs_.size(), 0);
+  first_write_pending_.assign(specs_.size(), 0);
 }
 
 Tensor ParameterStore::weight(const std::string& name) const {
@@ -176,7 +178,7 @@ int64_t ParameterStore::num_parameters() const {
 }
 
 void ParameterStore::zero_grads() {
-  first_write_pending_.assign(grads_.size(), 0);
+  std::fill(first_write_pending_.begin(), first_write_pending_.end(), 0);
   if (grads_.empty()) return;
   // Timed as its own op: on the workload of record it wrote 12.4 GB a step before the expert banks' gradients were
   // left to their first writes (docs/gpu_notes.md).
@@ -187,13 +189,11 @@ void ParameterStore::zero_grads() {
 size_t ParameterStore::overwrite_on_first_write(const std::string& name) {
   auto it = index_.find(name);
   MT_CHECK(it != index_.end(), "parameter store: no parameter '{}' to leave to its first writer", name);
-  overwrites_first_.resize(grads_.size(), 0);
   overwrites_first_[it->second] = 1;  // again for a block built twice: its writers share the one first write
   return it->second;
 }
 
 void ParameterStore::begin_accumulation() {
-  overwrites_first_.resize(grads_.size(), 0);
   first_write_pending_ = overwrites_first_;
   if (grads_.empty()) return;
   const ops::OpScope profile(default_stream(grads_.front().device()), "elementwise", "zero_grads");
@@ -204,7 +204,7 @@ void ParameterStore::begin_accumulation() {
 
 bool ParameterStore::take_first_write(size_t slot) {
   MT_CHECK(slot < grads_.size(), "parameter store: first-write slot {} of {} parameters", slot, grads_.size());
-  if (slot >= first_write_pending_.size() || !first_write_pending_[slot]) return false;
+  if (!first_write_pending_[slot]) return false;
   first_write_pending_[slot] = 0;
   return true;
 }
@@ -213,7 +213,7 @@ void ParameterStore::end_accumulation() {
   for (size_t i = 0; i < first_write_pending_.size(); ++i) {
     if (first_write_pending_[i]) grads_[i].zero_();
   }
-  first_write_pending_.assign(grads_.size(), 0);
+  std::fill(first_write_pending_.begin(), first_write_pending_.end(), 0);
 }
 
 void ParameterStore::load_hf(const io::SafetensorsReader& reader) {

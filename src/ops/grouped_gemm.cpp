@@ -19,6 +19,7 @@
 #if MOETRAIN_HAS_CUDA
 #include "ops/cuda/grouped_gemm.h"
 #include "ops/cuda/grouped_gemm_cutlass.h"
+#include "ops/cuda/runtime.h"
 #endif
 
 namespace moetrain::ops {
@@ -166,7 +167,10 @@ void grouped_linear_backward_weight(Stream& stream, Tensor dw, const Tensor& dy,
                                                    /*accumulate=*/write == GradientWrite::Accumulate);
       return;
     }
-    if (write == GradientWrite::Overwrite) dw.zero_();
+    if (write == GradientWrite::Overwrite) {
+      const cuda::StreamScope on_stream(stream);  // the zeros go on the op's stream, ordered before the GEMM
+      dw.zero_();
+    }
     cuda::grouped_linear_backward_weight(stream, dw, dy, x, offsets);
     return;
   }

@@ -47,8 +47,8 @@ void grouped_linear_backward_input_cutlass(const Stream& stream, const Tensor& d
 
 // dw[g] [N, K] (f32) += dy_g^T * x_g (dy, x bf16): the group's sum is formed in f32 and then added to dw[g]; an
 // empty group leaves dw[g] untouched. With accumulate = false, dw[g] = dy_g^T * x_g instead (an empty group's dw[g]
-// becomes 0) and dw is never read: ~1.5x faster on the expert shapes, for the first micro-batch of a step (the public
-// op always accumulates). `schedule` applies to the accumulating form; the overwriting one is cooperative.
+// becomes 0) and dw is never read: ~1.5x faster on the expert shapes, for the first write of a step (the public op's
+// GradientWrite::Overwrite). `schedule` applies to the accumulating form; the overwriting one is cooperative.
 void grouped_linear_backward_weight_cutlass(const Stream& stream, const Tensor& dw, const Tensor& dy, const Tensor& x,
                                             const Tensor& offsets, bool accumulate = true,
                                             GroupedGemmSchedule schedule = GroupedGemmSchedule::Cooperative);
