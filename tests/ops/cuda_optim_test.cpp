@@ -2,7 +2,8 @@
 // over several steps (both lerp branches, with and without weight decay), sums of squares, the global norm and
 // clipping against the CPU, determinism and argument checks; the multi-tensor AdamW (one launch) bit for bit against
 // the per-tensor CUDA op and the CPU, its bf16/f32 compute copies against a cast, its cached device table, and its
-// argument checks. Run on a GPU; skipped elsewhere.
+// argument checks. Run on a GPU; skipped elsewhere. CudaAdamWBench.DISABLED_BesideGemms measures how much of an AdamW
+// step hides behind GEMMs queued on the other stream (run it with --gtest_also_run_disabled_tests).
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -13,9 +14,14 @@
 #include <gtest/gtest.h>
 
 #include "core/rng.h"
+#include "ops/gemm.h"
 #include "ops/optim.h"
 #if MOETRAIN_HAS_CUDA
+#include <cuda_runtime.h>
+
+#include "ops/cuda/check.h"
 #include "ops/cuda/optim.h"
+#include "ops/cuda/runtime.h"
 #endif
 #include "testing/cuda_compare.h"
 #include "testing/gpu.h"
@@ -344,6 +350,79 @@ TEST(CudaAdamWMulti, RejectsDtypesWithoutACudaKernelAndMixedDevices) {
       [&] { ops::adamw_step_multi(gpu(), {p}, {m}, {v}, {Tensor::zeros({4}, DType::F32)}, {}, {0.0}, hyper); },
       {"adamw_step_multi", "grads[0]", "stream's device cuda:0", "on cpu"});
 }
+
+#if MOETRAIN_HAS_CUDA
+// How much of an AdamW step over fp32 masters hides behind compute-bound GEMMs on the other stream: the question
+// behind running a step's updates, part by part, beside the next step's forward (docs/gpu_notes.md, seventeenth
+// session). 1.5B parameters in six parts (AdamW with a bf16 compute copy: ~45 GB moved) against 24 bf16 GEMMs of
+// 8192 x 16384 x 2048 (~13 TFLOP), each alone, then the parts on the communication stream, each queued before four of
+// the GEMMs on the compute stream. On an H200 (seventeenth session) none of it hides: gemms 15.53 ms, AdamW 11.13 ms
+// (4.0 TB/s), both 26.94 ms, because the GEMMs' grids fill every SM and the AdamW blocks run only between them.
+TEST(CudaAdamWBench, DISABLED_BesideGemms) {
+  MT_REQUIRE_GPU();
+  const Device cuda = Device::cuda(0);
+  Stream& compute = gpu();
+  Stream& side = communication_stream(cuda);
+  ASSERT_NE(side.native(), compute.native()) << "the runtime registered no communication stream";
+  constexpr int kParts = 6, kGemmsPerPart = 4;
+  constexpr int64_t kPartElements = 250'000'000;
+  std::vector<Tensor> p, m, v, g, copies;
+  std::vector<double> decay;
+  for (int i = 0; i < kParts; ++i) {
+    p.push_back(Tensor::zeros({kPartElements}, DType::F32, cuda));
+    m.push_back(Tensor::zeros({kPartElements}, DType::F32, cuda));
+    v.push_back(Tensor::zeros({kPartElements}, DType::F32, cuda));
+    g.push_back(Tensor::zeros({kPartElements}, DType::F32, cuda));
+    copies.push_back(Tensor::zeros({kPartElements}, DType::BF16, cuda));
+    decay.push_back(0.1);
+  }
+  const Tensor x = Tensor::zeros({8192, 2048}, DType::BF16, cuda), w = Tensor::zeros({16384, 2048}, DType::BF16, cuda);
+  Tensor y = Tensor::empty({8192, 16384}, DType::BF16, cuda);
+  int64_t step = 0;
+  const auto update = [&](Stream& stream, int part) {
+    ops::adamw_step_multi(stream, {p[part]}, {m[part]}, {v[part]}, {g[part]}, {copies[part]}, {decay[part]},
+                          {1e-4, 0.9, 0.95, 1e-8, 0.0, ++step});
+  };
+  const auto gemms = [&](int count) {
+    for (int i = 0; i < count; ++i) ops::linear_forward(compute, y, x, w);
+  };
+  const auto time_ms = [&](const std::function<void()>& work) {
+    auto stream = static_cast<cudaStream_t>(ops::cuda::stream_handle(compute));
+    work();  // warm-up (tables, cuBLASLt's heuristic)
+    stream_wait(compute, side);
+    cudaEvent_t start, stop;
+    MT_CUDA_CHECK(cudaEventCreate(&start));
+    MT_CUDA_CHECK(cudaEventCreate(&stop));
+    MT_CUDA_CHECK(cudaEventRecord(start, stream));
+    stream_wait(side, compute);
+    work();
+    stream_wait(compute, side);
+    MT_CUDA_CHECK(cudaEventRecord(stop, stream));
+    MT_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0.0f;
+    MT_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    MT_CUDA_CHECK(cudaEventDestroy(start));
+    MT_CUDA_CHECK(cudaEventDestroy(stop));
+    return static_cast<double>(ms);
+  };
+  const double gemm_ms = time_ms([&] { gemms(kParts * kGemmsPerPart); });
+  const double adamw_ms = time_ms([&] {
+    for (int part = 0; part < kParts; ++part) update(compute, part);
+  });
+  const double both_ms = time_ms([&] {
+    for (int part = 0; part < kParts; ++part) {
+      update(side, part);
+      gemms(kGemmsPerPart);
+    }
+  });
+  std::printf(
+      "[adamw beside gemms] gemms alone %.2f ms, adamw alone %.2f ms (%.0f GB/s), both %.2f ms: %.2f ms of "
+      "the adamw hidden (%.0f%%)\n",
+      gemm_ms, adamw_ms, kParts * kPartElements * 30.0 / (adamw_ms * 1e6), both_ms, gemm_ms + adamw_ms - both_ms,
+      100.0 * (gemm_ms + adamw_ms - both_ms) / adamw_ms);
+  EXPECT_GT(both_ms, 0.0);
+}
+#endif
 
 }  // namespace
 }  // namespace moetrain
