@@ -420,7 +420,6 @@ TEST(CudaAdamWBench, DISABLED_BesideGemms) {
       "the adamw hidden (%.0f%%)\n",
       gemm_ms, adamw_ms, kParts * kPartElements * 30.0 / (adamw_ms * 1e6), both_ms, gemm_ms + adamw_ms - both_ms,
       100.0 * (gemm_ms + adamw_ms - both_ms) / adamw_ms);
-  EXPECT_GT(both_ms, 0.0);
 }
 #endif
 
