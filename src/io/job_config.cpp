@@ -71,6 +71,7 @@ std::vector<FieldRef> field_refs(JobConfig& c) {
       {"model.compute_dtype", &c.model.compute_dtype},
       {"model.residual_dtype", &c.model.residual_dtype},
       {"model.recompute", &c.model.recompute},
+      {"model.expert_weight_gradient", &c.model.expert_weight_gradient},
       {"model.head_chunk", &c.model.head_chunk},
       {"data.path", DataPathField{&c.data.sources}},
       {"data.mode", &c.data.mode},
@@ -629,6 +630,9 @@ void validate(JobConfig& c, const std::string& source) {
            c.model.compute_dtype);
   MT_CHECK(one_of(c.model.recompute, {"none", "activation"}),
            "{}: model.recompute must be none or activation but is '{}'", s, c.model.recompute);
+  MT_CHECK(one_of(c.model.expert_weight_gradient, {"micro_batch", "step"}),
+           "{}: model.expert_weight_gradient must be micro_batch or step but is '{}'", s,
+           c.model.expert_weight_gradient);
   MT_CHECK(one_of(c.model.residual_dtype, {"compute", "f32"}),
            "{}: model.residual_dtype must be compute or f32 but is '{}'", s, c.model.residual_dtype);
   MT_CHECK(c.model.compute_dtype == "f32" || c.model.device != "cpu",
@@ -737,6 +741,20 @@ void validate(JobConfig& c, const std::string& source) {
   MT_CHECK(p.sharding != "full" || p.pp == 1,
            "{}: parallel.sharding = full (ZeRO-3) runs with parallel.pp = 1, but parallel.pp = {} (use auto or none)",
            s, p.pp);
+  if (c.model.expert_weight_gradient == "step") {
+    MT_CHECK(p.pp == 1 && p.schedule == "auto",
+             "{}: model.expert_weight_gradient = step runs on the plain executor (parallel.pp = 1, schedule auto); "
+             "found pp = {}, schedule {}",
+             s, p.pp, p.schedule);
+    MT_CHECK(p.sharding != "full",
+             "{}: model.expert_weight_gradient = step holds every micro-batch's expert rows until the step's end, "
+             "which ZeRO-3 (parallel.sharding = full) frees per layer; use micro_batch",
+             s);
+    MT_CHECK(!c.exact.enabled,
+             "{}: model.expert_weight_gradient = step is not an exact lane (its f32 sums run in another order than "
+             "the per-micro-batch gradients the byte gates pin); use micro_batch with exact.enabled",
+             s);
+  }
   // The layer count is not known here: partition_from_cuts checks the cuts against the model.
   if (!p.pp_cuts.empty()) {
     const size_t expected = static_cast<size_t>(2 * p.pp - 1);

@@ -26,6 +26,12 @@ struct ModelSection {
   // "activation": every gated MLP recomputes its activation (SwiGLU) in the backward instead of keeping it from the
   // forward (the same bits; less memory, one more activation kernel per layer). "none": keep it.
   std::string recompute = "none";
+  // When an expert bank's weight gradients are computed: "micro_batch", after each micro-batch's backward, adding
+  // into the f32 gradient; or "step", once a step over every micro-batch's rows (one grouped GEMM per weight: each
+  // expert's gradient written once instead of read and written per micro-batch), holding the experts' inputs and
+  // output gradients of every micro-batch until then. "step" runs with pp = 1, without parallel.sharding = full and
+  // not in exact mode (its f32 sums run in another order than the per-micro-batch ones).
+  std::string expert_weight_gradient = "micro_batch";
   // The LM head and the cross-entropy fused over vocabulary chunks of this many columns (the [T, V]
   // logits never exist); 0: the logits are materialised (in the compute dtype) and the loss read from them.
   int64_t head_chunk = 8192;

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/tensor.h"
 #include "model/batch.h"
@@ -62,6 +63,14 @@ class DecoderLayer {
   // Returns the gradient of stage 3's input rows.
   virtual Tensor stage3_backward_input(LayerRecord& record, const Tensor& d_combined) const = 0;
   virtual void stage3_backward_weight(LayerRecord& record) const = 0;
+  // Stage 3's weight work held past its micro-batch (an executor that runs the expert weight gradients once a step):
+  // moves what stage3_backward_weight reads out of `record` (whose stage-1 weight work then frees the rest) into a
+  // record of its own, for stage3_backward_weight_together.
+  virtual std::unique_ptr<LayerRecord> take_stage3_weight_work(LayerRecord& record) const = 0;
+  // Stage 3's weight gradients of several micro-batches from the records take_stage3_weight_work made, in micro-batch
+  // order: an expert bank's in one grouped GEMM per weight over all their rows. Their sum over the micro-batches, in
+  // another f32 summation order than stage3_backward_weight's one by one. Frees what the records hold.
+  virtual void stage3_backward_weight_together(const std::vector<LayerRecord*>& records) const = 0;
   // Returns d_hidden from the gradient of stage 1's dispatched rows (and what stage 5's backward kept).
   virtual Tensor stage1_backward_input(LayerRecord& record, const Tensor& d_dispatched) const = 0;
   virtual void stage1_backward_weight(LayerRecord& record) const = 0;

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "ops/cpu/row_gather.h"
 #include "ops/op_checks.h"
@@ -42,6 +43,37 @@ void check_index_values(const Tensor& t, int64_t bound, const char* op, const ch
     MT_CHECK(v[i] >= 0 && v[i] < bound, "{}: {}[{}] = {} is outside [0, {} = {})", op, name, i, v[i], bound_name,
              bound);
   }
+}
+
+// 1 to kMaxGroupParts offsets vectors i32 [G + 1] on `device`, all of one length; returns G. CPU values: each from 0,
+// non-decreasing, ending at parts_rows[p] when given.
+int64_t check_group_parts(const std::vector<Tensor>& offsets, Device device, const char* op,
+                          const std::vector<int64_t>* parts_rows) {
+  const int64_t n = static_cast<int64_t>(offsets.size());
+  MT_CHECK(n >= 1 && n <= kMaxGroupParts, "{}: expected 1 to {} parts but found {}", op, kMaxGroupParts, n);
+  int64_t bounds = -1;
+  for (int64_t p = 0; p < n; ++p) {
+    const Tensor& o = offsets[static_cast<size_t>(p)];
+    const std::string name = fmt::format("offsets[{}]", p);
+    const int64_t len = check_index_vector(o, device, op, name.c_str());
+    MT_CHECK(len >= 1, "{}: expected {} as i32 [G + 1] with at least one entry but found {}", op, name, o.describe());
+    MT_CHECK(bounds < 0 || len == bounds, "{}: every part has the same groups; offsets[0] has {} entries but {} has {}",
+             op, bounds, name, len);
+    bounds = len;
+    if (!device.is_cpu()) continue;
+    const int32_t* v = o.data<int32_t>();
+    MT_CHECK(v[0] == 0, "{}: {}[0] must be 0; found {}", op, name, v[0]);
+    for (int64_t g = 0; g + 1 < len; ++g) {
+      MT_CHECK(v[g + 1] >= v[g], "{}: {} must not decrease; found [{}] = {} > [{}] = {}", op, name, g, v[g], g + 1,
+               v[g + 1]);
+    }
+    if (parts_rows != nullptr) {
+      const int64_t rows = (*parts_rows)[static_cast<size_t>(p)];
+      MT_CHECK(v[len - 1] == rows, "{}: {} must end at part {}'s row count ({}); found {}", op, name, p, rows,
+               v[len - 1]);
+    }
+  }
+  return bounds - 1;
 }
 
 }  // namespace
@@ -126,6 +158,55 @@ void count_tokens_per_rank(Stream& stream, Tensor counts, const Tensor& topk_ind
   }
 #endif
   cpu::count_tokens_per_rank(counts, topk_index, experts_per_rank);
+}
+
+void concat_group_offsets(Stream& stream, Tensor out_offsets, const std::vector<Tensor>& offsets) {
+  constexpr const char* op = "concat_group_offsets";
+  OpScope profile(stream, "row_gather", op);
+  check_stream_backend(stream, op);
+  MT_CHECK(!offsets.empty(), "{}: expected 1 to {} parts but found none", op, kMaxGroupParts);
+  const Device device = check_tensor_backend(stream, offsets[0], op, "offsets[0]");
+  const int64_t groups = check_group_parts(offsets, device, op, nullptr);
+  check_argument(out_offsets, {groups + 1}, DType::I32, stream, op, "out_offsets");
+#if MOETRAIN_HAS_CUDA
+  if (device.is_cuda()) {
+    cuda::concat_group_offsets(stream, out_offsets, offsets);
+    return;
+  }
+#endif
+  cpu::concat_group_offsets(out_offsets, offsets);
+}
+
+void concat_group_rows(Stream& stream, Tensor out, const std::vector<Tensor>& parts,
+                       const std::vector<Tensor>& offsets) {
+  constexpr const char* op = "concat_group_rows";
+  OpScope profile(stream, "row_gather", op);
+  check_stream_backend(stream, op);
+  MT_CHECK(!parts.empty() && parts.size() == offsets.size(),
+           "{}: expected one offsets vector per part, 1 to {} parts, "
+           "but found {} parts and {} offsets vectors",
+           op, kMaxGroupParts, parts.size(), offsets.size());
+  const Device device = check_tensor_backend(stream, parts[0], op, "parts[0]");
+  std::vector<int64_t> rows;
+  int64_t total = 0;
+  for (size_t p = 0; p < parts.size(); ++p) {
+    const std::string name = fmt::format("parts[{}]", p);
+    check_matrix(parts[p], device, op, name.c_str());
+    MT_CHECK(parts[p].dtype() == parts[0].dtype() && parts[p].size(1) == parts[0].size(1),
+             "{}: every part is [rows, {}] {}; found {} {}", op, parts[0].size(1), dtype_name(parts[0].dtype()), name,
+             parts[p].describe());
+    rows.push_back(parts[p].size(0));
+    total += parts[p].size(0);
+  }
+  check_group_parts(offsets, device, op, &rows);
+  check_argument(out, {total, parts[0].size(1)}, parts[0].dtype(), stream, op, "out");
+#if MOETRAIN_HAS_CUDA
+  if (device.is_cuda()) {
+    cuda::concat_group_rows(stream, out, parts, offsets);
+    return;
+  }
+#endif
+  cpu::concat_group_rows(out, parts, offsets);
 }
 
 }  // namespace moetrain::ops

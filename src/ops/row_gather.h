@@ -1,7 +1,12 @@
 // defines: row gather and segmented row sums, the two data movements of the de-duplicated expert exchange
 // (pipeline/expert_exchange.h): expand received unique token rows into expert-ordered copies, and sum the copies'
-// gradients back into one row per unique token. Deterministic on every backend (fixed summation order).
+// gradients back into one row per unique token; and the concatenation of several expert-ordered row sets group by
+// group (an expert bank's weight gradient over a whole step's micro-batches in one grouped GEMM). Deterministic on
+// every backend (fixed summation order).
 #pragma once
+
+#include <cstdint>
+#include <vector>
 
 #include "core/device.h"
 #include "core/tensor.h"
@@ -31,5 +36,19 @@ void sum_rows(Stream& stream, Tensor out, const Tensor& in, const Tensor& segmen
 // counts for no rank). The expert exchange sizes its de-duplicated dispatch with it before any host read. Integer
 // counts: the same on every backend.
 void count_tokens_per_rank(Stream& stream, Tensor counts, const Tensor& topk_index, int64_t experts_per_rank);
+
+// Several expert-ordered row sets (parts: a step's micro-batches) as one expert-ordered set, so that one grouped GEMM
+// covers them all: group g of the result holds part 0's rows of group g, then part 1's, ..., each part's rows in their
+// order. offsets: one i32 [G + 1] per part (1 to kMaxGroupParts parts, the same G), non-decreasing from 0 to that
+// part's row count.
+constexpr int64_t kMaxGroupParts = 64;
+// out_offsets i32 [G + 1] = the parts' offsets summed element by element: the result's group offsets.
+void concat_group_offsets(Stream& stream, Tensor out_offsets, const std::vector<Tensor>& offsets);
+// out [R_0 + R_1 + ..., H] from parts [R_p, H] (one dtype, any): part p's row r of group g goes to row
+// out_offsets[g] + (the rows of group g in parts before p) + (r - offsets[p][g]). A copy of each row's bytes: the
+// same bits on every backend. CUDA offsets are not read by the host (see above); a bad value never makes the kernel
+// write outside out (the rows it would misplace are left as they were).
+void concat_group_rows(Stream& stream, Tensor out, const std::vector<Tensor>& parts,
+                       const std::vector<Tensor>& offsets);
 
 }  // namespace moetrain::ops

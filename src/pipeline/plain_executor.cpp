@@ -148,19 +148,25 @@ model::StepLoss PlainExecutor::run_step(const std::vector<model::MicroBatch>& ba
   model::StepLoss step;
   std::vector<model::RouterLossValues> router_losses;
   std::vector<int64_t> router_layers;
-  for (size_t i = 0; i < batches.size(); ++i) {
-    const int mb = static_cast<int>(i);
-    const model::MicroBatch batch = batches[i].to(model_.device());
-    ChunkForward out = chunk_.forward(mb, batch, Tensor(), loss_scale);
-    chunk_.backward_full(mb, Tensor(), loss_scale);
-    step.ce_sum += out.loss.ce_sum;
-    step.num_targets += out.loss.num_targets;
-    step.num_tokens += batch.num_tokens();
-    for (auto& [layer, values] : out.router_losses) {
-      router_losses.push_back(values);
-      router_layers.push_back(layer);
+  try {
+    for (size_t i = 0; i < batches.size(); ++i) {
+      const int mb = static_cast<int>(i);
+      const model::MicroBatch batch = batches[i].to(model_.device());
+      ChunkForward out = chunk_.forward(mb, batch, Tensor(), loss_scale);
+      chunk_.backward_full(mb, Tensor(), loss_scale);
+      step.ce_sum += out.loss.ce_sum;
+      step.num_targets += out.loss.num_targets;
+      step.num_tokens += batch.num_tokens();
+      for (auto& [layer, values] : out.router_losses) {
+        router_losses.push_back(values);
+        router_layers.push_back(layer);
+      }
+      observe_forward(observe, out);
     }
-    observe_forward(observe, out);
+    chunk_.finish_expert_weights();
+  } catch (...) {
+    chunk_.clear();  // a failed step leaves no record (nor held weight work) for the next one
+    throw;
   }
   step.loss = step.ce_sum / static_cast<double>(denominator);
   finish_router_losses(step, router_losses, router_layers, model_);

@@ -49,6 +49,9 @@ class PlainExecutor {
   // Whether the expert dispatch sends each token once per destination rank (default) or every (token, expert)
   // row (ExpertExchange::create).
   void set_expert_deduplication(bool on) { chunk_.set_expert_deduplication(on); }
+  // The expert banks' weight gradients once a step over every micro-batch's rows (model.expert_weight_gradient =
+  // step: StageChunk::set_expert_weights_per_step), instead of after each micro-batch's backward. Not with hooks.
+  void set_expert_weights_per_step(bool on) { chunk_.set_expert_weights_per_step(on); }
 
  private:
   void check_micro_batch_count(int64_t count, const std::string& local_error);

@@ -124,7 +124,40 @@ void StageChunk::await_exchange(LayerState& ls) const {
 
 StageChunk::~StageChunk() = default;
 
-void StageChunk::clear() { states_.clear(); }
+void StageChunk::clear() {
+  states_.clear();
+  held_expert_weights_.clear();
+}
+
+void StageChunk::set_expert_weights_per_step(bool on) {
+  MT_CHECK(held_expert_weights_.empty(),
+           "pipeline: stage {} changes when it runs the expert weight gradients while it holds some; finish them first",
+           stage_.stage);
+  expert_weights_per_step_ = on;
+}
+
+void StageChunk::stage3_weight_work(int64_t i, LayerState& ls) {
+  const model::DecoderLayer& layer = *model_.layers()[static_cast<size_t>(stage_.first_layer + i)];
+  if (!expert_weights_per_step_ || !layer.has_experts()) {
+    layer.stage3_backward_weight(*ls.record);
+    return;
+  }
+  MT_CHECK(hooks_ == nullptr,
+           "pipeline: stage {} holds the expert weight gradients for the step's end, but parameter hooks (ZeRO-3) free "
+           "each layer's gradients after its backward",
+           stage_.stage);
+  held_expert_weights_[i].push_back(layer.take_stage3_weight_work(*ls.record));
+}
+
+void StageChunk::finish_expert_weights() {
+  for (auto& [i, held] : held_expert_weights_) {
+    const model::DecoderLayer& layer = *model_.layers()[static_cast<size_t>(stage_.first_layer + i)];
+    std::vector<model::LayerRecord*> records;
+    for (const std::unique_ptr<model::LayerRecord>& record : held) records.push_back(record.get());
+    layer.stage3_backward_weight_together(records);
+  }
+  held_expert_weights_.clear();
+}
 
 StageChunk::MicroBatchState& StageChunk::state(int microbatch, const char* what) {
   const auto it = states_.find(microbatch);
@@ -287,11 +320,11 @@ std::vector<ChunkStep> StageChunk::plan_backward(int microbatch, const Tensor& d
                        ls.d_combined = layer.stage5_backward_input(*ls.record, st.grad);
                      }});
     steps.push_back({l + " s4", true, [this, &ls] { expert_combine_backward(ls); }});
-    steps.push_back({l + " s3", false, [this, &ls, &layer, with_weight] {
+    steps.push_back({l + " s3", false, [this, &ls, &layer, i, with_weight] {
                        await_exchange(ls);
                        ls.d_dispatched_local = layer.stage3_backward_input(*ls.record, ls.d_expert_out);
                        ls.d_expert_out = Tensor();
-                       if (with_weight) layer.stage3_backward_weight(*ls.record);
+                       if (with_weight) stage3_weight_work(i, ls);
                      }});
     steps.push_back({l + " s2", true, [this, &ls] { expert_dispatch_backward(ls); }});
     steps.push_back({l + " s1", false, [this, &st, &ls, &layer, with_weight] {
@@ -337,7 +370,7 @@ void StageChunk::run_weight_work(MicroBatchState& st) {
   for (int64_t i = stage_.num_layers(); i-- > 0;) {
     const model::DecoderLayer& layer = *model_.layers()[static_cast<size_t>(stage_.first_layer + i)];
     LayerState& ls = st.layers[static_cast<size_t>(i)];
-    layer.stage3_backward_weight(*ls.record);
+    stage3_weight_work(i, ls);
     layer.stage1_backward_weight(*ls.record);
     ls.record.reset();
   }

@@ -115,6 +115,14 @@ class StageChunk {
   // Called around each part of the model the chunk runs (ZeRO-3 gathers and frees parameters there:
   // train/fully_sharded.h); null: none. With hooks, backwards must run their weight work at once (backward_full).
   void set_parameter_hooks(ParameterHooks* hooks) { hooks_ = hooks; }
+  // Hold the MoE layers' stage-3 weight work of every micro-batch whose backward runs its weight work, instead of
+  // running it then (DecoderLayer::take_stage3_weight_work), until finish_expert_weights runs it for all of them at
+  // once (stage3_backward_weight_together: an expert bank's weight gradients in one grouped GEMM each over all the
+  // micro-batches' rows). Refused with parameter hooks (ZeRO-3 frees a layer's gradients after its backward).
+  void set_expert_weights_per_step(bool on);
+  // Runs the held stage-3 weight work, layer by layer, micro-batches in the order their backwards ran; nothing when
+  // none is held. An executor calls it once every backward of the step has run.
+  void finish_expert_weights();
   // Drops every record (after a failed step).
   void clear();
 
@@ -124,6 +132,8 @@ class StageChunk {
 
   MicroBatchState& state(int microbatch, const char* what);
   void run_weight_work(MicroBatchState& st);
+  // Stage 3's weight work of layer i of the stage: now, or held for finish_expert_weights.
+  void stage3_weight_work(int64_t i, LayerState& ls);
 
   // Stages 2 and 4 of a layer: the expert-parallel dispatch and combine (and their backwards). Without an ep
   // communicator, or for a dense layer, they pass the rows through unchanged.
@@ -143,6 +153,9 @@ class StageChunk {
   bool observe_ = false;
   bool observe_logits_ = false;
   ParameterHooks* hooks_ = nullptr;
+  bool expert_weights_per_step_ = false;
+  // The held stage-3 weight work of each MoE layer of the stage (by its index in the stage), in backward order.
+  std::map<int64_t, std::vector<std::unique_ptr<model::LayerRecord>>> held_expert_weights_;
   std::map<int, std::unique_ptr<MicroBatchState>> states_;  // stable addresses: records point into the batch
 };
 

@@ -42,10 +42,11 @@ using LayerShape = model::LayerActivationShape;
 
 struct Sizes {
   int64_t T = 0, H = 0, V = 0, E = 0, K = 0;
-  int64_t c = 4;                      // compute dtype bytes
-  int64_t s = 4;                      // residual stream dtype bytes (c, or 4 with model.residual_dtype = f32)
-  bool recompute_activation = false;  // model.recompute = activation: act is not kept from the forward
-  bool router_aux = false;            // router losses on: d_probs and d_logits [T, E] per MoE layer
+  int64_t c = 4;                         // compute dtype bytes
+  int64_t s = 4;                         // residual stream dtype bytes (c, or 4 with model.residual_dtype = f32)
+  bool recompute_activation = false;     // model.recompute = activation: act is not kept from the forward
+  bool expert_weights_per_step = false;  // model.expert_weight_gradient = step: the expert MLP records held
+  bool router_aux = false;               // router losses on: d_probs and d_logits [T, E] per MoE layer
   int64_t head_chunk = 0;
 };
 
@@ -281,7 +282,8 @@ class StageSim {
     if (z_.recompute_activation) l.alloc(b.act), rec += b.act;  // act recomputed for the weight gradient
     if (with_weight) {  // the MLP record: gate_up, act, d_gate_up and, for experts, the rows x and d_y
       const int64_t mlp = 2 * b.gate_up + b.act + (s.moe ? 2 * b.rows : 0);
-      l.free(mlp);
+      // Held for the step's end (GatedMlp::keep_for_weight_work drops gate_up only): no longer the record's.
+      l.free(s.moe && z_.expert_weights_per_step ? b.gate_up : mlp);
       rec -= mlp;
     }
     // Stage 1.
@@ -441,6 +443,12 @@ MemoryPlan plan_memory(const io::JobConfig& config, int world) {
   const bool sharded = config.parallel.sharding == "full" || (config.parallel.sharding == "auto" && data_ranks > 1 &&
                                                               shape.pp == 1 && config.parallel.schedule == "auto");
   MT_CHECK(!sharded || shape.pp == 1, "plan: parallel.sharding = full runs with pp = 1; the mesh is {}", shape.str());
+  MT_CHECK(
+      !sharded || config.model.expert_weight_gradient != "step",
+      "plan: model.expert_weight_gradient = step holds every micro-batch's expert rows until the step's end, which "
+      "ZeRO-3 frees per layer; parallel.sharding = {} shards over the {} data ranks: set parallel.sharding = none, "
+      "or use micro_batch",
+      config.parallel.sharding, data_ranks);
   MT_CHECK(!sharded || !dualpipev,
            "plan: parallel.sharding = full runs on the plain executor; parallel.schedule = dualpipev is not supported "
            "with it");
@@ -479,6 +487,7 @@ MemoryPlan plan_memory(const io::JobConfig& config, int world) {
   z.c = c;
   z.s = config.model.residual_dtype == "f32" ? 4 : c;
   z.recompute_activation = config.model.recompute == "activation";
+  z.expert_weights_per_step = config.model.expert_weight_gradient == "step";
   z.router_aux = mc.is_moe() && (config.loss.load_balance_coef > 0.0 || config.loss.z_loss_coef > 0.0 ||
                                  config.loss.device_balance_coef > 0.0);
   z.head_chunk = config.model.head_chunk;
@@ -586,7 +595,21 @@ MemoryPlan plan_memory(const io::JobConfig& config, int world) {
     r.activations_per_micro_batch = prof.f_retained;
     r.micro_batches_alive = 1.0;
     r.activations = prof.f_retained;
-    r.workspace = std::max(prof.f_peak, prof.f_retained + prof.b_peak) - prof.f_retained + batch_bytes;
+    // model.expert_weight_gradient = step: each micro-batch's backward leaves its expert rows held (x, d_y, act,
+    // d_gate_up a MoE layer) under the later micro-batches; at the step's end each layer concatenates them, a pair
+    // of [all rows, .] tensors at a time (GatedMlp::backward_weight_together).
+    int64_t held = 0, widest_pair = 0;
+    if (z.expert_weights_per_step) {
+      for (const LayerShape& s : shapes) {
+        if (!s.moe) continue;
+        const LayerBytes b(s, z);
+        held += 2 * b.rows + b.act + b.gate_up;
+        widest_pair = std::max(widest_pair, std::max(b.rows + b.act, b.gate_up + b.rows));
+      }
+    }
+    const int64_t step_end = n * (held + widest_pair);
+    r.workspace = std::max(std::max(prof.f_peak, prof.f_retained + prof.b_peak) + (n - 1) * held, step_end) -
+                  prof.f_retained + batch_bytes;
     r.step_peak = r.startup_peak + r.activations + r.workspace;
     plan.ranks.push_back(r);
     return plan;

@@ -114,6 +114,7 @@ Trainer::Trainer(const io::JobConfig& config, dist::Mesh* mesh)
              model_config.num_experts / mesh_->ep().size());
   }
   if (!executor_ && !plain_) plain_ = std::make_unique<pipeline::PlainExecutor>(*model_, nullptr);
+  if (plain_) plain_->set_expert_weights_per_step(config.model.expert_weight_gradient == "step");
   // DeepSeek-V2's device groups: loss.device_balance_groups, or one per expert-parallel rank (the mesh's ep, whose
   // ranks hold E / ep consecutive experts each: dist/expert_parallel.h). Unused, and so unchecked, when it is off.
   const int64_t ep_size = mesh_ != nullptr ? mesh_->ep().size() : 1;
@@ -279,6 +280,11 @@ bool Trainer::wants_sharding() const {
 
 void Trainer::setup_sharding() {
   if (!wants_sharding()) return;
+  MT_CHECK(config_.model.expert_weight_gradient != "step",
+           "trainer: model.expert_weight_gradient = step holds every micro-batch's expert rows until the step's end, "
+           "which ZeRO-3 frees per layer; parallel.sharding = {} shards over the {} data ranks: set parallel.sharding "
+           "= none, or use micro_batch",
+           config_.parallel.sharding, mesh_->dp_ep().size());
   MT_CHECK(mesh_->pp().size() == 1, "trainer: parallel.sharding = full runs with pp = 1; the mesh is {}",
            mesh_->shape().str());
   MT_CHECK(plain_ != nullptr,

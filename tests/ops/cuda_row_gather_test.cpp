@@ -1,8 +1,9 @@
 // Tests for the CUDA row gather and segmented row sums (ops/cuda/row_gather.*) through the public ops, against the
 // CPU reference: gather bit for bit in every word width (rows of 1 to 16+ bytes, f32 / bf16 / i32), sum_rows bit for
 // bit in f32 and bf16 (the same ascending order from the first row, f32 accumulation, one rounding), empty and long
-// segments, no rows, determinism, the guard for bad device indices and the argument checks. Run on a GPU; skipped
-// elsewhere.
+// segments, no rows, determinism, the guard for bad device indices and the argument checks; concat_group_rows and
+// concat_group_offsets bit for bit against the CPU in every word width, and their guard for bad device offsets. Run
+// on a GPU; skipped elsewhere.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -175,6 +176,60 @@ TEST(CudaRowGather, RejectsBadArguments) {
       },
       "sum_rows: expected in in f32 or bf16 (CUDA)");
   expect_error([&] { sum_rows(gpu(), out, in, on_gpu(vec({0, 1})), on_gpu(vec({0}))); }, "sum_rows: out");
+}
+
+// Random group offsets over G groups for a part of `rows` rows: some groups empty.
+std::vector<int32_t> random_offsets(int64_t groups, int64_t rows, Rng& rng) {
+  std::vector<int32_t> offsets(static_cast<size_t>(groups + 1), 0);
+  for (int64_t r = 0; r < rows; ++r) ++offsets[rng.below(static_cast<uint64_t>(groups)) + 1];
+  for (int64_t g = 0; g < groups; ++g) offsets[static_cast<size_t>(g + 1)] += offsets[static_cast<size_t>(g)];
+  return offsets;
+}
+
+TEST(CudaRowGather, ConcatGroupRowsMatchesCpuBitwise) {
+  MT_REQUIRE_GPU();
+  Rng rng(11);
+  // Row widths of 2 to 5,632 bytes (every word width), 1 to 9 parts (an empty part among them), 1 to 64 groups.
+  for (const auto& [width, dtype, n_parts, groups] :
+       std::vector<std::tuple<int64_t, DType, int, int64_t>>{{1, DType::BF16, 3, 4},
+                                                             {3, DType::BF16, 2, 1},
+                                                             {5, DType::F32, 4, 7},
+                                                             {4, DType::BF16, 9, 64},
+                                                             {2816, DType::BF16, 4, 64},
+                                                             {768, DType::F32, 2, 16}}) {
+    SCOPED_TRACE(std::to_string(width) + " " + std::string(dtype_name(dtype)) + " x " + std::to_string(n_parts));
+    std::vector<Tensor> parts, offsets, gpu_parts, gpu_offsets;
+    int64_t total = 0;
+    for (int p = 0; p < n_parts; ++p) {
+      const int64_t rows = p == 1 ? 0 : static_cast<int64_t>(rng.below(300));
+      total += rows;
+      parts.push_back(random_tensor({rows, width}, DType::F32, rng).to(dtype));
+      offsets.push_back(vec(random_offsets(groups, rows, rng)));
+      gpu_parts.push_back(on_gpu(parts.back()));
+      gpu_offsets.push_back(on_gpu(offsets.back()));
+    }
+    Tensor want = Tensor::empty({total, width}, dtype);
+    Tensor want_offsets = Tensor::empty({groups + 1}, DType::I32);
+    concat_group_rows(Stream::cpu(), want, parts, offsets);
+    concat_group_offsets(Stream::cpu(), want_offsets, offsets);
+    Tensor got = Tensor::empty({total, width}, dtype, Device::cuda(0));
+    Tensor got_offsets = Tensor::empty({groups + 1}, DType::I32, Device::cuda(0));
+    concat_group_rows(gpu(), got, gpu_parts, gpu_offsets);
+    concat_group_offsets(gpu(), got_offsets, gpu_offsets);
+    expect_same_bytes(got, want, "rows");
+    EXPECT_EQ(on_cpu(got_offsets).to_vector<int32_t>(), want_offsets.to_vector<int32_t>());
+  }
+}
+
+TEST(CudaRowGather, ConcatGroupRowsNeverWritesOutsideForBadDeviceOffsets) {
+  MT_REQUIRE_GPU();
+  const Tensor a = Tensor::from_vector<float>({1, 2, 3, 4, 5, 6}, {3, 2});
+  // Part 1 has one row but its offsets claim 9 in group 0: a's rows of group 1 would go to rows 10 and 11 of a
+  // 4-row out. They are not written; part 1's row (group 0 by its offsets) goes after a's row of group 0.
+  Tensor out = on_gpu(Tensor::from_vector<float>(std::vector<float>(8, -7.0f), {4, 2}));
+  concat_group_rows(gpu(), out, {on_gpu(a), on_gpu(Tensor::zeros({1, 2}, DType::F32))},
+                    {on_gpu(vec({0, 1, 3})), on_gpu(vec({0, 9, 9}))});
+  EXPECT_EQ(on_cpu(out).to_vector<float>(), (std::vector<float>{1, 2, 0, 0, -7, -7, -7, -7}));
 }
 
 TEST(CudaRowGather, CountTokensPerRankMatchesTheCpu) {

@@ -1,7 +1,8 @@
 // Tests for ops/row_gather (the CPU reference): gather_rows against a hand loop (f32, f64, bf16, i32; repeated and
 // skipped rows; no rows), sum_rows against a hand loop in the same ascending order (bitwise in f32 and f64, bf16
 // summed in f32 and rounded once, empty segments writing 0, one-row segments copying bit for bit), gather and
-// sum_rows being each other's transposes, batch invariance, and the refused arguments.
+// sum_rows being each other's transposes, batch invariance, and the refused arguments; concat_group_rows and
+// concat_group_offsets (several expert-ordered row sets as one) against a hand loop, and their refusals.
 #include "ops/row_gather.h"
 
 #include <cmath>
@@ -243,6 +244,92 @@ TEST(CountTokensPerRank, CountsEachTokenOncePerRankItReaches) {
   EXPECT_THROW(count_tokens_per_rank(Stream::cpu(), counts, Tensor::from_vector<int32_t>({0, 6}, {1, 2}), 2), Error);
   EXPECT_THROW(count_tokens_per_rank(Stream::cpu(), counts, topk.view({-1}), 2), Error);
   EXPECT_THROW(count_tokens_per_rank(Stream::cpu(), Tensor::empty({3}, DType::I64), topk, 2), Error);
+}
+
+// Random group offsets over G groups for a part of `rows` rows: some groups empty.
+std::vector<int32_t> random_offsets(int64_t groups, int64_t rows, Rng& rng) {
+  std::vector<int32_t> cuts;
+  for (int64_t r = 0; r < rows; ++r) cuts.push_back(static_cast<int32_t>(rng.below(static_cast<uint64_t>(groups))));
+  std::vector<int32_t> offsets(static_cast<size_t>(groups + 1), 0);
+  for (const int32_t g : cuts) ++offsets[static_cast<size_t>(g) + 1];
+  for (int64_t g = 0; g < groups; ++g) offsets[static_cast<size_t>(g + 1)] += offsets[static_cast<size_t>(g)];
+  return offsets;
+}
+
+TEST(ConcatGroupRows, PlacesEachPartsGroupAfterTheEarlierPartsRowsOfIt) {
+  Rng rng(7);
+  const int64_t groups = 5, hidden = 3;
+  const std::vector<int64_t> rows = {9, 0, 4, 12};  // an empty part too
+  std::vector<Tensor> parts, offsets;
+  std::vector<std::vector<int32_t>> host_offsets;
+  for (const int64_t r : rows) {
+    host_offsets.push_back(random_offsets(groups, r, rng));
+    offsets.push_back(vec(host_offsets.back()));
+    parts.push_back(random_tensor({r, hidden}, DType::F32, rng));
+  }
+  // The hand loop: group by group, part by part, the part's rows of the group in order.
+  std::vector<float> want;
+  std::vector<int32_t> want_offsets{0};
+  for (int64_t g = 0; g < groups; ++g) {
+    for (size_t p = 0; p < parts.size(); ++p) {
+      const std::vector<float> v = parts[p].to_vector<float>();
+      for (int32_t r = host_offsets[p][static_cast<size_t>(g)]; r < host_offsets[p][static_cast<size_t>(g) + 1]; ++r) {
+        for (int64_t h = 0; h < hidden; ++h) want.push_back(v[static_cast<size_t>(r * hidden + h)]);
+      }
+    }
+    want_offsets.push_back(static_cast<int32_t>(want.size() / hidden));
+  }
+  Tensor out = Tensor::empty({25, hidden}, DType::F32);
+  Tensor out_offsets = Tensor::empty({groups + 1}, DType::I32);
+  concat_group_rows(Stream::cpu(), out, parts, offsets);
+  concat_group_offsets(Stream::cpu(), out_offsets, offsets);
+  EXPECT_EQ(out.to_vector<float>(), want);
+  EXPECT_EQ(out_offsets.to_vector<int32_t>(), want_offsets);
+  // One part is a copy of it.
+  Tensor one = Tensor::empty({9, hidden}, DType::F32);
+  concat_group_rows(Stream::cpu(), one, {parts[0]}, {offsets[0]});
+  EXPECT_TRUE(same_bytes(one, parts[0]));
+}
+
+TEST(ConcatGroupRows, RefusesBadArguments) {
+  Stream& s = Stream::cpu();
+  const Tensor a = Tensor::zeros({3, 2}, DType::F32), b = Tensor::zeros({2, 2}, DType::F32);
+  Tensor out = Tensor::empty({5, 2}, DType::F32);
+  expect_error([&] { concat_group_rows(s, out, {a, b}, {vec({0, 3})}); }, "one offsets vector per part");
+  expect_error(
+      [&] {
+        concat_group_rows(s, out, {a, b}, {vec({0, 3}), vec({0, 1, 2})});
+      },
+      "every part has the same groups");
+  expect_error(
+      [&] {
+        concat_group_rows(s, out, {a, b}, {vec({0, 2}), vec({0, 2})});
+      },
+      "concat_group_rows: offsets[0] must end at part 0's row count (3); found 2");
+  expect_error([&] { concat_group_rows(s, out, {a, b}, {vec({0, 3}), vec({1, 2})}); }, "offsets[1][0] must be 0");
+  expect_error(
+      [&] {
+        concat_group_rows(s, out, {a, b}, {vec({0, 2, 1, 3}), vec({0, 1, 1, 2})});
+      },
+      "offsets[0] must not decrease");
+  expect_error(
+      [&] {
+        concat_group_rows(s, out, {a, Tensor::zeros({2, 3}, DType::F32)}, {vec({0, 3}), vec({0, 2})});
+      },
+      "every part is [rows, 2] f32");
+  expect_error(
+      [&] {
+        concat_group_rows(s, Tensor::empty({4, 2}, DType::F32), {a, b}, {vec({0, 3}), vec({0, 2})});
+      },
+      "concat_group_rows: out");
+  expect_error(
+      [&] {
+        concat_group_offsets(s, Tensor::empty({3}, DType::I32), {vec({0, 3}), vec({0, 2})});
+      },
+      "concat_group_offsets: out_offsets");
+  expect_error([&] { concat_group_offsets(s, Tensor::empty({2}, DType::I32), {}); }, "expected 1 to 64 parts");
+  const std::vector<Tensor> many(65, vec({0, 0}));
+  expect_error([&] { concat_group_offsets(s, Tensor::empty({2}, DType::I32), many); }, "expected 1 to 64 parts");
 }
 
 }  // namespace

@@ -1,11 +1,15 @@
 // defines: the gated MLP's parameters, forward and split backward (dense or an expert bank).
 #include "model/blocks/gated_mlp.h"
 
+#include <algorithm>
+#include <cstddef>
+
 #include "core/error.h"
 #include "ops/activation.h"
 #include "ops/bias.h"
 #include "ops/gemm.h"
 #include "ops/grouped_gemm.h"
+#include "ops/row_gather.h"
 
 namespace moetrain::model {
 
@@ -165,6 +169,59 @@ void GatedMlp::backward_weight(MlpRecord& r) const {
   bias_grad(g_down_bias_, r.d_y, r.group_offsets);
   bias_grad(g_gate_up_bias_, r.d_gate_up, r.group_offsets);
   r = MlpRecord{};
+}
+
+void GatedMlp::keep_for_weight_work(MlpRecord& r) { r.gate_up = Tensor(); }
+
+namespace {
+
+// The records' tensors `field` concatenated group by group (their group offsets `offsets`).
+Tensor concat_records(Stream& s, const std::vector<MlpRecord*>& records, Tensor MlpRecord::*field,
+                      const std::vector<Tensor>& offsets, int64_t total_rows) {
+  std::vector<Tensor> parts;
+  for (const MlpRecord* r : records) parts.push_back(r->*field);
+  const Tensor& first = parts.front();
+  Tensor out = Tensor::empty({total_rows, first.size(1)}, first.dtype(), first.device());
+  ops::concat_group_rows(s, out, parts, offsets);
+  return out;
+}
+
+}  // namespace
+
+void GatedMlp::backward_weight_together(const std::vector<MlpRecord*>& records) const {
+  if (!is_expert_bank() || records.size() == 1) {
+    for (MlpRecord* r : records) backward_weight(*r);
+    return;
+  }
+  // At most kMaxGroupParts records a grouped GEMM; more accumulate onto the first batch's gradient.
+  for (size_t begin = 0; begin < records.size(); begin += ops::kMaxGroupParts) {
+    const size_t end = std::min(records.size(), begin + static_cast<size_t>(ops::kMaxGroupParts));
+    const std::vector<MlpRecord*> batch(records.begin() + static_cast<std::ptrdiff_t>(begin),
+                                        records.begin() + static_cast<std::ptrdiff_t>(end));
+    std::vector<Tensor> offsets;
+    int64_t rows = 0;
+    for (const MlpRecord* r : batch) {
+      offsets.push_back(r->group_offsets);
+      rows += r->x.size(0);
+    }
+    const Device device = batch.front()->x.device();
+    Stream& s = default_stream(device);
+    Tensor group_offsets = Tensor::empty({offsets.front().numel()}, DType::I32, device);
+    ops::concat_group_offsets(s, group_offsets, offsets);
+    // The down projection's operands first, then the gate_up projection's: two [rows, .] pairs alive at a time.
+    {
+      const Tensor d_y = concat_records(s, batch, &MlpRecord::d_y, offsets, rows);
+      const Tensor act = concat_records(s, batch, &MlpRecord::act, offsets, rows);
+      for (MlpRecord* r : batch) r->d_y = r->act = Tensor();
+      ops::grouped_linear_backward_weight(s, g_down_, d_y, act, group_offsets, gradient_write(down_slot_));
+      bias_grad(g_down_bias_, d_y, group_offsets);
+    }
+    const Tensor d_gate_up = concat_records(s, batch, &MlpRecord::d_gate_up, offsets, rows);
+    const Tensor x = concat_records(s, batch, &MlpRecord::x, offsets, rows);
+    for (MlpRecord* r : batch) *r = MlpRecord{};
+    ops::grouped_linear_backward_weight(s, g_gate_up_, d_gate_up, x, group_offsets, gradient_write(gate_up_slot_));
+    bias_grad(g_gate_up_bias_, d_gate_up, group_offsets);
+  }
 }
 
 }  // namespace moetrain::model

@@ -57,6 +57,14 @@ class GatedMlp {
   void set_recompute_activation(bool on) { recompute_activation_ = on; }
   Tensor backward_input(MlpRecord& record, const Tensor& d_y) const;
   void backward_weight(MlpRecord& record) const;
+  // Keeps a record whose backward_input ran for backward_weight_together: drops what the weight work does not read.
+  static void keep_for_weight_work(MlpRecord& record);
+  // The weight gradients of several records at once; an expert bank computes them in one grouped GEMM per weight over
+  // all the records' rows (ops::concat_group_rows: each expert's rows of every record in record order), so each
+  // expert's gradient is written once (overwritten on the step's first write) instead of read and written per record.
+  // The sum of backward_weight over the records, in another f32 summation order. A dense MLP runs backward_weight on
+  // each. Frees the records.
+  void backward_weight_together(const std::vector<MlpRecord*>& records) const;
 
  private:
   void activation_forward(const Tensor& act, const Tensor& gate_up) const;

@@ -192,6 +192,20 @@ Tensor PreNormLayer::stage3_backward_input(LayerRecord& record, const Tensor& d_
 
 void PreNormLayer::stage3_backward_weight(LayerRecord& record) const { mlp_.backward_weight(as_pre_norm(record).mlp); }
 
+std::unique_ptr<LayerRecord> PreNormLayer::take_stage3_weight_work(LayerRecord& record) const {
+  auto held = std::make_unique<PreNormRecord>();
+  held->mlp = std::move(as_pre_norm(record).mlp);
+  as_pre_norm(record).mlp = MlpRecord{};
+  GatedMlp::keep_for_weight_work(held->mlp);
+  return held;
+}
+
+void PreNormLayer::stage3_backward_weight_together(const std::vector<LayerRecord*>& records) const {
+  std::vector<MlpRecord*> mlps;
+  for (LayerRecord* record : records) mlps.push_back(&as_pre_norm(*record).mlp);
+  mlp_.backward_weight_together(mlps);
+}
+
 Tensor PreNormLayer::stage1_backward_input(LayerRecord& record, const Tensor& d_dispatched) const {
   PreNormRecord& r = as_pre_norm(record);
   Stream& s = default_stream(d_dispatched.device());

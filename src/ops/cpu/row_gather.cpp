@@ -85,4 +85,32 @@ void count_tokens_per_rank(const Tensor& counts, const Tensor& topk_index, int64
   }
 }
 
+void concat_group_offsets(const Tensor& out_offsets, const std::vector<Tensor>& offsets) {
+  const int64_t bounds = out_offsets.numel();
+  int32_t* out = out_offsets.data<int32_t>();
+  for (int64_t g = 0; g < bounds; ++g) {
+    int32_t sum = 0;
+    for (const Tensor& o : offsets) sum += o.data<int32_t>()[g];
+    out[g] = sum;
+  }
+}
+
+// Group by group, part by part: each part's rows of the group are consecutive in both, so one memcpy moves them.
+void concat_group_rows(const Tensor& out, const std::vector<Tensor>& parts, const std::vector<Tensor>& offsets) {
+  const size_t row_bytes = static_cast<size_t>(out.size(1)) * dtype_size(out.dtype());
+  const int64_t groups = offsets[0].numel() - 1;
+  auto* dst = static_cast<unsigned char*>(out.raw_data());
+  size_t at = 0;  // the next output row
+  for (int64_t g = 0; g < groups; ++g) {
+    for (size_t p = 0; p < parts.size(); ++p) {
+      const int32_t* o = offsets[p].data<int32_t>();
+      const size_t rows = static_cast<size_t>(o[g + 1] - o[g]);
+      if (rows == 0 || row_bytes == 0) continue;
+      const auto* src = static_cast<const unsigned char*>(parts[p].raw_data()) + static_cast<size_t>(o[g]) * row_bytes;
+      std::memcpy(dst + at * row_bytes, src, rows * row_bytes);
+      at += rows;
+    }
+  }
+}
+
 }  // namespace moetrain::ops::cpu

@@ -2,6 +2,8 @@
 // in parallel, every sum in one thread in ascending segment order.
 #pragma once
 
+#include <vector>
+
 #include "core/tensor.h"
 
 namespace moetrain::ops::cpu {
@@ -14,5 +16,9 @@ void gather_rows(const Tensor& out, const Tensor& in, const Tensor& index);
 void sum_rows(const Tensor& out, const Tensor& in, const Tensor& segment_offsets, const Tensor& segment_rows);
 // Arguments validated by ops::count_tokens_per_rank.
 void count_tokens_per_rank(const Tensor& counts, const Tensor& topk_index, int64_t experts_per_rank);
+
+// Arguments validated by ops::concat_group_offsets / ops::concat_group_rows (offsets' values included).
+void concat_group_offsets(const Tensor& out_offsets, const std::vector<Tensor>& offsets);
+void concat_group_rows(const Tensor& out, const std::vector<Tensor>& parts, const std::vector<Tensor>& offsets);
 
 }  // namespace moetrain::ops::cpu

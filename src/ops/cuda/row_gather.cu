@@ -13,6 +13,7 @@
 #include "ops/cuda/check.h"
 #include "ops/cuda/float_io.cuh"
 #include "ops/cuda/runtime.h"
+#include "ops/row_gather.h"
 
 namespace moetrain::ops::cuda {
 
@@ -111,7 +112,127 @@ __global__ void count_tokens_kernel(int32_t* counts, const int32_t* choice, int6
   }
 }
 
+// The parts' group offsets, passed by value (kMaxGroupParts pointers: 512 bytes of kernel parameters).
+struct GroupParts {
+  const int32_t* offsets[kMaxGroupParts];
+  int count;
+};
+
+GroupParts group_parts(const std::vector<Tensor>& offsets) {
+  GroupParts parts{};
+  parts.count = static_cast<int>(offsets.size());
+  for (size_t p = 0; p < offsets.size(); ++p) parts.offsets[p] = static_cast<const int32_t*>(offsets[p].raw_data());
+  return parts;
+}
+
+__global__ void concat_group_offsets_kernel(int32_t* out, GroupParts parts, int64_t bounds) {
+  for (int64_t g = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; g < bounds; g += int64_t(gridDim.x) * blockDim.x) {
+    int32_t sum = 0;
+    for (int q = 0; q < parts.count; ++q) sum += parts.offsets[q][g];
+    out[g] = sum;
+  }
+}
+
+// Row r of part `part`: its group g is the last with offsets[part][g] <= r; it goes after the rows of group g of the
+// parts before it and of the groups before g of every part:
+// sum_{q < part} offsets[q][g + 1] + sum_{q > part} offsets[q][g] + r.
+// A warp per row (kConcatRowsPerBlock rows a block, grid-stride), each lane with kConcatLoadsInFlight words loaded
+// before any is stored: a block per row with one word per thread is bound by block launches, not by HBM.
+constexpr int kConcatRowsPerBlock = 8;
+constexpr int kConcatLoadsInFlight = 8;
+
+template <typename W>
+__global__ void __launch_bounds__(32 * kConcatRowsPerBlock)
+    concat_group_rows_kernel(W* out, const W* in, GroupParts parts, int part, int64_t groups, int64_t rows,
+                             int64_t out_rows, int64_t words_per_row) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int64_t warp = threadIdx.x / 32;
+  const int32_t* mine = parts.offsets[part];
+  for (int64_t r = blockIdx.x * int64_t(kConcatRowsPerBlock) + warp; r < rows;
+       r += int64_t(gridDim.x) * kConcatRowsPerBlock) {
+    int64_t lo = 0, hi = groups;  // the group lies in [lo, hi)
+    while (hi - lo > 1) {
+      const int64_t mid = (lo + hi) / 2;
+      if (mine[mid] <= r) {
+        lo = mid;
+      } else {
+        hi = mid;
+      }
+    }
+    int64_t dest = r;
+    for (int q = 0; q < parts.count; ++q) {
+      if (q < part) dest += parts.offsets[q][lo + 1];
+      if (q > part) dest += parts.offsets[q][lo];
+    }
+    if (dest < 0 || dest >= out_rows) continue;  // bad offsets: never write outside out
+    const W* x = in + r * words_per_row;
+    W* y = out + dest * words_per_row;
+    for (int64_t base = 0; base < words_per_row; base += 32 * kConcatLoadsInFlight) {
+      W v[kConcatLoadsInFlight];
+#pragma unroll
+      for (int k = 0; k < kConcatLoadsInFlight; ++k) {
+        const int64_t w = base + k * 32 + lane;
+        if (w < words_per_row) v[k] = x[w];
+      }
+#pragma unroll
+      for (int k = 0; k < kConcatLoadsInFlight; ++k) {
+        const int64_t w = base + k * 32 + lane;
+        if (w < words_per_row) y[w] = v[k];
+      }
+    }
+  }
+}
+
+template <typename W>
+void launch_concat(const Stream& stream, const Tensor& out, const std::vector<Tensor>& parts, const GroupParts& table,
+                   int64_t groups, size_t row_bytes) {
+  for (int p = 0; p < table.count; ++p) {
+    const Tensor& part = parts[static_cast<size_t>(p)];
+    if (part.size(0) == 0) continue;
+    const int64_t blocks = (part.size(0) + kConcatRowsPerBlock - 1) / kConcatRowsPerBlock;
+    concat_group_rows_kernel<W><<<row_blocks(blocks), 32 * kConcatRowsPerBlock, 0, native(stream)>>>(
+        static_cast<W*>(out.raw_data()), static_cast<const W*>(part.raw_data()), table, p, groups, part.size(0),
+        out.size(0), static_cast<int64_t>(row_bytes / sizeof(W)));
+    MT_CUDA_CHECK(cudaGetLastError());
+  }
+}
+
 }  // namespace
+
+void concat_group_offsets(const Stream& stream, const Tensor& out_offsets, const std::vector<Tensor>& offsets) {
+  const int64_t bounds = out_offsets.numel();
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((bounds + kThreads - 1) / kThreads, 1024));
+  concat_group_offsets_kernel<<<blocks, kThreads, 0, native(stream)>>>(static_cast<int32_t*>(out_offsets.raw_data()),
+                                                                       group_parts(offsets), bounds);
+  MT_CUDA_CHECK(cudaGetLastError());
+}
+
+void concat_group_rows(const Stream& stream, const Tensor& out, const std::vector<Tensor>& parts,
+                       const std::vector<Tensor>& offsets) {
+  const size_t row_bytes = static_cast<size_t>(out.size(1)) * dtype_size(out.dtype());
+  if (out.size(0) == 0 || row_bytes == 0) return;
+  const GroupParts table = group_parts(offsets);
+  const int64_t groups = offsets[0].numel() - 1;
+  // The widest word that divides the row and to which every base pointer is aligned (rows then are too).
+  auto fits = [&](size_t word) {
+    if (row_bytes % word != 0 || !aligned(out.raw_data(), word)) return false;
+    for (const Tensor& part : parts) {
+      if (!aligned(part.raw_data(), word)) return false;
+    }
+    return true;
+  };
+  if (fits(16)) {
+    launch_concat<uint4>(stream, out, parts, table, groups, row_bytes);
+  } else if (fits(8)) {
+    launch_concat<uint64_t>(stream, out, parts, table, groups, row_bytes);
+  } else if (fits(4)) {
+    launch_concat<uint32_t>(stream, out, parts, table, groups, row_bytes);
+  } else if (fits(2)) {
+    launch_concat<uint16_t>(stream, out, parts, table, groups, row_bytes);
+  } else {
+    launch_concat<uint8_t>(stream, out, parts, table, groups, row_bytes);
+  }
+}
 
 void gather_rows(const Stream& stream, const Tensor& out, const Tensor& in, const Tensor& index) {
   const size_t row_bytes = static_cast<size_t>(out.size(1)) * dtype_size(out.dtype());

@@ -1,6 +1,8 @@
 // defines: the CUDA kernels of the row gather and segmented row sums (ops/row_gather.h).
 #pragma once
 
+#include <vector>
+
 #include "core/device.h"
 #include "core/tensor.h"
 
@@ -21,5 +23,11 @@ void sum_rows(const Stream& stream, const Tensor& out, const Tensor& in, const T
 // Arguments validated by ops::count_tokens_per_rank (ranks <= 64). Integer atomics: the counts are exact.
 void count_tokens_per_rank(const Stream& stream, const Tensor& counts, const Tensor& topk_index,
                            int64_t experts_per_rank);
+
+// Arguments validated by ops::concat_group_offsets / ops::concat_group_rows (at most kMaxGroupParts parts; offsets'
+// values unchecked: a row whose computed place falls outside out is not written).
+void concat_group_offsets(const Stream& stream, const Tensor& out_offsets, const std::vector<Tensor>& offsets);
+void concat_group_rows(const Stream& stream, const Tensor& out, const std::vector<Tensor>& parts,
+                       const std::vector<Tensor>& offsets);
 
 }  // namespace moetrain::ops::cuda

@@ -1,7 +1,9 @@
 // Tests for the gated MLP block (model/blocks/gated_mlp.*): a dense MLP is bitwise the CPU ops composed by hand and
 // its output is down(silu(gate) * up) with the gate rows first; an expert bank (one expert with no rows) is bitwise
 // each expert run alone as a dense MLP on its rows, and the empty expert's gradients stay zero; GPT-OSS's bank (biases,
-// the clamped SwiGLU) likewise, with its output checked against the formula written out; bad options are refused.
+// the clamped SwiGLU) likewise, with its output checked against the formula written out; bad options are refused;
+// the weight gradients of several records at once (backward_weight_together) are their sum one by one, on an expert
+// bank with an expert empty in some records, with biases, over a step's first writes.
 #include "model/blocks/gated_mlp.h"
 
 #include <algorithm>
@@ -264,6 +266,56 @@ TEST(GatedMlpBlock, BiasedClampedBankIsEachExpertAsADenseMlpOnItsRows) {
   }
 }
 
+// Three records (different row counts; expert 1 empty in two of them, expert 3 empty in all) through the step's
+// first-write protocol: backward_weight one by one, against backward_weight_together on a second store. The two
+// differ only in the f32 summation order of each expert's rows (a record's partial sum added to the running gradient,
+// or one running sum), a few units of f32 rounding (6e-8) relative; a misplaced row or a lost record moves the
+// gradient by O(1). A dense MLP's records run one by one: the same bits.
+TEST(GatedMlpBlock, WeightGradientsOfSeveralRecordsAtOnceAreTheirSum) {
+  const int64_t experts = 4;
+  const std::vector<std::vector<int32_t>> offsets{{0, 3, 3, 8, 8}, {0, 5, 6, 6, 6}, {0, 0, 0, 4, 4}};
+  for (const bool bank : {true, false}) {
+    SCOPED_TRACE(bank ? "expert bank" : "dense");
+    const GatedMlpOptions o = bank ? gpt_oss_bank_options(experts) : dense_options();
+    const std::string prefix = bank ? "experts." : "mlp.";
+    ParameterStore one_by_one(with_whole_pieces(GatedMlp::param_specs(o, prefix, 0)));
+    ParameterStore together(with_whole_pieces(GatedMlp::param_specs(o, prefix, 0)));
+    fill_random(one_by_one, 51, 0.3);
+    fill_random(together, 51, 0.3);
+    const GatedMlp mlp_a(o, one_by_one, prefix), mlp_b(o, together, prefix);
+    for (ParameterStore* store : {&one_by_one, &together}) store->begin_accumulation();
+    Rng rng(52);
+    std::vector<MlpRecord> a(offsets.size()), b(offsets.size());
+    for (size_t i = 0; i < offsets.size(); ++i) {
+      const int64_t rows = offsets[i].back();
+      const Tensor x = random_tensor({rows, kHidden}, DType::F32, rng);
+      const Tensor d_y = random_tensor({rows, kHidden}, DType::F32, rng);
+      const Tensor group_offsets = bank ? Tensor::from_vector(offsets[i], {experts + 1}) : Tensor();
+      mlp_a.forward(a[i], x, group_offsets);
+      mlp_b.forward(b[i], x, group_offsets);
+      mlp_a.backward_input(a[i], d_y);
+      mlp_b.backward_input(b[i], d_y);
+      GatedMlp::keep_for_weight_work(b[i]);
+      mlp_a.backward_weight(a[i]);
+    }
+    mlp_b.backward_weight_together({&b[0], &b[1], &b[2]});
+    for (ParameterStore* store : {&one_by_one, &together}) store->end_accumulation();
+    for (const MlpRecord& r : b) EXPECT_FALSE(r.x.defined() || r.d_y.defined() || r.act.defined());
+    for (const ParamSpec& spec : one_by_one.specs()) {
+      const Tensor want = one_by_one.grad(spec.name), got = together.grad(spec.name);
+      if (bank) {
+        EXPECT_LT(testing::relative_error(got, want), 1e-6) << spec.name;
+      } else {
+        EXPECT_EQ(values(got), values(want)) << spec.name;
+      }
+    }
+    if (bank) {  // expert 3 has no row in any record: its gradients are zeros (overwritten, never read)
+      for (float v : values(together.grad("experts.gate_up").select(3).clone())) ASSERT_EQ(v, 0.0f);
+      for (float v : values(together.grad("experts.down_bias").select(3).clone())) ASSERT_EQ(v, 0.0f);
+    }
+  }
+}
+
 // transformers' GptOssExperts written out in f64 for one expert: gate_up = x W + b (gate rows first here), gate
 // clamped above at the limit, up to [-limit, limit], y = ((up + 1) * gate * sigmoid(alpha * gate)) Wd + bd. 1e-5
 // relative is f32 rounding with margin; a clamp on the wrong side or a missing "+ 1" changes y by O(1).
@@ -298,7 +350,8 @@ TEST(GatedMlpBlock, ClampedBankOutputIsTheGptOssFormula) {
     }
     for (int64_t h = 0; h < kHidden; ++h) {
       double sum = bd[static_cast<size_t>(h)];
-      for (int64_t i = 0; i < kWidth; ++i) sum += double(wd[static_cast<size_t>(h * kWidth + i)]) * act[static_cast<size_t>(i)];
+      for (int64_t i = 0; i < kWidth; ++i)
+        sum += double(wd[static_cast<size_t>(h * kWidth + i)]) * act[static_cast<size_t>(i)];
       expected[static_cast<size_t>(r * kHidden + h)] = sum;
     }
   }

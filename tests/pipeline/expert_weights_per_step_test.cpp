@@ -1,0 +1,149 @@
+// Tests of model.expert_weight_gradient = step (StageChunk::set_expert_weights_per_step): the expert banks' weight
+// gradients computed once a step over every micro-batch's rows. A training step gives the same loss and the same bits
+// of every other gradient as the per-micro-batch gradients, and expert-bank gradients that differ by f32 summation
+// order only, on four families (routed experts; a dense first layer and shared experts; biases and the clamped
+// SwiGLU; Gated DeltaNet layers with a gated shared expert); held work does not outlive a step (the next step's
+// gradients are its own, a failed step leaves none); the job key is validated and the layouts it cannot run refused.
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "io/job_config.h"
+#include "model/batch.h"
+#include "model/causal_lm.h"
+#include "model/model_config.h"
+#include "pipeline/plain_executor.h"
+#include "pipeline/stage_chunk.h"
+#include "testing/cuda_compare.h"
+#include "testing/executor_fixtures.h"
+#include "testing/test_data.h"
+#include "testing/tiny_moe_job.h"
+#include "train/launch.h"
+
+namespace moetrain::pipeline {
+namespace {
+
+using fixtures::bitwise_equal;
+using fixtures::make_batches;
+using testing::expect_error_containing;
+
+// Per step and per micro-batch differ only in the f32 summation order of each expert's rows (a micro-batch's partial
+// sum added to the running gradient, or one running sum over the step): a few units of f32 rounding (6e-8) relative.
+// A misplaced row or a lost micro-batch moves an expert's gradient by O(1).
+constexpr double kSummationOrder = 1e-6;
+
+void expect_same_step(const model::CausalLm& per_micro_batch, const model::CausalLm& per_step, double loss_a,
+                      double loss_b) {
+  EXPECT_EQ(std::memcmp(&loss_a, &loss_b, sizeof(double)), 0) << loss_a << " vs " << loss_b;
+  const std::vector<Tensor> want = per_micro_batch.params().all_grads(), got = per_step.params().all_grads();
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    const model::ParamSpec& spec = per_micro_batch.params().specs()[i];
+    if (spec.role == model::ParamRole::ExpertBank) {
+      EXPECT_LT(testing::relative_error(got[i], want[i]), kSummationOrder) << spec.name;
+    } else {
+      EXPECT_TRUE(bitwise_equal(got[i], want[i])) << spec.name;
+    }
+  }
+}
+
+TEST(ExpertWeightsPerStep, TrainsLikeThePerMicroBatchGradients) {
+  for (const char* name : {"../../examples/tiny_moe/config.json", "golden/deepseek_v2/config.json",
+                           "golden/gpt_oss/config.json", "golden/qwen3_5_moe/config.json"}) {
+    SCOPED_TRACE(name);
+    const model::ModelConfig config = model::load_model_config(testing::test_data_path(name));
+    model::CausalLm per_micro_batch(config), per_step(config);
+    for (model::CausalLm* m : {&per_micro_batch, &per_step}) m->params().init_random(23, 0.05);
+    PlainExecutor a(per_micro_batch, nullptr), b(per_step, nullptr);
+    b.set_expert_weights_per_step(true);
+    // Two steps of three micro-batches: the second's gradients are its own (nothing held from the first).
+    for (uint64_t seed : {41, 42}) {
+      SCOPED_TRACE(seed);
+      const std::vector<model::MicroBatch> batches = make_batches(3, seed, config.vocab_size);
+      for (model::CausalLm* m : {&per_micro_batch, &per_step}) m->params().begin_accumulation();
+      const double loss_a = a.run_step(batches).loss;
+      const double loss_b = b.run_step(batches).loss;
+      for (model::CausalLm* m : {&per_micro_batch, &per_step}) m->params().end_accumulation();
+      expect_same_step(per_micro_batch, per_step, loss_a, loss_b);
+    }
+  }
+}
+
+// A step that stops after some backwards held their work (StageChunk::clear, what PlainExecutor runs when a step
+// fails) leaves none for the next: its gradients are the per-micro-batch ones.
+TEST(ExpertWeightsPerStep, ClearDropsHeldWork) {
+  const model::ModelConfig config = fixtures::tiny_moe();
+  model::CausalLm per_micro_batch(config), per_step(config);
+  for (model::CausalLm* m : {&per_micro_batch, &per_step}) m->params().init_random(29, 0.05);
+  StageLayers whole;
+  whole.first_layer = 0;
+  whole.end_layer = config.num_hidden_layers;
+  whole.has_embedding = whole.has_final_norm = whole.has_head = true;
+  StageChunk chunk(per_step, whole, nullptr);
+  chunk.set_expert_weights_per_step(true);
+  const std::vector<model::MicroBatch> stopped = make_batches(2, 51, config.vocab_size);
+  for (int mb = 0; mb < 2; ++mb) {
+    chunk.forward(mb, stopped[static_cast<size_t>(mb)], Tensor(), 0.01);
+    chunk.backward_full(mb, Tensor(), 0.01);
+  }
+  expect_error_containing([&] { chunk.set_expert_weights_per_step(false); },
+                          {"changes when it runs the expert weight gradients while it holds some"});
+  chunk.clear();
+
+  // The next step on the same chunk: its gradients are the per-micro-batch ones (none of the stopped step's rows).
+  PlainExecutor a(per_micro_batch, nullptr);
+  const std::vector<model::MicroBatch> batches = make_batches(3, 52, config.vocab_size);
+  const int64_t targets = fixtures::count_targets(batches);
+  const double scale = 1.0 / static_cast<double>(targets);
+  for (model::CausalLm* m : {&per_micro_batch, &per_step}) m->params().begin_accumulation();
+  const double loss_a = a.run_step(batches).loss;
+  double ce_sum = 0.0;
+  for (int mb = 0; mb < 3; ++mb) {
+    ce_sum += chunk.forward(mb, batches[static_cast<size_t>(mb)], Tensor(), scale).loss.ce_sum;
+    chunk.backward_full(mb, Tensor(), scale);
+  }
+  chunk.finish_expert_weights();
+  const double loss_b = ce_sum / static_cast<double>(targets);
+  for (model::CausalLm* m : {&per_micro_batch, &per_step}) m->params().end_accumulation();
+  expect_same_step(per_micro_batch, per_step, loss_a, loss_b);
+}
+
+// The tiny example's job (one step of two 16-token rows) with these overrides.
+io::JobConfig job(std::vector<std::string> overrides) {
+  overrides.insert(overrides.begin(), {"train.steps=1", "train.seq_len=16", "train.global_batch=2"});
+  return testing::tiny_moe_job(overrides);
+}
+
+TEST(ExpertWeightsPerStep, TheJobKeyIsValidatedAndTheLayoutsItCannotRunRefused) {
+  EXPECT_EQ(job({}).model.expert_weight_gradient, "micro_batch");
+  EXPECT_EQ(job({"model.expert_weight_gradient=step"}).model.expert_weight_gradient, "step");
+  expect_error_containing([] { job({"model.expert_weight_gradient=layer"}); },
+                          {"model.expert_weight_gradient must be micro_batch or step but is 'layer'"});
+  expect_error_containing(
+      [] {
+        job({"model.expert_weight_gradient=step", "parallel.pp=2"});
+      },
+      {"model.expert_weight_gradient = step runs on the plain executor", "found pp = 2, schedule auto"});
+  expect_error_containing(
+      [] {
+        job({"model.expert_weight_gradient=step", "parallel.sharding=full"});
+      },
+      {"model.expert_weight_gradient = step holds every micro-batch's expert rows", "parallel.sharding = full"});
+  expect_error_containing(
+      [] {
+        job({"model.expert_weight_gradient=step", "exact.enabled=true"});
+      },
+      {"model.expert_weight_gradient = step is not an exact lane"});
+  // Two data ranks under sharding auto are ZeRO-3: refused when the trainer picks it.
+  expect_error_containing(
+      [] {
+        train::run_training_job(job({"model.expert_weight_gradient=step", "dist.local_ranks=2"}));
+      },
+      {"parallel.sharding = auto shards over the 2 data ranks: set parallel.sharding = none"});
+}
+
+}  // namespace
+}  // namespace moetrain::pipeline
