@@ -30,6 +30,18 @@ void observe_forward(model::ForwardObservation* observe, ChunkForward& out) {
   observe->token_logprobs.push_back(out.token_logprobs);
 }
 
+// Adds a micro-batch's forward to the step's sums and its router losses to the step's list.
+void add_forward(model::StepLoss& step, std::vector<model::RouterLossValues>& router_losses,
+                 std::vector<int64_t>& router_layers, ChunkForward& out, const model::MicroBatch& batch) {
+  step.ce_sum += out.loss.ce_sum;
+  step.num_targets += out.loss.num_targets;
+  step.num_tokens += batch.num_tokens();
+  for (auto& [layer, values] : out.router_losses) {
+    router_losses.push_back(values);
+    router_layers.push_back(layer);
+  }
+}
+
 }  // namespace
 
 void finish_router_losses(model::StepLoss& step, std::vector<model::RouterLossValues>& values,
@@ -123,13 +135,7 @@ std::vector<Tensor> PlainExecutor::run_forward(const std::vector<model::MicroBat
     const model::MicroBatch batch = batches[i].to(model_.device());
     ChunkForward out = chunk_.forward(static_cast<int>(i), batch, Tensor(), /*loss_scale=*/0.0);
     chunk_.drop(static_cast<int>(i));
-    sums.ce_sum += out.loss.ce_sum;
-    sums.num_targets += out.loss.num_targets;
-    sums.num_tokens += batch.num_tokens();
-    for (auto& [layer, values] : out.router_losses) {
-      router_losses.push_back(values);
-      router_layers.push_back(layer);
-    }
+    add_forward(sums, router_losses, router_layers, out, batch);
     logprobs.push_back(out.token_logprobs);
     observe_forward(observe, out);
   }
@@ -154,13 +160,7 @@ model::StepLoss PlainExecutor::run_step(const std::vector<model::MicroBatch>& ba
       const model::MicroBatch batch = batches[i].to(model_.device());
       ChunkForward out = chunk_.forward(mb, batch, Tensor(), loss_scale);
       chunk_.backward_full(mb, Tensor(), loss_scale);
-      step.ce_sum += out.loss.ce_sum;
-      step.num_targets += out.loss.num_targets;
-      step.num_tokens += batch.num_tokens();
-      for (auto& [layer, values] : out.router_losses) {
-        router_losses.push_back(values);
-        router_layers.push_back(layer);
-      }
+      add_forward(step, router_losses, router_layers, out, batch);
       observe_forward(observe, out);
     }
     chunk_.finish_expert_weights();

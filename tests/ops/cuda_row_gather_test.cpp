@@ -178,14 +178,6 @@ TEST(CudaRowGather, RejectsBadArguments) {
   expect_error([&] { sum_rows(gpu(), out, in, on_gpu(vec({0, 1})), on_gpu(vec({0}))); }, "sum_rows: out");
 }
 
-// Random group offsets over G groups for a part of `rows` rows: some groups empty.
-std::vector<int32_t> random_offsets(int64_t groups, int64_t rows, Rng& rng) {
-  std::vector<int32_t> offsets(static_cast<size_t>(groups + 1), 0);
-  for (int64_t r = 0; r < rows; ++r) ++offsets[rng.below(static_cast<uint64_t>(groups)) + 1];
-  for (int64_t g = 0; g < groups; ++g) offsets[static_cast<size_t>(g + 1)] += offsets[static_cast<size_t>(g)];
-  return offsets;
-}
-
 TEST(CudaRowGather, ConcatGroupRowsMatchesCpuBitwise) {
   MT_REQUIRE_GPU();
   Rng rng(11);
@@ -204,7 +196,7 @@ TEST(CudaRowGather, ConcatGroupRowsMatchesCpuBitwise) {
       const int64_t rows = p == 1 ? 0 : static_cast<int64_t>(rng.below(300));
       total += rows;
       parts.push_back(random_tensor({rows, width}, DType::F32, rng).to(dtype));
-      offsets.push_back(vec(random_offsets(groups, rows, rng)));
+      offsets.push_back(vec(testing::random_group_offsets(groups, rows, rng)));
       gpu_parts.push_back(on_gpu(parts.back()));
       gpu_offsets.push_back(on_gpu(offsets.back()));
     }

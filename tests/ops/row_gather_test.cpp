@@ -246,16 +246,6 @@ TEST(CountTokensPerRank, CountsEachTokenOncePerRankItReaches) {
   EXPECT_THROW(count_tokens_per_rank(Stream::cpu(), Tensor::empty({3}, DType::I64), topk, 2), Error);
 }
 
-// Random group offsets over G groups for a part of `rows` rows: some groups empty.
-std::vector<int32_t> random_offsets(int64_t groups, int64_t rows, Rng& rng) {
-  std::vector<int32_t> cuts;
-  for (int64_t r = 0; r < rows; ++r) cuts.push_back(static_cast<int32_t>(rng.below(static_cast<uint64_t>(groups))));
-  std::vector<int32_t> offsets(static_cast<size_t>(groups + 1), 0);
-  for (const int32_t g : cuts) ++offsets[static_cast<size_t>(g) + 1];
-  for (int64_t g = 0; g < groups; ++g) offsets[static_cast<size_t>(g + 1)] += offsets[static_cast<size_t>(g)];
-  return offsets;
-}
-
 TEST(ConcatGroupRows, PlacesEachPartsGroupAfterTheEarlierPartsRowsOfIt) {
   Rng rng(7);
   const int64_t groups = 5, hidden = 3;
@@ -263,7 +253,7 @@ TEST(ConcatGroupRows, PlacesEachPartsGroupAfterTheEarlierPartsRowsOfIt) {
   std::vector<Tensor> parts, offsets;
   std::vector<std::vector<int32_t>> host_offsets;
   for (const int64_t r : rows) {
-    host_offsets.push_back(random_offsets(groups, r, rng));
+    host_offsets.push_back(testing::random_group_offsets(groups, r, rng));
     offsets.push_back(vec(host_offsets.back()));
     parts.push_back(random_tensor({r, hidden}, DType::F32, rng));
   }

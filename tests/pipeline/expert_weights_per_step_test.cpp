@@ -3,7 +3,9 @@
 // of every other gradient as the per-micro-batch gradients, and expert-bank gradients that differ by f32 summation
 // order only, on four families (routed experts; a dense first layer and shared experts; biases and the clamped
 // SwiGLU; Gated DeltaNet layers with a gated shared expert); held work does not outlive a step (the next step's
-// gradients are its own, a failed step leaves none); the job key is validated and the layouts it cannot run refused.
+// gradients are its own, a failed step leaves none); whole training runs on one rank and on two expert-parallel ranks
+// follow the per-micro-batch runs; the job key is validated and the layouts it cannot run refused.
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -48,6 +50,12 @@ void expect_same_step(const model::CausalLm& per_micro_batch, const model::Causa
       EXPECT_TRUE(bitwise_equal(got[i], want[i])) << spec.name;
     }
   }
+}
+
+// The tiny example's job (one step of two 16-token rows) with these overrides.
+io::JobConfig job(std::vector<std::string> overrides) {
+  overrides.insert(overrides.begin(), {"train.steps=1", "train.seq_len=16", "train.global_batch=2"});
+  return testing::tiny_moe_job(overrides);
 }
 
 TEST(ExpertWeightsPerStep, TrainsLikeThePerMicroBatchGradients) {
@@ -111,10 +119,27 @@ TEST(ExpertWeightsPerStep, ClearDropsHeldWork) {
   expect_same_step(per_micro_batch, per_step, loss_a, loss_b);
 }
 
-// The tiny example's job (one step of two 16-token rows) with these overrides.
-io::JobConfig job(std::vector<std::string> overrides) {
-  overrides.insert(overrides.begin(), {"train.steps=1", "train.seq_len=16", "train.global_batch=2"});
-  return testing::tiny_moe_job(overrides);
+// Whole training runs, per step against per micro-batch: one rank, and two expert-parallel thread ranks (each holding
+// its own experts' rows). Four steps of four micro-batches a rank: the gradients differ by f32 summation order only
+// (< 1e-6 relative, above), which moves four steps' losses and gradient norms by far less than 1e-5 relative; a lost
+// micro-batch or a misplaced row moves them at the first step by O(1e-2) or more.
+TEST(ExpertWeightsPerStep, TrainingRunsMatchThePerMicroBatchRuns) {
+  for (const std::vector<std::string>& layout : {std::vector<std::string>{"train.global_batch=4"},
+                                                 std::vector<std::string>{"train.global_batch=8", "dist.local_ranks=2",
+                                                                          "parallel.ep=2", "parallel.sharding=none"}}) {
+    std::vector<std::string> overrides = layout;
+    overrides.insert(overrides.end(), {"train.steps=4", "train.seq_len=32"});
+    const train::TrainSummary want = train::run_training_job(job(overrides));
+    overrides.push_back("model.expert_weight_gradient=step");
+    const train::TrainSummary got = train::run_training_job(job(overrides));
+    ASSERT_EQ(got.losses.size(), 4u);
+    ASSERT_EQ(want.losses.size(), 4u);
+    for (size_t i = 0; i < 4; ++i) {
+      EXPECT_NEAR(got.losses[i], want.losses[i], 1e-5 * std::fabs(want.losses[i])) << layout.back() << " step " << i;
+      EXPECT_NEAR(got.grad_norms[i], want.grad_norms[i], 1e-5 * std::fabs(want.grad_norms[i]))
+          << layout.back() << " step " << i;
+    }
+  }
 }
 
 TEST(ExpertWeightsPerStep, TheJobKeyIsValidatedAndTheLayoutsItCannotRunRefused) {

@@ -46,6 +46,17 @@ std::string make_temp_dir(const std::string& tag) {
   return path.string();
 }
 
+std::vector<int32_t> random_group_offsets(int64_t groups, int64_t rows, Rng& rng, int64_t skip) {
+  std::vector<int32_t> offsets(static_cast<size_t>(groups + 1), 0);
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t g = static_cast<int64_t>(rng.below(static_cast<uint64_t>(groups)));
+    if (g == skip) g = (g + 1) % groups;
+    ++offsets[static_cast<size_t>(g + 1)];
+  }
+  for (int64_t g = 0; g < groups; ++g) offsets[static_cast<size_t>(g + 1)] += offsets[static_cast<size_t>(g)];
+  return offsets;
+}
+
 Tensor random_tensor(const Shape& shape, DType dtype, Rng& rng, double scale) {
   Tensor t = Tensor::empty(shape, dtype);
   for (int64_t i = 0; i < t.numel(); ++i) set_element(t, i, rng.normal() * scale);

@@ -2,6 +2,7 @@
 // error, and the finite-difference gradient check every op's backward is held to.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <utility>
@@ -20,6 +21,9 @@ std::string make_temp_dir(const std::string& tag);
 
 // Values drawn from N(0, scale^2), as f32 or f64 on the CPU.
 Tensor random_tensor(const Shape& shape, DType dtype, Rng& rng, double scale = 1.0);
+// Group offsets i32 values [groups + 1] of `rows` rows each assigned a random group (so some groups are empty), except
+// group `skip` (>= 0), which gets none: the expert order the expert banks' ops read.
+std::vector<int32_t> random_group_offsets(int64_t groups, int64_t rows, Rng& rng, int64_t skip = -1);
 // sum_i a_i * b_i in f64 (any float dtype).
 double dot(const Tensor& a, const Tensor& b);
 // ||a - b|| / ||b|| (0 when both are zero).

@@ -20,18 +20,6 @@ namespace {
 using testing::host_f32;
 using testing::on_gpu;
 
-// Random group offsets over `experts` groups for `rows` rows; expert `skip` gets none.
-std::vector<int32_t> random_offsets(int64_t experts, int64_t rows, int64_t skip, Rng& rng) {
-  std::vector<int32_t> offsets(static_cast<size_t>(experts + 1), 0);
-  for (int64_t r = 0; r < rows; ++r) {
-    int64_t e = static_cast<int64_t>(rng.below(static_cast<uint64_t>(experts)));
-    if (e == skip) e = (e + 1) % experts;
-    ++offsets[static_cast<size_t>(e + 1)];
-  }
-  for (int64_t e = 0; e < experts; ++e) offsets[static_cast<size_t>(e + 1)] += offsets[static_cast<size_t>(e)];
-  return offsets;
-}
-
 // Both forms read the same bf16 operands and sum in f32; they differ in the order of each expert's sums (a record's
 // partial sum added to the running gradient, or one running sum over all the records' rows): ~1e-7 relative, a few
 // units of f32 rounding over sums of up to ~100 rows per expert and record. A misplaced or lost row moves it by O(1).
@@ -57,8 +45,8 @@ TEST(CudaGatedMlpBlock, WeightGradientsOfSeveralRecordsAtOnceAreTheirSum) {
   for (size_t i = 0; i < rows.size(); ++i) {
     const Tensor x = on_gpu(testing::random_tensor({rows[i], o.hidden_size}, DType::F32, rng).to(DType::BF16));
     const Tensor d_y = on_gpu(testing::random_tensor({rows[i], o.hidden_size}, DType::F32, rng).to(DType::BF16));
-    const Tensor offsets =
-        on_gpu(Tensor::from_vector(random_offsets(o.num_experts, rows[i], 15, rng), {o.num_experts + 1}));
+    const Tensor offsets = on_gpu(
+        Tensor::from_vector(testing::random_group_offsets(o.num_experts, rows[i], rng, 15), {o.num_experts + 1}));
     mlp_a.forward(a[i], x, offsets);
     mlp_b.forward(b[i], x, offsets);
     mlp_a.backward_input(a[i], d_y);
