@@ -3,6 +3,7 @@
 #include "ops/row_gather.h"
 
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -198,6 +199,10 @@ void concat_group_rows(Stream& stream, Tensor out, const std::vector<Tensor>& pa
     rows.push_back(parts[p].size(0));
     total += parts[p].size(0);
   }
+  // The result's group offsets are i32, as every part's are: its rows must be counted by one too.
+  MT_CHECK(total <= std::numeric_limits<int32_t>::max(),
+           "{}: the parts hold {} rows together, more than i32 group offsets count ({}); concatenate fewer parts", op,
+           total, std::numeric_limits<int32_t>::max());
   check_group_parts(offsets, device, op, &rows);
   check_argument(out, {total, parts[0].size(1)}, parts[0].dtype(), stream, op, "out");
 #if MOETRAIN_HAS_CUDA

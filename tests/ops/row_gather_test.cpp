@@ -318,6 +318,14 @@ TEST(ConcatGroupRows, RefusesBadArguments) {
       },
       "concat_group_offsets: out_offsets");
   expect_error([&] { concat_group_offsets(s, Tensor::empty({2}, DType::I32), {}); }, "expected 1 to 64 parts");
+  // 2^31 rows together (of zero width: no bytes) do not fit the i32 group offsets.
+  const Tensor half = Tensor::zeros({int64_t{1} << 30, 0}, DType::F32);
+  expect_error(
+      [&] {
+        concat_group_rows(s, Tensor::empty({int64_t{1} << 31, 0}, DType::F32), {half, half},
+                          {vec({0, 1 << 30}), vec({0, 1 << 30})});
+      },
+      "concat_group_rows: the parts hold 2147483648 rows together, more than i32 group offsets count");
   const std::vector<Tensor> many(65, vec({0, 0}));
   expect_error([&] { concat_group_offsets(s, Tensor::empty({2}, DType::I32), many); }, "expected 1 to 64 parts");
 }

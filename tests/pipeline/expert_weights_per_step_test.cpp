@@ -4,7 +4,8 @@
 // order only, on four families (routed experts; a dense first layer and shared experts; biases and the clamped
 // SwiGLU; Gated DeltaNet layers with a gated shared expert); held work does not outlive a step (the next step's
 // gradients are its own, a failed step leaves none); whole training runs on one rank and on two expert-parallel ranks
-// follow the per-micro-batch runs; the job key is validated and the layouts it cannot run refused.
+// follow the per-micro-batch runs; the job key is validated and the layouts it cannot run refused (a chunk with
+// parameter hooks too).
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -140,6 +141,32 @@ TEST(ExpertWeightsPerStep, TrainingRunsMatchThePerMicroBatchRuns) {
           << layout.back() << " step " << i;
     }
   }
+}
+
+// Hooks that do nothing: a chunk with parameter hooks (ZeRO-3's, which free each layer's gradients after its backward)
+// refuses to hold expert weight work.
+struct NoHooks final : ParameterHooks {
+  void before_forward(const ModelPart&) override {}
+  void after_forward(const ModelPart&) override {}
+  void before_backward(const ModelPart&) override {}
+  void after_backward(const ModelPart&) override {}
+};
+
+TEST(ExpertWeightsPerStep, AChunkWithParameterHooksRefusesToHoldWeightWork) {
+  const model::ModelConfig config = fixtures::tiny_moe();
+  const auto model = fixtures::make_model(config, 31);
+  StageLayers whole;
+  whole.first_layer = 0;
+  whole.end_layer = config.num_hidden_layers;
+  whole.has_embedding = whole.has_final_norm = whole.has_head = true;
+  StageChunk chunk(*model, whole, nullptr);
+  NoHooks hooks;
+  chunk.set_parameter_hooks(&hooks);
+  chunk.set_expert_weights_per_step(true);
+  const std::vector<model::MicroBatch> batches = make_batches(1, 61, config.vocab_size);
+  chunk.forward(0, batches[0], Tensor(), 0.01);
+  expect_error_containing([&] { chunk.backward_full(0, Tensor(), 0.01); },
+                          {"holds the expert weight gradients for the step's end, but parameter hooks (ZeRO-3)"});
 }
 
 TEST(ExpertWeightsPerStep, TheJobKeyIsValidatedAndTheLayoutsItCannotRunRefused) {
