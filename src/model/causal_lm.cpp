@@ -44,6 +44,7 @@ CausalLm::CausalLm(const ModelConfig& config, Device device, DType compute_dtype
   MT_CHECK(params_->find_role(ParamRole::Embedding) != nullptr && params_->find_role(ParamRole::Norm) != nullptr,
            "model: family '{}' declared no embedding or no final norm (a Norm outside the decoder layers)",
            config.family->name());
+  if (const ParamSpec* head = params_->find_role(ParamRole::Head)) head_writer_ = GradientWriter(*params_, head->name);
 }
 
 Tensor CausalLm::head_weight() const {
@@ -191,6 +192,7 @@ LossSum CausalLm::head_forward(EpilogRecord& r, const Tensor& hidden, const Micr
     }
   } else if (loss_scale > 0.0) {
     r.d_normed = Tensor::empty(r.normed.shape(), r.normed.dtype(), device_);
+    if (head_writer_.next() == ops::GradientWrite::Overwrite) head_grad().zero_();  // it adds chunk by chunk
     ops::linear_cross_entropy_forward_backward(s, r.losses, r.lse, r.d_normed, head_grad(), r.normed, head_weight(),
                                                batch.targets, loss_scale, head_chunk_);
     r.fused = true;
@@ -229,7 +231,7 @@ Tensor CausalLm::head_backward_input(EpilogRecord& r, double loss_scale) const {
 void CausalLm::head_backward_weight(EpilogRecord& r) const {
   Stream& s = default_stream(device_);
   // A fused forward accumulated the head's weight gradient already; r.logits then holds nothing.
-  if (!r.fused) ops::linear_backward_weight(s, head_grad(), r.logits, r.normed);
+  if (!r.fused) ops::linear_backward_weight(s, head_grad(), r.logits, r.normed, head_writer_.next());
   ops::rmsnorm_backward_weight(s, final_norm_grad(), r.d_normed, r.hidden, r.rstd);
   r = EpilogRecord{};
 }

@@ -129,6 +129,10 @@ class CausalLm {
   DType stream_dtype_;
   bool recompute_activation_ = false;
   int64_t head_chunk_ = ops::kLinearCrossEntropyChunk;
+  // An untied head's weight gradient, left to its first write of a step (the materialised head's GEMM overwrites; the
+  // fused head, which adds chunk by chunk, zeroes it first). A tied head shares the embedding's, which its scatter
+  // adds to: not registered.
+  GradientWriter head_writer_;
 };
 
 // What a caller may want to look at besides the loss (check-golden, tests): filled by the executors' drivers.

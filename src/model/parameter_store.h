@@ -12,6 +12,7 @@
 
 #include "core/tensor.h"
 #include "model/hf_adapter.h"
+#include "ops/gemm.h"  // GradientWrite
 
 namespace moetrain::io {
 class SafetensorsReader;
@@ -108,13 +109,14 @@ class ParameterStore {
   void zero_grads();
 
   // A step's gradient accumulation with first writes. A block whose weight gradient has one writer that can replace
-  // it (an expert bank's grouped GEMM) registers it; begin_accumulation then zeroes every other gradient and
-  // leaves the registered ones to their writer, whose first write of the step overwrites (take_first_write says
-  // when): no pass zeroes them and the first micro-batch's GEMM never reads them. The sums are the bytes of adding
-  // onto zeros. end_accumulation zeroes a registered gradient that no writer touched (a layer another pipeline rank
-  // runs), so no step ever reads the one before's values. zero_grads still zeroes everything (check-golden, ZeRO-3's
-  // shards, which reduce the gradients per micro-batch, and any caller that accumulates without asking). Every writer
-  // of a registered gradient asks take_first_write: one that added without asking would add to the last step's sums.
+  // it (a dense or grouped weight GEMM, through a GradientWriter) registers it; begin_accumulation then zeroes every
+  // other gradient and leaves the registered ones to their writer, whose first write of the step overwrites
+  // (take_first_write says when): no pass zeroes them and the first micro-batch's GEMM never reads them. The sums are
+  // the bytes of adding onto zeros. end_accumulation zeroes a registered gradient that no writer touched (a layer
+  // another pipeline rank runs), so no step ever reads the one before's values. zero_grads still zeroes everything
+  // (check-golden, ZeRO-3's shards, which reduce the gradients per micro-batch, and any caller that accumulates without
+  // asking). Every writer of a registered gradient asks take_first_write: one that added without asking would add to
+  // the last step's sums.
   size_t overwrite_on_first_write(const std::string& name);
   void begin_accumulation();
   // True for the first write of the gradient registered as `slot` since begin_accumulation (then false until the
@@ -153,6 +155,25 @@ class ParameterStore {
   // Per parameter: its gradient's writer overwrites it on the first write of a step; and that write is still to come.
   std::vector<uint8_t> overwrites_first_;
   std::vector<uint8_t> first_write_pending_;
+};
+
+// A block's handle on a weight gradient it writes whole, once a micro-batch, left to its first write of each step
+// (ParameterStore::overwrite_on_first_write): each write asks `next` how to write. A default-constructed writer
+// always accumulates. Every writer of a registered gradient must hold one and ask (see begin_accumulation).
+class GradientWriter {
+ public:
+  GradientWriter() = default;
+  GradientWriter(ParameterStore& store, const std::string& name)
+      : store_(&store), slot_(store.overwrite_on_first_write(name)) {}
+  // Overwrite for the step's first write, then Accumulate.
+  ops::GradientWrite next() const {
+    return store_ != nullptr && store_->take_first_write(slot_) ? ops::GradientWrite::Overwrite
+                                                                : ops::GradientWrite::Accumulate;
+  }
+
+ private:
+  ParameterStore* store_ = nullptr;
+  size_t slot_ = 0;
 };
 
 }  // namespace moetrain::model

@@ -14,11 +14,25 @@
 #include "ops/op_profile.h"
 #if MOETRAIN_HAS_CUDA
 #include "ops/cuda/gemm.h"
+#include "ops/cuda/runtime.h"
 #endif
 
 namespace moetrain::ops {
 
 namespace {
+
+// Zeros a gradient on the op's stream (CUDA: ordered before the GEMM that follows).
+void zero_on_stream(const Stream& stream, Tensor& dw) {
+#if MOETRAIN_HAS_CUDA
+  if (on_cuda(dw)) {
+    const cuda::StreamScope on_stream(stream);
+    dw.zero_();
+    return;
+  }
+#endif
+  (void)stream;
+  dw.zero_();
+}
 
 // A 2-D contiguous matrix in a dtype its backend computes with: f32 or f64 on the CPU, f32 or bf16 on CUDA.
 void check_matrix(const Stream& stream, const Tensor& t, const char* op, const char* name) {
@@ -134,7 +148,7 @@ void linear_backward_input_accumulate(Stream& stream, Tensor dx, const Tensor& d
   gemm(stream, dx, dy, Transpose::No, w, Transpose::No, 1.0, 1.0);
 }
 
-void linear_backward_weight(Stream& stream, Tensor dw, const Tensor& dy, const Tensor& x) {
+void linear_backward_weight(Stream& stream, Tensor dw, const Tensor& dy, const Tensor& x, GradientWrite write) {
   constexpr const char* op = "linear_backward_weight";
   OpScope profile(stream, "gemm", op);
   check_matrix(stream, dy, op, "dy [M, N]");
@@ -145,7 +159,15 @@ void linear_backward_weight(Stream& stream, Tensor dw, const Tensor& dy, const T
   MT_CHECK(dy.size(0) == x.size(0), "linear_backward_weight: dy [M, N] is {} but x [M, K] is {}: M differs",
            shape_str(dy.shape()), shape_str(x.shape()));
   expect_shape(dw, {dy.size(1), x.size(1)}, "linear_backward_weight: dw [N, K]");
-  gemm(stream, dw, dy, Transpose::Yes, x, Transpose::No, 1.0, 1.0);
+  // The CPU's beta = 0 form would skip the addition of 0 that turns a -0 product sum into +0 (its sums start from
+  // the first product); zeros first keep the accumulating bytes. An empty sum has no GEMM to overwrite with.
+  const bool overwrite = write == GradientWrite::Overwrite;
+  if (overwrite && (!on_cuda(dw) || dy.size(0) == 0)) {
+    zero_on_stream(stream, dw);
+    gemm(stream, dw, dy, Transpose::Yes, x, Transpose::No, 1.0, 1.0);
+    return;
+  }
+  gemm(stream, dw, dy, Transpose::Yes, x, Transpose::No, 1.0, overwrite ? 0.0 : 1.0);
 }
 
 }  // namespace moetrain::ops

@@ -2,6 +2,8 @@
 // [out_features, in_features]), with its backward split into input and weight gradients.
 #pragma once
 
+#include <cstdint>
+
 #include "core/device.h"
 #include "core/tensor.h"
 
@@ -27,7 +29,15 @@ void linear_backward_input(Stream& stream, Tensor dx, const Tensor& dy, const Te
 // the product is rounded to bf16, then added by accumulate; on the CPU the sum is that of linear_backward_input
 // then accumulate bit for bit (the product, then one rounded addition).
 void linear_backward_input_accumulate(Stream& stream, Tensor dx, const Tensor& dy, const Tensor& w);
-// dw [N, K] += dy^T * x  (accumulates, so micro-batches sum into one gradient)
-void linear_backward_weight(Stream& stream, Tensor dw, const Tensor& dy, const Tensor& x);
+// How a weight gradient op writes dw: adds its sum to what dw holds, or replaces it (the first write of a step, where
+// dw would otherwise have to be zeroed first: the overwriting form never reads dw, and nothing has to zero it).
+enum class GradientWrite : uint8_t { Accumulate, Overwrite };
+
+// dw [N, K] += dy^T * x  (accumulates, so micro-batches sum into one gradient). With GradientWrite::Overwrite,
+// dw = dy^T * x instead, never reading dw (on CUDA beta = 0 with the algorithm of beta = 1; on the CPU zeros, then the
+// sum): the bytes of accumulating onto zeros, since a GEMM's sum starts from +0 and so is never -0. M = 0 overwrites
+// with zeros.
+void linear_backward_weight(Stream& stream, Tensor dw, const Tensor& dy, const Tensor& x,
+                            GradientWrite write = GradientWrite::Accumulate);
 
 }  // namespace moetrain::ops

@@ -6,6 +6,7 @@
 
 #include "core/device.h"
 #include "core/tensor.h"
+#include "ops/gemm.h"  // GradientWrite
 
 namespace moetrain::ops {
 
@@ -13,10 +14,6 @@ namespace moetrain::ops {
 void grouped_linear_forward(Stream& stream, Tensor y, const Tensor& x, const Tensor& w, const Tensor& offsets);
 // dx [R, K] = dy [R, N] * w[g] per group
 void grouped_linear_backward_input(Stream& stream, Tensor dx, const Tensor& dy, const Tensor& w, const Tensor& offsets);
-// How a weight gradient op writes dw: adds its sum to what dw holds, or replaces it (the first write of a step, where
-// dw would otherwise have to be zeroed first: the overwriting form never reads dw, and nothing has to zero it).
-enum class GradientWrite : uint8_t { Accumulate, Overwrite };
-
 // dw[g] [N, K] += dy_g^T * x_g (rows in ascending order; an empty group adds nothing). With GradientWrite::Overwrite,
 // dw[g] = dy_g^T * x_g instead (an empty group's dw[g] becomes 0): the bytes of accumulating onto zeros.
 void grouped_linear_backward_weight(Stream& stream, Tensor dw, const Tensor& dy, const Tensor& x, const Tensor& offsets,

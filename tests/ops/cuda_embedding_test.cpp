@@ -2,6 +2,7 @@
 // gradient against the CPU reference bit for bit (the gradient sums each id's tokens in the CPU's ascending order),
 // bf16 tables / outputs / gradients, repeated and hot ids, determinism, the out-of-range guard and argument checks.
 // Run on a GPU; skipped elsewhere.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -59,9 +60,11 @@ struct Case {
   double hot;
 };
 
-// Small and large vocabularies, H below, at and above one block of columns (256), a hot id, no tokens at all.
+// Small and large vocabularies, H below, at and above one block of columns (256 single columns, or 256 spans of 8
+// where H is a multiple of 8), a hot id, no tokens at all.
 const std::vector<Case> kCases = {{1, 1, 1, 0.0},          {17, 5, 3, 0.0},         {300, 50, 96, 0.5},
-                                  {2000, 50000, 300, 0.3}, {4096, 151936, 64, 0.0}, {0, 10, 8, 0.0}};
+                                  {2000, 50000, 300, 0.3}, {4096, 151936, 64, 0.0}, {0, 10, 8, 0.0},
+                                  {500, 1000, 4104, 0.2}};
 
 TEST(CudaEmbedding, ForwardMatchesCpuBitwise) {
   MT_REQUIRE_GPU();
@@ -131,28 +134,31 @@ TEST(CudaEmbedding, BackwardWeightIsDeterministic) {
 TEST(CudaEmbedding, OutOfRangeIdsPoisonTheForwardRowAndAreSkippedByTheBackward) {
   MT_REQUIRE_GPU();
   // The device cannot report a bad id (the trainer validates batches on the host); it must not read or write outside
-  // the table: a NaN row in y, no contribution to dtable.
-  const int64_t vocab = 4, hidden = 3;
-  const Tensor table = Tensor::from_vector(std::vector<float>(12, 1.0f), {vocab, hidden});
+  // the table: a NaN row in y, no contribution to dtable. Single columns (H 3) and spans of 8 (H 16).
+  const int64_t vocab = 4;
   const Tensor ids = Tensor::from_vector(std::vector<int32_t>{1, 4, -3, 2}, {4});
-  Tensor y = Tensor::zeros({4, hidden}, DType::F32, Device::cuda(0));
-  ops::embedding_forward(gpu(), y, on_gpu(ids), on_gpu(table));
-  const std::vector<float> rows = on_cpu(y).to_vector<float>();
-  for (int64_t t = 0; t < 4; ++t) {
-    for (int64_t h = 0; h < hidden; ++h) {
-      const float v = rows[t * hidden + h];
-      if (t == 1 || t == 2) {
-        EXPECT_TRUE(std::isnan(v)) << "token " << t << " column " << h << " = " << v;
-      } else {
-        EXPECT_EQ(v, 1.0f) << "token " << t << " column " << h;
+  for (const int64_t hidden : {int64_t{3}, int64_t{16}}) {
+    SCOPED_TRACE(::testing::Message() << "H " << hidden);
+    const Tensor ones = Tensor::from_vector(std::vector<float>(4 * hidden, 1.0f), {4, hidden});
+    Tensor y = Tensor::zeros({4, hidden}, DType::F32, Device::cuda(0));
+    ops::embedding_forward(gpu(), y, on_gpu(ids), on_gpu(ones));  // the table: vocab (4) rows of ones
+    const std::vector<float> rows = on_cpu(y).to_vector<float>();
+    for (int64_t t = 0; t < 4; ++t) {
+      for (int64_t h = 0; h < hidden; ++h) {
+        const float v = rows[t * hidden + h];
+        if (t == 1 || t == 2) {
+          EXPECT_TRUE(std::isnan(v)) << "token " << t << " column " << h << " = " << v;
+        } else {
+          EXPECT_EQ(v, 1.0f) << "token " << t << " column " << h;
+        }
       }
     }
+    Tensor dtable = Tensor::zeros({vocab, hidden}, DType::F32, Device::cuda(0));
+    ops::embedding_backward_weight(gpu(), dtable, on_gpu(ones), on_gpu(ids));  // dy: 4 tokens' rows of ones
+    std::vector<float> want(vocab * hidden, 0.0f);
+    for (const int64_t id : {1, 2}) std::fill_n(want.begin() + id * hidden, hidden, 1.0f);
+    EXPECT_EQ(on_cpu(dtable).to_vector<float>(), want);
   }
-  Tensor dtable = Tensor::zeros({vocab, hidden}, DType::F32, Device::cuda(0));
-  ops::embedding_backward_weight(gpu(), dtable, on_gpu(Tensor::from_vector(std::vector<float>(12, 1.0f), {4, hidden})),
-                                 on_gpu(ids));
-  const std::vector<float> want = {0, 0, 0, 1, 1, 1, 1, 1, 1, 0, 0, 0};
-  EXPECT_EQ(on_cpu(dtable).to_vector<float>(), want);
 }
 
 TEST(CudaEmbedding, RejectsDtypesWithoutACudaKernelAndMixedDevices) {

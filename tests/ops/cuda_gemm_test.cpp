@@ -245,6 +245,35 @@ TEST(CudaGemm, MixedWeightGradientAccumulatesMicroBatches) {
   expect_close(host_f32(dw), want, f32_tolerance(2 * m), "two bf16 micro-batches into one f32 gradient");
 }
 
+// A weight gradient's first write of a step (beta = 0, dw never read: NaN here) gives the bytes of accumulating onto
+// zeros, for bf16 and f32 operands, at small and workload-like shapes (long K = M sums); M = 0 leaves zeros. Column 0
+// of dw sums only -0 products, which onto zeros give +0: the overwrite must too.
+TEST(CudaLinear, BackwardWeightOverwriteGivesTheBytesOfAccumulatingOntoZeros) {
+  MT_REQUIRE_GPU();
+  struct Case {
+    int64_t m, n, k;
+  };
+  Rng rng(5);
+  for (const Case& c : {Case{96, 64, 48}, Case{8192, 256, 512}, Case{40, 2048, 768}, Case{0, 32, 16}}) {
+    for (DType dtype : {DType::BF16, DType::F32}) {
+      SCOPED_TRACE(::testing::Message() << c.m << " x " << c.n << " x " << c.k << " " << dtype_name(dtype));
+      Tensor dy_host = random_tensor({c.m, c.n}, DType::F32, rng), x_host = random_tensor({c.m, c.k}, DType::F32, rng);
+      for (int64_t t = 0; t < c.m; ++t) {  // dw[0, 0]: every product -0 (dy 0 against negative x), onto zeros +0
+        dy_host.data<float>()[t * c.n] = 0.0f;
+        x_host.data<float>()[t * c.k] = -1.0f;
+      }
+      const Tensor dy = on_gpu(dy_host.to(dtype)), x = on_gpu(x_host.to(dtype));
+      Tensor onto_zeros = on_gpu(Tensor::zeros({c.n, c.k}, DType::F32));
+      linear_backward_weight(gpu(), onto_zeros, dy, x);
+      const std::vector<float> stale(static_cast<size_t>(c.n * c.k), std::numeric_limits<float>::quiet_NaN());
+      Tensor dw = on_gpu(Tensor::from_vector(stale, {c.n, c.k}));
+      linear_backward_weight(gpu(), dw, dy, x, GradientWrite::Overwrite);
+      const Tensor got = host_f32(dw), want = host_f32(onto_zeros);
+      EXPECT_EQ(std::memcmp(got.data<float>(), want.data<float>(), sizeof(float) * c.n * c.k), 0);
+    }
+  }
+}
+
 TEST(CudaGemm, RepeatedCallsAreBitwiseIdentical) {
   MT_REQUIRE_GPU();
   for (DType dtype : {DType::F32, DType::BF16}) {

@@ -170,7 +170,7 @@ TEST(CudaRmsNorm, RowResultsDoNotDependOnOtherRows) {
 TEST(CudaRmsNorm, RepeatedRunsGiveIdenticalBits) {
   MT_REQUIRE_GPU();
   Rng rng(45);
-  const Shape shape = {4096, 1024};  // dw sums 16 blocks of 256 rows, then their sums
+  const Shape shape = {4096, 1024};  // dw sums 64 blocks of 64 rows, then their sums
   const Tensor x = random_tensor(shape, DType::F32, rng).to(DType::BF16);
   const Tensor dy = random_tensor(shape, DType::F32, rng).to(DType::BF16);
   const Tensor w = random_tensor({1024}, DType::F32, rng);
@@ -186,17 +186,17 @@ TEST(CudaRmsNorm, RepeatedRunsGiveIdenticalBits) {
 
 TEST(CudaRmsNorm, WeightGradientOfManyRowsIsWithinItsSummationBound) {
   MT_REQUIRE_GPU();
-  // dw over one to four levels of block sums (rows up to 256, 65,536 and beyond; past 65,535 blocks of 256
-  // rows the grid strides over them), 16-byte spans and single columns, bf16 and f32 terms, against an f64 sum on
-  // the host. Each column's sum is a chain of at most 32 + 8 additions a level (a row lane's rows, then the lanes)
-  // and one into dw, so it errs by at most (40 levels + 1) u sum |terms| (u = 2^-24); the products each round once
-  // more (one u |term| each).
+  // dw over one to four levels of block sums (blocks of 64 rows of terms, then of 256 rows of sums; past 65,535
+  // blocks of 64 rows the grid strides over them), 16-byte spans and single columns, bf16 and f32 terms, against an
+  // f64 sum on the host. Each column's sum is a chain of at most 32 + 8 additions a level (a row lane's rows, then
+  // the lanes) and one into dw, so it errs by at most (40 levels + 1) u sum |terms| (u = 2^-24); the products each
+  // round once more (one u |term| each).
   struct Case {
     int64_t rows, dim;
     DType dtype;
   };
   for (const Case& c :
-       {Case{200, 64, DType::F32}, Case{8200, 2048, DType::BF16}, Case{70001, 8, DType::F32},
+       {Case{60, 64, DType::F32}, Case{200, 64, DType::F32}, Case{8200, 2048, DType::BF16}, Case{70001, 8, DType::F32},
         Case{66000, 33, DType::BF16}, Case{262144, 128, DType::BF16}, Case{65536 * 256 + 300, 8, DType::BF16}}) {
     SCOPED_TRACE(::testing::Message() << c.rows << " x " << c.dim << " " << dtype_name(c.dtype));
     Rng rng(46);
@@ -209,7 +209,10 @@ TEST(CudaRmsNorm, WeightGradientOfManyRowsIsWithinItsSummationBound) {
     const Tensor got = host_f32(dw);
     const Tensor x32 = x.to(DType::F32), dy32 = dy.to(DType::F32);
     int levels = 1;
-    for (int64_t sums = c.rows; sums > 256; sums = (sums + 255) / 256) ++levels;
+    for (int64_t sums = c.rows, per_block = 64; sums > per_block; sums = (sums + per_block - 1) / per_block) {
+      ++levels;
+      per_block = 256;
+    }
     int64_t over = 0;
     for (int64_t d = 0; d < c.dim; ++d) {
       double sum = dw0.data<float>()[d], magnitude = std::fabs(sum);

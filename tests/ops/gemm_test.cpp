@@ -202,6 +202,26 @@ TEST(Linear, BackwardWeightAccumulatesMicroBatches) {
   EXPECT_LT(testing::relative_error(dw, Tensor::from_vector(want, {n, k})), 1e-12);
 }
 
+// The first write of a step overwrites: the bytes of accumulating onto zeros, whatever dw held (NaN here), and an
+// empty micro-batch (M = 0) leaves zeros.
+TEST(Linear, BackwardWeightOverwriteGivesTheBytesOfAccumulatingOntoZeros) {
+  const int64_t k = 7, n = 5;
+  Rng rng(15);
+  for (const int64_t m : {int64_t{9}, int64_t{0}}) {
+    SCOPED_TRACE(m);
+    Tensor dy = random_tensor({m, n}, DType::F32, rng), x = random_tensor({m, k}, DType::F32, rng);
+    for (int64_t t = 0; t < m; ++t) {  // dw[0, 0]: every product -0 (dy 0 against negative x), onto zeros +0
+      dy.data<float>()[t * n] = 0.0f;
+      x.data<float>()[t * k] = -1.0f;
+    }
+    Tensor onto_zeros = Tensor::zeros({n, k}, DType::F32);
+    linear_backward_weight(Stream::cpu(), onto_zeros, dy, x);
+    Tensor dw = Tensor::from_vector(std::vector<float>(n * k, std::numeric_limits<float>::quiet_NaN()), {n, k});
+    linear_backward_weight(Stream::cpu(), dw, dy, x, GradientWrite::Overwrite);
+    EXPECT_EQ(std::memcmp(dw.data<float>(), onto_zeros.data<float>(), sizeof(float) * n * k), 0);
+  }
+}
+
 TEST(Gemm, RowsAreBatchInvariantAndThreadCountInvariant) {
   const int64_t k = 150, n = 140;
   for (Transpose ta : {kNo, kYes}) {

@@ -8,6 +8,7 @@
 #include "pipeline/plain_executor.h"
 
 #include <cstring>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -94,6 +95,47 @@ TEST(PlainExecutor, FirstWritesGiveTheGradientsOfAZeroedStep) {
     expect_same_loss(executor.run_step(batches), want);
     model->params().end_accumulation();
     expect_same_grads(*model, *reference);
+  }
+}
+
+// First writes of every family's weight GEMMs (attention and latent-attention projections, Gated DeltaNet's, routers,
+// shared-expert gates, dense and shared MLPs, expert banks, the head): with every registered gradient holding NaN
+// before the first step, both steps give the bytes of a step on zeroed gradients. The head materialised and fused
+// (it adds chunk by chunk, so it zeroes on its first write), untied and tied (the embedding's scatter adds to a tied
+// head's gradient, which is then left unregistered).
+TEST(PlainExecutor, FirstWritesOfEveryFamilyGiveTheGradientsOfAZeroedStep) {
+  struct Case {
+    const char* config;
+    int64_t head_chunk;  // 0: materialised logits
+    bool tied;
+  };
+  for (const Case& c :
+       {Case{"golden/qwen3/config.json", 0, false}, Case{"golden/qwen3/config.json", 0, true},
+        Case{"golden/qwen3/config.json", 7, true}, Case{"golden/qwen3_moe/config.json", 7, false},
+        Case{"golden/deepseek_v2/config.json", 0, false}, Case{"golden/gpt_oss/config.json", 0, false},
+        Case{"golden/qwen3_5/config.json", 0, false}, Case{"golden/qwen3_5_moe/config.json", 5, false}}) {
+    SCOPED_TRACE(::testing::Message() << c.config << ", head chunk " << c.head_chunk << (c.tied ? ", tied" : ""));
+    model::ModelConfig config = model::load_model_config(testing::test_data_path(c.config));
+    config.tie_word_embeddings = c.tied;
+    const std::vector<model::MicroBatch> batches = make_batches(3, 17, config.vocab_size, 3, 20);
+    auto reference = make_model(config, kSeed);
+    reference->set_head_chunk(c.head_chunk);
+    reference->params().zero_grads();
+    const model::StepLoss want = pipeline::forward_backward(*reference, batches);
+    auto model = make_model(config, kSeed);
+    model->set_head_chunk(c.head_chunk);
+    for (Tensor& g : model->params().all_grads()) {
+      const std::vector<float> stale(static_cast<size_t>(g.numel()), std::numeric_limits<float>::quiet_NaN());
+      g.copy_from(Tensor::from_vector(stale, g.shape()));
+    }
+    PlainExecutor executor(*model, nullptr);
+    for (int step = 0; step < 2; ++step) {
+      SCOPED_TRACE("step " + std::to_string(step));
+      model->params().begin_accumulation();
+      expect_same_loss(executor.run_step(batches), want);
+      model->params().end_accumulation();
+      expect_same_grads(*model, *reference);
+    }
   }
 }
 

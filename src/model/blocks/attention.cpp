@@ -110,6 +110,8 @@ GqaAttention::GqaAttention(const AttentionOptions& options, ParameterStore& stor
   w_k_ = store.weight(prefix + "k_proj"), g_k_ = store.grad(prefix + "k_proj");
   w_v_ = store.weight(prefix + "v_proj"), g_v_ = store.grad(prefix + "v_proj");
   w_o_ = store.weight(prefix + "o_proj"), g_o_ = store.grad(prefix + "o_proj");
+  q_writer_ = GradientWriter(store, prefix + "q_proj"), k_writer_ = GradientWriter(store, prefix + "k_proj");
+  v_writer_ = GradientWriter(store, prefix + "v_proj"), o_writer_ = GradientWriter(store, prefix + "o_proj");
   if (options.qk_norm) {
     w_q_norm_ = store.weight(prefix + "q_norm"), g_q_norm_ = store.grad(prefix + "q_norm");
     w_k_norm_ = store.weight(prefix + "k_norm"), g_k_norm_ = store.grad(prefix + "k_norm");
@@ -262,10 +264,11 @@ void GqaAttention::backward_weight(MixerRecord& record) const {
   AttentionRecord& r = as_attention(record);
   Stream& s = default_stream(r.x.device());
   const int64_t T = r.x.size(0);
-  ops::linear_backward_weight(s, g_o_, r.d_out, (options_.output_gate ? r.gated : r.attn).view({T, -1}));
-  ops::linear_backward_weight(s, g_q_, r.d_q_proj.view({T, -1}), r.x);
-  ops::linear_backward_weight(s, g_k_, r.d_k.view({T, -1}), r.x);
-  ops::linear_backward_weight(s, g_v_, r.d_v.view({T, -1}), r.x);
+  ops::linear_backward_weight(s, g_o_, r.d_out, (options_.output_gate ? r.gated : r.attn).view({T, -1}),
+                              o_writer_.next());
+  ops::linear_backward_weight(s, g_q_, r.d_q_proj.view({T, -1}), r.x, q_writer_.next());
+  ops::linear_backward_weight(s, g_k_, r.d_k.view({T, -1}), r.x, k_writer_.next());
+  ops::linear_backward_weight(s, g_v_, r.d_v.view({T, -1}), r.x, v_writer_.next());
   bias_grad(s, g_o_bias_, r.d_out);
   bias_grad(s, g_q_bias_, r.d_q_proj.view({T, -1}));
   bias_grad(s, g_k_bias_, r.d_k.view({T, -1}));

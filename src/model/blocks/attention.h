@@ -69,6 +69,7 @@ class GqaAttention final : public TokenMixer {
   ops::AttentionParams attention_;
   Tensor w_q_, w_k_, w_v_, w_o_, w_q_norm_, w_k_norm_, w_q_bias_, w_k_bias_, w_v_bias_, w_o_bias_, w_sinks_;
   Tensor g_q_, g_k_, g_v_, g_o_, g_q_norm_, g_k_norm_, g_q_bias_, g_k_bias_, g_v_bias_, g_o_bias_, g_sinks_;
+  GradientWriter q_writer_, k_writer_, v_writer_, o_writer_;  // the projections' weight gradients: first writes
 };
 
 }  // namespace moetrain::model

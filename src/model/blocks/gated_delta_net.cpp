@@ -94,6 +94,10 @@ GatedDeltaNet::GatedDeltaNet(const GatedDeltaNetOptions& options, ParameterStore
   bind("in_proj_z", w_z_, g_z_);
   bind("in_proj_a", w_a_, g_a_);
   bind("in_proj_b", w_b_, g_b_);
+  // The projections' weight gradients are written whole by their GEMMs: left to each one's first write of the step.
+  qkv_writer_ = GradientWriter(store, prefix + "in_proj_qkv"), z_writer_ = GradientWriter(store, prefix + "in_proj_z");
+  a_writer_ = GradientWriter(store, prefix + "in_proj_a"), b_writer_ = GradientWriter(store, prefix + "in_proj_b");
+  out_writer_ = GradientWriter(store, prefix + "out_proj");
   bind("conv", w_conv_, g_conv_);
   bind("A_log", w_a_log_, g_a_log_);
   bind("dt_bias", w_dt_bias_, g_dt_bias_);
@@ -297,11 +301,11 @@ void GatedDeltaNet::backward_weight(MixerRecord& record) const {
   GatedDeltaRecord& r = as_gated_delta(record);
   Stream& s = default_stream(r.x.device());
   const int64_t T = r.x.size(0);
-  ops::linear_backward_weight(s, g_out_, r.d_out, r.normed.view({T, -1}));
-  ops::linear_backward_weight(s, g_qkv_, r.d_qkv, r.x);
-  ops::linear_backward_weight(s, g_z_, r.d_z, r.x);
-  ops::linear_backward_weight(s, g_a_, r.d_a, r.x);
-  ops::linear_backward_weight(s, g_b_, r.d_b, r.x);
+  ops::linear_backward_weight(s, g_out_, r.d_out, r.normed.view({T, -1}), out_writer_.next());
+  ops::linear_backward_weight(s, g_qkv_, r.d_qkv, r.x, qkv_writer_.next());
+  ops::linear_backward_weight(s, g_z_, r.d_z, r.x, z_writer_.next());
+  ops::linear_backward_weight(s, g_a_, r.d_a, r.x, a_writer_.next());
+  ops::linear_backward_weight(s, g_b_, r.d_b, r.x, b_writer_.next());
   ops::accumulate(s, g_conv_, r.d_conv_w);
   ops::accumulate(s, g_a_log_, r.d_a_log);
   ops::accumulate(s, g_dt_bias_, r.d_dt_bias);

@@ -63,6 +63,7 @@ class GatedDeltaNet final : public TokenMixer {
   float scale_ = 1.0f;
   Tensor w_qkv_, w_z_, w_a_, w_b_, w_conv_, w_a_log_, w_dt_bias_, w_norm_, w_out_;
   Tensor g_qkv_, g_z_, g_a_, g_b_, g_conv_, g_a_log_, g_dt_bias_, g_norm_, g_out_;
+  GradientWriter qkv_writer_, z_writer_, a_writer_, b_writer_, out_writer_;  // the projections' first writes
 };
 
 }  // namespace moetrain::model

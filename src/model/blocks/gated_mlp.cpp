@@ -51,17 +51,10 @@ GatedMlp::GatedMlp(const GatedMlpOptions& options, ParameterStore& store, const 
     w_gate_up_bias_ = store.weight(prefix + "gate_up_bias"), g_gate_up_bias_ = store.grad(prefix + "gate_up_bias");
     w_down_bias_ = store.weight(prefix + "down_bias"), g_down_bias_ = store.grad(prefix + "down_bias");
   }
-  if (is_expert_bank()) {
-    // The bank's grouped weight GEMMs overwrite its gradients on their first write of a step (the largest gradients
-    // of an MoE model: nothing zeroes them, and the first micro-batch's GEMMs never read them).
-    store_ = &store;
-    gate_up_slot_ = store.overwrite_on_first_write(prefix + "gate_up");
-    down_slot_ = store.overwrite_on_first_write(prefix + "down");
-  }
-}
-
-ops::GradientWrite GatedMlp::gradient_write(size_t slot) const {
-  return store_->take_first_write(slot) ? ops::GradientWrite::Overwrite : ops::GradientWrite::Accumulate;
+  // The weight GEMMs overwrite the gradients on their first write of a step (an expert bank's are the largest
+  // gradients of an MoE model): nothing zeroes them, and the first micro-batch's GEMMs never read them.
+  gate_up_writer_ = GradientWriter(store, prefix + "gate_up");
+  down_writer_ = GradientWriter(store, prefix + "down");
 }
 
 void GatedMlp::activation_forward(const Tensor& act, const Tensor& gate_up) const {
@@ -159,12 +152,11 @@ Tensor GatedMlp::backward_input(MlpRecord& r, const Tensor& d_y) const {
 void GatedMlp::backward_weight(MlpRecord& r) const {
   Stream& s = default_stream(r.x.device());
   if (is_expert_bank()) {
-    ops::grouped_linear_backward_weight(s, g_down_, r.d_y, r.act, r.group_offsets, gradient_write(down_slot_));
-    ops::grouped_linear_backward_weight(s, g_gate_up_, r.d_gate_up, r.x, r.group_offsets,
-                                        gradient_write(gate_up_slot_));
+    ops::grouped_linear_backward_weight(s, g_down_, r.d_y, r.act, r.group_offsets, down_writer_.next());
+    ops::grouped_linear_backward_weight(s, g_gate_up_, r.d_gate_up, r.x, r.group_offsets, gate_up_writer_.next());
   } else {
-    ops::linear_backward_weight(s, g_down_, r.d_y, r.act);
-    ops::linear_backward_weight(s, g_gate_up_, r.d_gate_up, r.x);
+    ops::linear_backward_weight(s, g_down_, r.d_y, r.act, down_writer_.next());
+    ops::linear_backward_weight(s, g_gate_up_, r.d_gate_up, r.x, gate_up_writer_.next());
   }
   bias_grad(g_down_bias_, r.d_y, r.group_offsets);
   bias_grad(g_gate_up_bias_, r.d_gate_up, r.group_offsets);
@@ -213,13 +205,13 @@ void GatedMlp::backward_weight_together(const std::vector<MlpRecord*>& records) 
       const Tensor d_y = concat_records(s, batch, &MlpRecord::d_y, offsets, rows);
       const Tensor act = concat_records(s, batch, &MlpRecord::act, offsets, rows);
       for (MlpRecord* r : batch) r->d_y = r->act = Tensor();
-      ops::grouped_linear_backward_weight(s, g_down_, d_y, act, group_offsets, gradient_write(down_slot_));
+      ops::grouped_linear_backward_weight(s, g_down_, d_y, act, group_offsets, down_writer_.next());
       bias_grad(g_down_bias_, d_y, group_offsets);
     }
     const Tensor d_gate_up = concat_records(s, batch, &MlpRecord::d_gate_up, offsets, rows);
     const Tensor x = concat_records(s, batch, &MlpRecord::x, offsets, rows);
     for (MlpRecord* r : batch) *r = MlpRecord{};
-    ops::grouped_linear_backward_weight(s, g_gate_up_, d_gate_up, x, group_offsets, gradient_write(gate_up_slot_));
+    ops::grouped_linear_backward_weight(s, g_gate_up_, d_gate_up, x, group_offsets, gate_up_writer_.next());
     bias_grad(g_gate_up_bias_, d_gate_up, group_offsets);
   }
 }

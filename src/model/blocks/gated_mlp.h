@@ -72,16 +72,14 @@ class GatedMlp {
   // y += the bias of its projection (per group of rows for an expert bank); nothing without biases.
   void add_bias(const Tensor& y, const Tensor& bias, const Tensor& group_offsets) const;
   void bias_grad(const Tensor& g_bias, const Tensor& dy, const Tensor& group_offsets) const;
-  // An expert bank's weight gradient write: overwriting for the step's first (ParameterStore::take_first_write).
-  ops::GradientWrite gradient_write(size_t slot) const;
 
   GatedMlpOptions options_;
   bool recompute_activation_ = false;
   ops::ClampedSwigluParams clamped_;
   Tensor w_gate_up_, w_down_, g_gate_up_, g_down_;
   Tensor w_gate_up_bias_, w_down_bias_, g_gate_up_bias_, g_down_bias_;
-  ParameterStore* store_ = nullptr;  // an expert bank's: whose first writes its weight gradients are
-  size_t gate_up_slot_ = 0, down_slot_ = 0;
+  // The weight gradients' writes: each overwrites on the step's first (ParameterStore::overwrite_on_first_write).
+  GradientWriter gate_up_writer_, down_writer_;
 };
 
 }  // namespace moetrain::model

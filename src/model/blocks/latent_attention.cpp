@@ -89,17 +89,22 @@ LatentAttention::LatentAttention(const LatentAttentionOptions& options, Paramete
     w = store.weight(prefix + name);
     g = store.grad(prefix + name);
   };
+  // A projection's weight gradient is written whole by its GEMM: left to that GEMM's first write of the step.
+  const auto bind_projection = [&](const char* name, Tensor& w, Tensor& g, GradientWriter& writer) {
+    bind(name, w, g);
+    writer = GradientWriter(store, prefix + name);
+  };
   if (o.q_lora_rank > 0) {
-    bind("q_a_proj", w_qa_, g_qa_);
+    bind_projection("q_a_proj", w_qa_, g_qa_, qa_writer_);
     bind("q_a_norm", w_qa_norm_, g_qa_norm_);
-    bind("q_b_proj", w_qb_, g_qb_);
+    bind_projection("q_b_proj", w_qb_, g_qb_, qb_writer_);
   } else {
-    bind("q_proj", w_q_, g_q_);
+    bind_projection("q_proj", w_q_, g_q_, q_writer_);
   }
-  bind("kv_a_proj", w_kva_, g_kva_);
+  bind_projection("kv_a_proj", w_kva_, g_kva_, kva_writer_);
   bind("kv_a_norm", w_kva_norm_, g_kva_norm_);
-  bind("kv_b_proj", w_kvb_, g_kvb_);
-  bind("o_proj", w_o_, g_o_);
+  bind_projection("kv_b_proj", w_kvb_, g_kvb_, kvb_writer_);
+  bind_projection("o_proj", w_o_, g_o_, o_writer_);
 }
 
 std::unique_ptr<MixerRecord> LatentAttention::new_record() const { return std::make_unique<LatentRecord>(); }
@@ -220,16 +225,16 @@ void LatentAttention::backward_weight(MixerRecord& record) const {
   LatentRecord& r = as_latent(record);
   Stream& s = default_stream(r.x.device());
   const int64_t T = r.x.size(0);
-  ops::linear_backward_weight(s, g_o_, r.d_out, r.attn.view({T, -1}));
-  ops::linear_backward_weight(s, g_kvb_, r.dkv.view({T, -1}), r.kv_n);
+  ops::linear_backward_weight(s, g_o_, r.d_out, r.attn.view({T, -1}), o_writer_.next());
+  ops::linear_backward_weight(s, g_kvb_, r.dkv.view({T, -1}), r.kv_n, kvb_writer_.next());
   ops::rmsnorm_backward_weight(s, g_kva_norm_, r.d_kv_n, r.kv_lat, r.rstd_kv);
-  ops::linear_backward_weight(s, g_kva_, r.d_ckv, r.x);
+  ops::linear_backward_weight(s, g_kva_, r.d_ckv, r.x, kva_writer_.next());
   if (options_.q_lora_rank > 0) {
-    ops::linear_backward_weight(s, g_qb_, r.dq.view({T, -1}), r.qa_n);
+    ops::linear_backward_weight(s, g_qb_, r.dq.view({T, -1}), r.qa_n, qb_writer_.next());
     ops::rmsnorm_backward_weight(s, g_qa_norm_, r.d_qa_n, r.qa, r.rstd_qa);
-    ops::linear_backward_weight(s, g_qa_, r.d_qa, r.x);
+    ops::linear_backward_weight(s, g_qa_, r.d_qa, r.x, qa_writer_.next());
   } else {
-    ops::linear_backward_weight(s, g_q_, r.dq.view({T, -1}), r.x);
+    ops::linear_backward_weight(s, g_q_, r.dq.view({T, -1}), r.x, q_writer_.next());
   }
   r = LatentRecord{};  // the record's work is done: free its activations now
 }

@@ -63,6 +63,8 @@ class LatentAttention final : public TokenMixer {
   ops::AttentionParams attention_;
   Tensor w_q_, w_qa_, w_qa_norm_, w_qb_, w_kva_, w_kva_norm_, w_kvb_, w_o_;
   Tensor g_q_, g_qa_, g_qa_norm_, g_qb_, g_kva_, g_kva_norm_, g_kvb_, g_o_;
+  // The projections' weight gradients: first writes.
+  GradientWriter q_writer_, qa_writer_, qb_writer_, kva_writer_, kvb_writer_, o_writer_;
 };
 
 }  // namespace moetrain::model

@@ -44,6 +44,7 @@ Router::Router(const RouterOptions& options, ParameterStore& store, const std::s
   pinned_params_.topk_groups = 1;
   w_ = store.weight(prefix + "router");
   g_ = store.grad(prefix + "router");
+  writer_ = GradientWriter(store, prefix + "router");
   if (options.bias) w_bias_ = store.weight(prefix + "router_bias"), g_bias_ = store.grad(prefix + "router_bias");
 }
 
@@ -93,7 +94,7 @@ Tensor Router::backward_input(RouterRecord& r, const RoutingMetadata& m, const T
 }
 
 void Router::backward_weight(RouterRecord& r) const {
-  ops::linear_backward_weight(default_stream(r.x.device()), g_, r.d_logits, r.x);
+  ops::linear_backward_weight(default_stream(r.x.device()), g_, r.d_logits, r.x, writer_.next());
   r = RouterRecord{};
 }
 

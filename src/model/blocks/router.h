@@ -71,6 +71,7 @@ class Router {
   // by their probabilities (under ours, a selection wholly outside our kept groups would weigh 0 / 0).
   ops::RouterParams pinned_params_;
   Tensor w_, g_, w_bias_, g_bias_;
+  GradientWriter writer_;  // the weight gradient's first write of a step overwrites
 };
 
 }  // namespace moetrain::model

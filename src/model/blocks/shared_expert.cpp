@@ -36,6 +36,7 @@ SharedExpert::SharedExpert(const SharedExpertOptions& options, ParameterStore& s
   if (options.sigmoid_gate) {
     w_gate_ = store.weight(prefix + "sigmoid_gate");
     g_gate_ = store.grad(prefix + "sigmoid_gate");
+    gate_writer_ = GradientWriter(store, prefix + "sigmoid_gate");
   }
 }
 
@@ -66,7 +67,7 @@ Tensor SharedExpert::backward_input(SharedExpertRecord& r, const Tensor& d_out) 
 void SharedExpert::backward_weight(SharedExpertRecord& r) const {
   mlp_.backward_weight(r.mlp);
   if (options_.sigmoid_gate) {
-    ops::linear_backward_weight(default_stream(r.x.device()), g_gate_, r.d_logit, r.x);
+    ops::linear_backward_weight(default_stream(r.x.device()), g_gate_, r.d_logit, r.x, gate_writer_.next());
     r.x = r.logit = r.y = r.d_logit = Tensor();
   }
 }

@@ -43,7 +43,8 @@ class SharedExpert {
  private:
   SharedExpertOptions options_;
   GatedMlp mlp_;
-  Tensor w_gate_, g_gate_;  // the sigmoid gate's [1, H], when on
+  Tensor w_gate_, g_gate_;      // the sigmoid gate's [1, H], when on
+  GradientWriter gate_writer_;  // its weight gradient's first write of a step overwrites
 };
 
 }  // namespace moetrain::model

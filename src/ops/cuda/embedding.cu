@@ -22,19 +22,26 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int64_t kMaxRowBlocks = int64_t(1) << 20;  // grid-stride over rows beyond this
 
-// One block per token row (grid-stride), threads over the columns.
-template <typename TTable, typename TOut>
+// One block per token row (grid-stride), threads over spans of K columns (K = 8, 16-byte accesses, where the width
+// and the addresses allow; else 1): a copy, so its bits do not depend on K.
+template <int K, typename TTable, typename TOut>
 __global__ void gather_kernel(TOut* y, const int32_t* ids, const TTable* table, int64_t tokens, int64_t vocab,
                               int64_t hidden) {
   for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
     const int64_t id = ids[t];
     TOut* out = y + t * hidden;
-    if (id < 0 || id >= vocab) {  // not validated on the device: poison the row rather than read outside the table
-      for (int64_t h = threadIdx.x; h < hidden; h += blockDim.x) store_float(out + h, __int_as_float(0x7fc00000));
-      continue;
+    const bool poisoned = id < 0 || id >= vocab;  // not validated on the device: poison the row, read nothing
+    const TTable* row = table + (poisoned ? 0 : id) * hidden;
+    for (int64_t h = int64_t{threadIdx.x} * K; h < hidden; h += int64_t{blockDim.x} * K) {
+      float v[K];
+      if (poisoned) {
+#pragma unroll
+        for (int i = 0; i < K; ++i) v[i] = __int_as_float(0x7fc00000);
+      } else {
+        load_span<K>(row + h, v);
+      }
+      store_span<K>(out + h, v);
     }
-    const TTable* row = table + id * hidden;
-    for (int64_t h = threadIdx.x; h < hidden; h += blockDim.x) store_float(out + h, load_float(row + h));
   }
 }
 
@@ -49,19 +56,30 @@ __global__ void make_pairs_kernel(uint32_t* keys, int32_t* tokens_of, const int3
   }
 }
 
-// Block (i, c) works when sorted position i starts a run of one id: its threads own columns c * blockDim.x + tid
-// and sum the run's dy rows in run order (ascending tokens, the sort is stable), then add the sum to dtable.
-template <typename TGrad>
+// Block (i, c) works when sorted position i starts a run of one id: its threads own spans of K columns (K = 8 where
+// the width and the addresses allow, else 1) from (c * blockDim.x + tid) * K and sum the run's dy rows in run order
+// (ascending tokens, the sort is stable), each column on its own, then add the sum to dtable: the same bits for
+// either K.
+template <int K, typename TGrad>
 __global__ void sum_runs_kernel(float* dtable, const TGrad* dy, const uint32_t* keys, const int32_t* tokens_of,
                                 int64_t tokens, int64_t vocab, int64_t hidden) {
-  const int64_t h = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
+  const int64_t h = (static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x) * K;
   for (int64_t i = blockIdx.x; i < tokens; i += gridDim.x) {
     const uint32_t key = keys[i];
     if ((i > 0 && keys[i - 1] == key) || key >= vocab || h >= hidden) continue;
-    float acc = 0.0f;
-    for (int64_t k = i; k < tokens && keys[k] == key; ++k) acc += load_float(dy + tokens_of[k] * hidden + h);
+    float acc[K] = {};
+    for (int64_t k = i; k < tokens && keys[k] == key; ++k) {
+      float v[K];
+      load_span<K>(dy + tokens_of[k] * hidden + h, v);
+#pragma unroll
+      for (int j = 0; j < K; ++j) acc[j] += v[j];
+    }
     float* out = dtable + static_cast<int64_t>(key) * hidden + h;
-    *out = *out + acc;
+    float sum[K];
+    load_span<K>(out, sum);
+#pragma unroll
+    for (int j = 0; j < K; ++j) sum[j] = sum[j] + acc[j];
+    store_span<K>(out, sum);
   }
 }
 
@@ -74,15 +92,17 @@ void launch_gather(const Stream& stream, const Tensor& y, const Tensor& ids, con
   const int64_t tokens = ids.numel();
   const int64_t hidden = y.size(1);
   const int32_t* id = static_cast<const int32_t*>(ids.raw_data());
+  const bool packed = spans_of_8(hidden, {y.raw_data(), table});
+  const auto launch = [&]<typename TOut>(TOut* out) {
+    if (packed) {
+      gather_kernel<8><<<row_blocks(tokens), kThreads, 0, native(stream)>>>(out, id, table, tokens, vocab, hidden);
+    } else {
+      gather_kernel<1><<<row_blocks(tokens), kThreads, 0, native(stream)>>>(out, id, table, tokens, vocab, hidden);
+    }
+  };
   switch (y.dtype()) {
-    case DType::F32:
-      gather_kernel<<<row_blocks(tokens), kThreads, 0, native(stream)>>>(static_cast<float*>(y.raw_data()), id, table,
-                                                                         tokens, vocab, hidden);
-      break;
-    case DType::BF16:
-      gather_kernel<<<row_blocks(tokens), kThreads, 0, native(stream)>>>(static_cast<__nv_bfloat16*>(y.raw_data()), id,
-                                                                         table, tokens, vocab, hidden);
-      break;
+    case DType::F32: launch(static_cast<float*>(y.raw_data())); break;
+    case DType::BF16: launch(static_cast<__nv_bfloat16*>(y.raw_data())); break;
     default: MT_FAIL("embedding_forward (CUDA): expected y in f32 or bf16 but found {}", y.describe());
   }
   MT_CUDA_CHECK(cudaGetLastError());
@@ -141,14 +161,21 @@ void embedding_backward_weight(const Stream& stream, const Tensor& dtable, const
   MT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.raw_data(), temp_bytes, k_in, k_out, v_in, v_out, items, 0,
                                                 end_bit, cu_stream));
 
-  const dim3 grid(row_blocks(tokens), static_cast<unsigned>((hidden + kThreads - 1) / kThreads));
   float* out = static_cast<float*>(dtable.raw_data());
+  const bool packed = spans_of_8(hidden, {out, dy.raw_data()});
+  const int64_t spans = packed ? hidden / 8 : hidden;
+  const dim3 grid(row_blocks(tokens), static_cast<unsigned>((spans + kThreads - 1) / kThreads));
+  const auto launch = [&]<typename TGrad>(const TGrad* grad) {
+    if (packed) {
+      sum_runs_kernel<8><<<grid, kThreads, 0, cu_stream>>>(out, grad, k_out, v_out, tokens, vocab, hidden);
+    } else {
+      sum_runs_kernel<1><<<grid, kThreads, 0, cu_stream>>>(out, grad, k_out, v_out, tokens, vocab, hidden);
+    }
+  };
   if (dy.dtype() == DType::F32) {
-    sum_runs_kernel<<<grid, kThreads, 0, cu_stream>>>(out, static_cast<const float*>(dy.raw_data()), k_out, v_out,
-                                                      tokens, vocab, hidden);
+    launch(static_cast<const float*>(dy.raw_data()));
   } else {
-    sum_runs_kernel<<<grid, kThreads, 0, cu_stream>>>(out, static_cast<const __nv_bfloat16*>(dy.raw_data()), k_out,
-                                                      v_out, tokens, vocab, hidden);
+    launch(static_cast<const __nv_bfloat16*>(dy.raw_data()));
   }
   MT_CUDA_CHECK(cudaGetLastError());
   // The temporaries return to the stream-ordered pool after the work queued above (the pool's stream is the

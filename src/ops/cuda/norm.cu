@@ -181,14 +181,17 @@ __global__ void backward_input_kernel(TDX* dx, const TDY* dy, const TX* x, const
   }
 }
 
-// The weight gradient's column sums, a block at a time: a block takes kColumnSpans spans of K columns and
-// kRowsPerSumBlock rows; row lane l of the block sums rows l, l + kRowLanes, ... in ascending order, then lane 0 adds
-// the lanes' sums in lane order. Each level turns [rows, D] terms into [ceil(rows / kRowsPerSumBlock), D] partial
-// sums; the last level (one row block) adds its sums into dw. So every column's order of additions follows from the
-// row count alone: neither D, nor K, nor the other columns change it. The first level's term is dy * (x * rstd), a
-// later level's the partial sum.
+// The weight gradient's column sums, a block at a time: a block takes kColumnSpans spans of K columns and a row block
+// (kRowsPerTermBlock rows of terms at the first level, kRowsPerSumBlock rows of partial sums at the later ones); row
+// lane l of the block sums rows l, l + kRowLanes, ... in ascending order, then lane 0 adds the lanes' sums in lane
+// order. Each level turns [rows, D] terms into [ceil(rows / rows per block), D] partial sums; the last level (one row
+// block) adds its sums into dw. So every column's order of additions follows from the row count alone: neither D, nor
+// K, nor the other columns change it. The first level's term is dy * (x * rstd), a later level's the partial sum.
+// The first level's blocks are short so that a few thousand rows (a micro-batch of 4,096 tokens) still give every SM
+// several blocks: with 256-row blocks its 2048-wide norm ran 128 blocks, 29 us a call where its bytes take ~5.
 constexpr int kRowLanes = 8;
 constexpr int kColumnSpans = kColumnThreads / kRowLanes;
+constexpr int64_t kRowsPerTermBlock = 64;
 constexpr int64_t kRowsPerSumBlock = 256;
 
 template <int K, typename TDY, typename TX>
@@ -210,14 +213,14 @@ __device__ __forceinline__ void add_terms(float (&acc)[K], const TDY* dy, const 
 // out[blockIdx.y, d] (or dw[d] += , when `final`) = the block's sum over its rows of the terms at column d.
 template <int K, typename TDY, typename TX>
 __global__ void weight_sums_kernel(float* out, const TDY* dy, const TX* x, const float* rstd, int64_t rows, int64_t dim,
-                                   bool final) {
+                                   int64_t rows_per_block, bool final) {
   __shared__ float lane_sums[kRowLanes][kColumnSpans * K];
   const int span = threadIdx.x % kColumnSpans, lane = threadIdx.x / kColumnSpans;
   const int64_t d = (static_cast<int64_t>(blockIdx.x) * kColumnSpans + span) * K;
-  const int64_t row_blocks = (rows + kRowsPerSumBlock - 1) / kRowsPerSumBlock;
+  const int64_t row_blocks = (rows + rows_per_block - 1) / rows_per_block;
   for (int64_t block = blockIdx.y; block < row_blocks; block += gridDim.y) {  // grid-stride beyond 65535 blocks
-    const int64_t begin = block * kRowsPerSumBlock;
-    const int64_t end = begin + kRowsPerSumBlock < rows ? begin + kRowsPerSumBlock : rows;
+    const int64_t begin = block * rows_per_block;
+    const int64_t end = begin + rows_per_block < rows ? begin + rows_per_block : rows;
     float acc[K] = {};
     if (d < dim) {
 #pragma unroll 4
@@ -239,18 +242,28 @@ __global__ void weight_sums_kernel(float* out, const TDY* dy, const TX* x, const
   }
 }
 
-// One level of weight_sums_kernel over `rows` rows of terms, into dw (final) or into `out` [row blocks, D].
+// The row blocks of a level over `rows` rows: of terms (the first, with rstd) or of partial sums.
+int64_t sum_row_blocks(int64_t rows, bool terms) {
+  const int64_t rows_per_block = terms ? kRowsPerTermBlock : kRowsPerSumBlock;
+  return (rows + rows_per_block - 1) / rows_per_block;
+}
+
+// One level of weight_sums_kernel over `rows` rows of terms (rstd given) or of partial sums (rstd null), into dw
+// (final) or into `out` [sum_row_blocks, D].
 template <typename TDY, typename TX>
 void launch_weight_sums(cudaStream_t stream, float* out, const TDY* dy, const TX* x, const float* rstd, int64_t rows,
                         int64_t dim, bool packed) {
-  const int64_t row_blocks = (rows + kRowsPerSumBlock - 1) / kRowsPerSumBlock;
+  const int64_t rows_per_block = rstd != nullptr ? kRowsPerTermBlock : kRowsPerSumBlock;
+  const int64_t row_blocks = sum_row_blocks(rows, rstd != nullptr);
   const int k = packed ? 8 : 1;
   const int64_t column_blocks = (dim / k + kColumnSpans - 1) / kColumnSpans;
   const dim3 grid(static_cast<unsigned>(column_blocks), static_cast<unsigned>(row_blocks < 65535 ? row_blocks : 65535));
   if (packed) {
-    weight_sums_kernel<8><<<grid, kColumnThreads, 0, stream>>>(out, dy, x, rstd, rows, dim, row_blocks == 1);
+    weight_sums_kernel<8>
+        <<<grid, kColumnThreads, 0, stream>>>(out, dy, x, rstd, rows, dim, rows_per_block, row_blocks == 1);
   } else {
-    weight_sums_kernel<1><<<grid, kColumnThreads, 0, stream>>>(out, dy, x, rstd, rows, dim, row_blocks == 1);
+    weight_sums_kernel<1>
+        <<<grid, kColumnThreads, 0, stream>>>(out, dy, x, rstd, rows, dim, rows_per_block, row_blocks == 1);
   }
   MT_CUDA_CHECK(cudaGetLastError());
 }
@@ -328,7 +341,7 @@ void rmsnorm_backward_weight(const Stream& stream, const Tensor& dw, const Tenso
   // (add_column_sums), until one block's sums go into dw.
   Tensor partial;
   dispatch_activations(dy, x, "rmsnorm_backward_weight", [&]<typename TDY, typename TX>(TDY*, TX*) {
-    const int64_t row_blocks = (rows + kRowsPerSumBlock - 1) / kRowsPerSumBlock;
+    const int64_t row_blocks = sum_row_blocks(rows, /*terms=*/true);
     if (row_blocks > 1) partial = Tensor::empty({row_blocks, dim}, DType::F32, dw.device());
     launch_weight_sums(cu_stream, row_blocks > 1 ? static_cast<float*>(partial.raw_data()) : dw_data,
                        static_cast<const TDY*>(dy.raw_data()), static_cast<const TX*>(x.raw_data()),
@@ -344,7 +357,7 @@ void add_column_sums(const Stream& stream, const Tensor& dw, const Tensor& parti
   int64_t rows = partial.numel() / dim;
   Tensor sums_in = partial;
   while (rows > 0) {
-    const int64_t row_blocks = (rows + kRowsPerSumBlock - 1) / kRowsPerSumBlock;
+    const int64_t row_blocks = sum_row_blocks(rows, /*terms=*/false);
     Tensor next = row_blocks > 1 ? Tensor::empty({row_blocks, dim}, DType::F32, dw.device()) : Tensor();
     const auto* sums = static_cast<const float*>(sums_in.raw_data());
     launch_weight_sums<float, float>(native(stream),
