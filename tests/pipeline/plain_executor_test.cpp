@@ -73,6 +73,25 @@ TEST(PlainExecutor, WithoutEpEqualsForwardBackwardBitwise) {
   }
 }
 
+// Two steps of `model` with first writes (ParameterStore::begin_accumulation / end_accumulation, as the trainer runs
+// them), every gradient holding `stale` before the first: each must give the loss `want` and the gradients of
+// `reference`, a step on zeroed gradients.
+void expect_first_writes_give_zeroed_steps(model::CausalLm& model, const model::CausalLm& reference,
+                                           const std::vector<model::MicroBatch>& batches, const model::StepLoss& want,
+                                           float stale) {
+  for (Tensor& g : model.params().all_grads()) {
+    g.copy_from(Tensor::from_vector(std::vector<float>(static_cast<size_t>(g.numel()), stale), g.shape()));
+  }
+  PlainExecutor executor(model, nullptr);
+  for (int step = 0; step < 2; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    model.params().begin_accumulation();
+    expect_same_loss(executor.run_step(batches), want);
+    model.params().end_accumulation();
+    expect_same_grads(model, reference);
+  }
+}
+
 // A step whose expert banks' gradients are left to their first writes (ParameterStore::begin_accumulation, as the
 // trainer runs one) gives the bytes of a step on zeroed gradients, whatever the gradients held before: stale values
 // at the first step, the previous step's sums at the second.
@@ -85,17 +104,7 @@ TEST(PlainExecutor, FirstWritesGiveTheGradientsOfAZeroedStep) {
   reference->params().zero_grads();
   const model::StepLoss want = pipeline::forward_backward(*reference, batches);
   auto model = make_model(config, kSeed);
-  for (Tensor& g : model->params().all_grads()) {
-    g.copy_from(Tensor::from_vector(std::vector<float>(static_cast<size_t>(g.numel()), 9.0f), g.shape()));
-  }
-  PlainExecutor executor(*model, nullptr);
-  for (int step = 0; step < 2; ++step) {
-    SCOPED_TRACE("step " + std::to_string(step));
-    model->params().begin_accumulation();
-    expect_same_loss(executor.run_step(batches), want);
-    model->params().end_accumulation();
-    expect_same_grads(*model, *reference);
-  }
+  expect_first_writes_give_zeroed_steps(*model, *reference, batches, want, 9.0f);
 }
 
 // First writes of every family's weight GEMMs (attention and latent-attention projections, Gated DeltaNet's, routers,
@@ -124,18 +133,7 @@ TEST(PlainExecutor, FirstWritesOfEveryFamilyGiveTheGradientsOfAZeroedStep) {
     const model::StepLoss want = pipeline::forward_backward(*reference, batches);
     auto model = make_model(config, kSeed);
     model->set_head_chunk(c.head_chunk);
-    for (Tensor& g : model->params().all_grads()) {
-      const std::vector<float> stale(static_cast<size_t>(g.numel()), std::numeric_limits<float>::quiet_NaN());
-      g.copy_from(Tensor::from_vector(stale, g.shape()));
-    }
-    PlainExecutor executor(*model, nullptr);
-    for (int step = 0; step < 2; ++step) {
-      SCOPED_TRACE("step " + std::to_string(step));
-      model->params().begin_accumulation();
-      expect_same_loss(executor.run_step(batches), want);
-      model->params().end_accumulation();
-      expect_same_grads(*model, *reference);
-    }
+    expect_first_writes_give_zeroed_steps(*model, *reference, batches, want, std::numeric_limits<float>::quiet_NaN());
   }
 }
 
