@@ -27,30 +27,22 @@ namespace {
 
 using namespace norm_rows;
 
-// The (c, s) of a lane's 8 pairs at `token` in `table` [2, T, hd / 2]. The kernels issue these loads with the row's
-// own, before the norm's reduction, so a warp waits for memory once per row rather than twice. An inactive row's
-// lanes read nothing.
+// Rotates a lane's span v (8 elements of a head) with its partner lane's span, by the (c, s) of the lane's pairs in
+// `table` [2, T, hd / 2] at `token`; sin_sign -1 applies the transpose. Every lane of the warp calls it (the shuffle);
+// an inactive row's lanes read no table and leave v as it is.
 template <int Lanes>
-__device__ __forceinline__ void load_pairs(float (&c)[8], float (&s)[8], const RowLanes<Lanes>& at, const float* table,
-                                           int64_t tokens, int64_t token) {
+__device__ __forceinline__ void rotate_span(float (&v)[8], const RowLanes<Lanes>& at, const float* table,
+                                            int64_t tokens, int64_t token, float sin_sign) {
   constexpr int kHalfLanes = Lanes / 2;
   constexpr int64_t kHalf = Lanes * 4;  // hd / 2 pairs
-  if (!at.active) return;
-  const int64_t pair0 = token * kHalf + (at.lane % kHalfLanes) * 8;
-  load8(table + pair0, c);
-  load8(table + tokens * kHalf + pair0, s);
-}
-
-// Rotates a lane's span v (8 elements of a head) with its partner lane's span by its pairs' (c, s); sin_sign -1
-// applies the transpose. Every lane of the warp calls it (the shuffle); an inactive row's lanes leave v as it is.
-template <int Lanes>
-__device__ __forceinline__ void rotate_span(float (&v)[8], const RowLanes<Lanes>& at, const float (&c)[8],
-                                            const float (&s)[8], float sin_sign) {
-  constexpr int kHalfLanes = Lanes / 2;
   float partner[8];
 #pragma unroll
   for (int i = 0; i < 8; ++i) partner[i] = __shfl_xor_sync(0xffffffffu, v[i], kHalfLanes);
   if (!at.active) return;
+  const int64_t pair0 = token * kHalf + (at.lane % kHalfLanes) * 8;
+  float c[8], s[8];
+  load8(table + pair0, c);
+  load8(table + tokens * kHalf + pair0, s);
   const bool first = at.lane < kHalfLanes;
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
@@ -66,19 +58,19 @@ __global__ void norm_rope_forward_kernel(T* y, float* rstd, const T* x, const fl
   const int64_t tokens = rows / heads;
   for_each_row<Lanes>(rows, [&](const RowLanes<Lanes> at) {
     const int64_t offset = at.row * kDim + at.lane * 8;
-    float v[8] = {}, c[8] = {}, s[8] = {}, scale[8];
+    float v[8] = {};
     if (at.active) load8(x + offset, v);
-    load_pairs<Lanes>(c, s, at, table, tokens, at.row / heads);
-    load_scale<8>(w + at.lane * 8, zero_centered, scale);
     float sum_sq = 0.0f;
 #pragma unroll
     for (int i = 0; i < 8; ++i) sum_sq = __fadd_rn(sum_sq, __fmul_rn(v[i], v[i]));
     const float variance = __fdiv_rn(row_sum<Lanes>(sum_sq), static_cast<float>(kDim));
     const float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(variance, eps)));
     if (at.lane == 0 && at.active) rstd[at.row] = r;
+    float scale[8];
+    load_scale<8>(w + at.lane * 8, zero_centered, scale);
 #pragma unroll
     for (int i = 0; i < 8; ++i) v[i] = stored_value(__fmul_rn(__fmul_rn(v[i], r), scale[i]), y);
-    rotate_span<Lanes>(v, at, c, s, 1.0f);
+    rotate_span<Lanes>(v, at, table, tokens, at.row / heads, 1.0f);
     if (at.active) store8(y + offset, v);
   });
 }
@@ -99,17 +91,15 @@ __global__ void rope_norm_backward_kernel(T* dx, float* partial, const T* d_rota
   float terms[8] = {};
   for_each_row<Lanes>(rows, [&](const RowLanes<Lanes> at) {
     const int64_t offset = at.row * kDim + at.lane * 8;
-    float g[8] = {}, xhat[8] = {}, c[8] = {}, s[8] = {}, scale[8];
-    if (at.active) {
-      load8(d_rotated + offset, g);
-      load8(x + offset, xhat);
-    }
-    load_pairs<Lanes>(c, s, at, table, tokens, at.row / heads);
-    load_scale<8>(w + at.lane * 8, zero_centered, scale);
-    const float r = at.active ? rstd[at.row] : 0.0f;
-    rotate_span<Lanes>(g, at, c, s, -1.0f);
+    float g[8] = {};
+    if (at.active) load8(d_rotated + offset, g);
+    rotate_span<Lanes>(g, at, table, tokens, at.row / heads, -1.0f);
 #pragma unroll
     for (int i = 0; i < 8; ++i) g[i] = stored_value(g[i], dx);  // d_normed as rope_backward stores it
+    const float r = at.active ? rstd[at.row] : 0.0f;
+    float xhat[8] = {}, scale[8];
+    if (at.active) load8(x + offset, xhat);
+    load_scale<8>(w + at.lane * 8, zero_centered, scale);
     float sum = 0.0f;
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
