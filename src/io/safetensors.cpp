@@ -142,11 +142,16 @@ class UniqueKeyParser {
   json member_;
 };
 
-// Parses `text` as one JSON object whose keys are unique at every level; throws moetrain::Error starting with
-// `what` when it is not. A NUL byte is refused first: what follows it would otherwise pass unseen.
-void parse_unique_json(std::string_view text, UniqueKeyParser& parser, const std::string& what) {
+// A NUL byte is refused before any parse: what follows it would otherwise pass unseen.
+void refuse_nul(std::string_view text, const std::string& what) {
   const size_t nul = text.find('\0');
   MT_CHECK(nul == std::string_view::npos, "{}: a NUL byte at byte {} (JSON holds none; padding is spaces)", what, nul);
+}
+
+// Parses `text` as one JSON object whose keys are unique at every level; throws moetrain::Error starting with
+// `what` when it is not.
+void parse_unique_json(std::string_view text, UniqueKeyParser& parser, const std::string& what) {
+  refuse_nul(text, what);
   try {
     json::sax_parse(text.begin(), text.end(), &parser, json::input_format_t::json, /*strict=*/true);
   } catch (const json::exception& e) {
@@ -169,6 +174,32 @@ uint64_t checked_span_bytes(const Shape& shape, DType dtype, bool* overflow) {
   return bytes;
 }
 
+DType known_dtype(const std::string& name, const std::string& dtype_name, const std::string& path) {
+  DType dtype = DType::F32;
+  MT_CHECK(dtype_from_safetensors_name(dtype_name, &dtype),
+           "safetensors: tensor '{}' in {} has unknown dtype '{}' (expected one of {})", name, path, dtype_name,
+           known_dtype_names());
+  return dtype;
+}
+
+// The checks of an entry whose fields have their JSON types: offsets in order, spanning what the shape needs.
+void check_entry_span(const SafetensorsEntry& entry, const std::string& dtype_name, const std::string& path) {
+  const std::string& name = entry.name;
+  MT_CHECK(entry.begin <= entry.end,
+           "safetensors: tensor '{}' in {}: data_offsets [{}, {}] begin after they end (expected begin <= end)", name,
+           path, entry.begin, entry.end);
+
+  bool overflow = false;
+  const uint64_t expected = checked_span_bytes(entry.shape, entry.dtype, &overflow);
+  MT_CHECK(!overflow, "safetensors: tensor '{}' in {}: shape {} x {} overflows 64 bits of bytes", name, path,
+           shape_str(entry.shape), dtype_name);
+  MT_CHECK(entry.end - entry.begin == expected,
+           "safetensors: tensor '{}' in {} spans {} bytes (data_offsets [{}, {}]) but shape {} x {} ({} bytes each) "
+           "needs {} bytes",
+           name, path, entry.end - entry.begin, entry.begin, entry.end, shape_str(entry.shape), dtype_name,
+           dtype_size(entry.dtype), expected);
+}
+
 SafetensorsEntry parse_entry(const std::string& name, const json& value, const std::string& path) {
   MT_CHECK(value.is_object(),
            "safetensors: tensor '{}' in {}: entry is a JSON {}, expected an object with dtype, shape and "
@@ -182,9 +213,7 @@ SafetensorsEntry parse_entry(const std::string& name, const json& value, const s
   MT_CHECK(dtype_it->is_string(), "safetensors: tensor '{}' in {}: dtype is a JSON {}, expected a string", name, path,
            dtype_it->type_name());
   const auto& dtype_name = dtype_it->get_ref<const std::string&>();
-  MT_CHECK(dtype_from_safetensors_name(dtype_name, &entry.dtype),
-           "safetensors: tensor '{}' in {} has unknown dtype '{}' (expected one of {})", name, path, dtype_name,
-           known_dtype_names());
+  entry.dtype = known_dtype(name, dtype_name, path);
 
   const auto shape_it = value.find("shape");
   MT_CHECK(shape_it != value.end(), "safetensors: tensor '{}' in {} has no 'shape'", name, path);
@@ -208,19 +237,7 @@ SafetensorsEntry parse_entry(const std::string& name, const json& value, const s
       offsets.dump());
   entry.begin = offsets[0].get<uint64_t>();
   entry.end = offsets[1].get<uint64_t>();
-  MT_CHECK(entry.begin <= entry.end,
-           "safetensors: tensor '{}' in {}: data_offsets [{}, {}] begin after they end (expected begin <= end)", name,
-           path, entry.begin, entry.end);
-
-  bool overflow = false;
-  const uint64_t expected = checked_span_bytes(entry.shape, entry.dtype, &overflow);
-  MT_CHECK(!overflow, "safetensors: tensor '{}' in {}: shape {} x {} overflows 64 bits of bytes", name, path,
-           shape_str(entry.shape), dtype_name);
-  MT_CHECK(entry.end - entry.begin == expected,
-           "safetensors: tensor '{}' in {} spans {} bytes (data_offsets [{}, {}]) but shape {} x {} ({} bytes each) "
-           "needs {} bytes",
-           name, path, entry.end - entry.begin, entry.begin, entry.end, shape_str(entry.shape), dtype_name,
-           dtype_size(entry.dtype), expected);
+  check_entry_span(entry, dtype_name, path);
   return entry;
 }
 
@@ -234,6 +251,150 @@ std::map<std::string, std::string> parse_metadata(const json& value, const std::
     metadata.emplace(key, item.get<std::string>());
   }
   return metadata;
+}
+
+// Reads a header in the one shape the safetensors format allows (an object of entries {"dtype": string, "shape":
+// [unsigned...], "data_offsets": [unsigned, unsigned]}, each key once, and a __metadata__ object of strings) straight
+// into the entries, without a JSON value per entry: a million-tensor header in well under a second. At anything else
+// (another key, another type, a repeated key, a syntax error) it stops and answers false, and the caller parses the
+// text again with UniqueKeyParser, whose errors it keeps. An error this reader raises itself (an unknown dtype,
+// offsets that disagree with the shape) comes from the first entry that has it, where every earlier entry had the
+// allowed shape and passed: the same error, from the same entry, that the general parser raises.
+class WellFormedHeaderReader {
+ public:
+  WellFormedHeaderReader(const std::string& path, std::vector<SafetensorsEntry>& entries,
+                         std::map<std::string, std::string>& metadata, int& metadata_members)
+      : path_(path), entries_(entries), metadata_(metadata), metadata_members_(metadata_members) {}
+
+  bool null() { return false; }
+  bool boolean(bool) { return false; }
+  bool number_integer(json::number_integer_t) { return false; }
+  bool number_float(json::number_float_t, const std::string&) { return false; }
+  bool binary(json::binary_t&) { return false; }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) { return false; }
+
+  bool number_unsigned(json::number_unsigned_t v) {
+    if (at_ == At::Shape) {
+      if (v > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) return false;
+      shape_.push_back(static_cast<int64_t>(v));
+      return true;
+    }
+    if (at_ == At::Offsets && offsets_read_ < 2) {
+      offsets_[offsets_read_++] = v;
+      return true;
+    }
+    return false;
+  }
+  bool string(std::string& v) {
+    if (at_ == At::Metadata) return metadata_.emplace(std::move(metadata_key_), std::move(v)).second;
+    if (at_ != At::Entry || field_ != Field::Dtype) return false;
+    dtype_name_ = v;
+    return true;
+  }
+  bool start_object(std::size_t) {
+    if (at_ == At::Start) {
+      at_ = At::Root;
+      return true;
+    }
+    if (at_ != At::Root) return false;
+    if (member_name_ == kMetadataKey) {
+      ++metadata_members_;
+      metadata_.clear();
+      at_ = At::Metadata;
+    } else {
+      seen_ = 0;
+      at_ = At::Entry;
+    }
+    return true;
+  }
+  bool start_array(std::size_t) {
+    if (at_ != At::Entry) return false;
+    if (field_ == Field::Shape) {
+      shape_.clear();
+      at_ = At::Shape;
+      return true;
+    }
+    if (field_ == Field::Offsets) {
+      offsets_read_ = 0;
+      at_ = At::Offsets;
+      return true;
+    }
+    return false;
+  }
+  bool key(std::string& k) {
+    switch (at_) {
+      case At::Root: member_name_ = std::move(k); return true;
+      case At::Metadata: metadata_key_ = std::move(k); return true;
+      case At::Entry:
+        field_ = k == "dtype"          ? Field::Dtype
+                 : k == "shape"        ? Field::Shape
+                 : k == "data_offsets" ? Field::Offsets
+                                       : Field::Other;
+        if (field_ == Field::Other || (seen_ & bit(field_)) != 0) return false;
+        seen_ |= bit(field_);
+        return true;
+      default: return false;
+    }
+  }
+  bool end_array() {
+    if (at_ == At::Offsets && offsets_read_ != 2) return false;
+    if (at_ != At::Shape && at_ != At::Offsets) return false;
+    at_ = At::Entry;
+    return true;
+  }
+  bool end_object() {
+    switch (at_) {
+      case At::Root: at_ = At::Done; return true;
+      case At::Metadata: at_ = At::Root; return true;
+      case At::Entry:
+        if (seen_ != (bit(Field::Dtype) | bit(Field::Shape) | bit(Field::Offsets))) return false;
+        finish_entry();
+        at_ = At::Root;
+        return true;
+      default: return false;
+    }
+  }
+
+ private:
+  enum class At { Start, Root, Metadata, Entry, Shape, Offsets, Done };
+  enum class Field { Dtype, Shape, Offsets, Other };
+  static unsigned bit(Field f) { return 1u << static_cast<unsigned>(f); }
+
+  void finish_entry() {
+    SafetensorsEntry& entry = entries_.emplace_back();
+    entry.name = std::move(member_name_);
+    entry.dtype = known_dtype(entry.name, dtype_name_, path_);
+    entry.shape.assign(shape_.begin(), shape_.end());
+    entry.begin = offsets_[0];
+    entry.end = offsets_[1];
+    check_entry_span(entry, dtype_name_, path_);
+  }
+
+  const std::string& path_;
+  std::vector<SafetensorsEntry>& entries_;
+  std::map<std::string, std::string>& metadata_;
+  int& metadata_members_;
+  At at_ = At::Start;
+  Field field_ = Field::Other;
+  unsigned seen_ = 0;  // the entry's fields read so far, one bit each
+  std::string member_name_;
+  std::string metadata_key_;
+  std::string dtype_name_;
+  Shape shape_;
+  uint64_t offsets_[2] = {0, 0};
+  int offsets_read_ = 0;
+};
+
+// Reads `text` with WellFormedHeaderReader; false when the text is anything but a well-formed header (the caller
+// then parses it again with the general parser, clearing what this filled).
+bool read_well_formed_header(std::string_view text, const std::string& path, std::vector<SafetensorsEntry>& entries,
+                             std::map<std::string, std::string>& metadata, int& metadata_members) {
+  WellFormedHeaderReader reader(path, entries, metadata, metadata_members);
+  try {
+    return json::sax_parse(text.begin(), text.end(), &reader, json::input_format_t::json, /*strict=*/true);
+  } catch (const json::exception&) {
+    return false;
+  }
 }
 
 // Tensors must tile the data section exactly: sorted by offset, each begins where the previous ends
@@ -337,15 +498,21 @@ SafetensorsHeader parse_safetensors_header(std::string_view text, uint64_t data_
   SafetensorsHeader header;
   std::vector<SafetensorsEntry> entries;
   int metadata_members = 0;
-  UniqueKeyParser parser(what, [&](std::string& name, json& value) {
-    if (name == kMetadataKey) {
-      ++metadata_members;
-      header.metadata = parse_metadata(value, path);
-    } else {
-      entries.push_back(parse_entry(name, value, path));
-    }
-  });
-  parse_unique_json(text, parser, what);
+  refuse_nul(text, what);
+  if (!read_well_formed_header(text, path, entries, header.metadata, metadata_members)) {
+    entries.clear();
+    header.metadata.clear();
+    metadata_members = 0;
+    UniqueKeyParser parser(what, [&](std::string& name, json& value) {
+      if (name == kMetadataKey) {
+        ++metadata_members;
+        header.metadata = parse_metadata(value, path);
+      } else {
+        entries.push_back(parse_entry(name, value, path));
+      }
+    });
+    parse_unique_json(text, parser, what);
+  }
   MT_CHECK(metadata_members <= 1, "{} names tensor '{}' twice (duplicate names)", what, kMetadataKey);
   // Sorted by name, a repeated name sits next to itself: one sort serves both the check and the map.
   // Writers list the tensors sorted (safetensors' own writers do): then the sort is a check. Otherwise a stable sort,

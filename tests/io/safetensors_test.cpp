@@ -628,6 +628,94 @@ TEST(SafetensorsHeader, AMillionTensorsParseInLinearTime) {
   EXPECT_LT(refused, 2.0) << "refusing a 1M-tensor header took " << refused << " CPU seconds";
 }
 
+// What parse_safetensors_header makes of `header`: its entries and metadata, or its error's message.
+std::string header_outcome(const std::string& header, uint64_t data_size) {
+  try {
+    const SafetensorsHeader parsed = parse_safetensors_header(header, data_size, "probe.safetensors");
+    std::string outcome = "parsed:";
+    for (const auto& [name, e] : parsed.entries) {
+      outcome +=
+          fmt::format(" {}={}{}[{},{})", name, dtype_safetensors_name(e.dtype), shape_str(e.shape), e.begin, e.end);
+    }
+    for (const auto& [key, value] : parsed.metadata) outcome += fmt::format(" meta {}={}", key, value);
+    return outcome;
+  } catch (const Error& e) {
+    // A syntax error's position moves with the text before it; the rest of the message is the outcome.
+    const std::string message = e.what();
+    const std::string_view syntax = "is not valid JSON";
+    const size_t at = message.find(syntax);
+    return "refused: " + (at == std::string::npos ? message : message.substr(0, at + syntax.size()));
+  }
+}
+
+// The well-formed headers are read without a JSON value per entry and anything else by the general parser: a key
+// the format does not define, put first in the first entry, sends the whole text to the general parser, which must
+// give the same entries, or the same error from the same entry, as the fast reading (where it did not stop first).
+TEST(SafetensorsHeader, TheWellFormedReaderAndTheGeneralParserAgree) {
+  struct Case {
+    std::string header;  // '@' marks where the unknown key goes
+    uint64_t data_size;
+  };
+  const Case cases[] = {
+      {R"({"a": {@"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})", 8},
+      {R"({"__metadata__": {"format": "pt", "step": "12"}, "b": {@"shape": [], "data_offsets": [2, 4],
+          "dtype": "BF16"}, "a": {"data_offsets": [0, 2], "dtype": "U8", "shape": [2, 1]}, "z": {"dtype": "F64",
+          "shape": [0, 3], "data_offsets": [4, 4]}})",
+       4},
+      {R"({"a": {@"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}, "__metadata__": {}})", 8},
+      // Refused by the fast reading (an entry's values) and by the general parser the same way.
+      {R"({"a": {@"dtype": "F128", "shape": [1], "data_offsets": [0, 16]}})", 16},
+      {R"({"a": {@"dtype": "U8", "shape": [2], "data_offsets": [0, 2]}, "b": {"dtype": "F7", "shape": [1],
+          "data_offsets": [2, 3]}, "c": {"dtype": "U8", "dtype": "I8", "shape": [1], "data_offsets": [3, 4]}})",
+       4},
+      {R"({"a": {@"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 8]}})", 8},
+      {R"({"a": {@"dtype": "F32", "shape": [0], "data_offsets": [8, 0]}})", 8},
+      {R"({"a": {@"dtype": "F64", "shape": [4611686018427387904, 4], "data_offsets": [0, 8]}})", 8},
+      {R"({"a": {@"dtype": "U8", "shape": [2], "data_offsets": [0, 2]}, "a": {"dtype": "U8", "shape": [2],
+          "data_offsets": [2, 4]}})",
+       4},
+      {R"({"a": {@"dtype": "U8", "shape": [2], "data_offsets": [0, 2]}, "b": {"dtype": "U8", "shape": [2],
+          "data_offsets": [4, 6]}})",
+       6},
+      {R"({"a": {@"dtype": "U8", "shape": [2], "data_offsets": [0, 2]}, "__metadata__": {"x": "1"},
+          "__metadata__": {"y": "2"}})",
+       2},
+      // Where the fast reading stops and hands over.
+      {R"({"a": {@"dtype": "U8", "shape": [2], "data_offsets": [0, 2]}, "b": {"dtype": "U8", "shape": [2],
+          "data_offsets": [2, 4], "dtype": "U8"}})",
+       4},
+      {R"({"a": {@"dtype": "U8", "shape": [2], "data_offsets": [0, 2]}, "b": {"dtype": "U8", "shape": [2]}})", 2},
+      {R"({"a": {@"dtype": "U8", "shape": [2], "data_offsets": [0, 2]}, "b": [1, 2]})", 2},
+      {R"({"a": {@"dtype": "U8", "shape": [2], "data_offsets": [0, 2]}, "b": {"dtype": 4}})", 2},
+      {R"({"a": {@"dtype": "U8", "shape": [2, -1], "data_offsets": [0, 2]}})", 2},
+      {R"({"a": {@"dtype": "U8", "shape": [9223372036854775808], "data_offsets": [0, 2]}})", 2},
+      {R"({"a": {@"dtype": "U8", "shape": [[2]], "data_offsets": [0, 2]}})", 2},
+      {R"({"a": {@"dtype": "U8", "shape": [2], "data_offsets": [0, 1, 2]}})", 2},
+      {R"({"a": {@"dtype": "U8", "shape": [2], "data_offsets": [0]}})", 2},
+      {R"({"a": {@"dtype": "U8", "shape": [2], "data_offsets": [0, 2.0]}})", 2},
+      {R"({"a": {@"dtype": "U8", "shape": [2], "data_offsets": [0, 2]}, "__metadata__": {"x": 1}})", 2},
+      {R"({"a": {@"dtype": "U8", "shape": [2], "data_offsets": [0, 2]}, "__metadata__": {"x": "1", "x": "2"}})", 2},
+      {R"({"a": {@"dtype": "U8", "shape": [2], "data_offsets": [0, 2]}, "__metadata__": ["x"]})", 2},
+      {R"({"a": {@"dtype": "U8", "shape": [2], "data_offsets": [0, 2]}} trailing)", 2},
+      {R"({"a": {@"dtype": "U8", "shape": [2], "data_offsets": [0, 2]}, "b": {"dtype": "U8", "shape": [2], )", 2},
+  };
+  for (const Case& c : cases) {
+    const size_t at = c.header.find('@');
+    ASSERT_NE(at, std::string::npos) << c.header;
+    const std::string well_formed = std::string(c.header).erase(at, 1);
+    const std::string with_unknown_key = std::string(c.header).replace(at, 1, R"("note": {"k": [1, "x"]}, )");
+    const std::string outcome = header_outcome(well_formed, c.data_size);
+    EXPECT_EQ(outcome, header_outcome(with_unknown_key, c.data_size)) << well_formed;
+  }
+  // The first case parses; the fifth is refused for its dtype (a check that these are not all one outcome).
+  EXPECT_EQ(header_outcome(R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})", 8),
+            "parsed: a=F32[2][0,8)");
+  EXPECT_EQ(header_outcome("{}", 0), "parsed:");
+  EXPECT_NE(header_outcome(R"({"a": {"dtype": "F128", "shape": [1], "data_offsets": [0, 16]}})", 16)
+                .find("unknown dtype 'F128'"),
+            std::string::npos);
+}
+
 TEST(SafetensorsHeader, BytesAfterANulAreRefused) {
   const std::string good = R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})";
   EXPECT_EQ(parse_safetensors_header(good, 4, "nul.safetensors").entries.size(), 1u);
