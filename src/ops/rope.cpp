@@ -48,6 +48,10 @@ void check_rope_arguments(const Tensor& out, const Tensor& in, const Tensor& pos
            params.rotary_dim);
   MT_CHECK(params.rotary_dim <= head_dim, "{}: rotary_dim ({}) exceeds the head dim ({}) of {} {}", op,
            params.rotary_dim, head_dim, in_name, in.describe());
+  MT_CHECK(params.first_rotated_dim >= 0 && params.first_rotated_dim <= head_dim - params.rotary_dim,
+           "{}: the rotated dims [{}, {}) (first_rotated_dim {}, rotary_dim {}) do not fit the head dim ({}) of {} {}",
+           op, params.first_rotated_dim, int64_t{params.first_rotated_dim} + params.rotary_dim,
+           params.first_rotated_dim, params.rotary_dim, head_dim, in_name, in.describe());
   MT_CHECK(static_cast<int64_t>(params.inv_freq.size()) == params.rotary_dim / 2,
            "{}: expected rotary_dim / 2 = {} inv_freq values but found {}", op, params.rotary_dim / 2,
            params.inv_freq.size());

@@ -1,6 +1,6 @@
 // defines: rotary position embedding, driven by per-token position_ids (positions restart in each
-// packed document), over the first rotary_dim dims of each head (partial rotary leaves the rest); its parameters for
-// the default rope and for YaRN, as transformers 5.17 computes them (modeling_rope_utils.py).
+// packed document), over rotary_dim dims of each head (the first ones unless told; partial rotary leaves the rest);
+// its parameters for the default rope and for YaRN, as transformers 5.17 computes them (modeling_rope_utils.py).
 #pragma once
 
 #include <cstdint>
@@ -16,6 +16,10 @@ struct RopeParams {
   // Rotated dims of each head: even, <= head dim. HF: int(head_dim * partial_rotary_factor) (DeepSeek-V2:
   // qk_rope_head_dim).
   int rotary_dim = 0;
+  // The first rotated dim of each head: the rotation covers dims [first_rotated_dim, first_rotated_dim + rotary_dim)
+  // and leaves the others. 0 for every family's keys and queries but DeepSeek-V2's queries, whose projection puts
+  // the rope dims after the nope dims of each head (rotated in place there, so the queries need no reordering).
+  int first_rotated_dim = 0;
   // Pairing of the rotated dims. false: rotate_half pairs (i, i + rotary_dim/2) (Llama, Qwen, GPT-OSS);
   // true: (2i, 2i+1) (DeepSeek-V2's complex view_as_complex pairs).
   bool interleaved = false;
@@ -85,8 +89,8 @@ RopeParams rope_yarn_params(int rotary_dim, double theta, const YarnOptions& opt
 // not do this (its scale stays head_dim ** -0.5; its YaRN factor scales cos and sin instead).
 double yarn_softmax_scale(double scaling, const YarnOptions& options);
 
-// x, y [T, heads, hd]; position_ids i32 [T]. y may alias x. Angles are f32(position * inv_freq)
-// as HF computes them; cos and sin of that angle.
+// x, y [T, heads, hd]; position_ids i32 [T]. y may alias x (in place, the dims outside the rotation are not
+// touched). Angles are f32(position * inv_freq) as HF computes them; cos and sin of that angle.
 void rope_forward(Stream& stream, Tensor y, const Tensor& x, const Tensor& position_ids, const RopeParams& params);
 // The transpose of the rotation. dx may alias dy.
 void rope_backward(Stream& stream, Tensor dx, const Tensor& dy, const Tensor& position_ids, const RopeParams& params);

@@ -1,7 +1,7 @@
 // Tests for the CUDA rope kernel (ops/cuda/rope.*) through the public ops: forward and backward against the CPU
-// reference for rotate-half and interleaved pairs, full and partial rotary, attention scaling, large positions, f32
-// and bf16; the backward inverting the forward, in-place use, determinism and argument checks. Run on a GPU; skipped
-// elsewhere.
+// reference for rotate-half and interleaved pairs, full and partial rotary (from the head's first dim or inside it),
+// attention scaling, large positions, f32 and bf16; the backward inverting the forward, in-place use, determinism
+// and argument checks. Run on a GPU; skipped elsewhere.
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -41,12 +41,14 @@ struct Case {
   int rotary_dim;
   bool interleaved;
   float scaling;
+  int first = 0;  // first_rotated_dim
 };
 
-const std::vector<Case> kCases = {{{37, 4, 64}, 64, false, 1.0f},  {{37, 4, 64}, 64, true, 1.0f},
-                                  {{5, 2, 128}, 64, false, 1.0f},  {{5, 2, 128}, 32, true, 1.3f},
-                                  {{1, 1, 2}, 2, false, 1.0f},     {{300, 8, 128}, 128, false, 0.9f},
-                                  {{3, 16, 256}, 192, true, 1.0f}, {{0, 4, 64}, 64, false, 1.0f}};
+const std::vector<Case> kCases = {{{37, 4, 64}, 64, false, 1.0f},      {{37, 4, 64}, 64, true, 1.0f},
+                                  {{5, 2, 128}, 64, false, 1.0f},      {{5, 2, 128}, 32, true, 1.3f},
+                                  {{1, 1, 2}, 2, false, 1.0f},         {{300, 8, 128}, 128, false, 0.9f},
+                                  {{3, 16, 256}, 192, true, 1.0f},     {{0, 4, 64}, 64, false, 1.0f},
+                                  {{37, 4, 192}, 64, true, 1.0f, 128}, {{5, 2, 128}, 32, false, 1.3f, 40}};
 
 // Positions restart per packed document; some are large (long contexts), where the angle reaches ~1e5 radians.
 Tensor make_positions(int64_t tokens, Rng& rng) {
@@ -63,6 +65,7 @@ ops::RopeParams params_of(const Case& c) {
   ops::RopeParams params = ops::rope_default_params(c.rotary_dim, 1e6);
   params.interleaved = c.interleaved;
   params.attention_scaling = c.scaling;
+  params.first_rotated_dim = c.first;
   return params;
 }
 
@@ -70,7 +73,8 @@ TEST(CudaRope, ForwardAndBackwardMatchCpu) {
   MT_REQUIRE_GPU();
   for (const Case& c : kCases) {
     SCOPED_TRACE(::testing::Message() << shape_str(c.shape) << " rotary " << c.rotary_dim
-                                      << (c.interleaved ? " interleaved" : " rotate-half") << " scaling " << c.scaling);
+                                      << (c.interleaved ? " interleaved" : " rotate-half") << " scaling " << c.scaling
+                                      << " from dim " << c.first);
     Rng rng(51);
     const ops::RopeParams params = params_of(c);
     const Tensor x = random_tensor(c.shape, DType::F32, rng);
@@ -88,11 +92,12 @@ TEST(CudaRope, ForwardAndBackwardMatchCpu) {
       const double error = relative_error(host_f32(got), want);
       EXPECT_LT(error, kF32Tolerance) << (backward ? "backward" : "forward");
       std::printf("rope %s %s: rel err %.2e\n", backward ? "backward" : "forward", shape_str(c.shape).c_str(), error);
-      // Dims past rotary_dim are copied: exactly the input.
+      // Dims outside the rotation are copied: exactly the input.
       if (c.rotary_dim < c.shape[2] && c.shape[0] > 0) {
         const std::vector<float> in = x.to_vector<float>(), out = host_f32(got).to_vector<float>();
         for (size_t i = 0; i < in.size(); ++i) {
-          if (static_cast<int64_t>(i) % c.shape[2] >= c.rotary_dim) {
+          const int64_t dim = static_cast<int64_t>(i) % c.shape[2];
+          if (dim < c.first || dim >= c.first + c.rotary_dim) {
             ASSERT_EQ(out[i], in[i]) << "element " << i;
           }
         }
@@ -177,9 +182,11 @@ TEST(CudaRope, BackwardInvertsForward) {
 
 TEST(CudaRope, InPlaceGivesTheSameBitsAndRepeatsExactly) {
   MT_REQUIRE_GPU();
-  for (bool interleaved : {false, true}) {
+  // Partial rotations too, from the head's first dim and from inside it: in place the other dims are not written.
+  for (const Case& c : {Case{{128, 4, 128}, 64, false, 1.0f}, Case{{128, 4, 128}, 64, true, 1.0f},
+                        Case{{128, 4, 192}, 64, true, 1.0f, 128}, Case{{128, 4, 128}, 32, false, 1.0f, 16}}) {
+    SCOPED_TRACE(::testing::Message() << shape_str(c.shape) << " rotary " << c.rotary_dim << " from dim " << c.first);
     Rng rng(54);
-    const Case c{{128, 4, 128}, 64, interleaved, 1.0f};
     const ops::RopeParams params = params_of(c);
     const Tensor x = on_gpu(random_tensor(c.shape, DType::F32, rng).to(DType::BF16));
     const Tensor positions = on_gpu(make_positions(128, rng));

@@ -1,6 +1,6 @@
 // Tests for ops/rope: HF's default inv_freq, the forward against a direct computation and hand cases (position 0,
-// partial rotary, interleaved vs rotate_half pairs), the backward against finite differences, in-place use and
-// argument checks.
+// partial rotary, rotated dims inside the head, interleaved vs rotate_half pairs), the backward against finite
+// differences, in-place use and argument checks.
 #include "ops/rope.h"
 
 #include <cmath>
@@ -113,6 +113,48 @@ TEST(Rope, PartialRotaryLeavesTailDimsUnchanged) {
   EXPECT_GT(changed, 0);  // the rotated dims did move
 }
 
+// DeepSeek-V2's queries hold their rope dims after the nope dims of each head: a rotation that starts at
+// first_rotated_dim gives those dims the bits of rotating them alone, copies the others, and in place leaves them.
+TEST(Rope, RotatedDimsMayStartInsideTheHead) {
+  for (bool interleaved : {false, true}) {
+    SCOPED_TRACE(interleaved ? "interleaved" : "rotate_half");
+    Rng rng(25);
+    constexpr int64_t kTokens = 5, kHeads = 3, kHeadDim = 14, kFirst = 6, kRotary = 6;
+    const Tensor x = random_tensor({kTokens, kHeads, kHeadDim}, DType::F32, rng);
+    const Tensor positions = Tensor::from_vector<int32_t>({0, 3, 11, 2, 40}, {kTokens});
+    RopeParams params = rope_default_params(kRotary, 100.0);
+    params.interleaved = interleaved;
+    params.attention_scaling = 1.1f;
+    RopeParams offset = params;
+    offset.first_rotated_dim = kFirst;
+    // The rotated dims alone, as a [T, heads, rotary] tensor.
+    const auto xv = x.to_vector<float>();
+    std::vector<float> slice;
+    for (int64_t row = 0; row < kTokens * kHeads; ++row) {
+      for (int64_t d = kFirst; d < kFirst + kRotary; ++d) slice.push_back(xv[row * kHeadDim + d]);
+    }
+    for (bool backward : {false, true}) {
+      const auto rotate = backward ? rope_backward : rope_forward;
+      Tensor alone = Tensor::empty({kTokens, kHeads, kRotary}, DType::F32);
+      rotate(Stream::cpu(), alone, Tensor::from_vector(slice, {kTokens, kHeads, kRotary}), positions, params);
+      Tensor y = Tensor::empty(x.shape(), DType::F32);
+      rotate(Stream::cpu(), y, x, positions, offset);
+      Tensor in_place = x.clone();
+      rotate(Stream::cpu(), in_place, in_place, positions, offset);
+      EXPECT_TRUE(bitwise_equal(in_place, y));
+      const auto yv = y.to_vector<float>(), av = alone.to_vector<float>();
+      for (int64_t row = 0; row < kTokens * kHeads; ++row) {
+        for (int64_t d = 0; d < kHeadDim; ++d) {
+          const bool rotated = d >= kFirst && d < kFirst + kRotary;
+          const float want = rotated ? av[row * kRotary + d - kFirst] : xv[row * kHeadDim + d];
+          ASSERT_EQ(yv[row * kHeadDim + d], want)
+              << (backward ? "backward" : "forward") << " row " << row << " dim " << d;
+        }
+      }
+    }
+  }
+}
+
 TEST(Rope, InterleavedAndRotateHalfRotateDifferentPairs) {
   // x = [1, 2, 3, 4] at position 2 with inv_freq {1/2, 1/4}: angles 1 and 1/2.
   const Tensor x = Tensor::from_vector<float>({1, 2, 3, 4}, {1, 1, 4});
@@ -184,6 +226,12 @@ TEST(Rope, RejectsBadArguments) {
   expect_error_mentioning([&] { rope_default_params(5, 10000.0); }, "expected an even rotary_dim > 0 but found 5");
   expect_error_mentioning([&] { rope_forward(s, y, x, positions, rope_default_params(10, 10000.0)); },
                           "rotary_dim (10) exceeds the head dim (8)");
+  RopeParams past_the_head = params;
+  past_the_head.first_rotated_dim = 2;
+  expect_error_mentioning([&] { rope_forward(s, y, x, positions, past_the_head); },
+                          "the rotated dims [2, 10) (first_rotated_dim 2, rotary_dim 8) do not fit the head dim (8)");
+  past_the_head.first_rotated_dim = -2;
+  expect_error_mentioning([&] { rope_backward(s, y, x, positions, past_the_head); }, "first_rotated_dim -2");
   RopeParams short_freq = params;
   short_freq.inv_freq.pop_back();
   expect_error_mentioning([&] { rope_forward(s, y, x, positions, short_freq); },

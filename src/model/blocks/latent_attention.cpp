@@ -17,11 +17,11 @@ namespace {
 struct LatentRecord final : MixerRecord {
   Tensor x;                      // [T, H] block input (already normed)
   Tensor qa, rstd_qa, qa_n;      // q LoRA: [T, r_q] before and after its norm
-  Tensor q;                      // [T, nh, qk] the projection, transformers' [nope | rope] per head
+  Tensor q;                      // [T, nh, qk] the projection, transformers' [nope | rope], rope dims rotated
   Tensor ckv;                    // [T, r_kv + dr] compressed latent and rotary key
   Tensor kv_lat, rstd_kv, kv_n;  // [T, r_kv] the latent before and after its norm
   Tensor kv;                     // [T, nh, nope + v] expanded keys and values
-  Tensor Q, K, V;                // what attention saw: [T, nh, qk] in [rope | nope] (rotated), [T, nh, v]
+  Tensor K, V;                   // what attention saw beside q: [T, nh, qk] as [nope | rope] (rotated), [T, nh, v]
   Tensor attn, lse;              // [T, nh, v], [T, nh]
   const MicroBatch* batch = nullptr;
   // Kept by backward_input for backward_weight.
@@ -82,7 +82,9 @@ LatentAttention::LatentAttention(const LatentAttentionOptions& options, Paramete
            "latent attention block: the rope covers {} dims but the rotary key has {}", o.rope.rotary_dim,
            o.qk_rope_head_dim);
   lora_norm_.eps = o.lora_norm_eps;
-  rope_ = o.rope;
+  key_rope_ = o.rope;
+  query_rope_ = o.rope;
+  query_rope_.first_rotated_dim = static_cast<int>(o.qk_nope_head_dim);
   attention_.softmax_scale =
       static_cast<float>(o.softmax_scale > 0.0 ? o.softmax_scale : 1.0 / std::sqrt(double(o.qk_head_dim())));
   const auto bind = [&](const char* name, Tensor& w, Tensor& g) {
@@ -144,27 +146,25 @@ Tensor LatentAttention::forward(MixerRecord& record, const Tensor& x, const Micr
   ops::copy_columns(s, r.kv_lat, 0, r.ckv, 0, rkv);
   Tensor k_rot = Tensor::empty({T, 1, dr}, dt, dev);
   ops::copy_columns(s, k_rot, 0, r.ckv, rkv, dr);
-  ops::rope_forward(s, k_rot, k_rot, batch.position_ids, rope_);
+  ops::rope_forward(s, k_rot, k_rot, batch.position_ids, key_rope_);
   r.rstd_kv = Tensor::empty({T}, statistics_dtype(dt), dev);
   r.kv_n = Tensor::empty({T, rkv}, dt, dev);
   ops::rmsnorm_forward(s, r.kv_n, r.rstd_kv, r.kv_lat, w_kva_norm_, lora_norm_);
   r.kv = Tensor::empty({T, nh, nope + dv}, dt, dev);
   ops::linear_forward(s, r.kv.view({T, -1}), r.kv_n, w_kvb_);
 
-  // Queries and keys as [rope | nope] per head: the rope dims rotate in place, the shared rotary key is broadcast.
-  r.Q = Tensor::empty({T, nh, qk}, dt, dev);
-  ops::copy_columns(s, r.Q, 0, r.q, nope, dr);
-  ops::copy_columns(s, r.Q, dr, r.q, 0, nope);
-  ops::rope_forward(s, r.Q, r.Q, batch.position_ids, rope_);
+  // Queries and keys as [nope | rope] per head: the queries' rope dims rotate in place, the shared rotary key is
+  // broadcast after each head's k_nope.
+  ops::rope_forward(s, r.q, r.q, batch.position_ids, query_rope_);
   r.K = Tensor::empty({T, nh, qk}, dt, dev);
-  ops::copy_columns(s, rows_of(r.K, qk), 0, rows_of(k_rot, dr), 0, dr, nh);
-  ops::copy_columns(s, r.K, dr, r.kv, 0, nope);
+  ops::copy_columns(s, r.K, 0, r.kv, 0, nope);
+  ops::copy_columns(s, rows_of(r.K, qk), nope, rows_of(k_rot, dr), 0, dr, nh);
   r.V = Tensor::empty({T, nh, dv}, dt, dev);
   ops::copy_columns(s, r.V, 0, r.kv, nope, dv);
 
   r.attn = Tensor::empty({T, nh, dv}, dt, dev);
   r.lse = Tensor::empty({T, nh}, statistics_dtype(dt), dev);
-  attend(s, r.attn, r.lse, r.Q, r.K, r.V, batch, attention_for(batch), this);
+  attend(s, r.attn, r.lse, r.q, r.K, r.V, batch, attention_for(batch), this);
   Tensor out = Tensor::empty({T, o.hidden_size}, dt, dev);
   ops::linear_forward(s, out, r.attn.view({T, -1}), w_o_);
   return out;
@@ -181,17 +181,12 @@ Tensor LatentAttention::backward_input(MixerRecord& record, const Tensor& d_out)
   r.d_out = d_out;
   Tensor d_attn = Tensor::empty({T, nh, dv}, dt, dev);
   ops::linear_backward_input(s, d_attn.view({T, -1}), d_out, w_o_);
-  Tensor dQ = Tensor::empty(r.Q.shape(), dt, dev);
+  r.dq = Tensor::empty(r.q.shape(), dt, dev);
   Tensor dK = Tensor::empty(r.K.shape(), dt, dev);
   Tensor dV = Tensor::empty(r.V.shape(), dt, dev);
-  ops::attention_backward(s, dQ, dK, dV, d_attn, r.Q, r.K, r.V, r.attn, r.lse, r.batch->cu_seqlens,
+  ops::attention_backward(s, r.dq, dK, dV, d_attn, r.q, r.K, r.V, r.attn, r.lse, r.batch->cu_seqlens,
                           attention_for(*r.batch));
-
-  // Queries: undo the rotation, then back to transformers' [nope | rope] order.
-  ops::rope_backward(s, dQ, dQ, r.batch->position_ids, rope_);
-  r.dq = Tensor::empty({T, nh, qk}, dt, dev);
-  ops::copy_columns(s, r.dq, nope, dQ, 0, dr);
-  ops::copy_columns(s, r.dq, 0, dQ, dr, nope);
+  ops::rope_backward(s, r.dq, r.dq, r.batch->position_ids, query_rope_);  // the queries' rotation undone in place
   Tensor dx = Tensor::empty(r.x.shape(), dt, dev);
   if (o.q_lora_rank > 0) {
     r.d_qa_n = Tensor::empty(r.qa_n.shape(), dt, dev);
@@ -205,11 +200,11 @@ Tensor LatentAttention::backward_input(MixerRecord& record, const Tensor& d_out)
 
   // Keys and values: the expanded [k_nope | v] per head, and the shared rotary key summed over the heads.
   r.dkv = Tensor::empty(r.kv.shape(), dt, dev);
-  ops::copy_columns(s, r.dkv, 0, dK, dr, nope);
+  ops::copy_columns(s, r.dkv, 0, dK, 0, nope);
   ops::copy_columns(s, r.dkv, nope, dV, 0, dv);
   Tensor dk_rot = Tensor::empty({T, 1, dr}, dt, dev);
-  ops::sum_repeated_columns(s, rows_of(dk_rot, dr), 0, rows_of(dK, qk), 0, dr, nh);
-  ops::rope_backward(s, dk_rot, dk_rot, r.batch->position_ids, rope_);
+  ops::sum_repeated_columns(s, rows_of(dk_rot, dr), 0, rows_of(dK, qk), nope, dr, nh);
+  ops::rope_backward(s, dk_rot, dk_rot, r.batch->position_ids, key_rope_);
   r.d_kv_n = Tensor::empty(r.kv_n.shape(), dt, dev);
   ops::linear_backward_input(s, r.d_kv_n, r.dkv.view({T, -1}), w_kvb_);
   Tensor d_kv_lat = Tensor::empty(r.kv_lat.shape(), dt, dev);

@@ -4,9 +4,8 @@
 // rotary key that all heads share; the query/key head dim (nope + rope) may differ from the value head dim. It knows
 // no HF names: the family maps its parameters.
 //
-// Inside, the per-head query and key are laid out [rope dims | nope dims] (rotating the first rope dims in place); a
-// dot product does not depend on the order of the dims as long as q and k share it, and the projections keep
-// transformers' [nope | rope] order, so checkpoints map one to one.
+// The per-head query and key keep transformers' [nope dims | rope dims] order: the query's rope dims rotate in place in
+// the projection's output, and each head's key is its k_nope followed by the shared rotated key.
 #pragma once
 
 #include <memory>
@@ -50,7 +49,7 @@ class LatentAttention final : public TokenMixer {
   Tensor forward(MixerRecord& record, const Tensor& x, const MicroBatch& batch) const override;
   Tensor backward_input(MixerRecord& record, const Tensor& d_out) const override;
   void backward_weight(MixerRecord& record) const override;
-  // Generation caches each token's per-head keys (rope | nope) and values, as attention takes them (model/blocks/
+  // Generation caches each token's per-head keys (nope | rope) and values, as attention takes them (model/blocks/
   // cached_attention.h); the compressed latent cache DeepSeek-V2 serves with is a memory saving not made yet.
   std::string decoding_support() const override { return ""; }
 
@@ -59,7 +58,8 @@ class LatentAttention final : public TokenMixer {
 
   LatentAttentionOptions options_;
   ops::RmsNormParams lora_norm_;
-  ops::RopeParams rope_;
+  ops::RopeParams key_rope_;    // the shared rotary key [T, 1, rope]
+  ops::RopeParams query_rope_;  // the queries [T, nh, nope + rope]: the same rotation of each head's last dims
   ops::AttentionParams attention_;
   Tensor w_q_, w_qa_, w_qa_norm_, w_qb_, w_kva_, w_kva_norm_, w_kvb_, w_o_;
   Tensor g_q_, g_qa_, g_qa_norm_, g_qb_, g_kva_, g_kva_norm_, g_kvb_, g_o_;

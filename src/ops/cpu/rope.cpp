@@ -50,8 +50,14 @@ void rotate(T* out, const T* in, const int32_t* position_ids, int64_t tokens, in
         sin_t[i] *= sin_sign;
       }
       for (int64_t h = 0; h < heads; ++h) {
-        const T* x = in + (t * heads + h) * head_dim;
-        T* y = out + (t * heads + h) * head_dim;
+        const T* x_head = in + (t * heads + h) * head_dim;
+        T* y_head = out + (t * heads + h) * head_dim;
+        if (out != in) {  // the dims outside the rotation, copied (in place they stay)
+          for (int64_t d = 0; d < params.first_rotated_dim; ++d) y_head[d] = x_head[d];
+          for (int64_t d = params.first_rotated_dim + params.rotary_dim; d < head_dim; ++d) y_head[d] = x_head[d];
+        }
+        const T* x = x_head + params.first_rotated_dim;
+        T* y = y_head + params.first_rotated_dim;
         for (int64_t i = 0; i < half; ++i) {
           // rotate_half pairs (i, i + half); interleaved pairs (2i, 2i + 1).
           const int64_t ia = params.interleaved ? 2 * i : i;
@@ -61,7 +67,6 @@ void rotate(T* out, const T* in, const int32_t* position_ids, int64_t tokens, in
           y[ia] = a * cos_t[i] - b * sin_t[i];
           y[ib] = b * cos_t[i] + a * sin_t[i];
         }
-        for (int64_t d = params.rotary_dim; d < head_dim; ++d) y[d] = x[d];
       }
     }
   }

@@ -1,6 +1,6 @@
 // defines: the CUDA rope kernel. One thread per (token, pair), over the token's heads: the pair (a, b) becomes
 // (a*c - b*s, b*c + a*s) with c = cos * scaling and s = sin * scaling (the backward, the transpose, negates s), as
-// ops/cpu/rope.cpp; threads past the pairs copy the heads' dims beyond rotary_dim.
+// ops/cpu/rope.cpp; threads past the pairs copy the heads' dims outside the rotation (none in place).
 #include "ops/cuda/rope.h"
 
 #include <cstdint>
@@ -27,7 +27,8 @@ struct RopeArgs {
   int64_t heads;
   int64_t head_dim;
   int64_t half;    // rotary_dim / 2
-  int64_t work;    // items per (token, head): half pairs + (head_dim - rotary_dim) copied dims
+  int64_t first;   // first_rotated_dim
+  int64_t work;    // items per (token, head): half pairs + (head_dim - rotary_dim) copied dims (none in place)
   float scaling;   // attention_scaling
   float sin_sign;  // +1 forward, -1 backward
   bool interleaved;
@@ -44,8 +45,9 @@ __global__ void rope_kernel(T* out, const T* in, const int32_t* position_ids, co
     const int64_t j = idx % args.work;
     const T* x = in + token * args.heads * args.head_dim;
     T* y = out + token * args.heads * args.head_dim;
-    if (j >= args.half) {
-      const int64_t d = 2 * args.half + (j - args.half);
+    if (j >= args.half) {  // the dims outside [first, first + rotary_dim)
+      const int64_t copied = j - args.half;
+      const int64_t d = copied < args.first ? copied : copied + 2 * args.half;
       for (int64_t h = 0; h < args.heads; ++h)
         store_float(y + h * args.head_dim + d, load_float(x + h * args.head_dim + d));
       continue;
@@ -54,8 +56,8 @@ __global__ void rope_kernel(T* out, const T* in, const int32_t* position_ids, co
     rope_cos_sin(position_ids[token], args.inv_freq[j], args.scaling, &c, &s);
     s *= args.sin_sign;  // exact
     // rotate_half pairs (j, j + half); interleaved pairs (2j, 2j + 1).
-    const int64_t ia = args.interleaved ? 2 * j : j;
-    const int64_t ib = args.interleaved ? 2 * j + 1 : j + args.half;
+    const int64_t ia = args.first + (args.interleaved ? 2 * j : j);
+    const int64_t ib = args.first + (args.interleaved ? 2 * j + 1 : j + args.half);
     for (int64_t h = 0; h < args.heads; ++h) {
       const int64_t base = h * args.head_dim;
       const float a = load_float(x + base + ia);
@@ -83,7 +85,7 @@ unsigned blocks_for(int64_t total) {
 
 // The kernel arguments of `params` over `tokens` tokens of `heads` heads of head_dim (validated by ops::rope_*).
 RopeArgs rope_args(const RopeParams& params, int64_t tokens, int64_t heads, int64_t head_dim, float sin_sign,
-                   const char* op) {
+                   bool in_place, const char* op) {
   const int64_t half = params.rotary_dim / 2;
   MT_CHECK(half <= kRopeMaxFrequencies && static_cast<int64_t>(params.inv_freq.size()) == half,
            "{} (CUDA): expected rotary_dim / 2 = {} inv_freq values, at most {}, but found {}", op, half,
@@ -94,7 +96,8 @@ RopeArgs rope_args(const RopeParams& params, int64_t tokens, int64_t heads, int6
   args.heads = heads;
   args.head_dim = head_dim;
   args.half = half;
-  args.work = half + (head_dim - params.rotary_dim);
+  args.first = params.first_rotated_dim;
+  args.work = half + (in_place ? 0 : head_dim - params.rotary_dim);
   args.scaling = params.attention_scaling;
   args.sin_sign = sin_sign;
   args.interleaved = params.interleaved;
@@ -103,7 +106,8 @@ RopeArgs rope_args(const RopeParams& params, int64_t tokens, int64_t heads, int6
 
 void run(const Stream& stream, const Tensor& out, const Tensor& in, const Tensor& position_ids,
          const RopeParams& params, float sin_sign, const char* op) {
-  const RopeArgs args = rope_args(params, in.size(0), in.size(1), in.size(2), sin_sign, op);
+  const RopeArgs args =
+      rope_args(params, in.size(0), in.size(1), in.size(2), sin_sign, out.raw_data() == in.raw_data(), op);
   const int64_t total = args.tokens * args.work;
   if (total == 0 || args.heads == 0) return;
   const unsigned blocks = blocks_for(total);
@@ -139,7 +143,7 @@ void rope_backward(const Stream& stream, const Tensor& dx, const Tensor& dy, con
 void rope_cos_sin_table(const Stream& stream, const Tensor& table, const Tensor& position_ids,
                         const RopeParams& params) {
   const int64_t tokens = position_ids.numel();
-  const RopeArgs args = rope_args(params, tokens, 1, params.rotary_dim, 1.0f, "rope_cos_sin_table");
+  const RopeArgs args = rope_args(params, tokens, 1, params.rotary_dim, 1.0f, /*in_place=*/true, "rope_cos_sin_table");
   MT_CHECK(table.dtype() == DType::F32 && table.numel() == 2 * tokens * args.half,
            "rope_cos_sin_table (CUDA): expected an f32 table of [2, {}, {}] but found {}", tokens, args.half,
            table.describe());
