@@ -21,19 +21,6 @@ namespace moetrain::ops {
 
 namespace {
 
-// Zeros a gradient on the op's stream (CUDA: ordered before the GEMM that follows).
-void zero_on_stream(const Stream& stream, Tensor& dw) {
-#if MOETRAIN_HAS_CUDA
-  if (on_cuda(dw)) {
-    const cuda::StreamScope on_stream(stream);
-    dw.zero_();
-    return;
-  }
-#endif
-  (void)stream;
-  dw.zero_();
-}
-
 // A 2-D contiguous matrix in a dtype its backend computes with: f32 or f64 on the CPU, f32 or bf16 on CUDA.
 void check_matrix(const Stream& stream, const Tensor& t, const char* op, const char* name) {
   const std::string what = fmt::format("{}: {}", op, name);

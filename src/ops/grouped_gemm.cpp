@@ -167,10 +167,7 @@ void grouped_linear_backward_weight(Stream& stream, Tensor dw, const Tensor& dy,
                                                    /*accumulate=*/write == GradientWrite::Accumulate);
       return;
     }
-    if (write == GradientWrite::Overwrite) {
-      const cuda::StreamScope on_stream(stream);  // the zeros go on the op's stream, ordered before the GEMM
-      dw.zero_();
-    }
+    if (write == GradientWrite::Overwrite) zero_on_stream(stream, dw);
     cuda::grouped_linear_backward_weight(stream, dw, dy, x, offsets);
     return;
   }

@@ -1,8 +1,12 @@
-// defines: the device and stream checks shared by the public ops (see op_checks.h).
+// defines: the device and stream checks and the zeroing shared by the public ops (see op_checks.h).
 #include "ops/op_checks.h"
 
 #include "core/error.h"
 #include "ops/cpu/dispatch.h"
+
+#if MOETRAIN_HAS_CUDA
+#include "ops/cuda/runtime.h"
+#endif
 
 namespace moetrain::ops {
 
@@ -67,6 +71,18 @@ void check_class_targets(const Tensor& targets, int64_t tokens, int64_t vocab, i
              "{}: targets[{}] = {} is outside the vocabulary [0, V = {}) and is not the ignore index {}", op, t,
              target[t], vocab, ignore_index);
   }
+}
+
+void zero_on_stream(const Stream& stream, Tensor& t) {
+#if MOETRAIN_HAS_CUDA
+  if (on_cuda(t)) {
+    const cuda::StreamScope on_stream(stream);
+    t.zero_();
+    return;
+  }
+#endif
+  (void)stream;
+  t.zero_();
 }
 
 }  // namespace moetrain::ops

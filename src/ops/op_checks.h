@@ -1,5 +1,6 @@
 // defines: the device and stream checks shared by the public ops (src/ops/<family>.cpp): which backends this build
-// has, and that a tensor and the op's stream are on one device. Internal to src/ops; not part of the ops API.
+// has, and that a tensor and the op's stream are on one device; and zero_on_stream, the zeros an op writes before
+// accumulating. Internal to src/ops; not part of the ops API.
 #pragma once
 
 #include <string_view>
@@ -46,5 +47,8 @@ bool share_memory(const Tensor& a, const Tensor& b);
 // gradient row) instead of reading outside the row.
 void check_class_targets(const Tensor& targets, int64_t tokens, int64_t vocab, int ignore_index, const Stream& stream,
                          std::string_view op);
+
+// Zeros `t` on the op's stream (on CUDA, ordered before the kernels the op queues next on it).
+void zero_on_stream(const Stream& stream, Tensor& t);
 
 }  // namespace moetrain::ops
