@@ -81,6 +81,10 @@ LatentAttention::LatentAttention(const LatentAttentionOptions& options, Paramete
   MT_CHECK(o.rope.rotary_dim == o.qk_rope_head_dim,
            "latent attention block: the rope covers {} dims but the rotary key has {}", o.rope.rotary_dim,
            o.qk_rope_head_dim);
+  MT_CHECK(o.rope.first_rotated_dim == 0,
+           "latent attention block: the rope's first_rotated_dim is {}, expected 0 (the block places the rotation: "
+           "the whole rotary key, the last {} dims of each query head)",
+           o.rope.first_rotated_dim, o.qk_rope_head_dim);
   lora_norm_.eps = o.lora_norm_eps;
   key_rope_ = o.rope;
   query_rope_ = o.rope;

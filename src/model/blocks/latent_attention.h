@@ -31,8 +31,8 @@ struct LatentAttentionOptions {
   int64_t qk_rope_head_dim = 0;
   int64_t v_head_dim = 0;
   float lora_norm_eps = 1e-6f;  // the q_a and kv_a norms
-  ops::RopeParams rope;         // rotary_dim == qk_rope_head_dim (interleaved pairs for DeepSeek-V2)
-  double softmax_scale = 0.0;   // 0: 1 / sqrt(qk_nope_head_dim + qk_rope_head_dim)
+  ops::RopeParams rope;  // rotary_dim == qk_rope_head_dim, first_rotated_dim 0 (interleaved pairs for DeepSeek-V2)
+  double softmax_scale = 0.0;  // 0: 1 / sqrt(qk_nope_head_dim + qk_rope_head_dim)
   int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
 };
 

@@ -54,6 +54,10 @@ TEST(LatentAttention, RefusesInconsistentOptions) {
   EXPECT_TRUE(block_testing::contains(block_testing::error_message([&] { LatentAttention(o, store, "a."); }),
                                       "rope covers 8 dims but the rotary key has 4"));
   o = options(0);
+  o.rope.first_rotated_dim = 2;  // the block places the rotation itself
+  EXPECT_TRUE(block_testing::contains(block_testing::error_message([&] { LatentAttention(o, store, "a."); }),
+                                      "first_rotated_dim is 2, expected 0"));
+  o = options(0);
   o.v_head_dim = 0;
   EXPECT_TRUE(block_testing::contains(block_testing::error_message([&] { LatentAttention(o, store, "a."); }),
                                       "expected positive sizes"));
