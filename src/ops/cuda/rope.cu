@@ -83,9 +83,10 @@ unsigned blocks_for(int64_t total) {
   return static_cast<unsigned>(blocks64 < kMaxBlocks ? blocks64 : kMaxBlocks);
 }
 
-// The kernel arguments of `params` over `tokens` tokens of `heads` heads of head_dim (validated by ops::rope_*).
+// The kernel arguments of `params` over `tokens` tokens of `heads` heads of head_dim (validated by ops::rope_*);
+// copy_unrotated: the dims outside the rotation are copied too (out of place; in place they already hold them).
 RopeArgs rope_args(const RopeParams& params, int64_t tokens, int64_t heads, int64_t head_dim, float sin_sign,
-                   bool in_place, const char* op) {
+                   bool copy_unrotated, const char* op) {
   const int64_t half = params.rotary_dim / 2;
   MT_CHECK(half <= kRopeMaxFrequencies && static_cast<int64_t>(params.inv_freq.size()) == half,
            "{} (CUDA): expected rotary_dim / 2 = {} inv_freq values, at most {}, but found {}", op, half,
@@ -97,7 +98,7 @@ RopeArgs rope_args(const RopeParams& params, int64_t tokens, int64_t heads, int6
   args.head_dim = head_dim;
   args.half = half;
   args.first = params.first_rotated_dim;
-  args.work = half + (in_place ? 0 : head_dim - params.rotary_dim);
+  args.work = half + (copy_unrotated ? head_dim - params.rotary_dim : 0);
   args.scaling = params.attention_scaling;
   args.sin_sign = sin_sign;
   args.interleaved = params.interleaved;
@@ -106,8 +107,8 @@ RopeArgs rope_args(const RopeParams& params, int64_t tokens, int64_t heads, int6
 
 void run(const Stream& stream, const Tensor& out, const Tensor& in, const Tensor& position_ids,
          const RopeParams& params, float sin_sign, const char* op) {
-  const RopeArgs args =
-      rope_args(params, in.size(0), in.size(1), in.size(2), sin_sign, out.raw_data() == in.raw_data(), op);
+  const RopeArgs args = rope_args(params, in.size(0), in.size(1), in.size(2), sin_sign,
+                                  /*copy_unrotated=*/out.raw_data() != in.raw_data(), op);
   const int64_t total = args.tokens * args.work;
   if (total == 0 || args.heads == 0) return;
   const unsigned blocks = blocks_for(total);
@@ -143,7 +144,8 @@ void rope_backward(const Stream& stream, const Tensor& dx, const Tensor& dy, con
 void rope_cos_sin_table(const Stream& stream, const Tensor& table, const Tensor& position_ids,
                         const RopeParams& params) {
   const int64_t tokens = position_ids.numel();
-  const RopeArgs args = rope_args(params, tokens, 1, params.rotary_dim, 1.0f, /*in_place=*/true, "rope_cos_sin_table");
+  const RopeArgs args =
+      rope_args(params, tokens, 1, params.rotary_dim, 1.0f, /*copy_unrotated=*/false, "rope_cos_sin_table");
   MT_CHECK(table.dtype() == DType::F32 && table.numel() == 2 * tokens * args.half,
            "rope_cos_sin_table (CUDA): expected an f32 table of [2, {}, {}] but found {}", tokens, args.half,
            table.describe());
