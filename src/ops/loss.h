@@ -23,8 +23,8 @@ void cross_entropy_backward(Stream& stream, Tensor dlogits, const Tensor& logits
 
 // cross_entropy_forward then cross_entropy_backward in one call, for a forward that knows its loss scale: the same
 // losses, lse and dlogits bits as the two calls. dlogits may be logits itself (the gradient then replaces the logits in
-// their buffer). On CUDA one kernel reads each row for its log-sum-exp and at once again, mostly from L2, for its
-// gradient: two passes over the [T, V] logits instead of three.
+// their buffer). On CUDA one kernel reads each row once (held in registers; very long rows are read twice, the second
+// time partly from L2) and writes its gradient: one pass over the [T, V] logits and one of their gradient.
 void cross_entropy_forward_backward(Stream& stream, Tensor losses, Tensor lse, Tensor dlogits, const Tensor& logits,
                                     const Tensor& targets, double scale, int ignore_index = kIgnoreIndex);
 

@@ -51,8 +51,9 @@ struct Case {
   int64_t vocab;
 };
 
-// A tiny vocabulary, one token, V not a multiple of the block, Qwen's full vocabulary, no tokens.
-const std::vector<Case> kCases = {{5, 7}, {1, 1}, {33, 1000}, {64, 5003}, {4, 151936}, {0, 9}};
+// A tiny vocabulary, one token, V not a multiple of the block, rows held by clusters of 2 (bf16) and 4 (f32) blocks,
+// Qwen's full vocabulary (bf16: clusters of 8; f32: one block a row), no tokens.
+const std::vector<Case> kCases = {{5, 7}, {1, 1}, {33, 1000}, {64, 5003}, {12, 40000}, {4, 151936}, {0, 9}};
 
 // Targets in [0, V) with about a fifth of them ignored (the first token always counted when there is one).
 Tensor make_targets(int64_t tokens, int64_t vocab, Rng& rng) {
@@ -195,10 +196,13 @@ TEST(CudaCrossEntropy, BackwardInPlaceGivesTheBitsOfASeparateGradient) {
 
 TEST(CudaCrossEntropy, ForwardBackwardGivesTheBitsOfTheTwoKernels) {
   MT_REQUIRE_GPU();
-  // The fused kernel (two blocks per SM, rows grid-strided, the gradient pass walking each row backwards) against the
-  // forward and the backward kernels: the same losses, lse and gradient bytes, into a separate gradient and in place,
-  // in 16-byte packs (V = 1000, 151936) and element by element (V = 5003 in bf16, V = 7), and with more rows than SMs.
-  for (const Case& c : {Case{5, 7}, Case{1, 1}, Case{300, 1000}, Case{64, 5003}, Case{4, 151936}, Case{0, 9}}) {
+  // The fused kernel against the forward and the backward kernels: the same losses, lse and gradient bytes, into a
+  // separate gradient and in place, for rows held in registers by clusters of 1 (V = 1000, with more rows than SMs),
+  // 2 or 4 (V = 40000) and 8 blocks (V = 151936 in bf16), and for the one-block kernel (two blocks per SM, rows
+  // grid-strided, the gradient pass walking each row backwards) on rows element by element (V = 5003 in bf16, V = 7)
+  // and on packed rows too long to hold (V = 600000; the limit is 262,144 bf16 or 131,072 f32 logits).
+  for (const Case& c : {Case{5, 7}, Case{1, 1}, Case{300, 1000}, Case{64, 5003}, Case{12, 40000}, Case{4, 151936},
+                        Case{3, 600000}, Case{0, 9}}) {
     for (DType dtype : {DType::F32, DType::BF16}) {
       SCOPED_TRACE(::testing::Message() << c.tokens << " x " << c.vocab << " " << dtype_name(dtype));
       Rng rng(75);
@@ -281,8 +285,8 @@ TEST(CudaCrossEntropy, RejectsDtypesWithoutACudaKernelAndMixedDevices) {
 
 #if MOETRAIN_HAS_CUDA
 // Benchmark: one micro-batch of the workload of record's loss (8192 tokens, Qwen's 151,936-token vocabulary, bf16
-// logits, 2.5 GB): the forward and the in-place backward kernels against the fused kernel at 1, 2 and 4 row blocks
-// per SM, in ms and in bytes of logits moved per second (three passes for the two kernels, two for the fused one).
+// logits, 2.5 GB): the forward and the in-place backward kernels against the fused kernel, in ms and in bytes of
+// logits moved per second (three passes for the two kernels, two for the fused one).
 TEST(CudaCrossEntropyBench, DISABLED_WorkloadShape) {
   MT_REQUIRE_GPU();
   constexpr int64_t kTokens = 8192, kVocab = 151936;
@@ -313,14 +317,10 @@ TEST(CudaCrossEntropyBench, DISABLED_WorkloadShape) {
   std::printf("[cross-entropy] %lld x %lld bf16: forward + backward kernels %.3f ms (%.0f GB/s over 3 passes)\n",
               static_cast<long long>(kTokens), static_cast<long long>(kVocab), two_kernels,
               3 * pass_bytes / two_kernels / 1e6);
-  for (int blocks_per_sm : {1, 2, 4}) {
-    const double fused = time_ms([&] {
-      ops::cuda::cross_entropy_forward_backward(gpu(), losses, lse, logits, logits, targets, 1e-4, ops::kIgnoreIndex,
-                                                blocks_per_sm);
-    });
-    std::printf("[cross-entropy] fused, %d row block(s) per SM: %.3f ms (%.0f GB/s over 3 passes; x%.2f)\n",
-                blocks_per_sm, fused, 3 * pass_bytes / fused / 1e6, two_kernels / fused);
-  }
+  const double fused =
+      time_ms([&] { ops::cross_entropy_forward_backward(gpu(), losses, lse, logits, logits, targets, 1e-4); });
+  std::printf("[cross-entropy] fused: %.3f ms (%.0f GB/s over 2 passes; x%.2f)\n", fused, 2 * pass_bytes / fused / 1e6,
+              two_kernels / fused);
 }
 #endif  // MOETRAIN_HAS_CUDA
 

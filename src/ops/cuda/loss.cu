@@ -1,16 +1,19 @@
 // defines: the CUDA cross-entropy kernels, the formulas of ops/cpu/loss.cpp in f32: lse = m + log(sum exp(x - m))
-// with m the row maximum, loss = lse - x[target]; dlogits = scale * (exp(x - lse) - onehot). The forward reads each
-// row once (the online softmax: a running maximum and a sum rescaled when it grows), the backward reads and writes it
-// once, both in 16-byte packs where the row allows, so both run near HBM speed on [T, V] logits; the fused form runs
-// both on a row in one block, its second read mostly from L2. Block reductions are
-// a fixed tree: per-thread strided partials, a butterfly inside each warp, then the warp results in a fixed order.
-// Under bf16 logits the exponentials take the hardware's exp2 (shifted_exp).
+// with m the row maximum, loss = lse - x[target]; dlogits = scale * (exp(x - lse) - onehot). A row that fits is held
+// in registers by a cluster of blocks (held_row_kernel): read from HBM once, its maximum, its sum of exponentials and
+// its gradient all from those registers, so the forward + backward moves one read and one write of the [T, V] logits.
+// Longer rows, and rows that are not in 16-byte packs, take one block per row: the forward reads each row once (the
+// online softmax: a running maximum and a sum rescaled when it grows), the backward reads and writes it once; the
+// fused form runs both on a row in one block, its second read partly from L2. Block reductions are a fixed tree:
+// per-thread partials, a butterfly inside each warp, then the warp results in a fixed order (and the cluster's blocks
+// in rank order). Under bf16 logits the exponentials take the hardware's exp2 (shifted_exp).
 #include "ops/cuda/loss.h"
 
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -23,6 +26,7 @@ namespace moetrain::ops::cuda {
 namespace {
 
 constexpr int kWarps = kCrossEntropyThreads / 32;
+constexpr int kFusedCrossEntropyBlocksPerSm = 2;  // the one-block fused kernel's grid (ops/cuda/loss.h)
 constexpr int kTotalsThreads = 1024;
 constexpr int64_t kMaxRowBlocks = int64_t(1) << 20;  // grid-stride beyond this
 
@@ -176,6 +180,18 @@ __device__ void write_row_loss(float* losses, float* lse, int64_t t, float l, co
   losses[t] = loss;
 }
 
+// One element of a row's gradient, scale * (exp(x - l) - [is_target]): 0 on an ignored row, NaN on a row whose target
+// is outside [0, V). Every kernel's gradient is this function of (x, l), so a gradient made from a stored lse has the
+// bits of one made where the lse was reduced.
+template <typename T>
+__device__ __forceinline__ float gradient_value(float x, float l, bool is_target, bool ignored, bool poisoned,
+                                                float scale) {
+  if (ignored) return 0.0f;
+  if (poisoned) return quiet_nan();
+  const float p = shifted_exp<T>(x - l);
+  return scale * (is_target ? p - 1.0f : p);
+}
+
 // dxr = scale * (exp(x - l) - onehot(target)), one read and one write of the row; `reverse` walks it from its end.
 // An ignored row is zero; a target outside [0, V) (not validated on the device) poisons the row with NaN. `l` is read
 // only for a counted row.
@@ -187,10 +203,7 @@ __device__ void write_row_gradient(T* dxr, const T* xr, int64_t vocab, int64_t t
   const bool poisoned = !ignored && (target < 0 || target >= vocab);
   if (ignored || poisoned) l = 0.0f;
   const auto gradient = [&](float x, bool is_target) {
-    if (ignored) return 0.0f;
-    if (poisoned) return quiet_nan();
-    const float p = shifted_exp<T>(x - l);
-    return scale * (is_target ? p - 1.0f : p);
+    return gradient_value<T>(x, l, is_target, ignored, poisoned, scale);
   };
   if (packed) {
     const int64_t packs = vocab / N;
@@ -253,6 +266,182 @@ __global__ void forward_backward_kernel(float* losses, float* lse, T* dlogits, c
   }
 }
 
+// ---- Rows held in registers by a cluster of blocks ----
+// A row of V = packs x N elements (N = kPack<T>, V a multiple of it) is split over a cluster of `ranks` blocks (1, 2, 4
+// or 8): rank r takes packs [r s, min(packs, (r + 1) s)) with s = ceil(packs / ranks), and thread i of its block the
+// packs i, i + blockDim, ... of that slice, at most kHeldPacks, which it keeps in registers. The row is read from HBM
+// once; then its maximum (exact in any order), its sum of exp(x - maximum) (each thread its packs in order, a butterfly
+// in each warp, the warps in order, then the ranks in order through distributed shared memory), and its gradient, all
+// from the registers. The shape (ranks, threads) is a function of V and the dtype alone (held_row_shape), so a row's
+// bits do not depend on T or on the other rows.
+namespace cg = cooperative_groups;
+
+constexpr int kHeldPacks = 8;        // 16-byte packs a thread holds: 32 registers
+constexpr int kMaxClusterRanks = 8;  // the portable cluster size
+constexpr int kPreferredHeldThreads = 384;
+constexpr int kMaxHeldThreads = 512;  // launch bounds that leave 128 registers a thread
+
+struct HeldRowShape {
+  int ranks = 0;  // 0: the row takes the one-block kernels
+  int threads = 0;
+};
+
+// The fewest ranks whose blocks need at most kPreferredHeldThreads threads (several blocks an SM, so that one block's
+// loads overlap another's arithmetic), else up to kMaxHeldThreads; ranks 0 for a row longer than that or not in packs.
+HeldRowShape held_row_shape(bool packed, int64_t vocab, int pack) {
+  if (!packed) return {};
+  const int64_t packs = vocab / pack;
+  for (const int limit : {kPreferredHeldThreads, kMaxHeldThreads}) {
+    for (int ranks = 1; ranks <= kMaxClusterRanks; ranks *= 2) {
+      const int64_t slice = (packs + ranks - 1) / ranks;
+      const int64_t threads = std::max<int64_t>(32, (slice + kHeldPacks - 1) / kHeldPacks + 31) / 32 * 32;
+      if (threads <= limit) return {ranks, static_cast<int>(threads)};
+    }
+  }
+  return {};
+}
+
+struct Max {
+  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+// The 8 or 4 values of a held pack, as load_pack reads them from memory. A bf16 value is its 16 bits shifted into
+// the top of an f32 (exact); the shifts are volatile so that the compiler repeats them in each pass over the held
+// packs instead of keeping 64 unpacked floats alive across the passes (102 registers a thread instead of ~64).
+template <typename T>
+__device__ __forceinline__ void unpack(const uint4& held, float (&x)[kPack<T>]) {
+  if constexpr (std::is_same_v<T, float>) {
+    x[0] = __uint_as_float(held.x), x[1] = __uint_as_float(held.y);
+    x[2] = __uint_as_float(held.z), x[3] = __uint_as_float(held.w);
+  } else {
+    const uint32_t words[4] = {held.x, held.y, held.z, held.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      uint32_t low, high;  // elements 2i (the word's low half) and 2i + 1, as __bfloat1622float2 orders them
+      asm volatile("shl.b32 %0, %2, 16;\n\tand.b32 %1, %2, 0xffff0000;" : "=r"(low), "=r"(high) : "r"(words[i]));
+      x[2 * i] = __uint_as_float(low), x[2 * i + 1] = __uint_as_float(high);
+    }
+  }
+}
+
+// v reduced over the block (a butterfly in each warp, then the warps in order) and then over the cluster's blocks in
+// rank order, through `slot` (a __shared__ value of each block, written once per kernel); every thread of the cluster
+// gets the same bits. `warp_scratch` may be reused after the call: thread 0 reads it before the cluster barrier.
+template <typename Op>
+__device__ float cluster_reduce(float v, float* warp_scratch, float* slot, int ranks, Op op) {
+  v = warp_reduce(v, op);
+  if (threadIdx.x % 32 == 0) warp_scratch[threadIdx.x / 32] = v;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float total = warp_scratch[0];
+    for (int w = 1; w < static_cast<int>(blockDim.x / 32); ++w) total = op(total, warp_scratch[w]);
+    *slot = total;
+  }
+  cg::this_cluster().sync();  // every block's slot is written and visible to the cluster
+  float total = *cg::this_cluster().map_shared_rank(slot, 0);
+  for (int r = 1; r < ranks; ++r) total = op(total, *cg::this_cluster().map_shared_rank(slot, r));
+  return total;
+}
+
+// Row blockIdx.x / ranks: its loss and lse (by rank 0's thread 0) and, with kGradient, its gradient (dlogits may be
+// logits: every block has read its slice, and rank 0 the target's logit, before the first cluster barrier, and no
+// block writes before the second).
+template <typename T, bool kGradient>
+__global__ void __launch_bounds__(kMaxHeldThreads)
+    held_row_kernel(float* losses, float* lse, T* dlogits, const T* logits, const int32_t* targets, int64_t vocab,
+                    int ranks, float scale, int ignore_index) {
+  constexpr int N = kPack<T>;
+  __shared__ float warp_scratch[kMaxHeldThreads / 32];
+  __shared__ float max_slot, sum_slot;
+  const int rank = static_cast<int>(cg::this_cluster().block_rank());
+  const int64_t t = blockIdx.x / ranks;
+  // Pack indices within the row fit 32 bits (at most kMaxClusterRanks x kMaxHeldThreads x kHeldPacks): fewer registers.
+  const int packs = static_cast<int>(vocab / N);
+  const int slice = (packs + ranks - 1) / ranks;
+  const int first = rank * slice + static_cast<int>(threadIdx.x);
+  const int end = min(packs, (rank + 1) * slice);
+  const int stride = static_cast<int>(blockDim.x);
+  const T* xr = logits + t * vocab;
+  uint4 held[kHeldPacks];
+#pragma unroll
+  for (int j = 0; j < kHeldPacks; ++j) {
+    const int p = first + j * stride;
+    if (p < end) held[j] = *reinterpret_cast<const uint4*>(xr + int64_t{p} * N);
+  }
+  const int64_t target = targets[t];
+  const bool ignored = target == ignore_index;
+  const bool poisoned = !ignored && (target < 0 || target >= vocab);
+  float target_logit = 0.0f;
+  if (rank == 0 && threadIdx.x == 0 && !ignored && !poisoned) target_logit = load_float(xr + target);
+
+  float m = -__builtin_huge_valf();
+#pragma unroll
+  for (int j = 0; j < kHeldPacks; ++j) {
+    if (first + j * stride >= end) continue;
+    float x[N];
+    unpack<T>(held[j], x);
+#pragma unroll
+    for (int i = 0; i < N; ++i) m = fmaxf(m, x[i]);
+  }
+  m = cluster_reduce(m, warp_scratch, &max_slot, ranks, Max{});
+  float sum = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kHeldPacks; ++j) {
+    if (first + j * stride >= end) continue;
+    float x[N];
+    unpack<T>(held[j], x);
+#pragma unroll
+    for (int i = 0; i < N; ++i) sum += shifted_exp<T>(x[i] - m);
+  }
+  sum = cluster_reduce(sum, warp_scratch, &sum_slot, ranks, Add{});
+  cg::this_cluster().barrier_arrive();  // this block's reads of the others' slots are done
+  const float l = m + logf(sum);
+  if (rank == 0 && threadIdx.x == 0) {
+    lse[t] = l;
+    losses[t] = ignored ? 0.0f : poisoned ? quiet_nan() : l - target_logit;
+  }
+  if constexpr (kGradient) {
+    const float lg = ignored || poisoned ? 0.0f : l;
+    const int target_pack = ignored || poisoned ? -1 : static_cast<int>(target / N);
+    const int target_lane = ignored || poisoned ? -1 : static_cast<int>(target % N);
+    T* dr = dlogits + t * vocab;
+#pragma unroll
+    for (int j = 0; j < kHeldPacks; ++j) {
+      const int p = first + j * stride;
+      if (p >= end) continue;
+      float x[N], g[N];
+      unpack<T>(held[j], x);
+      const int lane = p == target_pack ? target_lane : -1;
+#pragma unroll
+      for (int i = 0; i < N; ++i) g[i] = gradient_value<T>(x[i], lg, i == lane, ignored, poisoned, scale);
+      store_pack(dr + int64_t{p} * N, g);
+    }
+  }
+  cg::this_cluster().barrier_wait();  // no block leaves while another may still read its slots
+}
+
+// Launches held_row_kernel over `tokens` rows, a cluster of shape.ranks blocks each.
+template <typename T, bool kGradient>
+void launch_held_rows(cudaStream_t stream, HeldRowShape shape, float* losses, float* lse, T* dlogits, const T* logits,
+                      const int32_t* targets, int64_t tokens, int64_t vocab, float scale, int ignore_index) {
+  MT_CHECK(tokens <= (int64_t{1} << 31) / kMaxClusterRanks - 1,
+           "cross-entropy (CUDA): expected at most {} rows but found {}", (int64_t{1} << 31) / kMaxClusterRanks - 1,
+           tokens);
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(tokens * shape.ranks));
+  config.blockDim = dim3(static_cast<unsigned>(shape.threads));
+  config.stream = stream;
+  cudaLaunchAttribute cluster{};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = static_cast<unsigned>(shape.ranks);
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = 1;
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  MT_CUDA_CHECK(cudaLaunchKernelEx(&config, held_row_kernel<T, kGradient>, losses, lse, dlogits, logits, targets, vocab,
+                                   shape.ranks, scale, ignore_index));
+}
+
 struct Totals {
   double sum;
   long long count;
@@ -296,10 +485,18 @@ void cross_entropy_forward(const Stream& stream, const Tensor& losses, const Ten
   if (tokens == 0) return;
   const auto cu_stream = static_cast<cudaStream_t>(stream_handle(stream));
   dispatch_logits(logits, "cross_entropy_forward", [&]<typename T>(T*) {
-    forward_kernel<<<row_blocks(tokens), kCrossEntropyThreads, 0, cu_stream>>>(
-        static_cast<float*>(losses.raw_data()), static_cast<float*>(lse.raw_data()),
-        static_cast<const T*>(logits.raw_data()), static_cast<const int32_t*>(targets.raw_data()), tokens, vocab,
-        ignore_index, reduction_packs(stream, vocab, kPack<T>, {logits.raw_data()}, "cross_entropy_forward"));
+    const bool packed = reduction_packs(stream, vocab, kPack<T>, {logits.raw_data()}, "cross_entropy_forward");
+    auto* loss_rows = static_cast<float*>(losses.raw_data());
+    auto* lse_rows = static_cast<float*>(lse.raw_data());
+    const auto* x = static_cast<const T*>(logits.raw_data());
+    const auto* target_rows = static_cast<const int32_t*>(targets.raw_data());
+    if (const HeldRowShape shape = held_row_shape(packed, vocab, kPack<T>); shape.ranks > 0) {
+      launch_held_rows<T, false>(cu_stream, shape, loss_rows, lse_rows, nullptr, x, target_rows, tokens, vocab, 0.0f,
+                                 ignore_index);
+      return;
+    }
+    forward_kernel<<<row_blocks(tokens), kCrossEntropyThreads, 0, cu_stream>>>(loss_rows, lse_rows, x, target_rows,
+                                                                               tokens, vocab, ignore_index, packed);
   });
   MT_CUDA_CHECK(cudaGetLastError());
 }
@@ -322,24 +519,30 @@ void cross_entropy_backward(const Stream& stream, const Tensor& dlogits, const T
 
 void cross_entropy_forward_backward(const Stream& stream, const Tensor& losses, const Tensor& lse,
                                     const Tensor& dlogits, const Tensor& logits, const Tensor& targets, double scale,
-                                    int ignore_index, int row_blocks_per_sm) {
-  MT_CHECK(row_blocks_per_sm > 0, "cross_entropy_forward_backward (CUDA): expected row blocks per SM > 0 but found {}",
-           row_blocks_per_sm);
+                                    int ignore_index) {
   const int64_t tokens = logits.size(0);
   const int64_t vocab = logits.size(1);
   if (tokens == 0) return;
   const auto cu_stream = static_cast<cudaStream_t>(stream_handle(stream));
-  int device = 0, sms = 0;
-  MT_CUDA_CHECK(cudaGetDevice(&device));
-  MT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  const int64_t blocks = std::min<int64_t>(tokens, int64_t{sms} * row_blocks_per_sm);
   dispatch_logits(logits, "cross_entropy_forward_backward", [&]<typename T>(T*) {
+    const bool packed = reduction_packs(stream, vocab, kPack<T>, {logits.raw_data(), dlogits.raw_data()},
+                                        "cross_entropy_forward_backward");
+    auto* loss_rows = static_cast<float*>(losses.raw_data());
+    auto* lse_rows = static_cast<float*>(lse.raw_data());
+    auto* dx = static_cast<T*>(dlogits.raw_data());
+    const auto* x = static_cast<const T*>(logits.raw_data());
+    const auto* target_rows = static_cast<const int32_t*>(targets.raw_data());
+    if (const HeldRowShape shape = held_row_shape(packed, vocab, kPack<T>); shape.ranks > 0) {
+      launch_held_rows<T, true>(cu_stream, shape, loss_rows, lse_rows, dx, x, target_rows, tokens, vocab,
+                                static_cast<float>(scale), ignore_index);
+      return;
+    }
+    int device = 0, sms = 0;
+    MT_CUDA_CHECK(cudaGetDevice(&device));
+    MT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    const int64_t blocks = std::min<int64_t>(tokens, int64_t{sms} * kFusedCrossEntropyBlocksPerSm);
     forward_backward_kernel<<<static_cast<unsigned>(blocks), kCrossEntropyThreads, 0, cu_stream>>>(
-        static_cast<float*>(losses.raw_data()), static_cast<float*>(lse.raw_data()),
-        static_cast<T*>(dlogits.raw_data()), static_cast<const T*>(logits.raw_data()),
-        static_cast<const int32_t*>(targets.raw_data()), tokens, vocab, static_cast<float>(scale), ignore_index,
-        reduction_packs(stream, vocab, kPack<T>, {logits.raw_data(), dlogits.raw_data()},
-                        "cross_entropy_forward_backward"));
+        loss_rows, lse_rows, dx, x, target_rows, tokens, vocab, static_cast<float>(scale), ignore_index, packed);
   });
   MT_CUDA_CHECK(cudaGetLastError());
 }
