@@ -52,7 +52,7 @@ struct Case {
 };
 
 // A tiny vocabulary, one token, V not a multiple of the block, rows held by clusters of 2 (bf16) and 4 (f32) blocks,
-// Qwen's full vocabulary (bf16: clusters of 8; f32: one block a row), no tokens.
+// Qwen's full vocabulary (clusters of 8), no tokens.
 const std::vector<Case> kCases = {{5, 7}, {1, 1}, {33, 1000}, {64, 5003}, {12, 40000}, {4, 151936}, {0, 9}};
 
 // Targets in [0, V) with about a fifth of them ignored (the first token always counted when there is one).
@@ -198,9 +198,9 @@ TEST(CudaCrossEntropy, ForwardBackwardGivesTheBitsOfTheTwoKernels) {
   MT_REQUIRE_GPU();
   // The fused kernel against the forward and the backward kernels: the same losses, lse and gradient bytes, into a
   // separate gradient and in place, for rows held in registers by clusters of 1 (V = 1000, with more rows than SMs),
-  // 2 or 4 (V = 40000) and 8 blocks (V = 151936 in bf16), and for the one-block kernel (two blocks per SM, rows
+  // 2 or 4 (V = 40000) and 8 blocks (V = 151936), and for the one-block kernel (two blocks per SM, rows
   // grid-strided, the gradient pass walking each row backwards) on rows element by element (V = 5003 in bf16, V = 7)
-  // and on packed rows too long to hold (V = 600000; the limit is 262,144 bf16 or 131,072 f32 logits).
+  // and on packed rows too long to hold (V = 600000; the limit is 327,680 bf16 or 163,840 f32 logits).
   for (const Case& c : {Case{5, 7}, Case{1, 1}, Case{300, 1000}, Case{64, 5003}, Case{12, 40000}, Case{4, 151936},
                         Case{3, 600000}, Case{0, 9}}) {
     for (DType dtype : {DType::F32, DType::BF16}) {

@@ -16,7 +16,7 @@ namespace moetrain::ops::cuda {
 // row. Each row's reductions run in an order fixed by V and the dtype, so a row's results do not depend on T or on the
 // other rows:
 // - a row of 16-byte packs (V a multiple of a pack and the logits starting on a 16-byte boundary, as every allocation
-//   does) of at most 8 x 512 x 8 packs (262,144 bf16 logits) is held in registers by a cluster of 1, 2, 4 or 8 blocks:
+//   does) of at most 8 x 512 x 10 packs (327,680 bf16 logits) is held in registers by a cluster of 1, 2, 4 or 8 blocks:
 //   one HBM read for its maximum, its sum of exponentials and (forward_backward) its gradient;
 // - any other row takes one block of kCrossEntropyThreads threads, strided partials of packs or of single elements.
 void cross_entropy_forward(const Stream& stream, const Tensor& losses, const Tensor& lse, const Tensor& logits,
