@@ -324,6 +324,20 @@ __device__ __forceinline__ void unpack(const uint4& held, float (&x)[kPack<T>]) 
   }
 }
 
+// Calls f(p, x) for each pack p the thread holds, in order (pack first + j * stride for j < kHeldPacks, below end),
+// with x its values unpacked.
+template <typename T, typename F>
+__device__ __forceinline__ void for_each_held(const uint4 (&held)[kHeldPacks], int first, int stride, int end, F&& f) {
+#pragma unroll
+  for (int j = 0; j < kHeldPacks; ++j) {
+    const int p = first + j * stride;
+    if (p >= end) continue;
+    float x[kPack<T>];
+    unpack<T>(held[j], x);
+    f(p, x);
+  }
+}
+
 // v reduced over the block (a butterfly in each warp, then the warps in order) and then over the cluster's blocks in
 // rank order, through `slot` (a __shared__ value of each block, written once per kernel); every thread of the cluster
 // gets the same bits. `warp_scratch` may be reused after the call: thread 0 reads it before the cluster barrier.
@@ -375,24 +389,16 @@ __global__ void __launch_bounds__(kMaxHeldThreads)
   if (rank == 0 && threadIdx.x == 0 && !ignored && !poisoned) target_logit = load_float(xr + target);
 
   float m = -__builtin_huge_valf();
-#pragma unroll
-  for (int j = 0; j < kHeldPacks; ++j) {
-    if (first + j * stride >= end) continue;
-    float x[N];
-    unpack<T>(held[j], x);
+  for_each_held<T>(held, first, stride, end, [&](int, const float(&x)[N]) {
 #pragma unroll
     for (int i = 0; i < N; ++i) m = fmaxf(m, x[i]);
-  }
+  });
   m = cluster_reduce(m, warp_scratch, &max_slot, ranks, Max{});
   float sum = 0.0f;
-#pragma unroll
-  for (int j = 0; j < kHeldPacks; ++j) {
-    if (first + j * stride >= end) continue;
-    float x[N];
-    unpack<T>(held[j], x);
+  for_each_held<T>(held, first, stride, end, [&](int, const float(&x)[N]) {
 #pragma unroll
     for (int i = 0; i < N; ++i) sum += shifted_exp<T>(x[i] - m);
-  }
+  });
   sum = cluster_reduce(sum, warp_scratch, &sum_slot, ranks, Add{});
   cg::this_cluster().barrier_arrive();  // this block's reads of the others' slots are done
   const float l = m + logf(sum);
@@ -405,17 +411,13 @@ __global__ void __launch_bounds__(kMaxHeldThreads)
     const int target_pack = ignored || poisoned ? -1 : static_cast<int>(target / N);
     const int target_lane = ignored || poisoned ? -1 : static_cast<int>(target % N);
     T* dr = dlogits + t * vocab;
-#pragma unroll
-    for (int j = 0; j < kHeldPacks; ++j) {
-      const int p = first + j * stride;
-      if (p >= end) continue;
-      float x[N], g[N];
-      unpack<T>(held[j], x);
+    for_each_held<T>(held, first, stride, end, [&](int p, const float(&x)[N]) {
       const int lane = p == target_pack ? target_lane : -1;
+      float g[N];
 #pragma unroll
       for (int i = 0; i < N; ++i) g[i] = gradient_value<T>(x[i], lg, i == lane, ignored, poisoned, scale);
       store_pack(dr + int64_t{p} * N, g);
-    }
+    });
   }
   cg::this_cluster().barrier_wait();  // no block leaves while another may still read its slots
 }
