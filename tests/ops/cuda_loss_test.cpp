@@ -245,22 +245,37 @@ TEST(CudaCrossEntropy, TotalsOfManyTokensMatchCpu) {
 
 TEST(CudaCrossEntropy, TargetOutsideTheVocabularyGivesNanInsteadOfAnOutOfBoundsRead) {
   MT_REQUIRE_GPU();
-  // The device cannot report a bad target (the trainer validates batches on the host): the row turns NaN.
-  const Tensor logits = on_gpu(Tensor::zeros({3, 4}, DType::F32));
-  const Tensor targets = on_gpu(Tensor::from_vector(std::vector<int32_t>{1, 4, ops::kIgnoreIndex}, {3}));
-  Tensor losses = Tensor::empty({3}, DType::F32, Device::cuda(0));
-  Tensor lse = Tensor::empty({3}, DType::F32, Device::cuda(0));
-  ops::cross_entropy_forward(gpu(), losses, lse, logits, targets);
-  const std::vector<float> l = host_f32(losses).to_vector<float>();
-  EXPECT_NEAR(l[0], std::log(4.0f), 1e-6f);
-  EXPECT_TRUE(std::isnan(l[1])) << l[1];
-  EXPECT_EQ(l[2], 0.0f);
-  Tensor dlogits = Tensor::empty({3, 4}, DType::F32, Device::cuda(0));
-  ops::cross_entropy_backward(gpu(), dlogits, logits, lse, targets, 1.0);
-  const std::vector<float> d = host_f32(dlogits).to_vector<float>();
-  for (int v = 0; v < 4; ++v) {
-    EXPECT_TRUE(std::isnan(d[4 + v])) << "row 1 column " << v;
-    EXPECT_EQ(d[8 + v], 0.0f) << "ignored row 2 column " << v;
+  // The device cannot report a bad target (the trainer validates batches on the host): the row turns NaN. Rows held by
+  // one block (V = 4) and by a cluster of 4 (V = 40000), through the forward, the backward and the fused op.
+  for (const int64_t vocab : {int64_t{4}, int64_t{40000}}) {
+    SCOPED_TRACE(::testing::Message() << "V " << vocab);
+    const Tensor logits = on_gpu(Tensor::zeros({3, vocab}, DType::F32));
+    const Tensor targets =
+        on_gpu(Tensor::from_vector(std::vector<int32_t>{1, static_cast<int32_t>(vocab), ops::kIgnoreIndex}, {3}));
+    Tensor losses = Tensor::empty({3}, DType::F32, Device::cuda(0));
+    Tensor lse = Tensor::empty({3}, DType::F32, Device::cuda(0));
+    ops::cross_entropy_forward(gpu(), losses, lse, logits, targets);
+    const std::vector<float> l = host_f32(losses).to_vector<float>();
+    EXPECT_NEAR(l[0], std::log(static_cast<float>(vocab)), 1e-5f);
+    EXPECT_TRUE(std::isnan(l[1])) << l[1];
+    EXPECT_EQ(l[2], 0.0f);
+    Tensor dlogits = Tensor::empty({3, vocab}, DType::F32, Device::cuda(0));
+    ops::cross_entropy_backward(gpu(), dlogits, logits, lse, targets, 1.0);
+    Tensor fused_losses = Tensor::empty({3}, DType::F32, Device::cuda(0));
+    Tensor fused_lse = Tensor::empty({3}, DType::F32, Device::cuda(0));
+    Tensor fused = logits.clone();
+    ops::cross_entropy_forward_backward(gpu(), fused_losses, fused_lse, fused, fused, targets, 1.0);
+    EXPECT_TRUE(same_bytes(fused_losses, losses)) << "fused losses";
+    for (const Tensor* gradient : {&dlogits, &fused}) {
+      const std::vector<float> d = host_f32(*gradient).to_vector<float>();
+      const float p = 1.0f / static_cast<float>(vocab);
+      EXPECT_NEAR(d[1], p - 1.0f, 1e-6f) << "row 0's target";
+      for (int64_t v = 0; v < vocab; ++v) {
+        if (v != 1 && std::fabs(d[v] - p) > 1e-6f) ADD_FAILURE() << "row 0 column " << v << ": " << d[v];
+        if (!std::isnan(d[vocab + v])) ADD_FAILURE() << "row 1 column " << v << ": " << d[vocab + v];
+        if (d[2 * vocab + v] != 0.0f) ADD_FAILURE() << "ignored row 2 column " << v << ": " << d[2 * vocab + v];
+      }
+    }
   }
 }
 
