@@ -294,7 +294,8 @@ HeldRowShape held_row_shape(bool packed, int64_t vocab, int pack) {
   for (const int limit : {kPreferredHeldThreads, kMaxHeldThreads}) {
     for (int ranks = 1; ranks <= kMaxClusterRanks; ranks *= 2) {
       const int64_t slice = (packs + ranks - 1) / ranks;
-      const int64_t threads = std::max<int64_t>(32, (slice + kHeldPacks - 1) / kHeldPacks + 31) / 32 * 32;
+      const int64_t holders = (slice + kHeldPacks - 1) / kHeldPacks;            // threads of kHeldPacks each
+      const int64_t threads = std::max<int64_t>(32, (holders + 31) / 32 * 32);  // in whole warps
       if (threads <= limit) return {ranks, static_cast<int>(threads)};
     }
   }
