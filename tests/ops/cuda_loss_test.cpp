@@ -299,6 +299,27 @@ TEST(CudaCrossEntropy, RejectsDtypesWithoutACudaKernelAndMixedDevices) {
 }
 
 #if MOETRAIN_HAS_CUDA
+// The shapes the tests above count on (a host function: runs without a GPU): which rows clusters of 1, 2, 4 and 8
+// blocks hold, the first row length too long to hold (8 ranks x 512 threads x 10 packs), and rows not in packs.
+TEST(CrossEntropyHeldRows, ShapeFollowsFromTheRowLengthAlone) {
+  struct Expected {
+    int64_t vocab;
+    int pack;  // 8: bf16, 4: f32
+    int ranks, threads;
+  };
+  for (const Expected& e : {Expected{7 * 8, 8, 1, 32}, Expected{1000, 8, 1, 32}, Expected{1000, 4, 1, 32},
+                            Expected{32000, 4, 4, 224}, Expected{40000, 8, 2, 256}, Expected{40000, 4, 4, 256},
+                            Expected{102400, 8, 4, 320}, Expected{151936, 8, 8, 256}, Expected{151936, 4, 8, 480},
+                            Expected{201088, 8, 8, 320}, Expected{327680, 8, 8, 512}, Expected{163840, 4, 8, 512},
+                            Expected{327688, 8, 0, 0}, Expected{163844, 4, 0, 0}, Expected{600000, 8, 0, 0}}) {
+    SCOPED_TRACE(::testing::Message() << "V " << e.vocab << " in packs of " << e.pack);
+    const ops::cuda::HeldRowShape shape = ops::cuda::held_row_shape(/*packed=*/true, e.vocab, e.pack);
+    EXPECT_EQ(shape.ranks, e.ranks);
+    EXPECT_EQ(shape.threads, e.threads);
+  }
+  EXPECT_EQ(ops::cuda::held_row_shape(/*packed=*/false, 5003, 8).ranks, 0);
+}
+
 // Benchmark: one micro-batch of the workload of record's loss (8192 tokens, Qwen's 151,936-token vocabulary, bf16
 // logits, 2.5 GB): the forward and the in-place backward kernels against the fused kernel, in ms and in bytes of
 // logits moved per second (three passes for the two kernels, two for the fused one).

@@ -281,27 +281,6 @@ constexpr int kMaxClusterRanks = 8;  // the portable cluster size
 constexpr int kPreferredHeldThreads = 384;
 constexpr int kMaxHeldThreads = 512;  // launch bounds that leave 128 registers a thread
 
-struct HeldRowShape {
-  int ranks = 0;  // 0: the row takes the one-block kernels
-  int threads = 0;
-};
-
-// The fewest ranks whose blocks need at most kPreferredHeldThreads threads (several blocks an SM, so that one block's
-// loads overlap another's arithmetic), else up to kMaxHeldThreads; ranks 0 for a row longer than that or not in packs.
-HeldRowShape held_row_shape(bool packed, int64_t vocab, int pack) {
-  if (!packed) return {};
-  const int64_t packs = vocab / pack;
-  for (const int limit : {kPreferredHeldThreads, kMaxHeldThreads}) {
-    for (int ranks = 1; ranks <= kMaxClusterRanks; ranks *= 2) {
-      const int64_t slice = (packs + ranks - 1) / ranks;
-      const int64_t holders = (slice + kHeldPacks - 1) / kHeldPacks;            // threads of kHeldPacks each
-      const int64_t threads = std::max<int64_t>(32, (holders + 31) / 32 * 32);  // in whole warps
-      if (threads <= limit) return {ranks, static_cast<int>(threads)};
-    }
-  }
-  return {};
-}
-
 struct Max {
   __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
 };
@@ -480,6 +459,22 @@ void dispatch_logits(const Tensor& logits, const char* op, F&& f) {
 }
 
 }  // namespace
+
+// The fewest ranks whose blocks need at most kPreferredHeldThreads threads (several blocks an SM, so that one block's
+// loads overlap another's arithmetic), else up to kMaxHeldThreads; ranks 0 for a row longer than that or not in packs.
+HeldRowShape held_row_shape(bool packed, int64_t vocab, int pack) {
+  if (!packed) return {};
+  const int64_t packs = vocab / pack;
+  for (const int limit : {kPreferredHeldThreads, kMaxHeldThreads}) {
+    for (int ranks = 1; ranks <= kMaxClusterRanks; ranks *= 2) {
+      const int64_t slice = (packs + ranks - 1) / ranks;
+      const int64_t holders = (slice + kHeldPacks - 1) / kHeldPacks;            // threads of kHeldPacks each
+      const int64_t threads = std::max<int64_t>(32, (holders + 31) / 32 * 32);  // in whole warps
+      if (threads <= limit) return {ranks, static_cast<int>(threads)};
+    }
+  }
+  return {};
+}
 
 void cross_entropy_forward(const Stream& stream, const Tensor& losses, const Tensor& lse, const Tensor& logits,
                            const Tensor& targets, int ignore_index) {

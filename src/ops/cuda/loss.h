@@ -3,6 +3,8 @@
 // one copy.
 #pragma once
 
+#include <cstdint>
+
 #include "core/device.h"
 #include "core/tensor.h"
 #include "ops/loss.h"
@@ -19,6 +21,14 @@ namespace moetrain::ops::cuda {
 //   does) of at most 8 x 512 x 10 packs (327,680 bf16 logits) is held in registers by a cluster of 1, 2, 4 or 8 blocks:
 //   one HBM read for its maximum, its sum of exponentials and (forward_backward) its gradient;
 // - any other row takes one block of kCrossEntropyThreads threads, strided partials of packs or of single elements.
+// How a row of `vocab` logits in packs of `pack` elements (8 bf16 or 4 f32; `packed` false when the row is not in
+// packs) is held: by a cluster of `ranks` blocks of `threads` threads, each thread up to 10 packs; ranks 0 when the
+// one-block kernels take it. A function of these arguments alone, which is what makes a row's bits independent of T.
+struct HeldRowShape {
+  int ranks = 0;
+  int threads = 0;
+};
+HeldRowShape held_row_shape(bool packed, int64_t vocab, int pack);
 void cross_entropy_forward(const Stream& stream, const Tensor& losses, const Tensor& lse, const Tensor& logits,
                            const Tensor& targets, int ignore_index);
 void cross_entropy_backward(const Stream& stream, const Tensor& dlogits, const Tensor& logits, const Tensor& lse,
