@@ -700,7 +700,7 @@ int run_check_golden(const CheckGoldenOptions& options) {
   if (bf16 && model->config().is_moe() && (all || options.cases == "packed")) {
     shadow = load_model(options.model_dir, device, kF32);
   }
-  Report report;
+  Report report(options.every_tensor);
   const bool pin = options.pin_routing_always;
   if (all || options.cases == "batch") run_batch_case(report, *model, shadow.get(), ref, bf16, pin);
   if (all || options.cases == "packed") run_packed_case(report, *model, shadow.get(), ref, bf16, pin);

@@ -141,6 +141,11 @@ void Report::judged(const std::string& name, const std::vector<Judged>& tensors,
   line(ok, fmt::format("{:<28} {} {:.3e} {} {:.3e} bound {:.3e} in {} [{} tensor(s){}; bound = {}]", name, measured,
                        decider->ours, yardstick, decider->theirs, decider->bound, decider->name, tensors.size(),
                        over ? fmt::format(", {} over their bound", over) : std::string(), rule));
+  if (!every_tensor_) return;
+  for (const Judged& t : tensors) {
+    info(fmt::format("{:<28} {} {:.3e} {} {:.3e} bound {:.3e} ({:.2f} of it) {}", name, measured, t.ours, yardstick,
+                     t.theirs, t.bound, t.ours / t.bound, t.name));
+  }
 }
 
 void Report::line(bool ok, const std::string& text) {

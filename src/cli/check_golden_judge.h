@@ -129,6 +129,9 @@ Judged judge_bf16(std::string name, double ours, double theirs);
 // Prints one line per check ("[ ok ] ..." / "[FAIL] ...") and counts them.
 class Report {
  public:
+  // every_tensor: after each bf16 group's line, one [info] line per tensor (ours, the yardstick, the bound), so the
+  // errors of tensors that pass can be studied too (check-golden --every-tensor).
+  explicit Report(bool every_tensor = false) : every_tensor_(every_tensor) {}
   // fp32: one line per group, the worst tensor of the group decides against the threshold.
   void group(const std::string& name, const std::vector<std::pair<std::string, double>>& errors, double threshold);
   // bf16: every tensor within its own bound, or the group fails. The line names the tensor closest to (or
@@ -143,6 +146,7 @@ class Report {
   int failed() const { return failed_; }
 
  private:
+  bool every_tensor_ = false;
   int passed_ = 0;
   int failed_ = 0;
 };

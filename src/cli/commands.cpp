@@ -38,6 +38,8 @@ int run_main(int argc, char** argv) {
                    "residual stream under bf16 compute: f32 (as the reference's autocast) | compute")
       ->capture_default_str();
   check->add_option("--case", golden.cases, "batch | packed | trajectory | all")->capture_default_str();
+  check->add_flag("--every-tensor", golden.every_tensor,
+                  "under bf16 judgement, print every tensor's error, yardstick and bound after its group's line");
   check->callback([&] { command = [&] { return run_check_golden(golden); }; });
 
   add_train_command(app, command);

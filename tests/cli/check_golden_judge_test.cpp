@@ -56,6 +56,30 @@ TEST(CheckGoldenJudge, GroupPassesWhenEveryTensorIsWithinItsBound) {
   EXPECT_TRUE(contains(out, "ours 2.000e-02 theirs 1.500e-02 bound 2.641e-02 in b [2 tensor(s); bound = rule]")) << out;
 }
 
+TEST(CheckGoldenJudge, EveryTensorReportPrintsEachTensorAfterItsGroupLine) {
+  const auto judge = [](Report& r) {
+    r.judged("batch/grads", {judge_bf16("a", 0.010, 0.010), judge_bf16("b", 0.050, 0.010)}, "theirs", "rule");
+  };
+  Report every(/*every_tensor=*/true);
+  const std::string out = printed(every, judge);
+  EXPECT_EQ(every.failed(), 1);  // the listing changes nothing that is judged
+  EXPECT_EQ(every.passed(), 0);
+  const size_t group = out.find("[FAIL] batch/grads");
+  const size_t a = out.find(
+      "[info] batch/grads                  ours 1.000e-02 theirs 1.000e-02 bound 1.891e-02 "
+      "(0.53 of it) a\n");
+  const size_t b = out.find(
+      "[info] batch/grads                  ours 5.000e-02 theirs 1.000e-02 bound 1.891e-02 "
+      "(2.64 of it) b\n");
+  ASSERT_NE(group, std::string::npos) << out;
+  ASSERT_NE(a, std::string::npos) << out;
+  ASSERT_NE(b, std::string::npos) << out;
+  EXPECT_LT(group, a);
+  EXPECT_LT(a, b);
+  Report plain;
+  EXPECT_FALSE(contains(printed(plain, judge), "[info]"));
+}
+
 TEST(CheckGoldenJudge, GroupFailsWhenOneTensorIsOverItsBound) {
   Report report;
   const std::string out = printed(report, [](Report& r) {
