@@ -104,6 +104,10 @@ void CausalLm::set_stream_dtype(DType dtype) {
            "model: the residual stream must be in the compute dtype ({}) or in f32, not {}",
            dtype_name(compute_dtype()), dtype_name(dtype));
   stream_dtype_ = dtype;
+  // autocast's embedding reads the fp32 weight, so an f32 stream starts from the master table's rows, not from
+  // their bf16 copies; a table the head shares keeps its copy, which the head's GEMM reads.
+  const bool tied = params_->find_role(ParamRole::Head) == nullptr;
+  if (!tied) params_->set_compute_in_f32(params_->find_role(ParamRole::Embedding)->name, dtype == DType::F32);
 }
 
 void CausalLm::set_recompute_activation(bool on) {

@@ -70,7 +70,9 @@ class CausalLm {
   // output, what a pipeline stage sends) and its gradient. The compute dtype by default (Megatron-Core's and
   // torchtitan's bf16 stream); f32 under bf16 compute keeps the stream as autocast does (Megatron-Core's
   // fp32_residual_connection): each norm reads f32 and writes bf16, each residual add sums into f32, and the
-  // stream's gradient is summed in f32 across the layers. Set before the first forward.
+  // stream's gradient is summed in f32 across the layers, and an untied embedding is read from its fp32 master (as
+  // autocast reads the fp32 weight). Set before the first forward, and before an optimizer or ZeRO-3 takes the
+  // parameters (ParameterStore::set_compute_in_f32).
   DType stream_dtype() const { return stream_dtype_; }
   void set_stream_dtype(DType dtype);
   // Every gated MLP (dense, experts, shared expert) recomputes its activation in the backward instead of keeping it

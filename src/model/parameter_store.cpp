@@ -153,6 +153,24 @@ void ParameterStore::refresh_compute_weights() {
   }
 }
 
+void ParameterStore::set_compute_in_f32(const std::string& name, bool f32) {
+  auto it = index_.find(name);
+  MT_CHECK(it != index_.end(), "parameter store: no parameter '{}'", name);
+  ParamSpec& spec = specs_[it->second];
+  MT_CHECK(spec.is_matrix(), "parameter store: '{}' is not a matrix ({} dims): it has no compute copy to change", name,
+           spec.shape.size());
+  if (compute_dtype_ == DType::F32) return;
+  spec.f32_compute = f32;
+  const Tensor& master = params_[it->second];
+  Tensor& compute = compute_[it->second];
+  if (f32 && compute.dtype() != DType::F32) {
+    compute = master;
+  } else if (!f32 && compute.dtype() == DType::F32) {
+    compute = Tensor::empty(spec.shape, compute_dtype_, master.device());
+    ops::cast(default_stream(master.device()), compute, master);
+  }
+}
+
 const ParamSpec* ParameterStore::find_role(ParamRole role) const {
   for (const ParamSpec& spec : specs_)
     if (spec.role == role && spec.layer < 0) return &spec;

@@ -102,6 +102,10 @@ class ParameterStore {
   DType compute_dtype() const { return compute_dtype_; }
   // Rounds every master into its compute copy (nothing to do under f32 compute).
   void refresh_compute_weights();
+  // Whether compute reads the named matrix's fp32 master (true: its bf16 copy is dropped, as for f32_compute specs)
+  // or its bf16 copy (false: made again from the master). Under f32 compute there is nothing to change. Call it
+  // before an optimizer or ZeRO-3 takes the store's tensors: they keep the compute tensors they were given.
+  void set_compute_in_f32(const std::string& name, bool f32);
   std::vector<Tensor> all_params() const { return params_; }
   std::vector<Tensor> all_grads() const { return grads_; }
   int64_t num_parameters() const;

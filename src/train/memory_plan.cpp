@@ -503,15 +503,20 @@ MemoryPlan plan_memory(const io::JobConfig& config, int world) {
   const int64_t batch_bytes = n * 3 * z.T * kIndex * (bf16 ? 2 : 1);  // input_ids, targets, position_ids (+ device)
 
   // The long-lived tensors of a rank holding the whole model (replicated data parallelism, every pp rank).
-  const auto copy_of = [&](const model::ParamSpec& s) { return bf16 && s.is_matrix() && !s.f32_compute; };
+  const bool tied = std::none_of(specs.begin(), specs.end(),
+                                 [](const model::ParamSpec& s) { return s.role == model::ParamRole::Head; });
+  // An f32 stream reads an untied embedding from its master: no copy (CausalLm::set_stream_dtype).
+  const bool master_table = z.s == 4 && !tied;
+  const auto copy_of = [&](const model::ParamSpec& s) {
+    const bool table = s.role == model::ParamRole::Embedding && s.layer < 0;
+    return bf16 && s.is_matrix() && !s.f32_compute && !(table && master_table);
+  };
   int64_t full_weights = 0, full_params = 0;
   for (const auto& s : specs) {
     const int64_t numel = shape_numel(s.shape);
     full_params += numel;
     if (copy_of(s)) full_weights += numel * 2;
   }
-  const bool tied = std::none_of(specs.begin(), specs.end(),
-                                 [](const model::ParamSpec& s) { return s.role == model::ParamRole::Head; });
 
   if (sharded) {
     // Every tensor sharded over dp x ep (an expert bank over dp, this ep rank's experts only).

@@ -12,6 +12,7 @@
 #include "model/causal_lm.h"
 #include "model/family.h"
 #include "model/model_config.h"
+#include "testing/cuda_compare.h"
 #include "testing/test_data.h"
 
 namespace moetrain::model {
@@ -39,6 +40,24 @@ std::string load_error(const std::string& dir) {
     return e.what();
   }
   return "";
+}
+
+// set_compute_in_f32 changes only a matrix's compute copy: under f32 compute the master is what compute reads, so
+// nothing changes; a 1-D tensor has no copy and is refused by name. (The bf16 copies it drops and makes again are
+// checked on the GPU: CudaResidualStream.F32StreamReadsTheEmbeddingMasterTable.)
+TEST(ParameterStore, ComputeInF32ChangesOnlyAMatrixsCopy) {
+  const auto model = CausalLm::from_hf(testing::test_data_path("golden/qwen3"));
+  ParameterStore& store = model->params();
+  const std::string table = store.find_role(ParamRole::Embedding)->name;
+  store.set_compute_in_f32(table, true);
+  EXPECT_EQ(store.weight(table).data<float>(), store.param(table).data<float>());
+  store.set_compute_in_f32(table, false);
+  EXPECT_EQ(store.weight(table).data<float>(), store.param(table).data<float>());
+  const std::string norm = store.find_role(ParamRole::Norm)->name;
+  testing::expect_error_containing([&] { store.set_compute_in_f32(norm, true); },
+                                   {"'" + norm + "' is not a matrix (1 dims)"});
+  testing::expect_error_containing([&] { store.set_compute_in_f32("no.such.weight", true); },
+                                   {"no parameter 'no.such.weight'"});
 }
 
 TEST(ParameterStore, StacksExpertsAndFusesGateUp) {

@@ -11,9 +11,11 @@
 
 #include <gtest/gtest.h>
 
+#include "core/dtype.h"
 #include "model/batch.h"
 #include "model/causal_lm.h"
 #include "model/model_config.h"
+#include "model/parameter_store.h"
 #include "pipeline/plain_executor.h"
 #include "testing/cuda_compare.h"
 #include "testing/gpu.h"
@@ -104,6 +106,51 @@ TEST(CudaResidualStream, F32StreamTrainsCloserToTheCpuThanABf16Stream) {
       EXPECT_LT(e_wide, e_narrow);
     }
   }
+}
+
+// autocast's embedding reads the fp32 weight: an f32 stream starts from the master table's rows, not from their bf16
+// copies (over 21 GPU dumps of each Qwen3.5 family, reading the copy put the whole model's bf16 gradient errors up
+// to 1.7x transformers' own where reading the master keeps them within 1.4x; docs/gpu_notes.md, twenty-second
+// session). A bf16 stream reads the copy, the master's one rounding.
+TEST(CudaResidualStream, F32StreamReadsTheEmbeddingMasterTable) {
+  MT_REQUIRE_GPU();
+  const model::ModelConfig config = model::load_model_config(testing::test_data_path("golden/qwen3/config.json"));
+  const model::MicroBatch batch = two_documents(config.vocab_size).to(Device::cuda(0));
+  model::CausalLm f32_stream(config, Device::cuda(0), DType::BF16);
+  model::CausalLm bf16_stream(config, Device::cuda(0), DType::BF16);
+  f32_stream.set_stream_dtype(DType::F32);
+  for (model::CausalLm* m : {&f32_stream, &bf16_stream}) m->params().init_random(5, 0.05);
+  const std::string table = f32_stream.params().find_role(model::ParamRole::Embedding)->name;
+  const Tensor master = f32_stream.params().param(table).to(Device::cpu());
+  const Tensor wide = f32_stream.embed_forward(batch).to(Device::cpu());
+  const Tensor narrow = bf16_stream.embed_forward(batch).to(Device::cpu()).to(DType::F32);
+  const std::vector<int32_t> ids = batch.input_ids.to(Device::cpu()).to_vector<int32_t>();
+  const int64_t H = config.hidden_size;
+  int64_t rounded = 0;
+  for (size_t t = 0; t < ids.size(); ++t) {
+    for (int64_t j = 0; j < H; ++j) {
+      const float want = master.data<float>()[ids[t] * H + j];
+      const float got_wide = wide.data<float>()[static_cast<int64_t>(t) * H + j];
+      const float got_narrow = narrow.data<float>()[static_cast<int64_t>(t) * H + j];
+      ASSERT_EQ(got_wide, want) << "token " << t << " column " << j;
+      ASSERT_EQ(got_narrow, round_to_bf16(want)) << "token " << t << " column " << j;
+      rounded += got_narrow != want;
+    }
+  }
+  EXPECT_GT(rounded, 0);  // the two reads differ: the copy is the master rounded
+
+  // Back to a bf16 stream: the copy again, made from the master.
+  f32_stream.set_stream_dtype(DType::BF16);
+  EXPECT_EQ(f32_stream.params().weight(table).dtype(), DType::BF16);
+  const Tensor again = f32_stream.embed_forward(batch).to(Device::cpu()).to(DType::F32);
+  EXPECT_EQ(again.to_vector<float>(), narrow.to_vector<float>());
+
+  // A table the head shares keeps its copy, which the head's GEMM reads.
+  model::ModelConfig tied_config = config;
+  tied_config.tie_word_embeddings = true;
+  model::CausalLm tied(tied_config, Device::cuda(0), DType::BF16);
+  tied.set_stream_dtype(DType::F32);
+  EXPECT_EQ(tied.params().weight(tied.params().find_role(model::ParamRole::Embedding)->name).dtype(), DType::BF16);
 }
 
 TEST(ResidualStream, TheStreamIsTheComputeDtypeOrF32) {
