@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# defines: check-golden in bf16 on fresh reference dumps, made on the GPU machine by the shared make_golden.py with
+# other seeds, every tensor listed (--every-tensor), then a summary of our errors against transformers' own
+# (scripts/golden_seeds_summary.py). It measures how the per-tensor bf16 rule behaves on dumps nobody tuned on, and
+# with GOLDEN_VARIANTS=1 it runs transformers' own bf16 with more precise placements of its roundings on the same
+# dumps (scripts/bf16_variants.py), the yardstick of what an equally good implementation gets.
+# Usage (GPU machine; the binaries built here and carried, make_golden.py copied from ../shared/golden):
+#   GOLDEN_SCRIPT=.gpu/make_golden.py GOLDEN_SEEDS="$(seq 11 30)" RESULTS_DIR=$OUT/seeds \
+#     bash scripts/golden_seeds.sh qwen3_5 qwen3_5_moe
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source scripts/gpu_env.sh
+src="${GOLDEN_SCRIPT:?set GOLDEN_SCRIPT to a copy of ../shared/golden/make_golden.py}"
+seeds="${GOLDEN_SEEDS:-$(seq 11 30)}"
+out="${RESULTS_DIR:-/tmp/moetrain_golden_seeds}"
+moetrain="${MOETRAIN:-./build/src/moetrain}"
+families=("$@")
+[[ ${#families[@]} -gt 0 ]] || families=(qwen3_5 qwen3_5_moe)
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+mkdir -p "$out/check" "$out/variants"
+export MOETRAIN_TEST_DATA="$PWD/tests/data"
+
+# The shared script, unchanged but for its list of sets and where it writes: one set per seed.
+seed_list=$(echo $seeds | tr ' ' ',')
+count=$(grep -c '^sets = ' "$src")
+[[ $count == 1 ]] || { echo "golden_seeds: expected one 'sets = ' line in $src, found $count" >&2; exit 1; }
+sed "s|^sets = .*|sets = [(f\"seed{s}\", s, 2, 48, [13, 7, 28]) for s in [$seed_list]]|; s|root = \"/tmp/golden\"|root = \"$work/golden\"|" \
+  "$src" > "$work/make_golden.py"
+(cd "$work" && RESULTS_DIR="$work" python3 make_golden.py "${families[@]}") > "$out/make_golden.log" 2>&1 ||
+  { echo "golden_seeds: make_golden.py failed, see $out/make_golden.log" >&2; exit 1; }
+
+check() {
+  local dir=$1 case=$2 tag=$3
+  "$moetrain" check-golden --device cuda --dtype bf16 --every-tensor --case "$case" --model "$dir" \
+    --reference "$dir/reference.safetensors" > "$out/check/${tag}_$case.log" 2>&1
+  echo "$tag $case: $(tail -1 "$out/check/${tag}_$case.log")"
+}
+export -f check
+export out moetrain
+for s in $seeds; do
+  for f in "${families[@]}"; do
+    dir="$work/golden/seed$s/$f"
+    [[ -f $dir/reference.safetensors ]] || { echo "golden_seeds: no dump in $dir" >&2; exit 1; }
+  done
+done
+for s in $seeds; do for f in "${families[@]}"; do for c in batch packed; do
+  echo "$work/golden/seed$s/$f $c seed${s}_$f"
+done; done; done | xargs -P 8 -n 3 bash -c 'check "$0" "$1" "$2"' | sort > "$out/check_summary.txt"
+if [[ ${GOLDEN_VARIANTS:-0} == 1 ]]; then
+  for s in $seeds; do for f in "${families[@]}"; do echo "$work/golden/seed$s/$f seed${s}_$f"; done; done |
+    xargs -P 8 -n 2 bash -c 'DEV=cuda python3 scripts/bf16_variants.py "$0" "$out/variants/$1.json" > "$out/variants/$1.log" 2>&1'
+fi
+python3 scripts/golden_seeds_summary.py "$out" | tee "$out/summary.txt"
