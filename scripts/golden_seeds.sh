@@ -23,8 +23,11 @@ export MOETRAIN_TEST_DATA="$PWD/tests/data"
 
 # The shared script, unchanged but for its list of sets and where it writes: one set per seed.
 seed_list=$(echo $seeds | tr ' ' ',')
-count=$(grep -c '^sets = ' "$src")
-[[ $count == 1 ]] || { echo "golden_seeds: expected one 'sets = ' line in $src, found $count" >&2; exit 1; }
+# Each edit must match exactly once, so a changed script fails here instead of writing its dumps elsewhere.
+for pattern in '^sets = ' 'root = "/tmp/golden"'; do
+  count=$(grep -c -- "$pattern" "$src")
+  [[ $count == 1 ]] || { echo "golden_seeds: expected one '$pattern' in $src, found $count" >&2; exit 1; }
+done
 sed "s|^sets = .*|sets = [(f\"seed{s}\", s, 2, 48, [13, 7, 28]) for s in [$seed_list]]|; s|root = \"/tmp/golden\"|root = \"$work/golden\"|" \
   "$src" > "$work/make_golden.py"
 (cd "$work" && RESULTS_DIR="$work" python3 make_golden.py "${families[@]}") > "$out/make_golden.log" 2>&1 ||
