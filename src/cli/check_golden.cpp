@@ -110,6 +110,14 @@ Bf16Groups judge_pass(const PassResult& pass, const std::vector<Tensor>& referen
   return g;
 }
 
+// Whether every tensor of every group is within its bound.
+bool within(const Bf16Groups& g) {
+  for (const auto* group : {&g.logits, &g.loss, &g.router_logits, &g.grads}) {
+    if (!std::all_of(group->begin(), group->end(), [](const Judged& j) { return j.within(); })) return false;
+  }
+  return true;
+}
+
 // One bf16 group of the free pass: when a pinned pass ran, the tensors it holds within their bound are excused
 // (check_golden_judge.h says when and why); without one, every tensor is judged.
 void report_free_group(Report& report, const std::string& group, const std::vector<Judged>& free,
@@ -144,20 +152,102 @@ void perturb_by_one_rounding(model::ParameterStore& params, double unit, uint64_
   params.refresh_compute_weights();
 }
 
-// Our router logits of `batch` after one fp32 rounding of every weight (the rounding ensemble's perturbation); the
-// weights are put back as they were.
-std::vector<Tensor> router_logits_after_one_rounding(model::CausalLm& model, const model::MicroBatch& batch) {
-  model::ParameterStore& params = model.params();
-  std::vector<Tensor> kept;
-  for (const Tensor& master : params.all_params()) kept.push_back(master.clone());
-  perturb_by_one_rounding(params, golden::kUnitRoundoffF32, 0, 0);
+// Every master weight of a model, kept so that a rounding ensemble's perturbation can be undone exactly.
+class KeptWeights {
+ public:
+  explicit KeptWeights(model::ParameterStore& params) : params_(params) {
+    for (const Tensor& master : params.all_params()) kept_.push_back(master.clone());
+  }
+  void put_back() {
+    const std::vector<Tensor> masters = params_.all_params();
+    for (size_t i = 0; i < masters.size(); ++i) Tensor(masters[i]).copy_from(kept_[i]);
+    params_.refresh_compute_weights();
+  }
+
+ private:
+  model::ParameterStore& params_;
+  std::vector<Tensor> kept_;
+};
+
+// The router logits of `batch` after one rounding of relative size `unit` of every weight (member `member` of a
+// rounding ensemble); the weights are put back as they were.
+std::vector<Tensor> router_logits_after_one_rounding(model::CausalLm& model, const model::MicroBatch& batch,
+                                                     double unit, uint64_t member) {
+  KeptWeights kept(model.params());
+  perturb_by_one_rounding(model.params(), unit, member, 0);
   model::ForwardObservation seen;
   seen.keep_logits = false;
   pipeline::forward_only(model, {batch}, &seen);
-  const std::vector<Tensor> masters = params.all_params();
-  for (size_t i = 0; i < masters.size(); ++i) Tensor(masters[i]).copy_from(kept[i]);
-  params.refresh_compute_weights();
+  kept.put_back();
   return seen.router_logits.at(0);
+}
+
+// Reference router logits (the dump's, f32 or f64 on the CPU, or our f32 path's) as f32 on `device`, for
+// MicroBatch::pinned_routing.
+std::vector<Tensor> router_logits_for_pinning(const std::vector<Tensor>& reference, Device device) {
+  std::vector<Tensor> out;
+  for (const Tensor& t : reference) out.push_back((t.dtype() == DType::F32 ? t : t.to(DType::F32)).to(device));
+  return out;
+}
+
+// What a bf16 case's rounding ensemble measured (check_golden_judge.h): per judged tensor its spread, and the first
+// member's router logits (how far one bf16 rounding of the weights moves each token, for the near-tie rule).
+struct CaseSpreads {
+  std::map<std::string, double> spread;
+  std::vector<Tensor> first_router_logits;
+};
+
+// kEnsembleMembers forward-backward passes of `batch` through the f32 model, each with every weight moved by one
+// bf16 rounding and the routing pinned to `reference_router` (where there is one); the weights are put back after.
+// The quantities carry the names the bf16 groups judge them by.
+CaseSpreads measure_case_spreads(model::CausalLm& f32_model, const model::MicroBatch& batch,
+                                 const io::SafetensorsReader& ref, const std::string& prefix,
+                                 const std::vector<Tensor>& reference_router) {
+  model::ParameterStore& params = f32_model.params();
+  KeptWeights kept(params);
+  const std::vector<Tensor> pinned = router_logits_for_pinning(reference_router, f32_model.device());
+  model::MicroBatch member_batch = batch;
+  if (!pinned.empty()) member_batch.pinned_routing = &pinned;
+  const auto in_reference = [&](const std::string& fused) { return ref.contains(prefix + "grad." + fused); };
+  golden::EnsembleStats ensemble;
+  // Name -> the reference tensor its spread is relative to (a gradient the dump lacks is reported elsewhere).
+  std::map<std::string, Tensor> references{{prefix + "logits", ref.tensor(prefix + "logits")},
+                                           {prefix + "loss", ref.tensor(prefix + "loss")}};
+  for (size_t i = 0; i < reference_router.size(); ++i) {
+    references.emplace(fmt::format("{}router_logits.{}", prefix, i), reference_router[i]);
+  }
+  CaseSpreads out;
+  for (int member = 1; member <= golden::kEnsembleMembers; ++member) {
+    perturb_by_one_rounding(params, golden::kUnitRoundoffBf16, static_cast<uint64_t>(member), 0);
+    params.zero_grads();
+    model::ForwardObservation seen;
+    const model::StepLoss step = pipeline::forward_backward(f32_model, {member_batch}, 0, &seen);
+    ensemble.add(prefix + "logits", seen.logits.at(0));
+    ensemble.add(prefix + "loss", scalar_tensor(step.loss));
+    const std::vector<Tensor>& router = seen.router_logits.at(0);
+    for (size_t i = 0; i < router.size(); ++i) ensemble.add(fmt::format("{}router_logits.{}", prefix, i), router[i]);
+    for (const auto& [name, grad] : params.export_hf_runtime(true, in_reference)) {
+      ensemble.add(name, grad);
+      if (member == 1 && ref.contains(prefix + "grad." + name)) {
+        references.emplace(name, ref.tensor(prefix + "grad." + name));
+      }
+    }
+    if (member == 1) out.first_router_logits = router;
+    kept.put_back();
+  }
+  for (const auto& [name, reference] : references) out.spread[name] = ensemble.center_and_spread(name, reference).second;
+  return out;
+}
+
+// Every bound of the groups widened by its tensor's spread under bf16 rounding (check_golden_judge.h).
+void widen(Bf16Groups& g, const CaseSpreads& spreads) {
+  for (auto* group : {&g.logits, &g.loss, &g.router_logits, &g.grads}) {
+    for (Judged& j : *group) {
+      const auto it = spreads.spread.find(j.name);
+      MT_CHECK(it != spreads.spread.end(), "check-golden: the rounding ensemble measured no spread of '{}'", j.name);
+      golden::widen_by_spread(j, it->second);
+    }
+  }
 }
 
 // An fp32 case whose every top-k flip is a rounding near-tie (check_golden_judge.h): judged as bf16 judges one, with
@@ -183,9 +273,7 @@ void judge_fp32_after_near_ties(Report& report, const std::string& label, const 
     return g;
   };
   const Bf16Groups ours = groups(free);
-  std::vector<Tensor> pinned_logits;
-  for (const Tensor& t : reference)
-    pinned_logits.push_back((t.dtype() == DType::F32 ? t : t.to(DType::F32)).to(model.device()));
+  const std::vector<Tensor> pinned_logits = router_logits_for_pinning(reference, model.device());
   model::MicroBatch pinned_batch = batch;
   pinned_batch.pinned_routing = &pinned_logits;
   const Bf16Groups pinned = groups(run_pass(report, label + "/pinned", prefix, model, pinned_batch, ref));
@@ -203,10 +291,11 @@ void judge_fp32_after_near_ties(Report& report, const std::string& label, const 
   report_free_group(report, label + "/grads", ours.grads, &pinned.grads, true, "threshold", rule);
 }
 
-// `shadow`: in bf16, the same model in f32 on the same device. It stands in for the reference's routing where the
-// dump has no router logits (the packed case): the f32 check holds it to transformers' router logits within 1e-5.
+// `f32_model`: in bf16, the same model in f32 on the same device. It stands in for the reference's routing where the
+// dump has no router logits (the packed case; the f32 check holds it to transformers' router logits within 1e-5),
+// and runs the rounding ensemble.
 void run_forward_backward_case(Report& report, const std::string& label, const std::string& prefix,
-                               model::CausalLm& model, model::CausalLm* shadow, const model::MicroBatch& batch,
+                               model::CausalLm& model, model::CausalLm* f32_model, const model::MicroBatch& batch,
                                const io::SafetensorsReader& ref, bool bf16, bool pin_always) {
   const Thresholds th;
   const PassResult free = run_pass(report, label, prefix, model, batch, ref);
@@ -231,9 +320,9 @@ void run_forward_backward_case(Report& report, const std::string& label, const s
                ref.path(), key, shape_str(tensor.shape()), shape_str(free.router_logits[i].shape()));
       reference.push_back(std::move(tensor));
     }
-  } else if (model.config().is_moe() && shadow != nullptr) {
+  } else if (model.config().is_moe() && f32_model != nullptr) {
     model::ForwardObservation f32;
-    pipeline::forward_only(*shadow, {batch}, &f32);
+    pipeline::forward_only(*f32_model, {batch}, &f32);
     reference = f32.router_logits[0];
     source = " (against our f32 path: the dump has no router logits here)";
   } else if (model.config().is_moe() && prefix.empty()) {
@@ -251,7 +340,7 @@ void run_forward_backward_case(Report& report, const std::string& label, const s
     routing.add_pass(reference, free.router_logits, model.config().num_experts_per_tok, batch.cu_seqlens_host);
     if (!bf16 && !routing.ok()) {
       // Flips our f32 error does not explain: measure how far one fp32 rounding of the weights moves each token.
-      after_one_rounding = router_logits_after_one_rounding(model, batch);
+      after_one_rounding = router_logits_after_one_rounding(model, batch, golden::kUnitRoundoffF32, 0);
       routing = RoutingCheck{};
       routing.explain_near_ties = true;
       routing.after_one_rounding = &after_one_rounding;
@@ -271,9 +360,13 @@ void run_forward_backward_case(Report& report, const std::string& label, const s
     report.group(label + "/logits", {{logits_key, free.logits_error}}, th.logits);
     report.group(label + "/loss", {{loss_key, free.loss_error}}, th.loss);
   }
-  if (!reference.empty())
-    report.line(routing.ok(), fmt::format("{:<28} {}{}", label + "/routing", routing.summary(), source));
+  const auto report_routing = [&] {
+    if (!reference.empty()) {
+      report.line(routing.ok(), fmt::format("{:<28} {}{}", label + "/routing", routing.summary(), source));
+    }
+  };
   if (!bf16) {
+    report_routing();
     if (!reference.empty()) {
       std::vector<std::pair<std::string, double>> errors;
       for (size_t i = 0; i < reference.size(); ++i) {
@@ -286,45 +379,67 @@ void run_forward_backward_case(Report& report, const std::string& label, const s
     return;
   }
 
-  const Bf16Groups ours = judge_pass(free, reference, prefix, ref);
+  Bf16Groups ours = judge_pass(free, reference, prefix, ref);
   // Near-tie flips: the same case again with every router selecting from the reference's router logits.
   std::unique_ptr<Bf16Groups> pinned;
   if (!reference.empty() && (routing.flips > 0 || pin_always)) {
-    std::vector<Tensor> pinned_logits;
-    for (const Tensor& t : reference) {  // the dump's (f32 or f64, on the CPU) or our f32 path's (on the device)
-      pinned_logits.push_back((t.dtype() == DType::F32 ? t : t.to(DType::F32)).to(model.device()));
-    }
+    const std::vector<Tensor> pinned_logits = router_logits_for_pinning(reference, model.device());
     model::MicroBatch pinned_batch = batch;
     pinned_batch.pinned_routing = &pinned_logits;
     const PassResult pass = run_pass(report, label + "/pinned", prefix, model, pinned_batch, ref);
     pinned = std::make_unique<Bf16Groups>(judge_pass(pass, reference, prefix, ref));
+  }
+  // Over a bound, or a flip the layer's sigma does not explain: the bf16 rounding ensemble (check_golden_judge.h).
+  std::string rule = kBf16Rule;
+  const bool over = !within(ours) || (pinned && !within(*pinned));
+  if (f32_model != nullptr && (over || !routing.ok() || report.every_tensor())) {
+    const CaseSpreads spreads = measure_case_spreads(*f32_model, batch, ref, prefix, reference);
+    widen(ours, spreads);
+    if (pinned) widen(*pinned, spreads);
+    rule += fmt::format(" + {} x spread", golden::kEnsembleSpreads);
+    report.info(fmt::format("{:<28} bounds widened by {} spreads of a rounding ensemble of {} f32 runs, each weight "
+                            "moved by one bf16 rounding (u = 2^-9){}",
+                            label, golden::kEnsembleSpreads, golden::kEnsembleMembers,
+                            reference.empty() ? "" : ", routing pinned to the reference's"));
+    if (!routing.ok()) {
+      // Flips the layer's sigma does not explain: how far one bf16 rounding of the weights moves each token.
+      routing = RoutingCheck{};
+      routing.explain_near_ties = true;
+      routing.after_one_rounding = &spreads.first_router_logits;
+      routing.moved_from_reference = true;
+      routing.rounding = "bf16";
+      routing.add_pass(reference, free.router_logits, model.config().num_experts_per_tok, batch.cu_seqlens_host);
+    }
+  }
+  report_routing();
+  if (pinned) {
     const std::string how = " (every router selecting from the reference's router logits" + source + ")";
-    report.judged(label + "/pinned/logits", pinned->logits, "theirs", kBf16Rule + how);
-    report.judged(label + "/pinned/loss", pinned->loss, "theirs", kBf16Rule + ", theirs = CE of bf16ref." + logits_key);
+    report.judged(label + "/pinned/logits", pinned->logits, "theirs", rule + how);
+    report.judged(label + "/pinned/loss", pinned->loss, "theirs", rule + ", theirs = CE of bf16ref." + logits_key);
     report.judged(label + "/pinned/router_logits", pinned->router_logits, "theirs",
-                  kBf16Rule + ", theirs = that of " + logits_key + source);
-    report.judged(label + "/pinned/grads", pinned->grads, "theirs", kBf16Rule);
+                  rule + ", theirs = that of " + logits_key + source);
+    report.judged(label + "/pinned/grads", pinned->grads, "theirs", rule);
   }
   const bool explained = routing.ok();
   report_free_group(report, label + "/logits", ours.logits, pinned ? &pinned->logits : nullptr, explained, "theirs",
-                    kBf16Rule);
+                    rule);
   report_free_group(report, label + "/loss", ours.loss, pinned ? &pinned->loss : nullptr, explained, "theirs",
-                    kBf16Rule + ", theirs = CE of bf16ref." + logits_key);
+                    rule + ", theirs = CE of bf16ref." + logits_key);
   if (!reference.empty()) {
     report_free_group(report, label + "/router_logits", ours.router_logits, pinned ? &pinned->router_logits : nullptr,
-                      explained, "theirs", kBf16Rule + ", theirs = that of " + logits_key + source);
+                      explained, "theirs", rule + ", theirs = that of " + logits_key + source);
   }
   report_free_group(report, label + "/grads", ours.grads, pinned ? &pinned->grads : nullptr, explained, "theirs",
-                    kBf16Rule);
+                    rule);
 }
 
-void run_batch_case(Report& report, model::CausalLm& model, model::CausalLm* shadow, const io::SafetensorsReader& ref,
+void run_batch_case(Report& report, model::CausalLm& model, model::CausalLm* f32_model, const io::SafetensorsReader& ref,
                     bool bf16, bool pin_always) {
   const model::MicroBatch batch = model::MicroBatch::from_rows(ref.tensor("input_ids"), ref.tensor("targets"));
-  run_forward_backward_case(report, "batch", "", model, shadow, batch, ref, bf16, pin_always);
+  run_forward_backward_case(report, "batch", "", model, f32_model, batch, ref, bf16, pin_always);
 }
 
-void run_packed_case(Report& report, model::CausalLm& model, model::CausalLm* shadow, const io::SafetensorsReader& ref,
+void run_packed_case(Report& report, model::CausalLm& model, model::CausalLm* f32_model, const io::SafetensorsReader& ref,
                      bool bf16, bool pin_always) {
   const model::MicroBatch batch =
       model::MicroBatch::packed(ref.tensor("packed.input_ids").clone(), ref.tensor("packed.targets").clone(),
@@ -333,7 +448,7 @@ void run_packed_case(Report& report, model::CausalLm& model, model::CausalLm* sh
   const auto theirs = ref.tensor("packed.position_ids").to_vector<int32_t>();
   report.line(ours == theirs, fmt::format("{:<28} {} documents, positions restart per document: {}", "packed/positions",
                                           batch.num_documents(), ours == theirs ? "same as reference" : "DIFFERENT"));
-  run_forward_backward_case(report, "packed", "packed.", model, shadow, batch, ref, bf16, pin_always);
+  run_forward_backward_case(report, "packed", "packed.", model, f32_model, batch, ref, bf16, pin_always);
 }
 
 // The compute dtype and the residual stream's (CausalLm::stream_dtype): bf16 compute is judged with an f32 stream
@@ -553,8 +668,16 @@ void run_trajectory_case(Report& report, const std::string& model_dir, Device de
           held.router_logits.push_back(
               judge_bf16(name, relative_error(pinned_seen.router_logits[mb].at(i), f32_logits), theirs_logits));
         }
+        // At step 0, where the weights are still the f32 path's: how far one bf16 rounding of them moves each token.
+        std::vector<Tensor> moved;
+        if (step == 0) {
+          moved = router_logits_after_one_rounding(*shadow->model, pinned_batches[mb], golden::kUnitRoundoffBf16, 1);
+        }
         for (RoutingCheck* check : {&routing, step == 0 ? &routing_at_start : nullptr}) {
           if (check == nullptr) continue;
+          check->after_one_rounding = step == 0 ? &moved : nullptr;
+          check->moved_from_reference = true;
+          check->rounding = "bf16";
           check->add_pass(f32_seen.router_logits[mb], ours_seen.router_logits[mb],
                           ours.model->config().num_experts_per_tok, batches[mb].cu_seqlens_host,
                           fmt::format("step {} mb {} ", step, mb));
@@ -696,14 +819,14 @@ int run_check_golden(const CheckGoldenOptions& options) {
               options.dtype.c_str(), std::string(dtype_name(precision.stream)).c_str(),
               bf16 ? ", judged against transformers' own bf16 error (bf16ref.*)" : "");
   const bool all = options.cases == "all";
-  std::unique_ptr<model::CausalLm> shadow;
-  if (bf16 && model->config().is_moe() && (all || options.cases == "packed")) {
-    shadow = load_model(options.model_dir, device, kF32);
+  std::unique_ptr<model::CausalLm> f32_model;  // the f32 path beside a bf16 one (run_forward_backward_case)
+  if (bf16 && (all || options.cases == "batch" || options.cases == "packed")) {
+    f32_model = load_model(options.model_dir, device, kF32);
   }
   Report report(options.every_tensor);
   const bool pin = options.pin_routing_always;
-  if (all || options.cases == "batch") run_batch_case(report, *model, shadow.get(), ref, bf16, pin);
-  if (all || options.cases == "packed") run_packed_case(report, *model, shadow.get(), ref, bf16, pin);
+  if (all || options.cases == "batch") run_batch_case(report, *model, f32_model.get(), ref, bf16, pin);
+  if (all || options.cases == "packed") run_packed_case(report, *model, f32_model.get(), ref, bf16, pin);
   if (all || options.cases == "trajectory") {
     run_trajectory_case(report, options.model_dir, device, precision, ref, bf16, pin);
   }

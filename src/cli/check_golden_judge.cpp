@@ -20,6 +20,11 @@ Judged judge_bf16(std::string name, double ours, double theirs) {
   return {std::move(name), ours, theirs, bf16_bound(theirs)};
 }
 
+void widen_by_spread(Judged& judged, double spread) {
+  judged.spread = spread;
+  judged.bound += kEnsembleSpreads * spread;
+}
+
 namespace {
 
 Tensor host_f64(const Tensor& t) { return (t.device().is_cpu() ? t : t.to(Device::cpu())).to(DType::F64); }
@@ -143,8 +148,9 @@ void Report::judged(const std::string& name, const std::vector<Judged>& tensors,
                        over ? fmt::format(", {} over their bound", over) : std::string(), rule));
   if (!every_tensor_) return;
   for (const Judged& t : tensors) {
-    info(fmt::format("{:<28} {} {:.3e} {} {:.3e} bound {:.3e} ({:.2f} of it) {}", name, measured, t.ours, yardstick,
-                     t.theirs, t.bound, t.ours / t.bound, t.name));
+    info(fmt::format("{:<28} {} {:.3e} {} {:.3e} bound {:.3e} ({:.2f} of it) {}{}", name, measured, t.ours, yardstick,
+                     t.theirs, t.bound, t.ours / t.bound, t.name,
+                     t.spread >= 0.0 ? fmt::format(" spread {:.3e}", t.spread) : std::string()));
   }
 }
 
@@ -266,7 +272,8 @@ void RoutingCheck::add_pass(const std::vector<Tensor>& ref_layers, const std::ve
       double moved = 0.0;  // how far one rounding of the weights moved this token's logits
       if (after_one_rounding != nullptr) {
         const float* m = moved_all.data<float>() + t * experts;
-        for (int64_t e = 0; e < experts; ++e) moved = std::max(moved, std::abs(double(m[e]) - double(o[e])));
+        const float* from = moved_from_reference ? r : o;
+        for (int64_t e = 0; e < experts; ++e) moved = std::max(moved, std::abs(double(m[e]) - double(from[e])));
       }
       const bool by_sigma = explain_near_ties && flip_is_near_tie(margin, sigma);
       const bool by_rounding = explain_near_ties && !by_sigma && flip_is_near_tie(margin, moved);
@@ -283,9 +290,9 @@ void RoutingCheck::add_pass(const std::vector<Tensor>& ref_layers, const std::ve
         const std::string why =
             by_sigma      ? fmt::format(" (near-tie: within {} x sqrt(2) x sigma, sigma {:.2e})", kNearTieSigmas, sigma)
             : by_rounding ? fmt::format(
-                                " (near-tie: within {} x sqrt(2) x {:.2e}, how far one fp32 rounding of every weight "
+                                " (near-tie: within {} x sqrt(2) x {:.2e}, how far one {} rounding of every weight "
                                 "moves this token's router logits)",
-                                kNearTieSigmas, moved)
+                                kNearTieSigmas, moved, rounding)
             : downstream ? " (after a near-tie flip of its sequence in an earlier MoE layer)"
                          : "";
         details += fmt::format("; {}MoE layer {} token {}: reference margin {:.2e}{}", where, layer, t, margin, why);

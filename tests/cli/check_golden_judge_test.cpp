@@ -44,6 +44,20 @@ TEST(CheckGoldenJudge, Bf16BoundIsOneAndAHalfTimesTheirsPlusOneBf16Rounding) {
   EXPECT_FALSE(judge_bf16("t", NAN, 0.02).within());
 }
 
+// A bound widened by the rounding ensemble: kEnsembleSpreads spreads on top, and the every-tensor line shows the spread.
+TEST(CheckGoldenJudge, WideningAddsFourSpreadsAndTheListingShowsTheSpread) {
+  Judged t = judge_bf16("model.layers.0.linear_attn.A_log", 0.30, 0.10);
+  EXPECT_FALSE(t.within());  // 0.30 against 0.1539
+  EXPECT_DOUBLE_EQ(t.spread, -1.0);
+  widen_by_spread(t, 0.05);
+  EXPECT_DOUBLE_EQ(t.bound, bf16_bound(0.10) + kEnsembleSpreads * 0.05);
+  EXPECT_DOUBLE_EQ(t.spread, 0.05);
+  EXPECT_TRUE(t.within());
+  Report every(/*every_tensor=*/true);
+  const std::string out = printed(every, [&](Report& r) { r.judged("batch/grads", {t}, "theirs", "rule"); });
+  EXPECT_TRUE(contains(out, "(0.85 of it) model.layers.0.linear_attn.A_log spread 5.000e-02\n")) << out;
+}
+
 TEST(CheckGoldenJudge, GroupPassesWhenEveryTensorIsWithinItsBound) {
   Report report;
   const std::string out = printed(report, [](Report& r) {
@@ -281,6 +295,32 @@ TEST(CheckGoldenJudge, F32ExplainsAFlipWithinHowFarOneRoundingMovesTheToken) {
     EXPECT_EQ(f32.ok(), explained) << f32.summary();
     if (explained) {
       EXPECT_TRUE(contains(f32.summary(), "how far one fp32 rounding of every weight moves")) << f32.summary();
+    }
+  }
+}
+
+// bf16: the move is measured from the reference's logits, where one bf16 rounding of the f32 path's weights starts
+// (our bf16 logits are off by at least half the margin at every flip). Token 7's experts 1 and 2 trade places at a
+// margin of 0.05: a rounding that moves the reference's row by 0.01 explains it, one that moves it by 1e-3 does not,
+// although its logits are 0.05 from ours.
+TEST(CheckGoldenJudge, Bf16ExplainsAFlipWithinHowFarOneBf16RoundingMovesTheReference) {
+  for (const auto& [move, explained] : {std::pair<float, bool>{0.01f, true}, {1e-3f, false}}) {
+    Router r(20);
+    r.set(r.ref, 7, {3.0f, 2.0f, 1.95f, 0.0f});
+    r.set(r.ours, 7, {3.0f, 1.95f, 2.0f, 0.0f});
+    std::vector<float> rounded = r.ref;
+    rounded[7 * 4 + 1] += move;
+    const std::vector<Tensor> after{Tensor::from_vector(rounded, {20, 4})};
+    RoutingCheck bf16;
+    bf16.explain_near_ties = true;
+    bf16.after_one_rounding = &after;
+    bf16.moved_from_reference = true;
+    bf16.rounding = "bf16";
+    bf16.add_pass({r.reference()}, {r.our()}, 2, one_sequence(20));
+    EXPECT_EQ(bf16.flips, 1);
+    EXPECT_EQ(bf16.ok(), explained) << bf16.summary();
+    if (explained) {
+      EXPECT_TRUE(contains(bf16.summary(), "how far one bf16 rounding of every weight moves")) << bf16.summary();
     }
   }
 }

@@ -137,6 +137,60 @@ TEST_P(CheckGoldenFamily, Bf16JudgementPassesTheF32Path) {
 INSTANTIATE_TEST_SUITE_P(Golden, CheckGoldenFamily,
                          ::testing::Values("qwen3", "qwen3_moe", "deepseek_v2", "gpt_oss", "qwen3_5", "qwen3_5_moe"));
 
+// The reference with every batch gradient, and transformers' own bf16 one, `scale` times the dumped one: our gradients
+// are then off as a mis-scaled loss would make them, and the yardstick is unchanged.
+std::string reference_with_scaled_grads(const std::string& family, double scale) {
+  const io::SafetensorsReader ref =
+      io::SafetensorsReader::open(testing::test_data_path("golden/" + family + "/reference.safetensors"));
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (const std::string& name : ref.names()) {
+    Tensor t = ref.tensor(name).clone();
+    if (name.rfind("grad.", 0) == 0 || name.rfind("bf16ref.grad.", 0) == 0) {
+      Tensor scaled = t.to(DType::F64);
+      for (int64_t i = 0; i < scaled.numel(); ++i) scaled.data<double>()[i] *= scale;
+      t = scaled.to(t.dtype());
+    }
+    tensors.emplace_back(name, t);
+  }
+  const std::string path = testing::make_temp_dir(family + "_scaled_grads") + "/reference.safetensors";
+  io::write_safetensors(path, tensors);
+  return path;
+}
+
+// The bf16 rounding ensemble of the batch and packed cases (run here by --every-tensor; in a real bf16 run, after a
+// tensor over its bound or a flip sigma does not explain): every bound gets 4 spreads of f32 runs whose weights moved
+// by one bf16 rounding, and every listed tensor shows its spread. The f32 path passes; a mis-scaled loss still fails:
+// gradients 30% off on Qwen3 (transformers' own bf16 gradients err by 0.7% to 7% there), twice the reference on
+// Qwen3.5, whose own bf16 gradients err by 12% to 200% (its top-k flips), so the bf16 rule can tell no less there.
+TEST(CheckGolden, Bf16RoundingEnsembleWidensEveryBoundAndStillFailsAMisScaledGradient) {
+  for (const auto& [family, scale] : {std::pair<std::string, double>{"qwen3", 1.3},
+                                      {"qwen3_moe", 1.3},
+                                      {"qwen3_5", 2.0},
+                                      {"qwen3_5_moe", 2.0}}) {
+    CheckGoldenOptions o = options_for(family, "batch");
+    o.judge_as_bf16 = true;
+    o.every_tensor = true;
+    int code = -1;
+    std::string out = trajectory_output(o, &code);
+    EXPECT_EQ(code, 0) << family << out;
+    EXPECT_NE(out.find("[info] batch                        bounds widened by 4 spreads of a rounding ensemble of 8 "
+                       "f32 runs, each weight moved by one bf16 rounding (u = 2^-9)"),
+              std::string::npos)
+        << family << out;
+    EXPECT_NE(out.find("[ ok ] batch/grads"), std::string::npos) << family << out;
+    EXPECT_NE(out.find("bound = 1.5 x theirs + 3.9e-03 + 4 x spread]"), std::string::npos) << family << out;
+    EXPECT_NE(out.find("model.norm.weight spread "), std::string::npos) << family << out;
+    EXPECT_EQ(out.find("routing pinned to the reference's") != std::string::npos, family.find("moe") != std::string::npos)
+        << family << out;
+    o.reference = reference_with_scaled_grads(family, scale);
+    out = trajectory_output(o, &code);
+    EXPECT_EQ(code, 1) << family << out;
+    EXPECT_NE(out.find("[FAIL] batch/grads"), std::string::npos) << family << out;
+    EXPECT_NE(out.find("over their bound; bound = 1.5 x theirs + 3.9e-03 + 4 x spread]"), std::string::npos)
+        << family << out;
+  }
+}
+
 // A dump without the trajectory's final weights fails closed, naming them, also where the ensemble judges the rest.
 TEST(CheckGolden, TrajectoryWithoutFinalWeightsFailsNamingThem) {
   const io::SafetensorsReader ref =
