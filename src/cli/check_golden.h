@@ -18,7 +18,9 @@ struct CheckGoldenOptions {
   // the engine's default recipe; model.residual_dtype). Under f32 compute both are f32.
   std::string residual = "f32";
   std::string cases = "all";  // batch | packed | trajectory | all
-  // Under bf16 judgement, one line per tensor after each group's line (ours, the yardstick, the bound).
+  // Under bf16 judgement, one line per tensor after each group's line (ours, the yardstick, the bound, the spread);
+  // the batch and packed cases then always run their rounding ensemble (check_golden_judge.h), which otherwise runs
+  // only when a bound is passed.
   bool every_tensor = false;
   // Tests only: judge an f32 run by the bf16 rules, so that everything of --dtype bf16 but its kernels runs on
   // the CPU (the command line never sets it).

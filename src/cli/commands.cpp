@@ -39,7 +39,8 @@ int run_main(int argc, char** argv) {
       ->capture_default_str();
   check->add_option("--case", golden.cases, "batch | packed | trajectory | all")->capture_default_str();
   check->add_flag("--every-tensor", golden.every_tensor,
-                  "under bf16 judgement, print every tensor's error, yardstick and bound after its group's line");
+                  "under bf16 judgement, print every tensor's error, yardstick, bound and rounding-ensemble spread "
+                  "after its group's line (the ensemble then runs in every batch and packed case)");
   check->callback([&] { command = [&] { return run_check_golden(golden); }; });
 
   add_train_command(app, command);
