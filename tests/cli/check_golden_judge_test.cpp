@@ -276,51 +276,41 @@ TEST(CheckGoldenJudge, Bf16ExplainsANearTieFlipWithinRounding) {
   EXPECT_TRUE(f32.near_tie_layers.empty());
 }
 
-// fp32: token 7's second and third experts trade places at a margin (0.05) far beyond the layer's sigma (1.5e-3), but
-// one fp32 rounding of the weights moves that token's logits by 0.01: within 5 x sqrt(2) of it, a near tie. The same
-// flip with a move of 1e-3 is not.
-TEST(CheckGoldenJudge, F32ExplainsAFlipWithinHowFarOneRoundingMovesTheToken) {
-  for (const auto& [move, explained] : {std::pair<float, bool>{0.01f, true}, {1e-3f, false}}) {
-    Router r(20);
-    r.set(r.ref, 7, {3.0f, 2.0f, 1.95f, 0.0f});
-    r.set(r.ours, 7, {3.0f, 1.95f, 2.0f, 0.0f});
-    std::vector<float> rounded = r.ours;
-    rounded[7 * 4 + 1] += move;
-    const std::vector<Tensor> after{Tensor::from_vector(rounded, {20, 4})};
-    RoutingCheck f32;
-    f32.explain_near_ties = true;
-    f32.after_one_rounding = &after;
-    f32.add_pass({r.reference()}, {r.our()}, 2, one_sequence(20));
-    EXPECT_EQ(f32.flips, 1);
-    EXPECT_EQ(f32.ok(), explained) << f32.summary();
-    if (explained) {
-      EXPECT_TRUE(contains(f32.summary(), "how far one fp32 rounding of every weight moves")) << f32.summary();
-    }
-  }
+// Token 7's second and third experts trade places at a margin (0.05) far beyond the layer's sigma (1.5e-3); one
+// rounding of the weights moves that token's logits by `move` from ours (fp32) or from the reference's (bf16). Returns
+// the check after that one flip.
+RoutingCheck flip_after_a_move(float move, bool bf16) {
+  Router r(20);
+  r.set(r.ref, 7, {3.0f, 2.0f, 1.95f, 0.0f});
+  r.set(r.ours, 7, {3.0f, 1.95f, 2.0f, 0.0f});
+  std::vector<float> rounded = bf16 ? r.ref : r.ours;
+  rounded[7 * 4 + 1] += move;
+  const std::vector<Tensor> after{Tensor::from_vector(rounded, {20, 4})};
+  RoutingCheck check;
+  check.explain_near_ties = true;
+  check.after_one_rounding = &after;
+  check.moved_from_reference = bf16;
+  check.rounding = bf16 ? "bf16" : "fp32";
+  check.add_pass({r.reference()}, {r.our()}, 2, one_sequence(20));
+  check.after_one_rounding = nullptr;  // `after` ends here
+  return check;
 }
 
-// bf16: the move is measured from the reference's logits, where one bf16 rounding of the f32 path's weights starts
-// (our bf16 logits are off by at least half the margin at every flip). Token 7's experts 1 and 2 trade places at a
-// margin of 0.05: a rounding that moves the reference's row by 0.01 explains it, one that moves it by 1e-3 does not,
-// although its logits are 0.05 from ours.
-TEST(CheckGoldenJudge, Bf16ExplainsAFlipWithinHowFarOneBf16RoundingMovesTheReference) {
-  for (const auto& [move, explained] : {std::pair<float, bool>{0.01f, true}, {1e-3f, false}}) {
-    Router r(20);
-    r.set(r.ref, 7, {3.0f, 2.0f, 1.95f, 0.0f});
-    r.set(r.ours, 7, {3.0f, 1.95f, 2.0f, 0.0f});
-    std::vector<float> rounded = r.ref;
-    rounded[7 * 4 + 1] += move;
-    const std::vector<Tensor> after{Tensor::from_vector(rounded, {20, 4})};
-    RoutingCheck bf16;
-    bf16.explain_near_ties = true;
-    bf16.after_one_rounding = &after;
-    bf16.moved_from_reference = true;
-    bf16.rounding = "bf16";
-    bf16.add_pass({r.reference()}, {r.our()}, 2, one_sequence(20));
-    EXPECT_EQ(bf16.flips, 1);
-    EXPECT_EQ(bf16.ok(), explained) << bf16.summary();
-    if (explained) {
-      EXPECT_TRUE(contains(bf16.summary(), "how far one bf16 rounding of every weight moves")) << bf16.summary();
+// fp32: a move of 0.01 puts the margin within 5 x sqrt(2) of it, a near tie; a move of 1e-3 does not.
+// bf16: the same, the move measured from the reference's logits, where one bf16 rounding of the f32 path's weights
+// starts (our bf16 logits are off by at least half the margin at every flip): with a move of 1e-3 the rounded logits
+// are still 0.05 from ours, and the flip is not explained.
+TEST(CheckGoldenJudge, ExplainsAFlipWithinHowFarOneRoundingMovesTheToken) {
+  for (const bool bf16 : {false, true}) {
+    for (const auto& [move, explained] : {std::pair<float, bool>{0.01f, true}, {1e-3f, false}}) {
+      const RoutingCheck check = flip_after_a_move(move, bf16);
+      EXPECT_EQ(check.flips, 1);
+      EXPECT_EQ(check.ok(), explained) << bf16 << " " << check.summary();
+      if (explained) {
+        const std::string how = bf16 ? "how far one bf16 rounding of every weight moves"
+                                     : "how far one fp32 rounding of every weight moves";
+        EXPECT_TRUE(contains(check.summary(), how)) << check.summary();
+      }
     }
   }
 }
