@@ -7,6 +7,8 @@
 # Usage (GPU machine; the binaries built here and carried, make_golden.py copied from ../shared/golden):
 #   GOLDEN_SCRIPT=.gpu/make_golden.py GOLDEN_SEEDS="$(seq 11 30)" RESULTS_DIR=$OUT/seeds \
 #     bash scripts/golden_seeds.sh qwen3_5 qwen3_5_moe
+# GOLDEN_SHAPE="B T L1,L2,..." sets the dumps' shape: B rows of T tokens in the batch case, one packed row of documents
+# of lengths L1, L2, ... (default "2 48 13,7,28", the public dump's).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_env.sh
@@ -23,12 +25,15 @@ export MOETRAIN_TEST_DATA="$PWD/tests/data"
 
 # The shared script, unchanged but for its list of sets and where it writes: one set per seed.
 seed_list=$(echo $seeds | tr ' ' ',')
+read -r rows tokens lengths <<< "${GOLDEN_SHAPE:-2 48 13,7,28}"
+[[ $rows =~ ^[1-9][0-9]*$ && $tokens =~ ^[1-9][0-9]*$ && $lengths =~ ^[1-9][0-9]*(,[1-9][0-9]*)*$ ]] ||
+  { echo "golden_seeds: GOLDEN_SHAPE expects \"B T L1,L2,...\" (positive integers) but found '${GOLDEN_SHAPE:-}'" >&2; exit 1; }
 # Each edit must match exactly once, so a changed script fails here instead of writing its dumps elsewhere.
 for pattern in '^sets = ' 'root = "/tmp/golden"'; do
   count=$(grep -c -- "$pattern" "$src")
   [[ $count == 1 ]] || { echo "golden_seeds: expected one '$pattern' in $src, found $count" >&2; exit 1; }
 done
-sed "s|^sets = .*|sets = [(f\"seed{s}\", s, 2, 48, [13, 7, 28]) for s in [$seed_list]]|; s|root = \"/tmp/golden\"|root = \"$work/golden\"|" \
+sed "s|^sets = .*|sets = [(f\"seed{s}\", s, $rows, $tokens, [$lengths]) for s in [$seed_list]]|; s|root = \"/tmp/golden\"|root = \"$work/golden\"|" \
   "$src" > "$work/make_golden.py"
 (cd "$work" && RESULTS_DIR="$work" python3 make_golden.py "${families[@]}") > "$out/make_golden.log" 2>&1 ||
   { echo "golden_seeds: make_golden.py failed, see $out/make_golden.log" >&2; exit 1; }

@@ -137,24 +137,31 @@ TEST_P(CheckGoldenFamily, Bf16JudgementPassesTheF32Path) {
 INSTANTIATE_TEST_SUITE_P(Golden, CheckGoldenFamily,
                          ::testing::Values("qwen3", "qwen3_moe", "deepseek_v2", "gpt_oss", "qwen3_5", "qwen3_5_moe"));
 
-// The reference with every batch gradient, and transformers' own bf16 one, `scale` times the dumped one: our gradients
-// are then off as a mis-scaled loss would make them, and the yardstick is unchanged.
-std::string reference_with_scaled_grads(const std::string& family, double scale) {
+// The family's reference dump rewritten with `edit` applied to each of its tensors (by name), in a fresh folder.
+template <typename Edit>
+std::string edited_reference(const std::string& family, const std::string& tag, Edit edit) {
   const io::SafetensorsReader ref =
       io::SafetensorsReader::open(testing::test_data_path("golden/" + family + "/reference.safetensors"));
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (const std::string& name : ref.names()) {
     Tensor t = ref.tensor(name).clone();
-    if (name.rfind("grad.", 0) == 0 || name.rfind("bf16ref.grad.", 0) == 0) {
-      Tensor scaled = t.to(DType::F64);
-      for (int64_t i = 0; i < scaled.numel(); ++i) scaled.data<double>()[i] *= scale;
-      t = scaled.to(t.dtype());
-    }
+    edit(name, t);
     tensors.emplace_back(name, t);
   }
-  const std::string path = testing::make_temp_dir(family + "_scaled_grads") + "/reference.safetensors";
+  const std::string path = testing::make_temp_dir(family + "_" + tag) + "/reference.safetensors";
   io::write_safetensors(path, tensors);
   return path;
+}
+
+// The reference with every batch gradient, and transformers' own bf16 one, `scale` times the dumped one: our gradients
+// are then off as a mis-scaled loss would make them, and the yardstick is unchanged.
+std::string reference_with_scaled_grads(const std::string& family, double scale) {
+  return edited_reference(family, "scaled_grads", [scale](const std::string& name, Tensor& t) {
+    if (name.rfind("grad.", 0) != 0 && name.rfind("bf16ref.grad.", 0) != 0) return;
+    Tensor scaled = t.to(DType::F64);
+    for (int64_t i = 0; i < scaled.numel(); ++i) scaled.data<double>()[i] *= scale;
+    t = scaled.to(t.dtype());
+  });
 }
 
 // The bf16 rounding ensemble of the batch and packed cases (run here by --every-tensor; in a real bf16 run, after a
@@ -189,6 +196,33 @@ TEST(CheckGolden, Bf16RoundingEnsembleWidensEveryBoundAndStillFailsAMisScaledGra
     EXPECT_NE(out.find("over their bound; bound = 1.5 x theirs + 3.9e-03 + 4 x spread]"), std::string::npos)
         << family << out;
   }
+}
+
+// The fp32 gradients of a batch case over their threshold get 4 spreads of an fp32 rounding ensemble of ours (on
+// fresh Qwen3.5 dumps, gate and embedding gradients that one fp32 rounding of the weights moves by up to 9e-5 of
+// themselves). The public qwen3_5 dump needs none; with layer 0's A_log gradient 1.5e-4 off in the reference, the
+// ensemble runs and still fails it: one fp32 rounding moves that gradient by about 6e-6 of itself there.
+TEST(CheckGolden, F32GradientOverItsThresholdIsWidenedByItsRoundingSpreadAndStillFailsAnOffset) {
+  int code = -1;
+  const std::string plain = trajectory_output(options_for("qwen3_5", "batch"), &code);
+  EXPECT_EQ(code, 0) << plain;
+  EXPECT_EQ(plain.find("over the fp32 threshold"), std::string::npos) << plain;
+  CheckGoldenOptions o = options_for("qwen3_5", "batch");
+  o.reference = edited_reference("qwen3_5", "offset_a_log", [](const std::string& name, Tensor& t) {
+    if (name != "grad.model.layers.0.linear_attn.A_log") return;
+    for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] *= 1.0f + 1.5e-4f;
+  });
+  const std::string out = trajectory_output(o, &code);
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_NE(out.find("[info] batch/grads                  over the fp32 threshold: bounds widened by 4 spreads of a "
+                     "rounding ensemble of 8 runs of ours, each weight moved by one fp32 rounding (u = 2^-24)"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("[FAIL] batch/grads"), std::string::npos) << out;
+  EXPECT_NE(out.find("in model.layers.0.linear_attn.A_log [56 tensor(s), 1 over their bound; bound = fp32 threshold "
+                     "+ 4 x spread]"),
+            std::string::npos)
+      << out;
 }
 
 // A dump without the trajectory's final weights fails closed, naming them, also where the ensemble judges the rest.
@@ -270,23 +304,14 @@ std::string reference_without(const std::string& tag, bool (*drop)(const std::st
 // the fp32 thresholds); a reference that routes token 0 of the first MoE layer to its least likely expert is a flip
 // no rounding makes, and fails.
 TEST(CheckGolden, F32FailsAFlipThatRoundingCannotMake) {
-  const io::SafetensorsReader ref =
-      io::SafetensorsReader::open(testing::test_data_path("golden/qwen3_5_moe/reference.safetensors"));
-  std::vector<std::pair<std::string, Tensor>> tensors;
-  for (const std::string& name : ref.names()) {
-    Tensor t = ref.tensor(name).clone();
-    if (name == "router_logits.0") {
-      float* row = t.data<float>();  // token 0's [E] logits: its best and its worst expert trade places
-      const int64_t experts = t.size(1);
-      const auto [lo, hi] = std::minmax_element(row, row + experts);
-      std::swap(*lo, *hi);
-    }
-    tensors.emplace_back(name, t);
-  }
-  const std::string path = testing::make_temp_dir("swapped_routing") + "/reference.safetensors";
-  io::write_safetensors(path, tensors);
   CheckGoldenOptions o = options_for("qwen3_5_moe", "batch");
-  o.reference = path;
+  o.reference = edited_reference("qwen3_5_moe", "swapped_routing", [](const std::string& name, Tensor& t) {
+    if (name != "router_logits.0") return;
+    float* row = t.data<float>();  // token 0's [E] logits: its best and its worst expert trade places
+    const int64_t experts = t.size(1);
+    const auto [lo, hi] = std::minmax_element(row, row + experts);
+    std::swap(*lo, *hi);
+  });
   int code = -1;
   const std::string out = trajectory_output(o, &code);
   EXPECT_EQ(code, 1) << out;
