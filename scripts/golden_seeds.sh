@@ -7,6 +7,7 @@
 # Usage (GPU machine; the binaries built here and carried, make_golden.py copied from ../shared/golden):
 #   GOLDEN_SCRIPT=.gpu/make_golden.py GOLDEN_SEEDS="$(seq 11 30)" RESULTS_DIR=$OUT/seeds \
 #     bash scripts/golden_seeds.sh qwen3_5 qwen3_5_moe
+# GOLDEN_F32=1 checks every case of each dump in f32 as well.
 # GOLDEN_SHAPE="B T L1,L2,..." sets the dumps' shape: B rows of T tokens in the batch case, one packed row of documents
 # of lengths L1, L2, ... (default "2 48 13,7,28", the public dump's).
 set -uo pipefail
@@ -60,3 +61,18 @@ if [[ ${GOLDEN_VARIANTS:-0} == 1 ]]; then
     xargs -P 8 -n 2 bash -c 'DEV=cuda python3 scripts/bf16_variants.py "$0" "$out/variants/$1.json" > "$out/variants/$1.log" 2>&1'
 fi
 python3 scripts/golden_seeds_summary.py "$out" | tee "$out/summary.txt"
+# GOLDEN_F32=1: every case in f32 on the GPU too (the trajectory included), a line per dump in check_f32_summary.txt.
+if [[ ${GOLDEN_F32:-0} == 1 ]]; then
+  mkdir -p "$out/check_f32"
+  check_f32() {
+    local dir=$1 tag=$2
+    "$moetrain" check-golden --device cuda --dtype f32 --model "$dir" --reference "$dir/reference.safetensors" \
+      > "$out/check_f32/$tag.log" 2>&1
+    echo "$tag f32: $(tail -1 "$out/check_f32/$tag.log")"
+  }
+  export -f check_f32
+  for s in $seeds; do for f in "${families[@]}"; do echo "$work/golden/seed$s/$f seed${s}_$f"; done; done |
+    xargs -P 8 -n 2 bash -c 'check_f32 "$0" "$1"' | sort > "$out/check_f32_summary.txt"
+  echo "f32, every case: $(grep -c ' 0 failed' "$out/check_f32_summary.txt") of $(wc -l < "$out/check_f32_summary.txt") dumps pass" |
+    tee -a "$out/summary.txt"
+fi

@@ -250,34 +250,44 @@ void widen(Bf16Groups& g, const CaseSpreads& spreads) {
   }
 }
 
-// The fp32 gradients of a batch or packed case: the threshold, or where a tensor passes it, the threshold plus
-// kEnsembleSpreads spreads of an fp32 rounding ensemble of our own path (check_golden_judge.h): a gradient that sums
-// many terms which nearly cancel (Qwen3.5's A_log and dt_bias) moves by more than 1e-4 of itself under one fp32
-// rounding of the weights, in the reference's run as in ours.
-void judge_fp32_grads(Report& report, const std::string& label, const std::string& prefix, model::CausalLm& model,
-                      const model::MicroBatch& batch, const io::SafetensorsReader& ref,
-                      const std::vector<Tensor>& reference_router,
-                      const std::vector<std::pair<std::string, double>>& errors) {
-  const Thresholds th;
-  const bool over = std::any_of(errors.begin(), errors.end(), [&](const auto& e) { return !(e.second <= th.grads); });
+// One fp32 group of a batch or packed case: its tensors' errors and the threshold they are held to.
+struct Fp32Group {
+  std::string name;
+  std::vector<std::pair<std::string, double>> errors;
+  double threshold = 0.0;
+};
+
+// The fp32 groups of a batch or packed case: each against its threshold, or where a tensor passes one, every tensor
+// against its threshold plus kEnsembleSpreads spreads of an fp32 rounding ensemble of our own path
+// (check_golden_judge.h): a gradient that sums many terms which nearly cancel (Qwen3.5's gate and embedding
+// gradients) moves by up to 1e-4 of itself under one fp32 rounding of the weights, in the reference's run as in ours.
+void judge_fp32_groups(Report& report, const std::string& label, const std::string& prefix, model::CausalLm& model,
+                       const model::MicroBatch& batch, const io::SafetensorsReader& ref,
+                       const std::vector<Tensor>& reference_router, const std::vector<Fp32Group>& groups) {
+  const bool over = std::any_of(groups.begin(), groups.end(), [](const Fp32Group& g) {
+    return std::any_of(g.errors.begin(), g.errors.end(), [&](const auto& e) { return !(e.second <= g.threshold); });
+  });
   if (!over) {
-    report.group(label + "/grads", errors, th.grads);
+    for (const Fp32Group& g : groups) report.group(g.name, g.errors, g.threshold);
     return;
   }
   const CaseSpreads spreads =
       measure_case_spreads(model, batch, ref, prefix, reference_router, golden::kUnitRoundoffF32);
-  std::vector<Judged> judged;
-  for (const auto& [name, error] : errors) {
-    Judged j{name, error, th.grads, th.grads};
-    const auto it = spreads.spread.find(name);
-    if (it != spreads.spread.end()) golden::widen_by_spread(j, it->second);
-    judged.push_back(j);
-  }
-  report.info(fmt::format("{:<28} over the fp32 threshold: bounds widened by {} spreads of a rounding ensemble of {} "
+  report.info(fmt::format("{:<28} over an fp32 threshold: bounds widened by {} spreads of a rounding ensemble of {} "
                           "runs of ours, each weight moved by one fp32 rounding (u = 2^-24){}",
-                          label + "/grads", golden::kEnsembleSpreads, golden::kEnsembleMembers,
+                          label, golden::kEnsembleSpreads, golden::kEnsembleMembers,
                           reference_router.empty() ? "" : ", routing pinned to the reference's"));
-  report.judged(label + "/grads", judged, "threshold", fmt::format("fp32 threshold + {} x spread", golden::kEnsembleSpreads));
+  for (const Fp32Group& g : groups) {
+    std::vector<Judged> judged;
+    for (const auto& [name, error] : g.errors) {
+      Judged j{name, error, g.threshold, g.threshold};
+      const auto it = spreads.spread.find(name);
+      MT_CHECK(it != spreads.spread.end(), "check-golden: the rounding ensemble measured no spread of '{}'", name);
+      golden::widen_by_spread(j, it->second);
+      judged.push_back(j);
+    }
+    report.judged(g.name, judged, "threshold", fmt::format("fp32 threshold + {} x spread", golden::kEnsembleSpreads));
+  }
 }
 
 // An fp32 case whose every top-k flip is a rounding near-tie (check_golden_judge.h): judged as bf16 judges one, with
@@ -386,10 +396,6 @@ void run_forward_backward_case(Report& report, const std::string& label, const s
     judge_fp32_after_near_ties(report, label, prefix, model, batch, ref, free, reference, source, routing);
     return;
   }
-  if (!bf16) {
-    report.group(label + "/logits", {{logits_key, free.logits_error}}, th.logits);
-    report.group(label + "/loss", {{loss_key, free.loss_error}}, th.loss);
-  }
   const auto report_routing = [&] {
     if (!reference.empty()) {
       report.line(routing.ok(), fmt::format("{:<28} {}{}", label + "/routing", routing.summary(), source));
@@ -397,15 +403,18 @@ void run_forward_backward_case(Report& report, const std::string& label, const s
   };
   if (!bf16) {
     report_routing();
+    std::vector<Fp32Group> groups{{label + "/logits", {{logits_key, free.logits_error}}, th.logits},
+                                  {label + "/loss", {{loss_key, free.loss_error}}, th.loss}};
     if (!reference.empty()) {
-      std::vector<std::pair<std::string, double>> errors;
+      Fp32Group router{label + "/router_logits", {}, th.router_logits};
       for (size_t i = 0; i < reference.size(); ++i) {
-        errors.emplace_back(fmt::format("{}router_logits.{}", prefix, i),
-                            relative_error(free.router_logits[i], reference[i]));
+        router.errors.emplace_back(fmt::format("{}router_logits.{}", prefix, i),
+                                   relative_error(free.router_logits[i], reference[i]));
       }
-      report.group(label + "/router_logits", errors, th.router_logits);
+      groups.push_back(std::move(router));
     }
-    judge_fp32_grads(report, label, prefix, model, batch, ref, reference, free.grad_errors);
+    groups.push_back({label + "/grads", free.grad_errors, th.grads});
+    judge_fp32_groups(report, label, prefix, model, batch, ref, reference, groups);
     return;
   }
 

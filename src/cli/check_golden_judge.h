@@ -108,6 +108,10 @@ inline constexpr double kTrajectoryUpdateShare = 0.5;
 // rule allows 0.5). Against this ensemble transformers' own bf16 trajectories (CPU autocast) lie within 2.42
 // spreads of the reference on the public qwen3, qwen3_moe, qwen3_5 and qwen3_5_moe dumps (its error over the spread,
 // before any bound is added).
+// A batch or packed case with an fp32 tensor over its threshold is judged the same way, in one forward-backward pass
+// per member (u = 2^-24, routing pinned to the dumped router logits): every tensor of the case within its threshold
+// + kEnsembleSpreads x its spread (check_golden.cpp, judge_fp32_groups). On fresh Qwen3.5 dumps one fp32 rounding of
+// the weights moves gate and embedding gradients by up to 9e-5 of themselves.
 inline constexpr int kEnsembleMembers = 8;
 inline constexpr double kEnsembleSpreads = 4.0;
 inline constexpr double kUnitRoundoffF32 = 1.0 / 16777216.0;  // 2^-24
