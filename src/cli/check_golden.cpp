@@ -239,14 +239,17 @@ CaseSpreads measure_case_spreads(model::CausalLm& f32_model, const model::MicroB
   return out;
 }
 
-// Every bound of the groups widened by its tensor's spread under bf16 rounding (check_golden_judge.h).
+// One judged tensor's bound widened by the spread the ensemble measured for it (check_golden_judge.h).
+void widen(Judged& j, const CaseSpreads& spreads) {
+  const auto it = spreads.spread.find(j.name);
+  MT_CHECK(it != spreads.spread.end(), "check-golden: the rounding ensemble measured no spread of '{}'", j.name);
+  golden::widen_by_spread(j, it->second);
+}
+
+// Every bound of the groups widened by its tensor's spread under bf16 rounding.
 void widen(Bf16Groups& g, const CaseSpreads& spreads) {
   for (auto* group : {&g.logits, &g.loss, &g.router_logits, &g.grads}) {
-    for (Judged& j : *group) {
-      const auto it = spreads.spread.find(j.name);
-      MT_CHECK(it != spreads.spread.end(), "check-golden: the rounding ensemble measured no spread of '{}'", j.name);
-      golden::widen_by_spread(j, it->second);
-    }
+    for (Judged& j : *group) widen(j, spreads);
   }
 }
 
@@ -281,9 +284,7 @@ void judge_fp32_groups(Report& report, const std::string& label, const std::stri
     std::vector<Judged> judged;
     for (const auto& [name, error] : g.errors) {
       Judged j{name, error, g.threshold, g.threshold};
-      const auto it = spreads.spread.find(name);
-      MT_CHECK(it != spreads.spread.end(), "check-golden: the rounding ensemble measured no spread of '{}'", name);
-      golden::widen_by_spread(j, it->second);
+      widen(j, spreads);
       judged.push_back(j);
     }
     report.judged(g.name, judged, "threshold", fmt::format("fp32 threshold + {} x spread", golden::kEnsembleSpreads));
