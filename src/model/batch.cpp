@@ -32,6 +32,46 @@ MicroBatch MicroBatch::to(Device device) const {
   return out;
 }
 
+std::vector<MicroBatch> to_device(const std::vector<MicroBatch>& batches, Device device) {
+  constexpr int64_t kAlign = 64;  // i32 elements: 256 bytes, a device allocation's own alignment
+  const auto fields = [](MicroBatch& b) {
+    return std::vector<Tensor*>{&b.input_ids, &b.targets, &b.position_ids, &b.cu_seqlens};
+  };
+  std::vector<MicroBatch> out = batches;
+  int64_t total = 0;
+  for (MicroBatch& b : out) {
+    if (b.device() == device) continue;
+    for (Tensor* t : fields(b)) {
+      MT_CHECK(t->dtype() == DType::I32 && t->dim() == 1 && t->is_contiguous() && t->device().is_cpu(),
+               "micro-batch upload: expected contiguous i32 [n] tensors on the cpu but found {}", t->describe());
+      total += (t->numel() + kAlign - 1) / kAlign * kAlign;
+    }
+  }
+  if (total == 0) return out;
+  Tensor staged = Tensor::zeros({total}, DType::I32, Device::cpu());
+  int32_t* at = staged.data<int32_t>();
+  std::vector<int64_t> offsets;
+  int64_t offset = 0;
+  for (MicroBatch& b : out) {
+    if (b.device() == device) continue;
+    for (Tensor* t : fields(b)) {
+      std::copy_n(t->data<int32_t>(), t->numel(), at + offset);
+      offsets.push_back(offset);
+      offset += (t->numel() + kAlign - 1) / kAlign * kAlign;
+    }
+  }
+  const Tensor uploaded = staged.to(device);
+  size_t next = 0;
+  for (MicroBatch& b : out) {
+    if (b.device() == device) continue;
+    for (Tensor* t : fields(b)) {
+      const int64_t begin = offsets[next++];
+      *t = uploaded.slice(begin, begin + t->numel());
+    }
+  }
+  return out;
+}
+
 MicroBatch MicroBatch::from_rows(const Tensor& input_ids, const Tensor& targets) {
   expect_dtype(input_ids, DType::I32, "micro-batch input_ids");
   MT_CHECK(input_ids.dim() == 2, "micro-batch input_ids: expected [B, T] but found {}", input_ids.describe());

@@ -59,4 +59,9 @@ struct MicroBatch {
   int64_t num_targets_ = 0;
 };
 
+// Every batch's tensors on `device` in one host-to-device copy (each tensor a view of one buffer, at a 256-byte
+// boundary), for a step that uploads its micro-batches together rather than one copy, and one wait for the device,
+// per tensor and micro-batch. Batches already on `device` (the CPU included) are returned as they are.
+std::vector<MicroBatch> to_device(const std::vector<MicroBatch>& batches, Device device);
+
 }  // namespace moetrain::model

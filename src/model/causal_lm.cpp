@@ -158,6 +158,34 @@ void CausalLm::embed_backward(const MicroBatch& batch, const Tensor& d_hidden) c
 
 namespace {
 
+// Reads the pending sums of `losses` on `stream` in one copy.
+void resolve_losses_of(Stream& stream, const std::vector<LossSum*>& losses) {
+  std::vector<Tensor> pending;
+  for (const LossSum* l : losses) pending.push_back(l->pending);
+  const std::vector<ops::LossTotals> totals = ops::read_loss_totals(stream, pending);
+  for (size_t i = 0; i < losses.size(); ++i) {
+    losses[i]->ce_sum = totals[i].sum;
+    losses[i]->num_targets = totals[i].count;
+    losses[i]->pending = Tensor();
+  }
+}
+
+}  // namespace
+
+void resolve_losses(std::vector<LossSum>& losses) {
+  std::vector<LossSum*> pending;
+  for (LossSum& l : losses)
+    if (!l.resolved()) pending.push_back(&l);
+  if (pending.empty()) return;
+  const Device device = pending.front()->pending.device();
+  for (const LossSum* l : pending)
+    MT_CHECK(l->pending.device() == device, "resolve_losses: pending sums on {} and {}; expected one device",
+             device.str(), l->pending.device().str());
+  resolve_losses_of(default_stream(device), pending);
+}
+
+namespace {
+
 // The epilog's first step, shared by both heads: the record's inputs, the final norm, and room for the losses.
 // The norm reads the stream in its dtype and writes the compute dtype, which the head reads.
 void start_epilog(EpilogRecord& r, const Tensor& hidden, const MicroBatch& batch, const Tensor& norm_weight,
@@ -204,8 +232,10 @@ LossSum CausalLm::head_forward(EpilogRecord& r, const Tensor& hidden, const Micr
   } else {
     ops::linear_cross_entropy_forward(s, r.losses, r.lse, r.normed, head_weight(), batch.targets, head_chunk_);
   }
-  const ops::LossTotals totals = ops::cross_entropy_totals(s, r.losses, batch.targets);
-  return {totals.sum, totals.count};
+  LossSum sum;
+  sum.pending = ops::cross_entropy_totals_pending(s, r.losses, batch.targets);
+  if (device_.is_cpu()) resolve_losses_of(s, {&sum});
+  return sum;
 }
 
 Tensor CausalLm::head_backward_input(EpilogRecord& r, double loss_scale) const {

@@ -37,10 +37,18 @@ struct EpilogRecord {
   double loss_scale = 0.0;  // the scale the forward's gradients were made for (fused or logits_hold_gradient)
 };
 
+// A micro-batch's cross-entropy sum and counted targets. On CUDA head_forward leaves them on the device (`pending`,
+// ops::cross_entropy_totals_pending) so that the host does not wait for the GPU inside a step; resolve_losses reads a
+// step's in one copy and fills ce_sum and num_targets. On the CPU they are filled at once and nothing is pending.
 struct LossSum {
   double ce_sum = 0.0;
   int64_t num_targets = 0;
+  Tensor pending;  // f64 [2] = {sum, count} still to be read; undefined once read
+
+  bool resolved() const { return !pending.defined(); }
 };
+// Reads every pending sum of `losses` (one wait for the device, none when nothing is pending).
+void resolve_losses(std::vector<LossSum>& losses);
 
 class CausalLm {
  public:

@@ -105,9 +105,9 @@ void cross_entropy_forward_backward(Stream& stream, Tensor losses, Tensor lse, T
   cpu::cross_entropy_backward(dlogits, logits, lse, targets, scale, ignore_index);
 }
 
-LossTotals cross_entropy_totals(Stream& stream, const Tensor& losses, const Tensor& targets, int ignore_index) {
-  constexpr const char* op = "cross_entropy_totals";
-  OpScope profile(stream, "loss", op);
+namespace {
+
+void check_totals_arguments(const Stream& stream, const Tensor& losses, const Tensor& targets, const char* op) {
   check_stream_backend(stream, op);
   expect_contiguous(losses, fmt::format("{}: losses", op));
   check_on_stream_device(stream, losses, op, "losses");
@@ -119,10 +119,53 @@ LossTotals cross_entropy_totals(Stream& stream, const Tensor& losses, const Tens
              "{}: expected losses in f32 or f64 but found {}", op, losses.describe());
   }
   check_argument(targets, {losses.size(0)}, DType::I32, stream, op, "targets");
+}
+
+}  // namespace
+
+Tensor cross_entropy_totals_pending(Stream& stream, const Tensor& losses, const Tensor& targets, int ignore_index) {
+  constexpr const char* op = "cross_entropy_totals";
+  OpScope profile(stream, "loss", op);
+  check_totals_arguments(stream, losses, targets, op);
+  Tensor totals = Tensor::empty({2}, DType::F64, losses.device());
 #if MOETRAIN_HAS_CUDA
-  if (losses.device().is_cuda()) return cuda::cross_entropy_totals(stream, losses, targets, ignore_index);
+  if (losses.device().is_cuda()) {
+    cuda::cross_entropy_totals(stream, totals, losses, targets, ignore_index);
+    return totals;
+  }
 #endif
-  return cpu::cross_entropy_totals(losses, targets, ignore_index);
+  const LossTotals host = cpu::cross_entropy_totals(losses, targets, ignore_index);
+  double* out = totals.data<double>();
+  out[0] = host.sum;
+  out[1] = static_cast<double>(host.count);
+  return totals;
+}
+
+std::vector<LossTotals> read_loss_totals(Stream& stream, const std::vector<Tensor>& pending) {
+  if (pending.empty()) return {};
+  const int64_t n = static_cast<int64_t>(pending.size());
+  Tensor gathered = Tensor::empty({n, 2}, DType::F64, stream.device());
+  for (int64_t i = 0; i < n; ++i) {
+    const Tensor& t = pending[static_cast<size_t>(i)];
+    MT_CHECK(t.dtype() == DType::F64 && t.numel() == 2 && t.device() == stream.device(),
+             "read_loss_totals: expected totals f64 [2] on {} (cross_entropy_totals_pending) but entry {} is {}",
+             stream.device().str(), i, t.describe());
+    Tensor row = gathered.select(i);
+    copy_on_stream(stream, row, t.view({2}));
+  }
+  Tensor on_host = gathered;
+  if (!gathered.device().is_cpu()) {
+    on_host = Tensor::empty({n, 2}, DType::F64, Device::cpu());
+    copy_on_stream(stream, on_host, gathered);  // waits for the stream (a copy to the host is read right after)
+  }
+  const std::vector<double> host = on_host.to_vector<double>();
+  std::vector<LossTotals> totals(static_cast<size_t>(n));
+  for (size_t i = 0; i < totals.size(); ++i) totals[i] = {host[2 * i], static_cast<int64_t>(host[2 * i + 1])};
+  return totals;
+}
+
+LossTotals cross_entropy_totals(Stream& stream, const Tensor& losses, const Tensor& targets, int ignore_index) {
+  return read_loss_totals(stream, {cross_entropy_totals_pending(stream, losses, targets, ignore_index)}).front();
 }
 
 }  // namespace moetrain::ops

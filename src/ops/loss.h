@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "core/device.h"
 #include "core/tensor.h"
@@ -32,8 +33,16 @@ struct LossTotals {
   double sum = 0.0;   // sum of per-token losses, accumulated in f64 in ascending token order
   int64_t count = 0;  // number of targets != ignore_index
 };
-// Reduces per-token losses into the sum and the count (host values).
+// Reduces per-token losses into the sum and the count (host values). On CUDA this waits for the stream.
 LossTotals cross_entropy_totals(Stream& stream, const Tensor& losses, const Tensor& targets,
                                 int ignore_index = kIgnoreIndex);
+
+// The same totals left where the losses are: f64 [2] = {sum, count} on the losses' device (the count is exact in f64
+// below 2^53 targets). A training step's micro-batches each make theirs and read_loss_totals reads them at the step's
+// end in one copy, so that the host never waits for the GPU inside the step to learn a value only the metrics read.
+Tensor cross_entropy_totals_pending(Stream& stream, const Tensor& losses, const Tensor& targets,
+                                    int ignore_index = kIgnoreIndex);
+// Reads totals made by cross_entropy_totals_pending, in their order, with one wait for the stream (none on the CPU).
+std::vector<LossTotals> read_loss_totals(Stream& stream, const std::vector<Tensor>& pending);
 
 }  // namespace moetrain::ops

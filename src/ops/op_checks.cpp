@@ -85,4 +85,16 @@ void zero_on_stream(const Stream& stream, Tensor& t) {
   t.zero_();
 }
 
+void copy_on_stream(const Stream& stream, Tensor& dst, const Tensor& src) {
+#if MOETRAIN_HAS_CUDA
+  if (on_cuda(dst) || on_cuda(src)) {
+    const cuda::StreamScope on_stream(stream);
+    dst.copy_from(src);
+    return;
+  }
+#endif
+  (void)stream;
+  dst.copy_from(src);
+}
+
 }  // namespace moetrain::ops

@@ -1,6 +1,6 @@
 // defines: the device and stream checks shared by the public ops (src/ops/<family>.cpp): which backends this build
-// has, and that a tensor and the op's stream are on one device; and zero_on_stream, the zeros an op writes before
-// accumulating. Internal to src/ops; not part of the ops API.
+// has, and that a tensor and the op's stream are on one device; zero_on_stream, the zeros an op writes before
+// accumulating, and copy_on_stream. Internal to src/ops; not part of the ops API.
 #pragma once
 
 #include <string_view>
@@ -50,5 +50,7 @@ void check_class_targets(const Tensor& targets, int64_t tokens, int64_t vocab, i
 
 // Zeros `t` on the op's stream (on CUDA, ordered before the kernels the op queues next on it).
 void zero_on_stream(const Stream& stream, Tensor& t);
+// dst.copy_from(src) on the op's stream (on CUDA, ordered after the kernels the op queued on it).
+void copy_on_stream(const Stream& stream, Tensor& dst, const Tensor& src);
 
 }  // namespace moetrain::ops

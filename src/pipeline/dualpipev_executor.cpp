@@ -401,6 +401,7 @@ model::StepLoss DualPipeVExecutor::run_step(const std::vector<model::MicroBatch>
   // rank order (x + 0 = x), then every rank adds them up in the single-rank driver's order.
   std::vector<double> sums(4 + router_table_.size(), 0.0);
   if (rank_ == 0) {
+    model::resolve_losses(losses_);
     int64_t targets = 0;
     for (const model::LossSum& l : losses_) {
       sums[0] += l.ce_sum;

@@ -178,6 +178,7 @@ std::vector<Tensor> ForwardPipeline::run(const std::vector<model::MicroBatch>& b
   // so the point-to-point transfers pair up and the ep peers run their MoE exchanges in the same order.
   const int stages = 2 * num_ranks_;
   std::vector<Tensor> logprobs;
+  std::vector<model::LossSum> losses;  // the loss stage's, read at the end
   model::StepLoss sums;
   for (int mb = 0; mb < n; ++mb) {
     const model::MicroBatch& local = batches[static_cast<size_t>(mb)];
@@ -210,8 +211,7 @@ std::vector<Tensor> ForwardPipeline::run(const std::vector<model::MicroBatch>& b
       chunk.drop(mb);
       if (chunk.is_loss_stage()) {
         logprobs.push_back(std::move(out.token_logprobs));
-        sums.ce_sum += out.loss.ce_sum;
-        sums.num_targets += out.loss.num_targets;
+        losses.push_back(std::move(out.loss));
         sums.num_tokens += in_batch.num_tokens();
         continue;
       }
@@ -223,6 +223,11 @@ std::vector<Tensor> ForwardPipeline::run(const std::vector<model::MicroBatch>& b
         send_activation(s, mb, out.hidden, in_batch, next);
       }
     }
+  }
+  model::resolve_losses(losses);
+  for (const model::LossSum& l : losses) {
+    sums.ce_sum += l.ce_sum;
+    sums.num_targets += l.num_targets;
   }
   sums.loss = sums.num_targets > 0 ? sums.ce_sum / static_cast<double>(sums.num_targets) : 0.0;
   if (loss != nullptr) *loss = sums;

@@ -30,17 +30,35 @@ void observe_forward(model::ForwardObservation* observe, ChunkForward& out) {
   observe->token_logprobs.push_back(out.token_logprobs);
 }
 
-// Adds a micro-batch's forward to the step's sums and its router losses to the step's list.
-void add_forward(model::StepLoss& step, std::vector<model::RouterLossValues>& router_losses,
-                 std::vector<int64_t>& router_layers, ChunkForward& out, const model::MicroBatch& batch) {
-  step.ce_sum += out.loss.ce_sum;
-  step.num_targets += out.loss.num_targets;
-  step.num_tokens += batch.num_tokens();
-  for (auto& [layer, values] : out.router_losses) {
-    router_losses.push_back(values);
-    router_layers.push_back(layer);
+// A step's values as its micro-batches leave them: the cross-entropy sums and router losses may still be on the device
+// until the step's end, so that the host never waits for the GPU between micro-batches.
+struct StepParts {
+  std::vector<model::LossSum> losses;
+  std::vector<model::RouterLossValues> router_losses;
+  std::vector<int64_t> router_layers;
+  int64_t num_tokens = 0;
+
+  void add(ChunkForward& out, const model::MicroBatch& batch) {
+    losses.push_back(std::move(out.loss));
+    num_tokens += batch.num_tokens();
+    for (auto& [layer, values] : out.router_losses) {
+      router_losses.push_back(values);
+      router_layers.push_back(layer);
+    }
   }
-}
+
+  // The step's sums in micro-batch order (the order of the f64 additions the loss has always had).
+  model::StepLoss sum() {
+    model::resolve_losses(losses);
+    model::StepLoss step;
+    for (const model::LossSum& l : losses) {
+      step.ce_sum += l.ce_sum;
+      step.num_targets += l.num_targets;
+    }
+    step.num_tokens = num_tokens;
+    return step;
+  }
+};
 
 }  // namespace
 
@@ -126,21 +144,20 @@ std::vector<Tensor> PlainExecutor::run_forward(const std::vector<model::MicroBat
                                                model::ForwardObservation* observe) {
   validate(batches, false, 0);
   chunk_.set_observe(observe != nullptr, observe != nullptr && observe->keep_logits);
-  model::StepLoss sums;
-  std::vector<model::RouterLossValues> router_losses;
-  std::vector<int64_t> router_layers;
+  const std::vector<model::MicroBatch> on_device = model::to_device(batches, model_.device());
+  StepParts parts;
   std::vector<Tensor> logprobs;
   logprobs.reserve(batches.size());
-  for (size_t i = 0; i < batches.size(); ++i) {
-    const model::MicroBatch batch = batches[i].to(model_.device());
-    ChunkForward out = chunk_.forward(static_cast<int>(i), batch, Tensor(), /*loss_scale=*/0.0);
+  for (size_t i = 0; i < on_device.size(); ++i) {
+    ChunkForward out = chunk_.forward(static_cast<int>(i), on_device[i], Tensor(), /*loss_scale=*/0.0);
     chunk_.drop(static_cast<int>(i));
-    add_forward(sums, router_losses, router_layers, out, batch);
     logprobs.push_back(out.token_logprobs);
     observe_forward(observe, out);
+    parts.add(out, on_device[i]);
   }
+  model::StepLoss sums = parts.sum();
   sums.loss = sums.num_targets > 0 ? sums.ce_sum / static_cast<double>(sums.num_targets) : 0.0;
-  finish_router_losses(sums, router_losses, router_layers, model_);
+  finish_router_losses(sums, parts.router_losses, parts.router_layers, model_);
   if (step != nullptr) *step = sums;
   return logprobs;
 }
@@ -151,25 +168,24 @@ model::StepLoss PlainExecutor::run_step(const std::vector<model::MicroBatch>& ba
   const int64_t denominator = global_num_targets > 0 ? global_num_targets : local_targets;
   const double loss_scale = 1.0 / static_cast<double>(denominator);
   chunk_.set_observe(observe != nullptr, observe != nullptr && observe->keep_logits);
-  model::StepLoss step;
-  std::vector<model::RouterLossValues> router_losses;
-  std::vector<int64_t> router_layers;
+  StepParts parts;
   try {
-    for (size_t i = 0; i < batches.size(); ++i) {
+    const std::vector<model::MicroBatch> on_device = model::to_device(batches, model_.device());
+    for (size_t i = 0; i < on_device.size(); ++i) {
       const int mb = static_cast<int>(i);
-      const model::MicroBatch batch = batches[i].to(model_.device());
-      ChunkForward out = chunk_.forward(mb, batch, Tensor(), loss_scale);
+      ChunkForward out = chunk_.forward(mb, on_device[i], Tensor(), loss_scale);
       chunk_.backward_full(mb, Tensor(), loss_scale);
-      add_forward(step, router_losses, router_layers, out, batch);
       observe_forward(observe, out);
+      parts.add(out, on_device[i]);
     }
     chunk_.finish_expert_weights();
   } catch (...) {
     chunk_.clear();  // a failed step leaves no record (nor held weight work) for the next one
     throw;
   }
+  model::StepLoss step = parts.sum();
   step.loss = step.ce_sum / static_cast<double>(denominator);
-  finish_router_losses(step, router_losses, router_layers, model_);
+  finish_router_losses(step, parts.router_losses, parts.router_layers, model_);
   return step;
 }
 

@@ -243,6 +243,33 @@ TEST(CudaCrossEntropy, TotalsOfManyTokensMatchCpu) {
   EXPECT_EQ(again.sum, got.sum);
 }
 
+TEST(CudaCrossEntropy, PendingTotalsReadTogetherHaveTheBitsOfEachReadAlone) {
+  MT_REQUIRE_GPU();
+  // A step leaves each micro-batch's totals on the device and reads them at its end in one copy: the values of each
+  // read alone, in order, whatever the micro-batch sizes (one token, none counted, many).
+  Rng rng(75);
+  std::vector<Tensor> pending;
+  std::vector<ops::LossTotals> alone;
+  for (const int64_t tokens : {int64_t{1}, int64_t{7}, int64_t{4096}, int64_t{33}}) {
+    const Tensor losses = on_gpu(random_tensor({tokens}, DType::F32, rng, 3.0));
+    Tensor targets = make_targets(tokens, 100, rng);
+    if (tokens == 7) targets = on_gpu(Tensor::from_vector(std::vector<int32_t>(7, ops::kIgnoreIndex), {7}));
+    else targets = on_gpu(targets);
+    alone.push_back(ops::cross_entropy_totals(gpu(), losses, targets));
+    pending.push_back(ops::cross_entropy_totals_pending(gpu(), losses, targets));
+  }
+  const std::vector<ops::LossTotals> together = ops::read_loss_totals(gpu(), pending);
+  ASSERT_EQ(together.size(), alone.size());
+  for (size_t i = 0; i < alone.size(); ++i) {
+    EXPECT_EQ(together[i].sum, alone[i].sum) << i;
+    EXPECT_EQ(together[i].count, alone[i].count) << i;
+  }
+  EXPECT_EQ(together[1].count, 0);
+  EXPECT_EQ(together[1].sum, 0.0);
+  expect_error_containing([&] { ops::read_loss_totals(gpu(), {Tensor::zeros({3}, DType::F64, Device::cuda(0))}); },
+                          {"read_loss_totals", "f64 [2]", "entry 0"});
+}
+
 TEST(CudaCrossEntropy, TargetOutsideTheVocabularyGivesNanInsteadOfAnOutOfBoundsRead) {
   MT_REQUIRE_GPU();
   // The device cannot report a bad target (the trainer validates batches on the host): the row turns NaN. Rows held by

@@ -193,6 +193,22 @@ TEST(CrossEntropy, TotalsSumInAscendingOrderAndCountTargets) {
   EXPECT_EQ(none.count, 0);
 }
 
+TEST(CrossEntropy, PendingTotalsOnTheCpuAreTheTotalsAndReadInOrder) {
+  const Tensor losses = Tensor::from_vector<float>({1e8f, 1.0f, 7.0f, -1e8f, 0.5f}, {5});
+  const Tensor targets = targets_tensor({1, 2, ops::kIgnoreIndex, 3, 4});
+  const Tensor first = ops::cross_entropy_totals_pending(Stream::cpu(), losses, targets);
+  const Tensor second = ops::cross_entropy_totals_pending(Stream::cpu(), losses.slice(0, 2), targets.slice(0, 2));
+  const std::vector<ops::LossTotals> read = ops::read_loss_totals(Stream::cpu(), {first, second});
+  ASSERT_EQ(read.size(), 2u);
+  EXPECT_EQ(read[0].sum, ((1e8 + 1.0) + -1e8) + 0.5);
+  EXPECT_EQ(read[0].count, 4);
+  EXPECT_EQ(read[1].sum, 1e8 + 1.0);
+  EXPECT_EQ(read[1].count, 2);
+  EXPECT_TRUE(ops::read_loss_totals(Stream::cpu(), {}).empty());
+  expect_error_containing([&] { ops::read_loss_totals(Stream::cpu(), {first, Tensor::zeros({2}, DType::F32)}); },
+                          {"read_loss_totals", "f64 [2]", "entry 1"});
+}
+
 TEST(CrossEntropy, RejectsTargetOutsideVocabulary) {
   const Tensor logits = Tensor::zeros({3, 5}, DType::F32);
   Tensor losses = Tensor::zeros({3}, DType::F32), lse = Tensor::zeros({3}, DType::F32);

@@ -424,13 +424,9 @@ void launch_held_rows(cudaStream_t stream, HeldRowShape shape, float* losses, fl
                                    shape.ranks, scale, ignore_index));
 }
 
-struct Totals {
-  double sum;
-  long long count;
-};
-
 // One block: thread i takes tokens i, i + blockDim, ... in f64, then a fixed tree over the block.
-__global__ void totals_kernel(Totals* out, const float* losses, const int32_t* targets, int64_t tokens,
+// out = {sum, count}: the count is exact in f64 below 2^53.
+__global__ void totals_kernel(double* out, const float* losses, const int32_t* targets, int64_t tokens,
                               int ignore_index) {
   __shared__ double sum_scratch[kTotalsThreads / 32];
   __shared__ long long count_scratch[kTotalsThreads / 32];
@@ -443,7 +439,10 @@ __global__ void totals_kernel(Totals* out, const float* losses, const int32_t* t
   }
   sum = block_reduce<kTotalsThreads / 32>(sum, sum_scratch, Add{});
   count = block_reduce<kTotalsThreads / 32>(count, count_scratch, Add{});
-  if (threadIdx.x == 0) *out = Totals{sum, count};
+  if (threadIdx.x == 0) {
+    out[0] = sum;
+    out[1] = static_cast<double>(count);
+  }
 }
 
 unsigned row_blocks(int64_t rows) { return static_cast<unsigned>(rows < kMaxRowBlocks ? rows : kMaxRowBlocks); }
@@ -545,22 +544,19 @@ void cross_entropy_forward_backward(const Stream& stream, const Tensor& losses, 
   MT_CUDA_CHECK(cudaGetLastError());
 }
 
-LossTotals cross_entropy_totals(const Stream& stream, const Tensor& losses, const Tensor& targets, int ignore_index) {
+void cross_entropy_totals(const Stream& stream, const Tensor& totals, const Tensor& losses, const Tensor& targets,
+                          int ignore_index) {
   MT_CHECK(losses.dtype() == DType::F32, "cross_entropy_totals (CUDA): expected losses in f32 but found {}",
            losses.describe());
+  MT_CHECK(totals.dtype() == DType::F64 && totals.numel() == 2 && totals.is_contiguous(),
+           "cross_entropy_totals (CUDA): expected contiguous totals f64 [2] but found {}", totals.describe());
   const int64_t tokens = losses.numel();
-  if (tokens == 0) return {};
   const auto cu_stream = static_cast<cudaStream_t>(stream_handle(stream));
-  Tensor device_totals = Tensor::empty({static_cast<int64_t>(sizeof(Totals))}, DType::U8, losses.device());
-  auto* out = static_cast<Totals*>(device_totals.raw_data());
-  totals_kernel<<<1, kTotalsThreads, 0, cu_stream>>>(out, static_cast<const float*>(losses.raw_data()),
+  totals_kernel<<<1, kTotalsThreads, 0, cu_stream>>>(static_cast<double*>(totals.raw_data()),
+                                                     static_cast<const float*>(losses.raw_data()),
                                                      static_cast<const int32_t*>(targets.raw_data()), tokens,
                                                      ignore_index);
   MT_CUDA_CHECK(cudaGetLastError());
-  Totals host{};
-  MT_CUDA_CHECK(cudaMemcpyAsync(&host, out, sizeof(Totals), cudaMemcpyDeviceToHost, cu_stream));
-  MT_CUDA_CHECK(cudaStreamSynchronize(cu_stream));
-  return {host.sum, static_cast<int64_t>(host.count)};
 }
 
 }  // namespace moetrain::ops::cuda

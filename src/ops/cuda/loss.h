@@ -46,8 +46,9 @@ void cross_entropy_forward_backward(const Stream& stream, const Tensor& losses, 
                                     const Tensor& dlogits, const Tensor& logits, const Tensor& targets, double scale,
                                     int ignore_index);
 // Sum (f64) and count of the counted tokens' losses (f32 [T]), reduced on the device in an order fixed by T alone,
-// then copied to the host: this call synchronises the stream.
-LossTotals cross_entropy_totals(const Stream& stream, const Tensor& losses, const Tensor& targets, int ignore_index);
+// into totals f64 [2] = {sum, count} on the same device; nothing waits.
+void cross_entropy_totals(const Stream& stream, const Tensor& totals, const Tensor& losses, const Tensor& targets,
+                          int ignore_index);
 
 constexpr int kCrossEntropyThreads = 512;
 
