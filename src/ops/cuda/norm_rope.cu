@@ -3,8 +3,9 @@
 // (i and i + hd / 2) sits at the same place in lane l ^ (Lanes / 2), one shuffle away. Each element's arithmetic is
 // that of ops/cuda/norm.cu and ops/cuda/rope.cu in the same order, with the same roundings between them (the normed
 // value rounded to the activation dtype before it is rotated; the rotated gradient rounded before the norm's backward
-// reads it), so y, rstd and dx have the bits of the separate ops. The backward also sums the norm's weight-gradient
-// terms from its registers (rope_norm_backward_kernel), in an order of its own.
+// reads it), so y, rstd and dx have the bits of the separate ops. A warp takes one token's heads at a time, so a lane
+// reads its pairs' cos / sin once per token. The backward also sums the norm's weight-gradient terms from its
+// registers (rope_norm_backward_kernel), in an order of its own.
 #include "ops/cuda/norm_rope.h"
 
 #include <cstdint>
@@ -27,36 +28,76 @@ namespace {
 
 using namespace norm_rows;
 
-// Rotates a lane's span v (8 elements of a head) with its partner lane's span, by the (c, s) of the lane's pairs in
-// `table` [2, T, hd / 2] at `token`; sin_sign -1 applies the transpose. Every lane of the warp calls it (the shuffle);
-// an inactive row's lanes read no table and leave v as it is.
+// The cos / sin of a lane's 8 pairs at one token, from `table` [2, T, hd / 2]: a row's lane l and its partner l ^ (Lanes
+// / 2) rotate the same pairs. Loaded once per token and kept for all its heads: read again for each head, the table
+// moved 2 bytes through L1 for every byte of a row (512 of cos / sin per 256 of a 128-wide bf16 row).
+struct LanePairs {
+  float c[8];
+  float s[8];
+};
+
 template <int Lanes>
-__device__ __forceinline__ void rotate_span(float (&v)[8], const RowLanes<Lanes>& at, const float* table,
-                                            int64_t tokens, int64_t token, float sin_sign) {
-  constexpr int kHalfLanes = Lanes / 2;
+__device__ __forceinline__ LanePairs load_lane_pairs(const float* table, int64_t tokens, int64_t token, int lane) {
   constexpr int64_t kHalf = Lanes * 4;  // hd / 2 pairs
+  const int64_t pair0 = token * kHalf + (lane % (Lanes / 2)) * 8;
+  LanePairs p;
+  load8(table + pair0, p.c);
+  load8(table + tokens * kHalf + pair0, p.s);
+  return p;
+}
+
+// Rotates a lane's span v (8 elements of a head) with its partner lane's span by the lane's pairs; sin_sign -1 applies
+// the transpose. Every lane of the warp calls it (the shuffle); an inactive row's lanes leave v as it is.
+template <int Lanes>
+__device__ __forceinline__ void rotate_span(float (&v)[8], const RowLanes<Lanes>& at, const LanePairs& pairs,
+                                            float sin_sign) {
+  constexpr int kHalfLanes = Lanes / 2;
   float partner[8];
 #pragma unroll
   for (int i = 0; i < 8; ++i) partner[i] = __shfl_xor_sync(0xffffffffu, v[i], kHalfLanes);
   if (!at.active) return;
-  const int64_t pair0 = token * kHalf + (at.lane % kHalfLanes) * 8;
-  float c[8], s[8];
-  load8(table + pair0, c);
-  load8(table + tokens * kHalf + pair0, s);
   const bool first = at.lane < kHalfLanes;
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
-    const float si = s[i] * sin_sign;  // exact
-    v[i] = first ? rotated_first(v[i], partner[i], c[i], si) : rotated_second(partner[i], v[i], c[i], si);
+    const float si = pairs.s[i] * sin_sign;  // exact
+    v[i] = first ? rotated_first(v[i], partner[i], pairs.c[i], si) : rotated_second(partner[i], v[i], pairs.c[i], si);
   }
 }
 
+// A warp per token: its rows (one per head, [T, heads, hd] row-major) 32 / Lanes at a time, row group g of the warp
+// taking heads g, g + 32 / Lanes, ...; the warps stride over the tokens. f(at, pairs) with the token's LanePairs,
+// loaded once for all its heads. The loop bounds are the warp's own, so every lane reaches every shuffle.
+template <int Lanes, typename F>
+__device__ __forceinline__ void for_each_token_row(int64_t tokens, int64_t heads, const float* table, F&& f) {
+  constexpr int kRowsPerWarp = RowLanes<Lanes>::kRowsPerWarp;
+  const int64_t warp = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
+  const int lane = static_cast<int>(threadIdx.x % Lanes);
+  const int group = static_cast<int>(threadIdx.x % 32) / Lanes;
+  for (int64_t token = warp; token < tokens; token += warps) {
+    const LanePairs pairs = load_lane_pairs<Lanes>(table, tokens, token, lane);
+    for (int64_t first = 0; first < heads; first += kRowsPerWarp) {
+      const int64_t head = first + group;
+      f(RowLanes<Lanes>{lane, token * heads + head, head < heads}, pairs);
+    }
+  }
+}
+
+// A warp per token (for_each_token_row): the grid's blocks, a function of the token count alone.
+unsigned token_blocks(int64_t tokens) {
+  const int64_t blocks = (tokens + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  return static_cast<unsigned>(blocks < kMaxBlocks ? blocks : kMaxBlocks);
+}
+
+// Four blocks an SM (64 registers): the token's pairs held across its heads cost 16 registers a lane, which would
+// otherwise leave the backward three (80 registers) and the forward four to five (61-67).
+constexpr int kBlocksPerSm = 4;
+
 template <int Lanes, typename T>
-__global__ void norm_rope_forward_kernel(T* y, float* rstd, const T* x, const float* w, const float* table,
-                                         int64_t rows, int64_t heads, float eps, bool zero_centered) {
+__global__ __launch_bounds__(kRowThreads, kBlocksPerSm) void norm_rope_forward_kernel(T* y, float* rstd, const T* x, const float* w, const float* table,
+                                         int64_t tokens, int64_t heads, float eps, bool zero_centered) {
   constexpr int64_t kDim = Lanes * 8;
-  const int64_t tokens = rows / heads;
-  for_each_row<Lanes>(rows, [&](const RowLanes<Lanes> at) {
+  for_each_token_row<Lanes>(tokens, heads, table, [&](const RowLanes<Lanes> at, const LanePairs& pairs) {
     const int64_t offset = at.row * kDim + at.lane * 8;
     float v[8] = {};
     if (at.active) load8(x + offset, v);
@@ -70,7 +111,7 @@ __global__ void norm_rope_forward_kernel(T* y, float* rstd, const T* x, const fl
     load_scale<8>(w + at.lane * 8, zero_centered, scale);
 #pragma unroll
     for (int i = 0; i < 8; ++i) v[i] = stored_value(__fmul_rn(__fmul_rn(v[i], r), scale[i]), y);
-    rotate_span<Lanes>(v, at, table, tokens, at.row / heads, 1.0f);
+    rotate_span<Lanes>(v, at, pairs, 1.0f);
     if (at.active) store8(y + offset, v);
   });
 }
@@ -78,22 +119,21 @@ __global__ void norm_rope_forward_kernel(T* y, float* rstd, const T* x, const fl
 // The input gradient as rope_backward then rmsnorm_backward_input compute it, and the norm's weight gradient terms
 // d_normed * (x * rstd) as rmsnorm_backward_weight forms them: each lane sums its columns' terms over the rows its
 // group takes (ascending), the block's row groups are added in order into partial[block] [hd], and add_column_sums
-// takes the blocks' sums into dw. With the grid a function of the row count (weight_blocks), so is every column's
-// order of additions.
+// takes the blocks' sums into dw. With the grid a function of the token count (weight_blocks) and the rows a warp takes
+// a function of the token and head counts (for_each_token_row), so is every column's order of additions.
 template <int Lanes, typename T>
-__global__ void rope_norm_backward_kernel(T* dx, float* partial, const T* d_rotated, const T* x, const float* w,
-                                          const float* rstd, const float* table, int64_t rows, int64_t heads,
+__global__ __launch_bounds__(kRowThreads, kBlocksPerSm) void rope_norm_backward_kernel(T* dx, float* partial, const T* d_rotated, const T* x, const float* w,
+                                          const float* rstd, const float* table, int64_t tokens, int64_t heads,
                                           bool zero_centered) {
   constexpr int kDim = Lanes * 8;
   constexpr int kGroups = kWarpsPerBlock * (32 / Lanes);  // a block's row groups
   __shared__ float group_sums[kGroups][kDim];
-  const int64_t tokens = rows / heads;
   float terms[8] = {};
-  for_each_row<Lanes>(rows, [&](const RowLanes<Lanes> at) {
+  for_each_token_row<Lanes>(tokens, heads, table, [&](const RowLanes<Lanes> at, const LanePairs& pairs) {
     const int64_t offset = at.row * kDim + at.lane * 8;
     float g[8] = {};
     if (at.active) load8(d_rotated + offset, g);
-    rotate_span<Lanes>(g, at, table, tokens, at.row / heads, -1.0f);
+    rotate_span<Lanes>(g, at, pairs, -1.0f);
 #pragma unroll
     for (int i = 0; i < 8; ++i) g[i] = stored_value(g[i], dx);  // d_normed as rope_backward stores it
     const float r = at.active ? rstd[at.row] : 0.0f;
@@ -124,11 +164,11 @@ __global__ void rope_norm_backward_kernel(T* dx, float* partial, const T* d_rota
   }
 }
 
-// The backward's grid: the norm's row blocks up to kMaxWeightBlocks (the warps then stride over more rows), a function
-// of the row count alone, so the weight gradient's order is too.
+// The backward's grid: a warp per token up to kMaxWeightBlocks blocks (the warps then stride over more tokens), a
+// function of the token count alone, so the weight gradient's order is too.
 constexpr int64_t kMaxWeightBlocks = 4096;
-unsigned weight_blocks(int64_t rows, int lanes) {
-  const unsigned blocks = row_blocks(rows, lanes);
+unsigned weight_blocks(int64_t tokens) {
+  const unsigned blocks = token_blocks(tokens);
   return blocks < kMaxWeightBlocks ? blocks : static_cast<unsigned>(kMaxWeightBlocks);
 }
 
@@ -159,14 +199,14 @@ void rmsnorm_rope_forward(const Stream& stream, const Tensor& y, const Tensor& r
     rope_forward(stream, y, y, position_ids, rope);
     return;
   }
-  const int64_t rows = x.size(0) * x.size(1);
-  if (rows == 0) return;
+  const int64_t tokens = x.size(0);
+  if (tokens * x.size(1) == 0) return;
   const Tensor table = cos_sin_table(stream, position_ids, rope);
   dispatch_activation(x, op, [&]<typename T>(T*) {
     with_row_lanes(lanes, [&]<int Lanes>() {
-      norm_rope_forward_kernel<Lanes><<<row_blocks(rows, Lanes), kRowThreads, 0, native(stream)>>>(
+      norm_rope_forward_kernel<Lanes><<<token_blocks(tokens), kRowThreads, 0, native(stream)>>>(
           static_cast<T*>(y.raw_data()), static_cast<float*>(rstd.raw_data()), static_cast<const T*>(x.raw_data()),
-          static_cast<const float*>(w.raw_data()), static_cast<const float*>(table.raw_data()), rows, x.size(1),
+          static_cast<const float*>(w.raw_data()), static_cast<const float*>(table.raw_data()), tokens, x.size(1),
           norm.eps, norm.zero_centered);
     });
   });
@@ -185,10 +225,10 @@ void rope_rmsnorm_backward(const Stream& stream, const Tensor& dx, const Tensor&
     rmsnorm_backward_weight(stream, dw, d_normed, x, rstd);
     return;
   }
-  const int64_t rows = x.size(0) * x.size(1);
-  if (rows == 0) return;  // dw += an empty sum
+  const int64_t tokens = x.size(0);
+  if (tokens * x.size(1) == 0) return;  // dw += an empty sum
   const Tensor table = cos_sin_table(stream, position_ids, rope);
-  const unsigned blocks = weight_blocks(rows, lanes);
+  const unsigned blocks = weight_blocks(tokens);
   const Tensor partial = Tensor::empty({static_cast<int64_t>(blocks), x.size(2)}, DType::F32, x.device());
   dispatch_activation(x, op, [&]<typename T>(T*) {
     with_row_lanes(lanes, [&]<int Lanes>() {
@@ -196,7 +236,7 @@ void rope_rmsnorm_backward(const Stream& stream, const Tensor& dx, const Tensor&
           static_cast<T*>(dx.raw_data()), static_cast<float*>(partial.raw_data()),
           static_cast<const T*>(d_rotated.raw_data()), static_cast<const T*>(x.raw_data()),
           static_cast<const float*>(w.raw_data()), static_cast<const float*>(rstd.raw_data()),
-          static_cast<const float*>(table.raw_data()), rows, x.size(1), norm.zero_centered);
+          static_cast<const float*>(table.raw_data()), tokens, x.size(1), norm.zero_centered);
     });
   });
   MT_CUDA_CHECK(cudaGetLastError());
