@@ -240,12 +240,12 @@ void DualPipeVExecutor::commit(const std::vector<Transfer>& sends, const std::ve
 
 model::MicroBatch DualPipeVExecutor::forward_batch(int chunk, int microbatch, Tensor& input) {
   const StageChunk& c = *chunks_[static_cast<size_t>(chunk)];
-  if (c.has_embedding()) return (*batches_)[static_cast<size_t>(microbatch)].to(model_.device());
+  if (c.has_embedding()) return on_device_.at(static_cast<size_t>(microbatch));
   Message m = take({TransferKind::Activation, chunk, microbatch}, "forward");
   input = m.payload;
   if (!c.is_loss_stage()) return m.batch;
   // The loss stage is on rank 0, which holds the data: it reads the targets (and the metadata) itself.
-  model::MicroBatch batch = (*batches_)[static_cast<size_t>(microbatch)].to(model_.device());
+  model::MicroBatch batch = on_device_.at(static_cast<size_t>(microbatch));
   MT_CHECK(batch.num_tokens() == input.size(0),
            "pipeline: micro-batch {} has {} tokens but the activation reaching the last stage has {} rows", microbatch,
            batch.num_tokens(), input.size(0));
@@ -385,6 +385,8 @@ model::StepLoss DualPipeVExecutor::run_step(const std::vector<model::MicroBatch>
     MT_CHECK(denominator > 0, "pipeline: the step has no counted targets (every target is -100)");
     loss_scale_ = 1.0 / static_cast<double>(denominator);
   }
+  // Rank 0 holds the data (the embedding and the loss stage): its validated micro-batches go to the device in one copy.
+  on_device_ = rank_ == 0 ? model::to_device(batches, model_.device()) : std::vector<model::MicroBatch>{};
 
   for (size_t k = 0; k < ops.size(); ++k) {
     commit(k == 0 ? std::vector<Transfer>{} : ops[k - 1].sends, ops[k].recvs);
@@ -392,6 +394,7 @@ model::StepLoss DualPipeVExecutor::run_step(const std::vector<model::MicroBatch>
   }
   if (!ops.empty()) commit(ops.back().sends, {});
   batches_ = nullptr;
+  on_device_.clear();
   MT_CHECK(inbox_.empty() && outbox_.empty() && weight_queue_.empty() && live_records() == 0,
            "pipeline: rank {} ended the step with {} unread messages, {} unsent, {} deferred weight gradients and {} "
            "live records",

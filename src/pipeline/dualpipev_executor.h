@@ -126,6 +126,7 @@ class DualPipeVExecutor {
 
   // Per step.
   const std::vector<model::MicroBatch>* batches_ = nullptr;
+  std::vector<model::MicroBatch> on_device_;  // rank 0: the step's micro-batches on the model's device
   double loss_scale_ = 0.0;
   std::map<MessageKey, Message> inbox_;   // received, or handed over locally on rank P - 1
   std::map<MessageKey, Message> outbox_;  // computed, waiting for the commit point that sends it

@@ -173,6 +173,9 @@ std::vector<Tensor> ForwardPipeline::run(const std::vector<model::MicroBatch>& b
   }
   agree(static_cast<int64_t>(n), error);
   for (auto& chunk : chunks_) chunk->clear();
+  // Rank 0 holds the data (the embedding and the loss stage): its micro-batches go to the device in one copy.
+  const std::vector<model::MicroBatch> on_device =
+      rank_ == 0 ? model::to_device(batches, model_.device()) : std::vector<model::MicroBatch>{};
 
   // Each micro-batch in turn through stages 0 .. 2P - 1. Every rank (and every ep peer of it) walks the same loop,
   // so the point-to-point transfers pair up and the ep peers run their MoE exchanges in the same order.
@@ -191,7 +194,7 @@ std::vector<Tensor> ForwardPipeline::run(const std::vector<model::MicroBatch>& b
       Tensor input;
       model::MicroBatch in_batch;
       if (s == 0) {
-        in_batch = local.to(model_.device());
+        in_batch = on_device.at(static_cast<size_t>(mb));
       } else if (partition_.stages[static_cast<size_t>(s - 1)].rank == rank_) {
         input = std::move(hidden);  // the bottom of the V (or pp = 1): no wire
         in_batch = std::move(batch);
@@ -201,7 +204,7 @@ std::vector<Tensor> ForwardPipeline::run(const std::vector<model::MicroBatch>& b
       if (chunk.is_loss_stage()) {
         // The loss stage is on rank 0, which holds the data: it reads the targets (and the metadata) itself.
         const int64_t T = in_batch.position_ids.numel();
-        in_batch = local.to(model_.device());
+        in_batch = on_device.at(static_cast<size_t>(mb));
         MT_CHECK(in_batch.num_tokens() == T,
                  "forward pipeline: micro-batch {} has {} tokens but the activation reaching the last stage has {} "
                  "rows",
