@@ -259,12 +259,9 @@ Tensor DualPipeVExecutor::output_grad(int chunk, int microbatch) {
 
 void DualPipeVExecutor::after_forward(int chunk, int microbatch, const model::MicroBatch& batch, ChunkForward result) {
   const size_t layers = model_.layers().size();
-  for (auto& [layer, values] : result.router_losses) {
-    values.resolve();  // CUDA: read back here (the chunk leaves the values on the device)
-    const size_t at = (static_cast<size_t>(microbatch) * layers + static_cast<size_t>(layer)) * 3;
-    router_table_[at] = values.load_balance * static_cast<double>(values.tokens);
-    router_table_[at + 1] = values.z_loss * static_cast<double>(values.tokens);
-    router_table_[at + 2] = values.device_balance * static_cast<double>(values.tokens);
+  for (auto& [layer, values] : result.router_losses) {  // read at the step's end (on CUDA they stay on the device)
+    router_values_.push_back(values);
+    router_slots_.push_back((static_cast<size_t>(microbatch) * layers + static_cast<size_t>(layer)) * 3);
   }
   if (chunks_[static_cast<size_t>(chunk)]->is_loss_stage()) {
     losses_[static_cast<size_t>(microbatch)] = result.loss;
@@ -372,6 +369,8 @@ model::StepLoss DualPipeVExecutor::run_step(const std::vector<model::MicroBatch>
   const size_t layers = model_.layers().size();
   losses_.assign(static_cast<size_t>(n), model::LossSum{});
   router_table_.assign(static_cast<size_t>(n) * layers * 3, 0.0);
+  router_values_.clear();
+  router_slots_.clear();
 
   int64_t denominator = 0, num_tokens = 0;
   if (rank_ == 0) {
@@ -402,6 +401,14 @@ model::StepLoss DualPipeVExecutor::run_step(const std::vector<model::MicroBatch>
 
   // The step's loss: rank 0 holds the cross-entropy, each rank the router losses of its layers; summed over pp in
   // rank order (x + 0 = x), then every rank adds them up in the single-rank driver's order.
+  model::resolve_all(router_values_);
+  for (size_t i = 0; i < router_values_.size(); ++i) {
+    const model::RouterLossValues& values = router_values_[i];
+    const size_t at = router_slots_[i];
+    router_table_[at] = values.load_balance * static_cast<double>(values.tokens);
+    router_table_[at + 1] = values.z_loss * static_cast<double>(values.tokens);
+    router_table_[at + 2] = values.device_balance * static_cast<double>(values.tokens);
+  }
   std::vector<double> sums(4 + router_table_.size(), 0.0);
   if (rank_ == 0) {
     model::resolve_losses(losses_);

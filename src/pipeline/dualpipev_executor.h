@@ -133,6 +133,8 @@ class DualPipeVExecutor {
   std::deque<ChunkWork> weight_queue_;    // deferred backward_weight, FIFO
   std::vector<model::LossSum> losses_;    // loss stage, per micro-batch
   std::vector<double> router_table_;      // [n, layers, 3]: (load_balance, z_loss, device_balance) * tokens
+  std::vector<model::RouterLossValues> router_values_;  // this rank's, read at the step's end
+  std::vector<size_t> router_slots_;                    // each one's place in router_table_
 };
 
 }  // namespace moetrain::pipeline
