@@ -20,7 +20,7 @@ void rmsnorm_rope_forward(Stream& stream, Tensor y, Tensor rstd, const Tensor& x
 // The backward of rmsnorm_rope_forward from d_rotated (the gradient of y): with d_normed = rope_backward(d_rotated),
 // dx = rmsnorm_backward_input(d_normed) and dw += rmsnorm_backward_weight(d_normed), in one pass where the backend
 // can (d_normed is then never stored). dx has the bits of those ops on either backend; dw those of
-// rmsnorm_backward_weight on the CPU, and on CUDA the same terms summed in another order fixed by the row count.
+// rmsnorm_backward_weight on the CPU, and on CUDA the same terms summed in another order fixed by the shape of x.
 // dx must not share memory with d_rotated.
 void rope_rmsnorm_backward(Stream& stream, Tensor dx, Tensor dw, const Tensor& d_rotated, const Tensor& x,
                            const Tensor& w, const Tensor& rstd, const RmsNormParams& norm, const Tensor& position_ids,
