@@ -17,7 +17,8 @@ namespace moetrain::ops::cuda {
 void rmsnorm_rope_forward(const Stream& stream, const Tensor& y, const Tensor& rstd, const Tensor& x, const Tensor& w,
                           const RmsNormParams& norm, const Tensor& position_ids, const RopeParams& rope);
 // The backward adds the norm's weight gradient into dw from the same pass (per-block column sums, then
-// add_column_sums), in an order that follows from the token and head counts alone; the fallback forms d_normed in a temporary.
+// add_column_sums), in an order that follows from the token and head counts alone; the fallback forms d_normed in a
+// temporary.
 void rope_rmsnorm_backward(const Stream& stream, const Tensor& dx, const Tensor& dw, const Tensor& d_rotated,
                            const Tensor& x, const Tensor& w, const Tensor& rstd, const RmsNormParams& norm,
                            const Tensor& position_ids, const RopeParams& rope);
