@@ -1,9 +1,10 @@
 // Tests for model::to_device, a step's micro-batches uploaded in one copy: on the CPU nothing moves; on CUDA every
 // tensor arrives with its bytes, at a 256-byte boundary of one buffer, with the host copy of cu_seqlens, the target
-// count and the step's settings kept; a batch already there is left as it is.
+// count and the step's settings kept; a batch already there is left as it is; a tensor it cannot view is refused.
 #include "model/batch.h"
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -76,6 +77,19 @@ TEST(CudaMicroBatchUpload, EveryTensorArrivesWithItsBytesAtItsOwnBoundaryOfOneBu
   EXPECT_EQ((last - first) % 256, 0);
   EXPECT_EQ(last - first, 256 * 11);  // 12 views of at most 64 i32 elements, one 256-byte step each
   EXPECT_EQ(out[3].input_ids.raw_data(), batches[3].input_ids.raw_data());
+
+  // A tensor the upload cannot view in its i32 buffer is refused by name, before anything is copied.
+  MicroBatch bad = three_batches()[0];
+  bad.targets = Tensor::zeros({3}, DType::F32);
+  try {
+    to_device({three_batches()[1], bad}, cuda);
+    ADD_FAILURE() << "an f32 target tensor was uploaded";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("micro-batch upload"), std::string::npos) << what;
+    EXPECT_NE(what.find("i32"), std::string::npos) << what;
+    EXPECT_NE(what.find("f32"), std::string::npos) << what;
+  }
 }
 
 }  // namespace
