@@ -111,7 +111,8 @@ class CausalLm {
   // with loss_scale > 0 (1 / the step's global target count) produces its gradients at once: d_normed is kept in the
   // record and the head's weight gradient accumulated now; loss_scale == 0 is forward only (no backward may follow).
   // The materialised head with loss_scale > 0 and logits not kept replaces the logits with their gradient in the
-  // loss's own pass (ops::cross_entropy_forward_backward); its backward must then ask for the same scale.
+  // loss's own pass (ops::cross_entropy_forward_backward); its backward must then ask for the same scale. On CUDA the
+  // returned sum is pending (its ce_sum and num_targets read 0 until resolve_losses reads it).
   LossSum head_forward(EpilogRecord& record, const Tensor& hidden, const MicroBatch& batch, double loss_scale,
                        bool keep_logits = false) const;
   // Whether head_forward would run the fused head.

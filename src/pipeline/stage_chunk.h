@@ -42,7 +42,8 @@ struct ChunkStep {
 // What a chunk's forward of one micro-batch produced.
 struct ChunkForward {
   Tensor hidden;        // [T, H] the stage output; undefined on the loss stage
-  model::LossSum loss;  // the loss stage only: cross-entropy sum and counted targets
+  // The loss stage only: cross-entropy sum and counted targets, pending on CUDA until model::resolve_losses.
+  model::LossSum loss;
   // The auxiliary router losses of the chunk's MoE layers for this micro-batch: (global layer index, values).
   std::vector<std::pair<int64_t, model::RouterLossValues>> router_losses;
   // The loss stage only, for a forward alone (loss scale 0) or under set_observe: f32 [T] on the CPU, log p(target[t])
