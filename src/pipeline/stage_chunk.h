@@ -41,7 +41,7 @@ struct ChunkStep {
 
 // What a chunk's forward of one micro-batch produced.
 struct ChunkForward {
-  Tensor hidden;        // [T, H] the stage output; undefined on the loss stage
+  Tensor hidden;  // [T, H] the stage output; undefined on the loss stage
   // The loss stage only: cross-entropy sum and counted targets, pending on CUDA until model::resolve_losses.
   model::LossSum loss;
   // The auxiliary router losses of the chunk's MoE layers for this micro-batch: (global layer index, values).

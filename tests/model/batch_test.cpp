@@ -56,8 +56,10 @@ TEST(CudaMicroBatchUpload, EveryTensorArrivesWithItsBytesAtItsOwnBoundaryOfOneBu
   for (size_t i = 0; i < out.size(); ++i) {
     const MicroBatch& b = out[i];
     const MicroBatch& want = batches[i];
-    for (const auto& [got, expected] : {std::pair{&b.input_ids, &want.input_ids}, {&b.targets, &want.targets},
-                                        {&b.position_ids, &want.position_ids}, {&b.cu_seqlens, &want.cu_seqlens}}) {
+    for (const auto& [got, expected] : {std::pair{&b.input_ids, &want.input_ids},
+                                        {&b.targets, &want.targets},
+                                        {&b.position_ids, &want.position_ids},
+                                        {&b.cu_seqlens, &want.cu_seqlens}}) {
       EXPECT_TRUE(got->device() == cuda);
       EXPECT_EQ(got->shape(), expected->shape());
       EXPECT_EQ(host_values<int32_t>(*got), host_values<int32_t>(*expected)) << "batch " << i;

@@ -252,9 +252,8 @@ TEST(CudaCrossEntropy, PendingTotalsReadTogetherHaveTheBitsOfEachReadAlone) {
   std::vector<ops::LossTotals> alone;
   for (const int64_t tokens : {int64_t{1}, int64_t{7}, int64_t{4096}, int64_t{33}}) {
     const Tensor losses = on_gpu(random_tensor({tokens}, DType::F32, rng, 3.0));
-    Tensor targets = make_targets(tokens, 100, rng);
-    if (tokens == 7) targets = on_gpu(Tensor::from_vector(std::vector<int32_t>(7, ops::kIgnoreIndex), {7}));
-    else targets = on_gpu(targets);
+    const Tensor targets = on_gpu(tokens == 7 ? Tensor::from_vector(std::vector<int32_t>(7, ops::kIgnoreIndex), {7})
+                                              : make_targets(tokens, 100, rng));
     alone.push_back(ops::cross_entropy_totals(gpu(), losses, targets));
     pending.push_back(ops::cross_entropy_totals_pending(gpu(), losses, targets));
   }

@@ -205,8 +205,11 @@ TEST(CrossEntropy, PendingTotalsOnTheCpuAreTheTotalsAndReadInOrder) {
   EXPECT_EQ(read[1].sum, 1e8 + 1.0);
   EXPECT_EQ(read[1].count, 2);
   EXPECT_TRUE(ops::read_loss_totals(Stream::cpu(), {}).empty());
-  expect_error_containing([&] { ops::read_loss_totals(Stream::cpu(), {first, Tensor::zeros({2}, DType::F32)}); },
-                          {"read_loss_totals", "f64 [2]", "entry 1"});
+  expect_error_containing(
+      [&] {
+        ops::read_loss_totals(Stream::cpu(), {first, Tensor::zeros({2}, DType::F32)});
+      },
+      {"read_loss_totals", "f64 [2]", "entry 1"});
 }
 
 TEST(CrossEntropy, RejectsTargetOutsideVocabulary) {

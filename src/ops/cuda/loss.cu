@@ -552,10 +552,9 @@ void cross_entropy_totals(const Stream& stream, const Tensor& totals, const Tens
            "cross_entropy_totals (CUDA): expected contiguous totals f64 [2] but found {}", totals.describe());
   const int64_t tokens = losses.numel();
   const auto cu_stream = static_cast<cudaStream_t>(stream_handle(stream));
-  totals_kernel<<<1, kTotalsThreads, 0, cu_stream>>>(static_cast<double*>(totals.raw_data()),
-                                                     static_cast<const float*>(losses.raw_data()),
-                                                     static_cast<const int32_t*>(targets.raw_data()), tokens,
-                                                     ignore_index);
+  totals_kernel<<<1, kTotalsThreads, 0, cu_stream>>>(
+      static_cast<double*>(totals.raw_data()), static_cast<const float*>(losses.raw_data()),
+      static_cast<const int32_t*>(targets.raw_data()), tokens, ignore_index);
   MT_CUDA_CHECK(cudaGetLastError());
 }
 

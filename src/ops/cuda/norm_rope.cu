@@ -28,9 +28,9 @@ namespace {
 
 using namespace norm_rows;
 
-// The cos / sin of a lane's 8 pairs at one token, from `table` [2, T, hd / 2]: a row's lane l and its partner l ^ (Lanes
-// / 2) rotate the same pairs. Loaded once per token and kept for all its heads: read again for each head, the table
-// moved 2 bytes through L1 for every byte of a row (512 of cos / sin per 256 of a 128-wide bf16 row).
+// The cos / sin of a lane's 8 pairs at one token, from `table` [2, T, hd / 2]: a row's lane l and its partner l ^
+// (Lanes / 2) rotate the same pairs. Loaded once per token and kept for all its heads: read again for each head, the
+// table moved 2 bytes through L1 for every byte of a row (512 of cos / sin per 256 of a 128-wide bf16 row).
 struct LanePairs {
   float c[8];
   float s[8];
@@ -94,8 +94,10 @@ unsigned token_blocks(int64_t tokens) {
 constexpr int kBlocksPerSm = 4;
 
 template <int Lanes, typename T>
-__global__ __launch_bounds__(kRowThreads, kBlocksPerSm) void norm_rope_forward_kernel(T* y, float* rstd, const T* x, const float* w, const float* table,
-                                         int64_t tokens, int64_t heads, float eps, bool zero_centered) {
+__global__ __launch_bounds__(kRowThreads,
+                             kBlocksPerSm) void norm_rope_forward_kernel(T* y, float* rstd, const T* x, const float* w,
+                                                                         const float* table, int64_t tokens,
+                                                                         int64_t heads, float eps, bool zero_centered) {
   constexpr int64_t kDim = Lanes * 8;
   for_each_token_row<Lanes>(tokens, heads, table, [&](const RowLanes<Lanes> at, const LanePairs& pairs) {
     const int64_t offset = at.row * kDim + at.lane * 8;
@@ -122,9 +124,11 @@ __global__ __launch_bounds__(kRowThreads, kBlocksPerSm) void norm_rope_forward_k
 // takes the blocks' sums into dw. With the grid a function of the token count (weight_blocks) and the rows a warp takes
 // a function of the token and head counts (for_each_token_row), so is every column's order of additions.
 template <int Lanes, typename T>
-__global__ __launch_bounds__(kRowThreads, kBlocksPerSm) void rope_norm_backward_kernel(T* dx, float* partial, const T* d_rotated, const T* x, const float* w,
-                                          const float* rstd, const float* table, int64_t tokens, int64_t heads,
-                                          bool zero_centered) {
+__global__ __launch_bounds__(kRowThreads,
+                             kBlocksPerSm) void rope_norm_backward_kernel(T* dx, float* partial, const T* d_rotated,
+                                                                          const T* x, const float* w, const float* rstd,
+                                                                          const float* table, int64_t tokens,
+                                                                          int64_t heads, bool zero_centered) {
   constexpr int kDim = Lanes * 8;
   constexpr int kGroups = kWarpsPerBlock * (32 / Lanes);  // a block's row groups
   __shared__ float group_sums[kGroups][kDim];
