@@ -156,32 +156,51 @@ void CausalLm::embed_backward(const MicroBatch& batch, const Tensor& d_hidden) c
                                  d_hidden, batch.input_ids);
 }
 
-namespace {
-
-// Reads the pending sums of `losses` on `stream` in one copy.
-void resolve_losses_of(Stream& stream, const std::vector<LossSum*>& losses) {
-  std::vector<Tensor> pending;
-  for (const LossSum* l : losses) pending.push_back(l->pending);
-  const std::vector<ops::LossTotals> totals = ops::read_loss_totals(stream, pending);
-  for (size_t i = 0; i < losses.size(); ++i) {
-    losses[i]->ce_sum = totals[i].sum;
-    losses[i]->num_targets = totals[i].count;
-    losses[i]->pending = Tensor();
-  }
+LossSum LossSum::pending_on_device(Tensor totals) {
+  MT_CHECK(totals.defined() && totals.dtype() == DType::F64 && totals.numel() == 2,
+           "LossSum: expected pending totals as f64 [2] {{sum, count}} but found {}",
+           totals.defined() ? totals.describe() : std::string("none"));
+  LossSum sum;
+  sum.pending_ = std::move(totals);
+  return sum;
 }
 
-}  // namespace
+double LossSum::ce_sum() const {
+  MT_CHECK(resolved(), "LossSum: the cross-entropy sum is still on {}; expected resolve_losses before reading it",
+           pending_.device().str());
+  return ce_sum_;
+}
+
+int64_t LossSum::num_targets() const {
+  MT_CHECK(resolved(), "LossSum: the target count is still on {}; expected resolve_losses before reading it",
+           pending_.device().str());
+  return num_targets_;
+}
+
+void LossSum::read(Stream& stream, const std::vector<LossSum*>& losses) {
+  std::vector<Tensor> pending;
+  for (const LossSum* l : losses) {
+    MT_CHECK(!l->resolved(), "LossSum::read: expected pending sums but found one already read");
+    pending.push_back(l->pending_);
+  }
+  const std::vector<ops::LossTotals> totals = ops::read_loss_totals(stream, pending);
+  for (size_t i = 0; i < losses.size(); ++i) {
+    losses[i]->ce_sum_ = totals[i].sum;
+    losses[i]->num_targets_ = totals[i].count;
+    losses[i]->pending_ = Tensor();
+  }
+}
 
 void resolve_losses(std::vector<LossSum>& losses) {
   std::vector<LossSum*> pending;
   for (LossSum& l : losses)
     if (!l.resolved()) pending.push_back(&l);
   if (pending.empty()) return;
-  const Device device = pending.front()->pending.device();
+  const Device device = pending.front()->pending_device();
   for (const LossSum* l : pending)
-    MT_CHECK(l->pending.device() == device, "resolve_losses: pending sums on {} and {}; expected one device",
-             device.str(), l->pending.device().str());
-  resolve_losses_of(default_stream(device), pending);
+    MT_CHECK(l->pending_device() == device, "resolve_losses: pending sums on {} and {}; expected one device",
+             device.str(), l->pending_device().str());
+  LossSum::read(default_stream(device), pending);
 }
 
 namespace {
@@ -232,9 +251,8 @@ LossSum CausalLm::head_forward(EpilogRecord& r, const Tensor& hidden, const Micr
   } else {
     ops::linear_cross_entropy_forward(s, r.losses, r.lse, r.normed, head_weight(), batch.targets, head_chunk_);
   }
-  LossSum sum;
-  sum.pending = ops::cross_entropy_totals_pending(s, r.losses, batch.targets);
-  if (device_.is_cpu()) resolve_losses_of(s, {&sum});
+  LossSum sum = LossSum::pending_on_device(ops::cross_entropy_totals_pending(s, r.losses, batch.targets));
+  if (device_.is_cpu()) LossSum::read(s, {&sum});
   return sum;
 }
 

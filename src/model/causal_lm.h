@@ -37,15 +37,28 @@ struct EpilogRecord {
   double loss_scale = 0.0;  // the scale the forward's gradients were made for (fused or logits_hold_gradient)
 };
 
-// A micro-batch's cross-entropy sum and counted targets. On CUDA head_forward leaves them on the device (`pending`,
-// ops::cross_entropy_totals_pending) so that the host does not wait for the GPU inside a step; resolve_losses reads a
-// step's in one copy and fills ce_sum and num_targets. On the CPU they are filled at once and nothing is pending.
-struct LossSum {
-  double ce_sum = 0.0;
-  int64_t num_targets = 0;
-  Tensor pending;  // f64 [2] = {sum, count} still to be read; undefined once read
+// A micro-batch's cross-entropy sum and counted targets. On CUDA head_forward leaves them on the device
+// (ops::cross_entropy_totals_pending) so that the host does not wait for the GPU inside a step; resolve_losses reads a
+// step's in one copy. On the CPU they are read at once and nothing is pending. Reading a sum that is still pending
+// fails, naming the missing resolve_losses, where it would otherwise read as zero.
+class LossSum {
+ public:
+  LossSum() = default;  // an empty sum (a stage without the head), resolved
+  // The f64 [2] {sum, count} that head_forward left on the device, to be read by resolve_losses.
+  static LossSum pending_on_device(Tensor totals);
 
-  bool resolved() const { return !pending.defined(); }
+  bool resolved() const { return !pending_.defined(); }
+  Device pending_device() const { return pending_.device(); }  // while pending
+  double ce_sum() const;
+  int64_t num_targets() const;
+
+  // Reads the pending sums of `losses` on `stream` in one copy (each must be pending).
+  static void read(Stream& stream, const std::vector<LossSum*>& losses);
+
+ private:
+  double ce_sum_ = 0.0;
+  int64_t num_targets_ = 0;
+  Tensor pending_;  // f64 [2] = {sum, count} still to be read; undefined once read
 };
 // Reads every pending sum of `losses` (one wait for the device, none when nothing is pending).
 void resolve_losses(std::vector<LossSum>& losses);

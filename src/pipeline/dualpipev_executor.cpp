@@ -414,8 +414,8 @@ model::StepLoss DualPipeVExecutor::run_step(const std::vector<model::MicroBatch>
     model::resolve_losses(losses_);
     int64_t targets = 0;
     for (const model::LossSum& l : losses_) {
-      sums[0] += l.ce_sum;
-      targets += l.num_targets;
+      sums[0] += l.ce_sum();
+      targets += l.num_targets();
     }
     sums[1] = static_cast<double>(targets);
     sums[2] = static_cast<double>(num_tokens);

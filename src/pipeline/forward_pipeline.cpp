@@ -229,8 +229,8 @@ std::vector<Tensor> ForwardPipeline::run(const std::vector<model::MicroBatch>& b
   }
   model::resolve_losses(losses);
   for (const model::LossSum& l : losses) {
-    sums.ce_sum += l.ce_sum;
-    sums.num_targets += l.num_targets;
+    sums.ce_sum += l.ce_sum();
+    sums.num_targets += l.num_targets();
   }
   sums.loss = sums.num_targets > 0 ? sums.ce_sum / static_cast<double>(sums.num_targets) : 0.0;
   if (loss != nullptr) *loss = sums;

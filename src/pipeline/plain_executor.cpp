@@ -52,8 +52,8 @@ struct StepParts {
     model::resolve_losses(losses);
     model::StepLoss step;
     for (const model::LossSum& l : losses) {
-      step.ce_sum += l.ce_sum;
-      step.num_targets += l.num_targets;
+      step.ce_sum += l.ce_sum();
+      step.num_targets += l.num_targets();
     }
     step.num_tokens = num_tokens;
     return step;

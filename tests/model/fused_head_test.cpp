@@ -123,7 +123,7 @@ TEST_P(FusedHead, SplitBackwardCallsFinishTheFusedForward) {
     model->set_head_chunk(fused ? 100 : 0);
     EpilogRecord r;
     const LossSum sum = model->head_forward(r, hidden, batch, scale);
-    std::vector<Tensor> out = {Tensor::from_vector(std::vector<double>{sum.ce_sum}, {1}),
+    std::vector<Tensor> out = {Tensor::from_vector(std::vector<double>{sum.ce_sum()}, {1}),
                                model->head_backward_input(r, scale)};
     model->head_backward_weight(r);
     out.push_back(model->params().grad("final_norm").clone());

@@ -205,7 +205,7 @@ TEST(PipelineExecutor, ChunkHoldsRecordsFromForwardToBackwardWeight) {
   const ChunkForward f0 = first.forward(0, batches[0], Tensor(), 0.5);
   const ChunkForward l0 = last.forward(0, batches[0], f0.hidden, 0.5);
   EXPECT_FALSE(l0.hidden.defined());
-  EXPECT_EQ(l0.loss.num_targets, batches[0].num_targets());
+  EXPECT_EQ(l0.loss.num_targets(), batches[0].num_targets());
   EXPECT_EQ(first.live_records(), 1);
   EXPECT_EQ(last.live_records(), 1);
   const Tensor d_hidden = last.backward_input(0, Tensor(), 0.5);

@@ -111,7 +111,7 @@ TEST(ExpertWeightsPerStep, ClearDropsHeldWork) {
   const double loss_a = a.run_step(batches).loss;
   double ce_sum = 0.0;
   for (int mb = 0; mb < 3; ++mb) {
-    ce_sum += chunk.forward(mb, batches[static_cast<size_t>(mb)], Tensor(), scale).loss.ce_sum;
+    ce_sum += chunk.forward(mb, batches[static_cast<size_t>(mb)], Tensor(), scale).loss.ce_sum();
     chunk.backward_full(mb, Tensor(), scale);
   }
   chunk.finish_expert_weights();
