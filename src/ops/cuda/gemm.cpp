@@ -11,10 +11,13 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <unordered_map>
+#include <vector>
 
 #include <cublasLt.h>
 #include <cuda_runtime.h>
+#include <fmt/format.h>
 
 #include "core/error.h"
 #include "ops/cuda/cublas_check.h"
@@ -96,7 +99,8 @@ struct PreferenceGuard {
   }
 };
 
-std::unique_ptr<GemmPlan> make_plan(const GemmKey& key, cublasLtHandle_t handle, size_t workspace_bytes) {
+// The descriptors and layouts of `key`, without an algorithm.
+std::unique_ptr<GemmPlan> make_descriptors(const GemmKey& key) {
   auto plan = std::make_unique<GemmPlan>();
   const cudaDataType_t operand_type = cuda_type(key.operand_dtype);
   const cudaDataType_t out_type = cuda_type(key.out_dtype);
@@ -123,7 +127,13 @@ std::unique_ptr<GemmPlan> make_plan(const GemmKey& key, cublasLtHandle_t handle,
   }
   // out [M, N] is column-major [N, M].
   MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->layout_c, out_type, n, m, static_cast<int64_t>(n)));
+  return plan;
+}
 
+// The heuristic's first `limit` algorithms for `plan`, best first (at least one, or a named error).
+std::vector<cublasLtMatmulHeuristicResult_t> heuristic_algorithms(const GemmKey& key, const GemmPlan& plan,
+                                                                  cublasLtHandle_t handle, size_t workspace_bytes,
+                                                                  int limit) {
   PreferenceGuard preference;
   MT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference.pref));
   const uint64_t max_workspace = workspace_bytes;
@@ -138,11 +148,11 @@ std::unique_ptr<GemmPlan> make_plan(const GemmKey& key, cublasLtHandle_t handle,
     MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference.pref, alignment_attributes[i], &alignments[i],
                                                          sizeof(alignments[i])));
   }
-  cublasLtMatmulHeuristicResult_t result{};
+  std::vector<cublasLtMatmulHeuristicResult_t> results(static_cast<size_t>(limit));
   int found = 0;
   const cublasStatus_t status =
-      cublasLtMatmulAlgoGetHeuristic(handle, plan->desc, plan->layout_a, plan->layout_b, plan->layout_c, plan->layout_c,
-                                     preference.pref, 1, &result, &found);
+      cublasLtMatmulAlgoGetHeuristic(handle, plan.desc, plan.layout_a, plan.layout_b, plan.layout_c, plan.layout_c,
+                                     preference.pref, limit, results.data(), &found);
   MT_CHECK(status != CUBLAS_STATUS_NOT_SUPPORTED && (status != CUBLAS_STATUS_SUCCESS || found > 0),
            "gemm (CUDA): cuBLASLt has no algorithm for out {}[{}, {}] = a{} {} * b{} {} (K = {}, beta {}, alignments "
            "a {} b {} out {} bytes)",
@@ -150,8 +160,14 @@ std::unique_ptr<GemmPlan> make_plan(const GemmKey& key, cublasLtHandle_t handle,
            key.transpose_b ? "^T" : "", dtype_name(key.operand_dtype), key.k, key.accumulate ? "!= 0" : "== 0",
            key.align_a, key.align_b, key.align_out);
   MT_CUBLAS_CHECK(status);
-  MT_CUBLAS_CHECK(result.state);
-  plan->algo = result.algo;
+  results.resize(static_cast<size_t>(found));
+  for (const cublasLtMatmulHeuristicResult_t& result : results) MT_CUBLAS_CHECK(result.state);
+  return results;
+}
+
+std::unique_ptr<GemmPlan> make_plan(const GemmKey& key, cublasLtHandle_t handle, size_t workspace_bytes) {
+  std::unique_ptr<GemmPlan> plan = make_descriptors(key);
+  plan->algo = heuristic_algorithms(key, *plan, handle, workspace_bytes, 1).front().algo;
   return plan;
 }
 
@@ -168,16 +184,31 @@ PlanCache& plan_cache() {
   return *cache;
 }
 
-}  // namespace
-
-void gemm(const Stream& stream, const Tensor& out, const Tensor& a, Transpose transpose_a, const Tensor& b,
-          Transpose transpose_b, double alpha, double beta) {
+// The shape of out = op(a) op(b) (+ beta out); dtypes, beta and alignments come from complete_key.
+GemmKey shape_key(const Tensor& out, const Tensor& a, Transpose transpose_a, Transpose transpose_b) {
   GemmKey key;
   key.transpose_a = transpose_a == Transpose::Yes;
   key.transpose_b = transpose_b == Transpose::Yes;
   key.m = out.size(0);
   key.n = out.size(1);
   key.k = key.transpose_a ? a.size(0) : a.size(1);
+  return key;
+}
+
+void complete_key(GemmKey& key, const Tensor& out, const Tensor& a, const Tensor& b, float beta) {
+  key.operand_dtype = a.dtype();
+  key.out_dtype = out.dtype();
+  key.accumulate = beta != 0.0f;
+  key.align_a = alignment_of(a.raw_data());
+  key.align_b = alignment_of(b.raw_data());
+  key.align_out = alignment_of(out.raw_data());
+}
+
+}  // namespace
+
+void gemm(const Stream& stream, const Tensor& out, const Tensor& a, Transpose transpose_a, const Tensor& b,
+          Transpose transpose_b, double alpha, double beta) {
+  GemmKey key = shape_key(out, a, transpose_a, transpose_b);
   if (key.m == 0 || key.n == 0) return;
   const auto alpha_f = static_cast<float>(alpha);
   const auto beta_f = static_cast<float>(beta);
@@ -191,12 +222,7 @@ void gemm(const Stream& stream, const Tensor& out, const Tensor& a, Transpose tr
     gemm_batch_invariant(stream, out, a, b, transpose_b, alpha, beta);
     return;
   }
-  key.operand_dtype = a.dtype();
-  key.out_dtype = out.dtype();
-  key.accumulate = beta_f != 0.0f;
-  key.align_a = alignment_of(a.raw_data());
-  key.align_b = alignment_of(b.raw_data());
-  key.align_out = alignment_of(out.raw_data());
+  complete_key(key, out, a, b, beta_f);
 
   auto cu_stream = static_cast<cudaStream_t>(stream_handle(stream));
   auto handle = static_cast<cublasLtHandle_t>(cublaslt_handle());
@@ -215,6 +241,76 @@ void gemm(const Stream& stream, const Tensor& out, const Tensor& a, Transpose tr
   MT_CUBLAS_CHECK(cublasLtMatmul(handle, plan.desc, &alpha_f, b.raw_data(), plan.layout_a, a.raw_data(), plan.layout_b,
                                  &beta_f, out.raw_data(), plan.layout_c, out.raw_data(), plan.layout_c, &plan.algo,
                                  workspace, workspace_bytes, cu_stream));
+}
+
+struct GemmAlternatives::State {
+  GemmKey key;
+  std::unique_ptr<GemmPlan> plan;  // the descriptors; algo unused
+  std::vector<cublasLtMatmulHeuristicResult_t> algorithms;
+  Tensor out, a, b;
+};
+
+GemmAlternatives::GemmAlternatives(const Tensor& out, const Tensor& a, Transpose transpose_a, const Tensor& b,
+                                   Transpose transpose_b, double beta, int limit)
+    : state_(std::make_unique<State>()) {
+  MT_CHECK(limit >= 1, "GemmAlternatives: expected a limit of at least 1 but found {}", limit);
+  state_->key = shape_key(out, a, transpose_a, transpose_b);
+  MT_CHECK(state_->key.m > 0 && state_->key.n > 0 && state_->key.k > 0,
+           "GemmAlternatives: expected a non-empty problem but found M {} N {} K {}", state_->key.m, state_->key.n,
+           state_->key.k);
+  complete_key(state_->key, out, a, b, static_cast<float>(beta));
+  size_t workspace_bytes = 0;
+  (void)cublaslt_workspace(&workspace_bytes);
+  state_->plan = make_descriptors(state_->key);
+  state_->algorithms = heuristic_algorithms(state_->key, *state_->plan,
+                                            static_cast<cublasLtHandle_t>(cublaslt_handle()), workspace_bytes, limit);
+  state_->out = out;
+  state_->a = a;
+  state_->b = b;
+}
+
+GemmAlternatives::~GemmAlternatives() = default;
+
+int GemmAlternatives::count() const { return static_cast<int>(state_->algorithms.size()); }
+
+std::string GemmAlternatives::describe(int index) const {
+  MT_CHECK(index >= 0 && index < count(), "GemmAlternatives: expected an index below {} but found {}", count(), index);
+  const cublasLtMatmulHeuristicResult_t& result = state_->algorithms[static_cast<size_t>(index)];
+  int32_t id = 0, split_k = 0;
+  uint32_t tile = 0, stages = 0, reduction = 0, swizzle = 0, custom = 0;
+  uint16_t cluster = 0;
+  size_t written = 0;
+  auto get = [&](cublasLtMatmulAlgoConfigAttributes_t attribute, void* value, size_t bytes) {
+    MT_CUBLAS_CHECK(cublasLtMatmulAlgoConfigGetAttribute(&result.algo, attribute, value, bytes, &written));
+  };
+  get(CUBLASLT_ALGO_CONFIG_ID, &id, sizeof(id));
+  get(CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile));
+  get(CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof(stages));
+  get(CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split_k, sizeof(split_k));
+  get(CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &reduction, sizeof(reduction));
+  get(CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &swizzle, sizeof(swizzle));
+  get(CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, &custom, sizeof(custom));
+  get(CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster, sizeof(cluster));
+  return fmt::format(
+      "algo {} tile {} stages {} split_k {} reduction {} swizzle {} custom {} cluster {} waves {:.2f} "
+      "workspace {}",
+      id, tile, stages, split_k, reduction, swizzle, custom, cluster, result.wavesCount, result.workspaceSize);
+}
+
+void GemmAlternatives::run(const Stream& stream, int index, double alpha, double beta) const {
+  MT_CHECK(index >= 0 && index < count(), "GemmAlternatives: expected an index below {} but found {}", count(), index);
+  MT_CHECK((static_cast<float>(beta) != 0.0f) == state_->key.accumulate,
+           "GemmAlternatives: expected beta {} 0 (as queried) but found {}",
+           state_->key.accumulate ? "!=" : "==", beta);
+  size_t workspace_bytes = 0;
+  void* workspace = cublaslt_workspace(&workspace_bytes);
+  const auto alpha_f = static_cast<float>(alpha), beta_f = static_cast<float>(beta);
+  const GemmPlan& plan = *state_->plan;
+  MT_CUBLAS_CHECK(cublasLtMatmul(static_cast<cublasLtHandle_t>(cublaslt_handle()), plan.desc, &alpha_f,
+                                 state_->b.raw_data(), plan.layout_a, state_->a.raw_data(), plan.layout_b, &beta_f,
+                                 state_->out.raw_data(), plan.layout_c, state_->out.raw_data(), plan.layout_c,
+                                 &state_->algorithms[static_cast<size_t>(index)].algo, workspace, workspace_bytes,
+                                 static_cast<cudaStream_t>(stream_handle(stream))));
 }
 
 }  // namespace moetrain::ops::cuda

@@ -3,6 +3,9 @@
 // handles an empty inner dimension without cuBLAS.
 #pragma once
 
+#include <memory>
+#include <string>
+
 #include "core/device.h"
 #include "core/tensor.h"
 #include "ops/gemm.h"
@@ -15,6 +18,27 @@ namespace moetrain::ops::cuda {
 // beta != 0, pointer alignments), so one problem always runs one algorithm: results are deterministic.
 void gemm(const Stream& stream, const Tensor& out, const Tensor& a, Transpose transpose_a, const Tensor& b,
           Transpose transpose_b, double alpha, double beta);
+
+// For the kernel benchmark (tests/ops/cuda_gemm_bench_test.cpp): the first `limit` algorithms cuBLASLt's heuristic
+// offers for one problem, best first (index 0 is the one gemm runs), each described by its configuration and run by
+// index on the operands given here. The operands are held until destruction.
+class GemmAlternatives {
+ public:
+  GemmAlternatives(const Tensor& out, const Tensor& a, Transpose transpose_a, const Tensor& b, Transpose transpose_b,
+                   double beta, int limit);
+  ~GemmAlternatives();
+  GemmAlternatives(const GemmAlternatives&) = delete;
+  GemmAlternatives& operator=(const GemmAlternatives&) = delete;
+
+  int count() const;
+  std::string describe(int index) const;
+  // out = alpha op(a) op(b) + beta out with algorithm `index`; beta must be zero exactly when it was at construction.
+  void run(const Stream& stream, int index, double alpha, double beta) const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
 
 // out = beta * out over the contiguous f32 or bf16 tensor out (the K == 0 case); beta == 0 writes zeros
 // without reading out. Kernel in gemm.cu.
