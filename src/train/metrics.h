@@ -14,7 +14,8 @@
 namespace moetrain::train {
 
 // The process's resident memory (VmRSS of /proc/self/status) in bytes; 0 where it cannot be read. A long run's host
-// memory shows in it (scripts/rss_check.sh reads it from the metrics file).
+// memory shows in it (scripts/rss_check.sh reads it from the metrics file). Linux keeps the count in per-CPU parts
+// that it folds in batches, so VmRSS can trail the truth by a few MiB for each CPU the process has run on.
 int64_t host_resident_bytes();
 
 struct StepMetrics {
