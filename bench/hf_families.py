@@ -1,6 +1,7 @@
 # What users run today: HF transformers 5.17 training steps for other families at real dims (first 4 layers, bf16, 4 micro-batches of 4096 tokens per step).
 # Copied from the project's shared baseline scripts; FAMILIES (e.g. "deepseek_v2_lite_4l") picks which to run (default: all).
 import os, json, torch, transformers, time
+from gpu_energy import gpu_energy_j, joules_between
 from transformers import AutoModelForCausalLM
 res = {}
 def cfgs():
@@ -44,11 +45,12 @@ for name, cfg, attn in cfgs():
             for _ in range(ACC):
                 out = m(input_ids=ids, labels=ids); (out.loss / ACC).backward()
             opt.step(); opt.zero_grad(set_to_none=True)
-        step(); torch.cuda.synchronize(); t0 = time.time()
+        step(); torch.cuda.synchronize(); t0 = time.time(); j0 = gpu_energy_j()
         for _ in range(3): step()
-        torch.cuda.synchronize(); t = (time.time() - t0) / 3
+        torch.cuda.synchronize(); t = (time.time() - t0) / 3; joules = joules_between(j0, gpu_energy_j(), 3)
         res[name] = {"attn": attn, "tok_s": B * S * ACC / t, "step_s": t, "peak_GiB": torch.cuda.max_memory_allocated() / 2**30,
                      "params": sum(p.numel() for p in m.parameters()), "kernels": kernels_picked(m)}
+        if joules is not None: res[name].update(joules_per_step=joules, mean_power_W=joules / t)
         print(name, res[name], flush=True)
         del m, opt
     except Exception as e:

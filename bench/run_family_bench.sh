@@ -18,12 +18,16 @@ python3 - "$out" "$family" <<'PY'
 import json, os, sys
 out, family = sys.argv[1], sys.argv[2]
 ours = json.load(open(os.path.join(out, f"bench_{family}.json")))
+def energy(joules, watts):
+    return f", {joules:.0f} J/step at {watts:.0f} W" if joules else ""
+e = ours.get("energy", {})
 print(f"moetrain {family}: {ours['tokens_per_s']:.0f} tokens/s, {100 * ours['mfu_vs_989']:.1f}% MFU, "
-      f"peak {ours['memory']['peak_GiB']:.1f} GiB")
+      f"peak {ours['memory']['peak_GiB']:.1f} GiB{energy(e.get('joules_per_step'), e.get('mean_power_W'))}")
 path = os.path.join(out, "hf_families.json")
 hf = json.load(open(path)).get(f"{family}_4l") if os.path.exists(path) else None
 if hf:
-    print(f"transformers {family}: {hf['tok_s']:.0f} tokens/s ({hf['attn']} attention), peak {hf['peak_GiB']:.1f} GiB "
+    print(f"transformers {family}: {hf['tok_s']:.0f} tokens/s ({hf['attn']} attention), peak {hf['peak_GiB']:.1f} GiB"
+          f"{energy(hf.get('joules_per_step'), hf.get('mean_power_W'))} "
           f"-> moetrain / transformers = {ours['tokens_per_s'] / hf['tok_s']:.2f}x")
     if hf.get("kernels"):
         print(f"transformers {family} kernels: {hf['kernels']}")

@@ -2,11 +2,13 @@
 #include "cli/bench_command.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <map>
 #include <memory>
 #include <numeric>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
@@ -15,6 +17,7 @@
 #include "core/error.h"
 #include "dist/mesh.h"
 #include "io/job_config.h"
+#include "ops/cuda/energy.h"
 #include "ops/cuda/runtime.h"
 #include "ops/op_profile.h"
 #include "train/fully_sharded.h"
@@ -65,6 +68,24 @@ nlohmann::json memory_breakdown(const train::Trainer& trainer, int64_t peak) {
           {"peak_GiB", peak / kGiB}};
 }
 
+// The GPU's power reading once its work is done (nullopt on the CPU or where NVML reads nothing).
+std::optional<ops::cuda::GpuPowerReading> gpu_power_when_idle(Device device) {
+  if (!device.is_cuda()) return std::nullopt;
+  ops::cuda::synchronize(device);
+  return ops::cuda::read_gpu_power();
+}
+
+// The energy between two readings: joules a step, the mean power over the wall time between them, the limit and the
+// SM clock at the end (a step at the limit is as fast as the energy it spends allows).
+nlohmann::json energy_of(const ops::cuda::GpuPowerReading& before, const ops::cuda::GpuPowerReading& after,
+                         double wall_seconds, int64_t steps) {
+  const double joules = after.energy_joules - before.energy_joules;
+  return {{"joules_per_step", joules / static_cast<double>(steps)},
+          {"mean_power_W", joules / wall_seconds},
+          {"power_limit_W", after.power_limit_watts},
+          {"sm_clock_MHz_at_end", after.sm_clock_mhz}};
+}
+
 }  // namespace
 
 int run_bench(const BenchOptions& options) {
@@ -88,7 +109,12 @@ int run_bench(const BenchOptions& options) {
   if (options.warmup > 0) trainer.run(options.warmup);
   ops::set_op_profiling(true);
   ops::collect_op_times();  // drop anything recorded before the timed steps
+  const Device device = trainer.model().device();
+  const std::optional<ops::cuda::GpuPowerReading> power_before = gpu_power_when_idle(device);
+  const auto wall_before = std::chrono::steady_clock::now();
   const train::TrainSummary timed = trainer.run(options.steps);
+  const std::optional<ops::cuda::GpuPowerReading> power_after = gpu_power_when_idle(device);
+  const double wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_before).count();
   ops::set_op_profiling(false);
   const ops::OpTimes op_times = ops::collect_op_times();
 
@@ -118,6 +144,8 @@ int run_bench(const BenchOptions& options) {
                            {"memory", memory_breakdown(trainer, peak)},
                            {"startup_peak_GiB", startup_peak / kGiB}};
   if (kind == DeviceKind::CUDA) result["cudnn_version"] = ops::cuda::cudnn_runtime_version();
+  if (power_before && power_after)
+    result["energy"] = energy_of(*power_before, *power_after, wall_seconds, options.steps);
   if (mesh != nullptr && mesh->rank() != 0) return 0;  // the reductions gave every rank the same figures
   std::printf("bench: %d rank(s)%s\n", world, mesh == nullptr ? "" : (", mesh " + mesh->shape().str()).c_str());
   std::printf("bench: %s, %lld layers, %lld parameters, %s compute on %s\n", result["model"].get<std::string>().c_str(),
@@ -136,6 +164,14 @@ int run_bench(const BenchOptions& options) {
       peak / kGiB, result["memory"]["compute_weights_GiB"].get<double>(), result["memory"]["masters_GiB"].get<double>(),
       result["memory"]["optimizer_state_GiB"].get<double>(), result["memory"]["gradients_GiB"].get<double>(),
       result["memory"]["activations_and_workspace_GiB"].get<double>(), startup_peak / kGiB);
+  if (result.contains("energy")) {
+    const nlohmann::json& e = result["energy"];
+    std::printf(
+        "bench: energy %.1f J/step (this GPU), mean power %.0f W against a limit of %.0f W, SM clock %d MHz at "
+        "the end\n",
+        e["joules_per_step"].get<double>(), e["mean_power_W"].get<double>(), e["power_limit_W"].get<double>(),
+        e["sm_clock_MHz_at_end"].get<int>());
+  }
   std::vector<std::pair<double, std::string>> families;
   double device_seconds = 0.0;
   for (const auto& [family, s] : op_times.by_family) {

@@ -1,6 +1,6 @@
 // Tests for `moetrain bench`: a CPU run of the tiny example on synthetic tokens writes every figure
 // it prints (tokens/s, memory by role, time by op family and by op), the materialised head's loss in one pass pair,
-// and bad step counts fail before any work.
+// and bad step counts fail before any work; on a GPU, the timed steps' energy.
 #include "cli/bench_command.h"
 
 #include <fstream>
@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "testing/gpu.h"
 #include "testing/test_data.h"
 
 namespace moetrain::cli {
@@ -34,6 +35,7 @@ TEST(BenchCommand, WritesThroughputMemoryAndTimeByOpFamilyAndOp) {
   EXPECT_EQ(r.at("timed_steps").get<int64_t>(), 2);
   EXPECT_EQ(r.at("tokens_per_step").get<double>(), 64.0);  // 2 micro-batches of 2 x 16 tokens
   EXPECT_GT(r.at("tokens_per_s").get<double>(), 0.0);
+  EXPECT_FALSE(r.contains("energy")) << "a CPU run has no GPU energy to report";
   const nlohmann::json& memory = r.at("memory");
   // f32 on the CPU: no compute copies; AdamW holds twice the masters.
   EXPECT_EQ(memory.at("compute_weights_GiB").get<double>(), 0.0);
@@ -71,6 +73,29 @@ TEST(BenchCommand, MaterialisedHeadMakesTheLossGradientInTheLossPass) {
   EXPECT_TRUE(loss.contains("cross_entropy_forward_backward")) << loss.dump();
   EXPECT_FALSE(loss.contains("cross_entropy_backward"))
       << "a training step's logits need one pass pair: " << loss.dump();
+}
+
+// On a GPU the timed steps' energy comes from the driver's counter: some joules a step, a mean power within the
+// device's range, the limit it is held to and a running SM clock.
+TEST(CudaBenchCommand, ReportsTheGpuEnergyOfTheTimedSteps) {
+  MT_REQUIRE_GPU();
+  const std::string out = testing::make_temp_dir("bench_command_cuda") + "/bench.json";
+  BenchOptions o = tiny_bench(out);
+  o.steps = 4;
+  o.overrides.push_back("model.device=cuda");
+  o.overrides.push_back("model.compute_dtype=bf16");
+  ASSERT_EQ(run_bench(o), 0);
+  std::ifstream in(out);
+  ASSERT_TRUE(in.good()) << out;
+  const nlohmann::json r = nlohmann::json::parse(in);
+  ASSERT_TRUE(r.contains("energy")) << "NVML read nothing on a machine with a GPU";
+  const nlohmann::json& e = r.at("energy");
+  const double limit = e.at("power_limit_W").get<double>();
+  EXPECT_GT(limit, 50.0);
+  EXPECT_GT(e.at("joules_per_step").get<double>(), 0.0);
+  EXPECT_GT(e.at("mean_power_W").get<double>(), 10.0);
+  EXPECT_LT(e.at("mean_power_W").get<double>(), 1.5 * limit) << "the counter's mean cannot exceed the limit by far";
+  EXPECT_GT(e.at("sm_clock_MHz_at_end").get<int>(), 0);
 }
 
 TEST(BenchCommand, RejectsStepCountsBeforeAnyWork) {
