@@ -76,11 +76,14 @@ std::optional<ops::cuda::GpuPowerReading> gpu_power_when_idle(Device device) {
 }
 
 // The energy between two readings: joules a step, the mean power over the wall time between them, the limit and the
-// SM clock at the end (a step at the limit is as fast as the energy it spends allows).
+// SM clock at the end (a step at the limit is as fast as the energy it spends allows). The driver updates its counter
+// in steps and holds the limit as an average, so a window under a second or two scatters (DeepSeek-V2-Lite's 0.55 s:
+// 89 and 106 J a step in two runs, the second's mean above the limit); more --steps make it steady.
 nlohmann::json energy_of(const ops::cuda::GpuPowerReading& before, const ops::cuda::GpuPowerReading& after,
                          double wall_seconds, int64_t steps) {
   const double joules = after.energy_joules - before.energy_joules;
   return {{"joules_per_step", joules / static_cast<double>(steps)},
+          {"window_s", wall_seconds},
           {"mean_power_W", joules / wall_seconds},
           {"power_limit_W", after.power_limit_watts},
           {"sm_clock_MHz_at_end", after.sm_clock_mhz}};
@@ -167,10 +170,10 @@ int run_bench(const BenchOptions& options) {
   if (result.contains("energy")) {
     const nlohmann::json& e = result["energy"];
     std::printf(
-        "bench: energy %.1f J/step (this GPU), mean power %.0f W against a limit of %.0f W, SM clock %d MHz at "
-        "the end\n",
-        e["joules_per_step"].get<double>(), e["mean_power_W"].get<double>(), e["power_limit_W"].get<double>(),
-        e["sm_clock_MHz_at_end"].get<int>());
+        "bench: energy %.1f J/step (this GPU, over %.2f s), mean power %.0f W against a limit of %.0f W, SM "
+        "clock %d MHz at the end\n",
+        e["joules_per_step"].get<double>(), e["window_s"].get<double>(), e["mean_power_W"].get<double>(),
+        e["power_limit_W"].get<double>(), e["sm_clock_MHz_at_end"].get<int>());
   }
   std::vector<std::pair<double, std::string>> families;
   double device_seconds = 0.0;

@@ -93,8 +93,10 @@ TEST(CudaBenchCommand, ReportsTheGpuEnergyOfTheTimedSteps) {
   const double limit = e.at("power_limit_W").get<double>();
   EXPECT_GT(limit, 50.0);
   EXPECT_GT(e.at("joules_per_step").get<double>(), 0.0);
+  EXPECT_GT(e.at("window_s").get<double>(), 0.0);
   EXPECT_GT(e.at("mean_power_W").get<double>(), 10.0);
-  EXPECT_LT(e.at("mean_power_W").get<double>(), 1.5 * limit) << "the counter's mean cannot exceed the limit by far";
+  // The limit holds as an average: a short window's mean may pass it, but not by far.
+  EXPECT_LT(e.at("mean_power_W").get<double>(), 1.5 * limit);
   EXPECT_GT(e.at("sm_clock_MHz_at_end").get<int>(), 0);
 }
 
