@@ -32,7 +32,25 @@ struct GemmShape {
   DType out;
 };
 
-// Seconds per call of out = op(a) op(b), mean of 20 after 3 warm-ups, timed with CUDA events.
+// Seconds per call of `call` over `calls` calls on `s`, timed with CUDA events.
+template <typename F>
+double seconds_per_call(Stream& s, int calls, F&& call) {
+  const auto stream = static_cast<cudaStream_t>(ops::cuda::stream_handle(s));
+  cudaEvent_t start, stop;
+  EXPECT_EQ(cudaEventCreate(&start), cudaSuccess);
+  EXPECT_EQ(cudaEventCreate(&stop), cudaSuccess);
+  EXPECT_EQ(cudaEventRecord(start, stream), cudaSuccess);
+  for (int i = 0; i < calls; ++i) call();
+  EXPECT_EQ(cudaEventRecord(stop, stream), cudaSuccess);
+  EXPECT_EQ(cudaEventSynchronize(stop), cudaSuccess);
+  float ms = 0.0f;
+  EXPECT_EQ(cudaEventElapsedTime(&ms, start, stop), cudaSuccess);
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return double(ms) * 1e-3 / calls;
+}
+
+// Seconds per call of out = op(a) op(b), mean of 20 after 3 warm-ups.
 double time_gemm(const GemmShape& g) {
   const Device gpu = Device::cuda(0);
   const bool ta = g.ta == ops::Transpose::Yes, tb = g.tb == ops::Transpose::Yes;
@@ -40,21 +58,9 @@ double time_gemm(const GemmShape& g) {
   Tensor b = Tensor::zeros(tb ? Shape{g.n, g.k} : Shape{g.k, g.n}, DType::BF16, gpu);
   Tensor out = Tensor::zeros({g.m, g.n}, g.out, gpu);
   Stream& s = default_stream(gpu);
-  for (int i = 0; i < 3; ++i) ops::gemm(s, out, a, g.ta, b, g.tb);
-  cudaEvent_t start, stop;
-  EXPECT_EQ(cudaEventCreate(&start), cudaSuccess);
-  EXPECT_EQ(cudaEventCreate(&stop), cudaSuccess);
-  const auto stream = static_cast<cudaStream_t>(ops::cuda::stream_handle(s));
-  EXPECT_EQ(cudaEventRecord(start, stream), cudaSuccess);
-  constexpr int kIterations = 20;
-  for (int i = 0; i < kIterations; ++i) ops::gemm(s, out, a, g.ta, b, g.tb);
-  EXPECT_EQ(cudaEventRecord(stop, stream), cudaSuccess);
-  EXPECT_EQ(cudaEventSynchronize(stop), cudaSuccess);
-  float ms = 0.0f;
-  EXPECT_EQ(cudaEventElapsedTime(&ms, start, stop), cudaSuccess);
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  return double(ms) * 1e-3 / kIterations;
+  auto call = [&] { ops::gemm(s, out, a, g.ta, b, g.tb); };
+  seconds_per_call(s, 3, call);
+  return seconds_per_call(s, 20, call);
 }
 
 TEST(CudaGemmBench, DISABLED_WorkloadShapes) {
@@ -80,30 +86,13 @@ TEST(CudaGemmBench, DISABLED_WorkloadShapes) {
   }
 }
 
-// Seconds per call of `call`, timed with CUDA events over enough calls to fill ~0.25 s (the step runs at the power
-// cap, which a few milliseconds of work never reach), after 3 warm-ups.
+// Seconds per call of `call` over enough calls to fill ~0.25 s (the step runs at the power limit, which a few
+// milliseconds of work never reach), after 3 warm-ups and 3 calls that estimate the count.
 template <typename F>
 double time_calls(Stream& s, F&& call) {
-  const auto stream = static_cast<cudaStream_t>(ops::cuda::stream_handle(s));
-  cudaEvent_t start, stop;
-  EXPECT_EQ(cudaEventCreate(&start), cudaSuccess);
-  EXPECT_EQ(cudaEventCreate(&stop), cudaSuccess);
-  auto timed = [&](int calls) {
-    EXPECT_EQ(cudaEventRecord(start, stream), cudaSuccess);
-    for (int i = 0; i < calls; ++i) call();
-    EXPECT_EQ(cudaEventRecord(stop, stream), cudaSuccess);
-    EXPECT_EQ(cudaEventSynchronize(stop), cudaSuccess);
-    float ms = 0.0f;
-    EXPECT_EQ(cudaEventElapsedTime(&ms, start, stop), cudaSuccess);
-    return double(ms) * 1e-3 / calls;
-  };
-  timed(3);
-  const double estimate = timed(3);
-  const int calls = std::clamp(static_cast<int>(0.25 / std::max(estimate, 1e-6)), 10, 5000);
-  const double seconds = timed(calls);
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  return seconds;
+  seconds_per_call(s, 3, call);
+  const double estimate = seconds_per_call(s, 3, call);
+  return seconds_per_call(s, std::clamp(static_cast<int>(0.25 / std::max(estimate, 1e-6)), 10, 5000), call);
 }
 
 // A bf16 tensor on the GPU of N(0, 1) values: a random block of 2^20 made on the CPU, repeated.
