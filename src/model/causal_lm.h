@@ -125,7 +125,7 @@ class CausalLm {
   // record and the head's weight gradient accumulated now; loss_scale == 0 is forward only (no backward may follow).
   // The materialised head with loss_scale > 0 and logits not kept replaces the logits with their gradient in the
   // loss's own pass (ops::cross_entropy_forward_backward); its backward must then ask for the same scale. On CUDA the
-  // returned sum is pending (its ce_sum and num_targets read 0 until resolve_losses reads it).
+  // returned sum is pending: reading its ce_sum or num_targets before resolve_losses fails.
   LossSum head_forward(EpilogRecord& record, const Tensor& hidden, const MicroBatch& batch, double loss_scale,
                        bool keep_logits = false) const;
   // Whether head_forward would run the fused head.
