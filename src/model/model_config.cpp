@@ -1,4 +1,5 @@
-// defines: ModelConfig's layer queries and the config.json reader and writer, which hand the file to its family.
+// defines: ModelConfig's layer queries, the fields several families read alike, and the config.json reader and
+// writer, which hand the file to its family.
 #include "model/model_config.h"
 
 #include <filesystem>
@@ -7,6 +8,7 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
 
 #include "core/log.h"
 #include "io/json_fields.h"
@@ -35,6 +37,34 @@ void parse_model_shape(const io::JsonFields& f, ModelConfig& g) {
   f.check_positive(g.hidden_size, "hidden_size");
   f.check_positive(g.num_hidden_layers, "num_hidden_layers", kMaxLayers);
   g.tie_word_embeddings = f.bool_opt("tie_word_embeddings").value_or(false);
+}
+
+nlohmann::json model_shape_json(const ModelConfig& g) {
+  nlohmann::json j;
+  j["vocab_size"] = g.vocab_size;
+  j["hidden_size"] = g.hidden_size;
+  j["num_hidden_layers"] = g.num_hidden_layers;
+  j["tie_word_embeddings"] = g.tie_word_embeddings;
+  j["dtype"] = "float32";
+  return j;
+}
+
+int64_t parse_max_position_embeddings(const io::JsonFields& f) {
+  const int64_t positions = f.int_opt("max_position_embeddings").value_or(0);
+  MT_CHECK(positions >= 0, "{}: max_position_embeddings must not be negative but is {}", f.source(), positions);
+  return positions;
+}
+
+void require_silu_activation(const io::JsonFields& f, const std::string& family) {
+  const std::string act = f.string_opt("hidden_act").value_or("silu");
+  MT_CHECK(act == "silu", "{}: hidden_act '{}' is not supported for {} (only 'silu')", f.source(), act, family);
+}
+
+double parse_rms_norm_eps(const io::JsonFields& f, std::optional<double> default_eps) {
+  const double eps =
+      default_eps ? f.number_opt("rms_norm_eps").value_or(*default_eps) : f.require_number("rms_norm_eps");
+  MT_CHECK(eps > 0.0, "{}: rms_norm_eps must be positive but is {}", f.source(), eps);
+  return eps;
 }
 
 namespace {

@@ -6,8 +6,11 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json_fwd.hpp>
 
 #include "core/error.h"
 
@@ -71,6 +74,16 @@ inline constexpr int64_t kMaxExperts = int64_t{1} << 16;
 // The fields every family shares, read by each family's parser: vocab_size, hidden_size and num_hidden_layers
 // (required, positive) and tie_word_embeddings (default false).
 void parse_model_shape(const io::JsonFields& fields, ModelConfig& config);
+// The fields parse_model_shape reads, as transformers writes them, with "dtype": "float32" (an export is f32).
+nlohmann::json model_shape_json(const ModelConfig& config);
+
+// Fields several families spell alike, read with one meaning and one refusal each:
+// max_position_embeddings (absent or null: 0, "not given"; never negative);
+int64_t parse_max_position_embeddings(const io::JsonFields& fields);
+// hidden_act, which must be silu (absent: silu), the only activation of every family's MLPs;
+void require_silu_activation(const io::JsonFields& fields, const std::string& family);
+// rms_norm_eps (absent: `default_eps`), which must be positive.
+double parse_rms_norm_eps(const io::JsonFields& fields, std::optional<double> default_eps = std::nullopt);
 
 // Parses config.json text; `source` names the file in errors. The family of its model_type parses the rest and
 // refuses, by name, every value it does not support. A multimodal wrapper (Family::nested_config) is parsed as the

@@ -1,11 +1,55 @@
-// defines: the YaRN rope fields' reader and writer.
+// defines: the rope fields' reader, and the YaRN fields' reader and writer.
 #include "model/rope_fields.h"
 
+#include <algorithm>
 #include <optional>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "core/error.h"
 
 namespace moetrain::model {
+
+RopeFields parse_rope_fields(const io::JsonFields& top, const std::string& family,
+                             const std::vector<std::string>& rope_types) {
+  const std::string& source = top.source();
+  RopeFields r;
+  r.rope_theta = top.number_opt("rope_theta");
+  r.partial_rotary_factor = top.number_opt("partial_rotary_factor");
+  const auto merge = [&](std::optional<double>& into, std::optional<double> value, const char* name, const char* in) {
+    if (!value) return;
+    MT_CHECK(!into || *into == *value, "{}: {} is {} at the top level but {} in {}", source, name, *into, *value, in);
+    into = value;
+  };
+  for (const char* field : {"rope_parameters", "rope_scaling"}) {
+    const std::optional<io::JsonFields> rope = top.object_opt(field);
+    if (!rope) continue;
+    r.any_rope_dict = true;
+    std::string type = "default";
+    for (const char* key : {"rope_type", "type"}) {
+      const std::optional<std::string> spelled = rope->string_opt(key);
+      if (!spelled) continue;
+      MT_CHECK(std::find(rope_types.begin(), rope_types.end(), *spelled) != rope_types.end(),
+               "{}: {}.{} '{}' is not supported for {} (supported: {})", source, field, key, *spelled, family,
+               fmt::join(rope_types, ", "));
+      type = *spelled;
+    }
+    if (type == "yarn") r.yarn = parse_yarn_fields(*rope, top, field);
+    merge(r.rope_theta, rope->number_opt("rope_theta"), "rope_theta", field);
+    merge(r.partial_rotary_factor, rope->number_opt("partial_rotary_factor"), "partial_rotary_factor", field);
+  }
+  MT_CHECK(!r.rope_theta || *r.rope_theta > 0.0, "{}: rope_theta must be positive but is {}", source, *r.rope_theta);
+  MT_CHECK(!r.partial_rotary_factor || (*r.partial_rotary_factor > 0.0 && *r.partial_rotary_factor <= 1.0),
+           "{}: partial_rotary_factor must be in (0, 1] but is {}", source, *r.partial_rotary_factor);
+  return r;
+}
+
+void require_full_rotary(const RopeFields& rope, const std::string& source, const std::string& family) {
+  MT_CHECK(rope.partial_rotary_factor.value_or(1.0) == 1.0,
+           "{}: partial_rotary_factor {} is not supported for {} (only 1: its rope rotates every rotary dim)", source,
+           *rope.partial_rotary_factor, family);
+}
 
 ops::YarnOptions parse_yarn_fields(const io::JsonFields& rope, const io::JsonFields& top, const std::string& field) {
   const std::string& source = rope.source();

@@ -11,24 +11,10 @@ namespace moetrain::model::families::deepseek_v2 {
 namespace {
 
 void parse_rope(const io::JsonFields& f, DeepseekV2Config& c) {
-  const std::string& source = f.source();
-  std::optional<double> theta = f.number_opt("rope_theta");
-  for (const char* field : {"rope_parameters", "rope_scaling"}) {
-    const std::optional<io::JsonFields> rope = f.object_opt(field);
-    if (!rope) continue;
-    std::string type = "default";
-    for (const char* key : {"rope_type", "type"})
-      if (const std::optional<std::string> t = rope->string_opt(key)) type = *t;
-    MT_CHECK(type == "default" || type == "yarn",
-             "{}: {}.rope_type '{}' is not supported for deepseek_v2 (default, yarn)", source, field, type);
-    if (type == "yarn") c.yarn = parse_yarn_fields(*rope, f, field);
-    if (const std::optional<double> t = rope->number_opt("rope_theta")) {
-      MT_CHECK(!theta || *theta == *t, "{}: rope_theta is {} at the top level but {} in {}", source, *theta, *t, field);
-      theta = t;
-    }
-  }
-  if (theta) c.rope_theta = *theta;
-  MT_CHECK(c.rope_theta > 0.0, "{}: rope_theta must be positive but is {}", source, c.rope_theta);
+  const RopeFields rope = parse_rope_fields(f, "deepseek_v2", {"default", "yarn"});
+  require_full_rotary(rope, f.source(), "deepseek_v2");
+  if (rope.rope_theta) c.rope_theta = *rope.rope_theta;
+  c.yarn = rope.yarn;
   // Checked now (each refusal names its field) rather than when the first layer is built.
   if (c.yarn) ops::rope_yarn_params(static_cast<int>(c.qk_rope_head_dim), c.rope_theta, *c.yarn);
 }
@@ -41,7 +27,7 @@ void parse_fields(const io::JsonFields& f, ModelConfig& g, DeepseekV2Config& c) 
   c.num_attention_heads = f.require_int("num_attention_heads");
   c.intermediate_size = f.require_int("intermediate_size");
   c.moe_intermediate_size = f.require_int("moe_intermediate_size");
-  c.rms_norm_eps = f.require_number("rms_norm_eps");
+  c.rms_norm_eps = parse_rms_norm_eps(f);
   c.kv_lora_rank = f.require_int("kv_lora_rank");
   c.q_lora_rank = f.int_opt("q_lora_rank").value_or(0);  // null: a plain q_proj
   c.qk_nope_head_dim = f.require_int("qk_nope_head_dim");
@@ -56,7 +42,6 @@ void parse_fields(const io::JsonFields& f, ModelConfig& g, DeepseekV2Config& c) 
                                     {c.v_head_dim, "v_head_dim"}})
     f.check_positive(value, name);
   MT_CHECK(c.q_lora_rank >= 0, "{}: q_lora_rank must be null or positive but is {}", source, c.q_lora_rank);
-  MT_CHECK(c.rms_norm_eps > 0.0, "{}: rms_norm_eps must be positive but is {}", source, c.rms_norm_eps);
   MT_CHECK(c.qk_rope_head_dim % 2 == 0, "{}: qk_rope_head_dim ({}) must be even (rope rotates pairs)", source,
            c.qk_rope_head_dim);
   // transformers' rope reads head_dim (the config sets it to qk_rope_head_dim); any other value would rotate another
@@ -71,9 +56,7 @@ void parse_fields(const io::JsonFields& f, ModelConfig& g, DeepseekV2Config& c) 
            "{}: num_key_value_heads ({}) must equal num_attention_heads ({}) for deepseek_v2", source, kv_heads,
            c.num_attention_heads);
   parse_rope(f, c);
-  c.max_position_embeddings = f.int_opt("max_position_embeddings").value_or(0);
-  MT_CHECK(c.max_position_embeddings >= 0, "{}: max_position_embeddings must not be negative but is {}", source,
-           c.max_position_embeddings);
+  c.max_position_embeddings = parse_max_position_embeddings(f);
 
   // Experts.
   const std::optional<int64_t> routed = f.int_opt("n_routed_experts");
@@ -121,8 +104,7 @@ void parse_fields(const io::JsonFields& f, ModelConfig& g, DeepseekV2Config& c) 
   MT_CHECK(!f.bool_opt("attention_bias").value_or(false), "{}: attention_bias = true is not supported for deepseek_v2",
            source);
   MT_CHECK(!f.bool_opt("mlp_bias").value_or(false), "{}: mlp_bias = true is not supported for deepseek_v2", source);
-  const std::string act = f.string_opt("hidden_act").value_or("silu");
-  MT_CHECK(act == "silu", "{}: hidden_act '{}' is not supported for deepseek_v2 (only 'silu')", source, act);
+  require_silu_activation(f, "deepseek_v2");
 
   g.moe_layers.assign(static_cast<size_t>(g.num_hidden_layers), false);
   for (int64_t layer = c.first_k_dense_replace; layer < g.num_hidden_layers; ++layer)
@@ -130,10 +112,7 @@ void parse_fields(const io::JsonFields& f, ModelConfig& g, DeepseekV2Config& c) 
 }
 
 nlohmann::json fields_json(const ModelConfig& g, const DeepseekV2Config& c) {
-  nlohmann::json j;
-  j["vocab_size"] = g.vocab_size;
-  j["hidden_size"] = g.hidden_size;
-  j["num_hidden_layers"] = g.num_hidden_layers;
+  nlohmann::json j = model_shape_json(g);
   j["num_attention_heads"] = c.num_attention_heads;
   j["num_key_value_heads"] = c.num_attention_heads;
   j["intermediate_size"] = c.intermediate_size;
@@ -163,8 +142,6 @@ nlohmann::json fields_json(const ModelConfig& g, const DeepseekV2Config& c) {
   j["scoring_func"] = "softmax";
   j["attention_bias"] = false;
   j["mlp_bias"] = false;
-  j["tie_word_embeddings"] = g.tie_word_embeddings;
-  j["dtype"] = "float32";
   return j;
 }
 

@@ -13,25 +13,11 @@ namespace {
 // rope_parameters (transformers 5) or rope_scaling with rope_theta at the top level (the released configs, written by
 // transformers 4.55). No rope dict at all is GptOssConfig's default: YaRN with factor 32 over 4096 positions.
 void parse_rope(const io::JsonFields& f, GptOssConfig& c) {
-  const std::string& source = f.source();
-  std::optional<double> theta = f.number_opt("rope_theta");
-  bool any_rope_dict = false;
-  for (const char* field : {"rope_parameters", "rope_scaling"}) {
-    const std::optional<io::JsonFields> rope = f.object_opt(field);
-    if (!rope) continue;
-    any_rope_dict = true;
-    std::string type = "default";
-    for (const char* key : {"rope_type", "type"})
-      if (const std::optional<std::string> t = rope->string_opt(key)) type = *t;
-    MT_CHECK(type == "default" || type == "yarn",
-             "{}: {}.rope_type '{}' is not supported for gpt_oss (default, yarn)", source, field, type);
-    if (type == "yarn") c.yarn = parse_yarn_fields(*rope, f, field);
-    if (const std::optional<double> t = rope->number_opt("rope_theta")) {
-      MT_CHECK(!theta || *theta == *t, "{}: rope_theta is {} at the top level but {} in {}", source, *theta, *t, field);
-      theta = t;
-    }
-  }
-  if (!any_rope_dict) {
+  const RopeFields rope = parse_rope_fields(f, "gpt_oss", {"default", "yarn"});
+  require_full_rotary(rope, f.source(), "gpt_oss");
+  if (rope.rope_theta) c.rope_theta = *rope.rope_theta;
+  c.yarn = rope.yarn;
+  if (!rope.any_rope_dict) {
     ops::YarnOptions y;
     y.factor = 32.0;
     y.beta_fast = 32.0;
@@ -40,8 +26,6 @@ void parse_rope(const io::JsonFields& f, GptOssConfig& c) {
     y.original_max_position_embeddings = 4096;
     c.yarn = y;
   }
-  if (theta) c.rope_theta = *theta;
-  MT_CHECK(c.rope_theta > 0.0, "{}: rope_theta must be positive but is {}", source, c.rope_theta);
   if (c.yarn) ops::rope_yarn_params(static_cast<int>(c.head_dim), c.rope_theta, *c.yarn);  // refusals name the field
 }
 
@@ -50,7 +34,8 @@ void parse_layer_types(const io::JsonFields& f, const ModelConfig& g, GptOssConf
   const std::optional<std::vector<std::string>> types = f.string_list_opt("layer_types");
   c.sliding_layers.assign(static_cast<size_t>(g.num_hidden_layers), false);
   if (!types) {  // GptOssConfig: even layers slide, odd layers attend to everything
-    for (int64_t layer = 0; layer < g.num_hidden_layers; layer += 2) c.sliding_layers[static_cast<size_t>(layer)] = true;
+    for (int64_t layer = 0; layer < g.num_hidden_layers; layer += 2)
+      c.sliding_layers[static_cast<size_t>(layer)] = true;
     return;
   }
   MT_CHECK(static_cast<int64_t>(types->size()) == g.num_hidden_layers,
@@ -71,10 +56,9 @@ void parse_fields(const io::JsonFields& f, ModelConfig& g, GptOssConfig& c) {
   parse_model_shape(f, g);
   c.num_attention_heads = f.require_int("num_attention_heads");
   c.intermediate_size = f.require_int("intermediate_size");
-  c.rms_norm_eps = f.number_opt("rms_norm_eps").value_or(1e-5);
+  c.rms_norm_eps = parse_rms_norm_eps(f, 1e-5);
   f.check_positive(c.num_attention_heads, "num_attention_heads");
   f.check_positive(c.intermediate_size, "intermediate_size");
-  MT_CHECK(c.rms_norm_eps > 0.0, "{}: rms_norm_eps must be positive but is {}", source, c.rms_norm_eps);
   c.num_key_value_heads = f.int_opt("num_key_value_heads").value_or(c.num_attention_heads);
   f.check_positive(c.num_key_value_heads, "num_key_value_heads");
   MT_CHECK(c.num_attention_heads % c.num_key_value_heads == 0,
@@ -92,9 +76,7 @@ void parse_fields(const io::JsonFields& f, ModelConfig& g, GptOssConfig& c) {
   MT_CHECK(c.sliding_window >= 0, "{}: sliding_window must be null or positive but is {}", source, c.sliding_window);
   parse_layer_types(f, g, c);
   parse_rope(f, c);
-  c.max_position_embeddings = f.int_opt("max_position_embeddings").value_or(0);
-  MT_CHECK(c.max_position_embeddings >= 0, "{}: max_position_embeddings must not be negative but is {}", source,
-           c.max_position_embeddings);
+  c.max_position_embeddings = parse_max_position_embeddings(f);
 
   // Experts: every layer routes.
   const std::optional<int64_t> experts = f.int_opt("num_local_experts");
@@ -116,10 +98,7 @@ void parse_fields(const io::JsonFields& f, ModelConfig& g, GptOssConfig& c) {
              "config says)",
              source, *limit, kSwigluLimit);
   }
-  const std::string act = f.string_opt("hidden_act").value_or("silu");
-  MT_CHECK(act == "silu",
-           "{}: hidden_act '{}' is not supported for gpt_oss (only 'silu': the experts run the clamped SwiGLU)", source,
-           act);
+  require_silu_activation(f, "gpt_oss");
   c.router_aux_loss_coef = f.number_opt("router_aux_loss_coef").value_or(0.0);
   if (const std::optional<io::JsonFields> quant = f.object_opt("quantization_config")) {
     const std::string method = quant->string_opt("quant_method").value_or("");
@@ -133,10 +112,7 @@ void parse_fields(const io::JsonFields& f, ModelConfig& g, GptOssConfig& c) {
 }
 
 nlohmann::json fields_json(const ModelConfig& g, const GptOssConfig& c) {
-  nlohmann::json j;
-  j["vocab_size"] = g.vocab_size;
-  j["hidden_size"] = g.hidden_size;
-  j["num_hidden_layers"] = g.num_hidden_layers;
+  nlohmann::json j = model_shape_json(g);
   j["num_attention_heads"] = c.num_attention_heads;
   j["num_key_value_heads"] = c.num_key_value_heads;
   j["head_dim"] = c.head_dim;
@@ -156,8 +132,6 @@ nlohmann::json fields_json(const ModelConfig& g, const GptOssConfig& c) {
   j["num_local_experts"] = g.num_experts;
   j["num_experts_per_tok"] = g.num_experts_per_tok;
   j["router_aux_loss_coef"] = c.router_aux_loss_coef;
-  j["tie_word_embeddings"] = g.tie_word_embeddings;
-  j["dtype"] = "float32";
   return j;
 }
 

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "model/rope_fields.h"
 
 namespace moetrain::model::families::qwen3 {
 
@@ -13,40 +14,12 @@ namespace {
 
 using nlohmann::json;
 
-// Checks a rope type: these families only have the plain (unscaled) rotary embedding.
-void check_rope_type(const std::string& rope_type, const std::string& field, const std::string& source) {
-  MT_CHECK(rope_type == "default",
-           "{}: {} '{}' is not supported for qwen3 / qwen3_moe (only 'default', no rope scaling)", source, field,
-           rope_type);
-}
-
-// rope_theta and partial_rotary_factor: transformers 5 keeps them in rope_parameters, older versions at the top
-// level next to rope_scaling (null for no scaling). Both are accepted; when both spell a value they must agree.
+// rope_theta and partial_rotary_factor, wherever transformers 5 or its older versions spell them; only the plain
+// (unscaled) rotary embedding.
 void parse_rope(const io::JsonFields& top, Qwen3Config& c) {
-  const std::string& source = top.source();
-  std::optional<double> theta = top.number_opt("rope_theta");
-  std::optional<double> partial = top.number_opt("partial_rotary_factor");
-  const auto merge = [&](std::optional<double>& into, std::optional<double> value, const char* name) {
-    if (!value) return;
-    MT_CHECK(!into || *into == *value, "{}: {} is {} at the top level but {} in rope_parameters", source, name, *into,
-             *value);
-    into = value;
-  };
-  if (const std::optional<io::JsonFields> rope = top.object_opt("rope_parameters")) {
-    if (auto type = rope->string_opt("rope_type")) check_rope_type(*type, "rope_parameters.rope_type", source);
-    if (auto type = rope->string_opt("type")) check_rope_type(*type, "rope_parameters.type", source);
-    merge(theta, rope->number_opt("rope_theta"), "rope_theta");
-    merge(partial, rope->number_opt("partial_rotary_factor"), "partial_rotary_factor");
-  }
-  if (const std::optional<io::JsonFields> scaling = top.object_opt("rope_scaling")) {
-    if (auto type = scaling->string_opt("rope_type")) check_rope_type(*type, "rope_scaling.rope_type", source);
-    if (auto type = scaling->string_opt("type")) check_rope_type(*type, "rope_scaling.type", source);
-  }
-  if (theta) c.rope_theta = *theta;
-  if (partial) c.partial_rotary_factor = *partial;
-  MT_CHECK(c.rope_theta > 0.0, "{}: rope_theta must be positive but is {}", source, c.rope_theta);
-  MT_CHECK(c.partial_rotary_factor > 0.0 && c.partial_rotary_factor <= 1.0,
-           "{}: partial_rotary_factor must be in (0, 1] but is {}", source, c.partial_rotary_factor);
+  const RopeFields rope = parse_rope_fields(top, "qwen3 / qwen3_moe", {"default"});
+  if (rope.rope_theta) c.rope_theta = *rope.rope_theta;
+  if (rope.partial_rotary_factor) c.partial_rotary_factor = *rope.partial_rotary_factor;
 }
 
 int64_t rotary_dim(const Qwen3Config& c) {
@@ -60,10 +33,9 @@ void parse_shared_fields(const io::JsonFields& f, ModelConfig& g, Qwen3Config& c
   parse_model_shape(f, g);
   c.num_attention_heads = f.require_int("num_attention_heads");
   c.intermediate_size = f.require_int("intermediate_size");
-  c.rms_norm_eps = f.require_number("rms_norm_eps");
+  c.rms_norm_eps = parse_rms_norm_eps(f);
   f.check_positive(c.num_attention_heads, "num_attention_heads");
   f.check_positive(c.intermediate_size, "intermediate_size");
-  MT_CHECK(c.rms_norm_eps > 0.0, "{}: rms_norm_eps must be positive but is {}", source, c.rms_norm_eps);
 
   c.num_key_value_heads = f.int_opt("num_key_value_heads").value_or(c.num_attention_heads);
   f.check_positive(c.num_key_value_heads, "num_key_value_heads");
@@ -84,18 +56,12 @@ void parse_shared_fields(const io::JsonFields& f, ModelConfig& g, Qwen3Config& c
            "{}: attention_bias = true is not supported for qwen3 / qwen3_moe", source);
   MT_CHECK(!f.bool_opt("use_sliding_window").value_or(false),
            "{}: use_sliding_window = true is not supported for qwen3 / qwen3_moe", source);
-  const std::string act = f.string_opt("hidden_act").value_or("silu");
-  MT_CHECK(act == "silu", "{}: hidden_act '{}' is not supported for qwen3 / qwen3_moe (only 'silu')", source, act);
-  c.max_position_embeddings = f.int_opt("max_position_embeddings").value_or(0);
-  MT_CHECK(c.max_position_embeddings >= 0, "{}: max_position_embeddings must not be negative but is {}", source,
-           c.max_position_embeddings);
+  require_silu_activation(f, "qwen3 / qwen3_moe");
+  c.max_position_embeddings = parse_max_position_embeddings(f);
 }
 
 json shared_fields_json(const ModelConfig& g, const Qwen3Config& c) {
-  json j;
-  j["vocab_size"] = g.vocab_size;
-  j["hidden_size"] = g.hidden_size;
-  j["num_hidden_layers"] = g.num_hidden_layers;
+  json j = model_shape_json(g);
   j["num_attention_heads"] = c.num_attention_heads;
   j["num_key_value_heads"] = c.num_key_value_heads;
   j["head_dim"] = c.head_dim;
@@ -106,10 +72,8 @@ json shared_fields_json(const ModelConfig& g, const Qwen3Config& c) {
   if (c.partial_rotary_factor != 1.0) rope["partial_rotary_factor"] = c.partial_rotary_factor;
   j["rope_parameters"] = rope;
   j["attention_bias"] = false;
-  j["tie_word_embeddings"] = g.tie_word_embeddings;
   // 0 means "not given": leave it out so transformers applies its own default.
   if (c.max_position_embeddings > 0) j["max_position_embeddings"] = c.max_position_embeddings;
-  j["dtype"] = "float32";
   return j;
 }
 

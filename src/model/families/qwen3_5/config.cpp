@@ -6,6 +6,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "model/rope_fields.h"
 
 namespace moetrain::model::families::qwen3_5 {
 
@@ -13,36 +14,15 @@ namespace {
 
 using nlohmann::json;
 
-// rope_parameters (transformers 5) or rope_theta / partial_rotary_factor at the top level with rope_scaling (older
-// spellings); when both spell a value they must agree. Only the default rope: mrope_section and mrope_interleaved
-// (the multimodal models' 3-D positions) change nothing for text, whose three position axes are equal.
+// rope_theta and partial_rotary_factor, wherever transformers 5 or its older versions spell them. Only the default
+// rope: mrope_section and mrope_interleaved (the multimodal models' 3-D positions) change nothing for text, whose
+// three position axes are equal.
 void parse_rope(const io::JsonFields& top, Qwen3_5Config& c) {
   const std::string& source = top.source();
-  std::optional<double> theta = top.number_opt("rope_theta");
-  std::optional<double> partial = top.number_opt("partial_rotary_factor");
-  const auto merge = [&](std::optional<double>& into, std::optional<double> value, const char* name, const char* in) {
-    if (!value) return;
-    MT_CHECK(!into || *into == *value, "{}: {} is {} at the top level but {} in {}", source, name, *into, *value, in);
-    into = value;
-  };
-  for (const char* field : {"rope_parameters", "rope_scaling"}) {
-    const std::optional<io::JsonFields> rope = top.object_opt(field);
-    if (!rope) continue;
-    for (const char* key : {"rope_type", "type"}) {
-      if (const std::optional<std::string> type = rope->string_opt(key)) {
-        MT_CHECK(*type == "default",
-                 "{}: {}.{} '{}' is not supported for qwen3_5 (only 'default', the released models' rope)", source,
-                 field, key, *type);
-      }
-    }
-    merge(theta, rope->number_opt("rope_theta"), "rope_theta", field);
-    merge(partial, rope->number_opt("partial_rotary_factor"), "partial_rotary_factor", field);
-  }
-  if (theta) c.rope_theta = *theta;
-  if (partial) c.partial_rotary_factor = *partial;  // absent: Qwen3_5TextConfig's 0.25
-  MT_CHECK(c.rope_theta > 0.0, "{}: rope_theta must be positive but is {}", source, c.rope_theta);
-  MT_CHECK(c.partial_rotary_factor > 0.0 && c.partial_rotary_factor <= 1.0,
-           "{}: partial_rotary_factor must be in (0, 1] but is {}", source, c.partial_rotary_factor);
+  const RopeFields rope = parse_rope_fields(top, "qwen3_5", {"default"});
+  if (rope.rope_theta) c.rope_theta = *rope.rope_theta;
+  // absent: Qwen3_5TextConfig's 0.25
+  if (rope.partial_rotary_factor) c.partial_rotary_factor = *rope.partial_rotary_factor;
   // transformers: dim = int(head_dim * partial_rotary_factor); the engine needs that product whole and even.
   const double rotary = double(c.head_dim) * c.partial_rotary_factor;
   MT_CHECK(rotary == std::floor(rotary) && c.rotary_dim() % 2 == 0,
@@ -109,26 +89,22 @@ void parse_fields(const io::JsonFields& f, bool moe, ModelConfig& g, Qwen3_5Conf
   c.num_attention_heads = f.int_opt("num_attention_heads").value_or(16);
   c.num_key_value_heads = f.int_opt("num_key_value_heads").value_or(moe ? 2 : 4);
   c.head_dim = f.int_opt("head_dim").value_or(256);
-  c.rms_norm_eps = f.number_opt("rms_norm_eps").value_or(1e-6);
+  c.rms_norm_eps = parse_rms_norm_eps(f, 1e-6);
   f.check_positive(c.num_attention_heads, "num_attention_heads");
   f.check_positive(c.num_key_value_heads, "num_key_value_heads");
   f.check_positive(c.head_dim, "head_dim");
   MT_CHECK(c.num_attention_heads % c.num_key_value_heads == 0,
            "{}: num_attention_heads ({}) is not divisible by num_key_value_heads ({})", source, c.num_attention_heads,
            c.num_key_value_heads);
-  MT_CHECK(c.rms_norm_eps > 0.0, "{}: rms_norm_eps must be positive but is {}", source, c.rms_norm_eps);
   parse_rope(f, c);
-  c.max_position_embeddings = f.int_opt("max_position_embeddings").value_or(0);
-  MT_CHECK(c.max_position_embeddings >= 0, "{}: max_position_embeddings must not be negative but is {}", source,
-           c.max_position_embeddings);
+  c.max_position_embeddings = parse_max_position_embeddings(f);
   MT_CHECK(!f.bool_opt("attention_bias").value_or(false),
            "{}: attention_bias = true is not supported for qwen3_5 (the released models have no attention biases)",
            source);
   const double dropout = f.number_opt("attention_dropout").value_or(0.0);
   MT_CHECK(dropout == 0.0, "{}: attention_dropout {} is not supported (pre-training runs without dropout: 0)", source,
            dropout);
-  const std::string act = f.string_opt("hidden_act").value_or("silu");
-  MT_CHECK(act == "silu", "{}: hidden_act '{}' is not supported for qwen3_5 (only 'silu')", source, act);
+  require_silu_activation(f, "qwen3_5");
 
   c.linear_num_key_heads = f.int_opt("linear_num_key_heads").value_or(16);
   c.linear_num_value_heads = f.int_opt("linear_num_value_heads").value_or(32);
@@ -155,10 +131,7 @@ void parse_fields(const io::JsonFields& f, bool moe, ModelConfig& g, Qwen3_5Conf
 }
 
 json fields_json(const ModelConfig& g, const Qwen3_5Config& c) {
-  json j;
-  j["vocab_size"] = g.vocab_size;
-  j["hidden_size"] = g.hidden_size;
-  j["num_hidden_layers"] = g.num_hidden_layers;
+  json j = model_shape_json(g);
   j["num_attention_heads"] = c.num_attention_heads;
   j["num_key_value_heads"] = c.num_key_value_heads;
   j["head_dim"] = c.head_dim;
@@ -187,8 +160,6 @@ json fields_json(const ModelConfig& g, const Qwen3_5Config& c) {
   } else {
     j["intermediate_size"] = c.intermediate_size;
   }
-  j["tie_word_embeddings"] = g.tie_word_embeddings;
-  j["dtype"] = "float32";
   return j;
 }
 

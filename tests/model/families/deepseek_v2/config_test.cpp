@@ -114,6 +114,10 @@ TEST(DeepseekV2Config, RefusesEveryValueItDoesNotRun) {
   expect_error(
       with("rope_parameters", json{{"rope_type", "yarn"}, {"factor", 0.5}, {"original_max_position_embeddings", 4096}}),
       {"factor"});
+  // transformers would rotate only part of the rotary key.
+  expect_error(with("partial_rotary_factor", 0.5), {"partial_rotary_factor 0.5", "deepseek_v2"});
+  expect_error(with("rope_parameters", json{{"rope_type", "default"}, {"partial_rotary_factor", 0.5}}),
+               {"partial_rotary_factor 0.5", "deepseek_v2"});
   json missing = golden_json();
   missing.erase("kv_lora_rank");
   expect_error(missing, {"kv_lora_rank", "missing"});

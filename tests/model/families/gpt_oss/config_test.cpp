@@ -73,8 +73,9 @@ TEST(GptOssConfig, ReadsTheReleasedSpelling) {
   json j = golden_json();
   j.erase("rope_parameters");
   j["rope_theta"] = 150000;
-  j["rope_scaling"] = {{"beta_fast", 32.0},         {"beta_slow", 1.0},   {"factor", 32.0},
-                       {"original_max_position_embeddings", 4096}, {"rope_type", "yarn"}, {"truncate", false}};
+  j["rope_scaling"] = {{"beta_fast", 32.0},   {"beta_slow", 1.0},
+                       {"factor", 32.0},      {"original_max_position_embeddings", 4096},
+                       {"rope_type", "yarn"}, {"truncate", false}};
   j["experts_per_token"] = 2;
   j["swiglu_limit"] = 7.0;
   j["initial_context_length"] = 4096;
@@ -136,6 +137,7 @@ TEST(GptOssConfig, RefusesWhatItDoesNotRun) {
                {"rope_type", "llama3"});
   expect_error(with("rope_parameters", json{{"rope_type", "yarn"}, {"factor", 4.0}}),
                {"original_max_position_embeddings"});
+  expect_error(with("partial_rotary_factor", 0.5), {"partial_rotary_factor 0.5", "gpt_oss"});
   json no_experts = golden_json();
   no_experts.erase("num_local_experts");
   expect_error(no_experts, {"num_local_experts"});
