@@ -7,9 +7,11 @@
 # Usage (GPU machine; the binaries built here and carried, make_golden.py copied from ../shared/golden):
 #   GOLDEN_SCRIPT=.gpu/make_golden.py GOLDEN_SEEDS="$(seq 11 30)" RESULTS_DIR=$OUT/seeds \
 #     bash scripts/golden_seeds.sh qwen3_5 qwen3_5_moe
-# GOLDEN_F32=1 checks every case of each dump in f32 as well.
+# GOLDEN_F32=1 checks every case of each dump in f32 as well; GOLDEN_BF16_TRAJECTORY=1 the trajectory case in bf16.
 # GOLDEN_SHAPE="B T L1,L2,..." sets the dumps' shape: B rows of T tokens in the batch case, one packed row of documents
 # of lengths L1, L2, ... (default "2 48 13,7,28", the public dump's).
+# GOLDEN_YARN=1 and GOLDEN_GROUP_LIMITED=1 give deepseek_v2 a YaRN rope and group-limited routing
+# (scripts/golden_variant.py says which).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_env.sh
@@ -36,6 +38,10 @@ for pattern in '^sets = ' 'root = "/tmp/golden"'; do
 done
 sed "s|^sets = .*|sets = [(f\"seed{s}\", s, $rows, $tokens, [$lengths]) for s in [$seed_list]]|; s|root = \"/tmp/golden\"|root = \"$work/golden\"|" \
   "$src" > "$work/make_golden.py"
+model_variants=()
+[[ ${GOLDEN_YARN:-0} == 1 ]] && model_variants+=(--yarn)
+[[ ${GOLDEN_GROUP_LIMITED:-0} == 1 ]] && model_variants+=(--group-limited)
+python3 scripts/golden_variant.py "$work/make_golden.py" "${model_variants[@]}" || exit 1
 (cd "$work" && RESULTS_DIR="$work" python3 make_golden.py "${families[@]}") > "$out/make_golden.log" 2>&1 ||
   { echo "golden_seeds: make_golden.py failed, see $out/make_golden.log" >&2; exit 1; }
 
@@ -74,5 +80,14 @@ if [[ ${GOLDEN_F32:-0} == 1 ]]; then
   for s in $seeds; do for f in "${families[@]}"; do echo "$work/golden/seed$s/$f seed${s}_$f"; done; done |
     xargs -P 8 -n 2 bash -c 'check_f32 "$0" "$1"' | sort > "$out/check_f32_summary.txt"
   echo "f32, every case: $(grep -c ' 0 failed' "$out/check_f32_summary.txt") of $(wc -l < "$out/check_f32_summary.txt") dumps pass" |
+    tee -a "$out/summary.txt"
+fi
+# GOLDEN_BF16_TRAJECTORY=1: the trajectory case in bf16 on the GPU, a line per dump in check_trajectory_summary.txt.
+if [[ ${GOLDEN_BF16_TRAJECTORY:-0} == 1 ]]; then
+  mkdir -p "$out/check_trajectory"
+  for s in $seeds; do for f in "${families[@]}"; do echo "$work/golden/seed$s/$f trajectory seed${s}_$f"; done; done |
+    xargs -P 8 -n 3 bash -c 'check "$0" "$1" "$2"' | sort > "$out/check_trajectory_summary.txt"
+  mv "$out"/check/*_trajectory.log "$out/check_trajectory/" 2>/dev/null
+  echo "bf16 trajectory: $(grep -c ' 0 failed' "$out/check_trajectory_summary.txt") of $(wc -l < "$out/check_trajectory_summary.txt") dumps pass" |
     tee -a "$out/summary.txt"
 fi

@@ -2,9 +2,8 @@
 # defines: a CPU run of the shared reference-dump script (../shared/golden/make_golden.py, which targets
 # CUDA) with another seed, to check the engine on dumps other than the public one without a GPU.
 # Usage: GOLDEN_SEED=4321 [GOLDEN_OUT=/tmp/golden_cpu] [PYTHON=python3] scripts/make_golden_cpu.sh [family ...]
-# GOLDEN_YARN=1 gives deepseek_v2 a YaRN rope (factor 40 over an original context of 32 tokens, so the ramp falls
-# inside the rotary dims at the dump's lengths; mscale 1 and mscale_all_dim 0.8, so both the cos/sin attention factor
-# and the softmax-scale temperature differ from 1).
+# GOLDEN_YARN=1 gives deepseek_v2 a YaRN rope, GOLDEN_GROUP_LIMITED=1 group-limited routing
+# (scripts/golden_variant.py says which).
 # Needs torch and transformers 5.17 (a virtualenv: python3 -m venv V && V/bin/pip install torch
 # 'transformers==5.17.*' safetensors). The dumps land in $GOLDEN_OUT/seed<seed>/<family>/; the shared
 # script is not changed: a patched copy goes to a temporary folder. bf16ref.* then comes from CPU
@@ -39,10 +38,10 @@ edit 'torch.autocast("cuda", dtype=torch.bfloat16)' 'torch.autocast(dev, dtype=t
 edit 'root = "/tmp/golden"' "root = \"$out\""
 edit 'sets = [("public", 1234,' "sets = [(\"seed$seed\", $seed,"
 edit 'on CUDA with TF32 off' 'on the CPU (scripts/make_golden_cpu.sh)'
-if [[ -n ${GOLDEN_YARN:-} ]]; then
-  edit 'scoring_func="softmax", max_position_embeddings=4096' \
-    'scoring_func="softmax", max_position_embeddings=4096, rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0, "original_max_position_embeddings": 32, "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 0.8}'
-fi
+model_variants=()
+[[ -n ${GOLDEN_YARN:-} ]] && model_variants+=(--yarn)
+[[ -n ${GOLDEN_GROUP_LIMITED:-} ]] && model_variants+=(--group-limited)
+python3 "$here/golden_variant.py" "$tmp/make_golden.py" "${model_variants[@]}"
 mkdir -p "$out"
 cd "$tmp"
 RESULTS_DIR="$tmp" "${PYTHON:-python3}" make_golden.py "$@"
