@@ -45,9 +45,10 @@ for name, cfg, attn in cfgs():
             for _ in range(ACC):
                 out = m(input_ids=ids, labels=ids); (out.loss / ACC).backward()
             opt.step(); opt.zero_grad(set_to_none=True)
+        timed = int(os.environ.get("HF_STEPS", 3))  # more for a steadier energy figure (the counter's windows)
         step(); torch.cuda.synchronize(); t0 = time.time(); j0 = gpu_energy_j()
-        for _ in range(3): step()
-        torch.cuda.synchronize(); t = (time.time() - t0) / 3; joules = joules_between(j0, gpu_energy_j(), 3)
+        for _ in range(timed): step()
+        torch.cuda.synchronize(); t = (time.time() - t0) / timed; joules = joules_between(j0, gpu_energy_j(), timed)
         res[name] = {"attn": attn, "tok_s": B * S * ACC / t, "step_s": t, "peak_GiB": torch.cuda.max_memory_allocated() / 2**30,
                      "params": sum(p.numel() for p in m.parameters()), "kernels": kernels_picked(m)}
         if joules is not None: res[name].update(joules_per_step=joules, mean_power_W=joules / t)

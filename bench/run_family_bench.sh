@@ -3,6 +3,8 @@
 # bench/<family>/job.toml, then bench/hf_families.py for the same model (its first 4 layers, bf16, 4 micro-batches of
 # 4096 tokens), then the ratio. Results (JSON and logs) go to $RESULTS_DIR.
 #   RESULTS_DIR=/tmp/bench bash bench/run_family_bench.sh deepseek_v2_lite
+# STEPS (moetrain, default 4) and HF_STEPS (transformers, default 3) set the timed steps: a steady energy figure needs
+# windows of two seconds or more (docs/training.md).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_env.sh
