@@ -9,25 +9,17 @@
 #include <gtest/gtest.h>
 
 #include "core/error.h"
+#include "testing/error_message.h"
 
 namespace moetrain::exact {
 namespace {
+
+using moetrain::testing::error_message;
 
 // Passes when `needle` occurs in `text`; prints the whole text otherwise.
 ::testing::AssertionResult contains(const std::string& text, const std::string& needle) {
   if (text.find(needle) != std::string::npos) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure() << "expected to find\n  " << needle << "\nin\n  " << text;
-}
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "the check accepted what it should refuse";
-  return "";
 }
 
 Tensor cu(const std::vector<int32_t>& values) {
@@ -53,7 +45,7 @@ TEST(ExactWire, AcceptsABf16ContiguousTokensByHiddenTensor) {
 TEST(ExactWire, RefusesANonBf16WireTensor) {
   for (DType dtype : {DType::F32, DType::F16, DType::F64}) {
     const Tensor t = Tensor::zeros({4, 8}, dtype);
-    const std::string message = error_of([&] { check_wire_tensor(t, 2, 3); });
+    const std::string message = error_message([&] { check_wire_tensor(t, 2, 3); });
     EXPECT_TRUE(contains(message, "exact: refused: wire tensor: stage 2, micro-batch 3: declared dtype bf16, found " +
                                       std::string(dtype_name(dtype)) + "[4, 8] on cpu"));
   }
@@ -61,19 +53,19 @@ TEST(ExactWire, RefusesANonBf16WireTensor) {
 
 TEST(ExactWire, RefusesAWireTensorThatIsNotTwoDimensional) {
   const Tensor t = Tensor::zeros({2, 4, 8}, DType::BF16);
-  EXPECT_TRUE(contains(error_of([&] { check_wire_tensor(t, 1, 0); }),
+  EXPECT_TRUE(contains(error_message([&] { check_wire_tensor(t, 1, 0); }),
                        "exact: refused: wire tensor: stage 1, micro-batch 0: declared a 2-D [T, H] tensor, found "
                        "bf16[2, 4, 8] on cpu"));
 }
 
 TEST(ExactWire, RefusesAMissingWireTensor) {
-  EXPECT_TRUE(contains(error_of([&] { check_wire_tensor(Tensor(), 0, 5); }),
+  EXPECT_TRUE(contains(error_message([&] { check_wire_tensor(Tensor(), 0, 5); }),
                        "exact: refused: wire tensor: stage 0, micro-batch 5: declared bf16 [T, H], found missing"));
 }
 
 TEST(ExactWire, RefusesAWireTensorOfTheWrongShape) {
   const Tensor t = Tensor::zeros({10, 16}, DType::BF16);
-  EXPECT_TRUE(contains(error_of([&] { check_wire_tensor(t, 3, 1, 12, 16); }),
+  EXPECT_TRUE(contains(error_message([&] { check_wire_tensor(t, 3, 1, 12, 16); }),
                        "exact: refused: wire tensor: stage 3, micro-batch 1: declared shape [12, 16] (T, H), found "
                        "bf16[10, 16] on cpu"));
 }
@@ -90,12 +82,12 @@ TEST(ExactVarlen, AcceptsPackedAndFixedWindowBatches) {
 TEST(ExactVarlen, RefusesMissingCuSeqlens) {
   model::MicroBatch b = packed_batch();
   b.cu_seqlens_host = Tensor();
-  EXPECT_TRUE(contains(error_of([&] { check_varlen_metadata(b, 5, 4); }),
+  EXPECT_TRUE(contains(error_message([&] { check_varlen_metadata(b, 5, 4); }),
                        "exact: refused: varlen metadata: micro-batch 4, cu_seqlens_q: declared i32 [D + 1] on the "
                        "host, found missing"));
   b = packed_batch();
   b.cu_seqlens = Tensor();  // the host copy is there, the tensor the kernels read is not
-  EXPECT_TRUE(contains(error_of([&] { check_varlen_metadata(b, 5, 4); }),
+  EXPECT_TRUE(contains(error_message([&] { check_varlen_metadata(b, 5, 4); }),
                        "exact: refused: varlen metadata: micro-batch 4, cu_seqlens: declared i32 [4] beside its host "
                        "copy, found missing"));
 }
@@ -103,12 +95,12 @@ TEST(ExactVarlen, RefusesMissingCuSeqlens) {
 TEST(ExactVarlen, RefusesInt64CuSeqlens) {
   model::MicroBatch b = packed_batch();
   b.cu_seqlens_host = Tensor::from_vector<int64_t>({0, 3, 8, 10}, {4});
-  EXPECT_TRUE(contains(error_of([&] { check_varlen_metadata(b, 5, 1); }),
+  EXPECT_TRUE(contains(error_message([&] { check_varlen_metadata(b, 5, 1); }),
                        "exact: refused: varlen metadata: micro-batch 1, cu_seqlens_q: declared dtype i32, found "
                        "i64[4] on cpu"));
   b = packed_batch();
   b.cu_seqlens = Tensor::from_vector<int64_t>({0, 3, 8, 10}, {4});
-  EXPECT_TRUE(contains(error_of([&] { check_varlen_metadata(b, 5, 1); }),
+  EXPECT_TRUE(contains(error_message([&] { check_varlen_metadata(b, 5, 1); }),
                        "exact: refused: varlen metadata: micro-batch 1, cu_seqlens: declared contiguous i32 [4] like "
                        "its host copy, found i64[4] on cpu"));
 }
@@ -116,13 +108,13 @@ TEST(ExactVarlen, RefusesInt64CuSeqlens) {
 TEST(ExactVarlen, RefusesCuSeqlensThatAreNotOneDimensional) {
   model::MicroBatch b = packed_batch();
   b.cu_seqlens_host = Tensor::from_vector<int32_t>({0, 3, 8, 10}, {2, 2});
-  EXPECT_TRUE(contains(error_of([&] { check_varlen_metadata(b, 5, 2); }),
+  EXPECT_TRUE(contains(error_message([&] { check_varlen_metadata(b, 5, 2); }),
                        "exact: refused: varlen metadata: micro-batch 2, cu_seqlens_q: declared a 1-D tensor, found "
                        "i32[2, 2] on cpu"));
 }
 
 TEST(ExactVarlen, RefusesCuSeqlensWithFewerThanTwoEntries) {
-  EXPECT_TRUE(contains(error_of([&] { check_varlen_metadata(cu({0}), cu({0}), 10, 10, 6); }),
+  EXPECT_TRUE(contains(error_message([&] { check_varlen_metadata(cu({0}), cu({0}), 10, 10, 6); }),
                        "exact: refused: varlen metadata: micro-batch 6, cu_seqlens_q: declared >= 2 entries (one "
                        "document), found 1"));
 }
@@ -130,14 +122,14 @@ TEST(ExactVarlen, RefusesCuSeqlensWithFewerThanTwoEntries) {
 TEST(ExactVarlen, RefusesCuSeqlensNotStartingAtZero) {
   model::MicroBatch b = packed_batch();
   b.cu_seqlens_host = cu({1, 3, 8, 10});
-  EXPECT_TRUE(contains(error_of([&] { check_varlen_metadata(b, 5, 7); }),
+  EXPECT_TRUE(contains(error_message([&] { check_varlen_metadata(b, 5, 7); }),
                        "exact: refused: varlen metadata: micro-batch 7, cu_seqlens_q entry [0]: declared 0, found 1"));
 }
 
 TEST(ExactVarlen, RefusesCuSeqlensNotEndingAtTheTokenCount) {
   model::MicroBatch b = packed_batch();
   b.cu_seqlens_host = cu({0, 3, 8, 9});
-  EXPECT_TRUE(contains(error_of([&] { check_varlen_metadata(b, 5, 3); }),
+  EXPECT_TRUE(contains(error_message([&] { check_varlen_metadata(b, 5, 3); }),
                        "exact: refused: varlen metadata: micro-batch 3, cu_seqlens_q entry [3] (the last): declared "
                        "the token count 10, found 9"));
 }
@@ -145,34 +137,34 @@ TEST(ExactVarlen, RefusesCuSeqlensNotEndingAtTheTokenCount) {
 TEST(ExactVarlen, RefusesCuSeqlensNotStrictlyIncreasing) {
   model::MicroBatch b = packed_batch();
   b.cu_seqlens_host = cu({0, 3, 3, 10});  // an empty document
-  EXPECT_TRUE(contains(error_of([&] { check_varlen_metadata(b, 10, 2); }),
+  EXPECT_TRUE(contains(error_message([&] { check_varlen_metadata(b, 10, 2); }),
                        "exact: refused: varlen metadata: micro-batch 2, cu_seqlens_q entry [2]: declared strictly "
                        "increasing (> entry [1] = 3), found 3"));
   b.cu_seqlens_host = cu({0, 8, 3, 10});  // a step backwards
-  EXPECT_TRUE(contains(error_of([&] { check_varlen_metadata(b, 10, 2); }),
+  EXPECT_TRUE(contains(error_message([&] { check_varlen_metadata(b, 10, 2); }),
                        "exact: refused: varlen metadata: micro-batch 2, cu_seqlens_q entry [2]: declared strictly "
                        "increasing (> entry [1] = 8), found 3"));
 }
 
 TEST(ExactVarlen, RefusesAMaxLengthShorterThanTheLongestSpan) {
-  EXPECT_TRUE(contains(error_of([&] { check_varlen_metadata(packed_batch(), 4, 9); }),
+  EXPECT_TRUE(contains(error_message([&] { check_varlen_metadata(packed_batch(), 4, 9); }),
                        "exact: refused: varlen metadata: micro-batch 9, cu_seqlens_q entry [2]: declared max_seqlen 4, "
                        "found the span [3, 8) of 5 tokens"));
 }
 
 TEST(ExactVarlen, RefusesUnequalQueryAndKeySpans) {
-  EXPECT_TRUE(contains(error_of([&] {
+  EXPECT_TRUE(contains(error_message([&] {
                          check_varlen_metadata(cu({0, 3, 8, 10}), cu({0, 4, 8, 10}), 10, 8, 5);
                        }),
                        "exact: refused: varlen metadata: micro-batch 5, cu_seqlens_k entry [1]: declared 3 (equal to "
                        "cu_seqlens_q: equal q/k spans), found 4"));
-  EXPECT_TRUE(contains(error_of([&] {
+  EXPECT_TRUE(contains(error_message([&] {
                          check_varlen_metadata(cu({0, 3, 8, 10}), cu({0, 8, 10}), 10, 8, 5);
                        }),
                        "exact: refused: varlen metadata: micro-batch 5, cu_seqlens_k: declared the 4 entries of "
                        "cu_seqlens_q (equal q/k spans), found 3"));
   // A malformed key side is refused under its own name.
-  EXPECT_TRUE(contains(error_of([&] {
+  EXPECT_TRUE(contains(error_message([&] {
                          check_varlen_metadata(cu({0, 3, 8, 10}), cu({0, 3, 8, 11}), 10, 8, 5);
                        }),
                        "exact: refused: varlen metadata: micro-batch 5, cu_seqlens_k entry [3] (the last): declared "
@@ -182,11 +174,11 @@ TEST(ExactVarlen, RefusesUnequalQueryAndKeySpans) {
 TEST(ExactVarlen, RefusesAKernelCopyThatDiffersFromTheHostCopy) {
   model::MicroBatch b = packed_batch();
   b.cu_seqlens = cu({0, 4, 8, 10});
-  EXPECT_TRUE(contains(error_of([&] { check_varlen_metadata(b, 5, 8); }),
+  EXPECT_TRUE(contains(error_message([&] { check_varlen_metadata(b, 5, 8); }),
                        "exact: refused: varlen metadata: micro-batch 8, cu_seqlens entry [1]: declared 3 (its host "
                        "copy), found 4"));
   b.cu_seqlens = cu({0, 3, 10});
-  EXPECT_TRUE(contains(error_of([&] { check_varlen_metadata(b, 5, 8); }),
+  EXPECT_TRUE(contains(error_message([&] { check_varlen_metadata(b, 5, 8); }),
                        "exact: refused: varlen metadata: micro-batch 8, cu_seqlens: declared contiguous i32 [4] like "
                        "its host copy, found i32[3] on cpu"));
 }

@@ -13,21 +13,13 @@
 
 #include "core/error.h"
 #include "io/safetensors.h"
+#include "testing/error_message.h"
 #include "testing/test_data.h"
 
 namespace moetrain::io {
 namespace {
 
-template <class Action>
-std::string error_message(Action&& action) {
-  try {
-    action();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a moetrain::Error";
-  return "";
-}
+using moetrain::testing::error_message;
 
 bool contains(const std::string& text, const std::string& needle) { return text.find(needle) != std::string::npos; }
 

@@ -15,6 +15,7 @@
 #include "io/mxfp4.h"
 #include "io/safetensors.h"
 #include "model/parameter_store.h"
+#include "testing/error_message.h"
 #include "testing/test_data.h"
 
 namespace moetrain::model {
@@ -22,16 +23,7 @@ namespace {
 
 using Named = std::vector<std::pair<std::string, Tensor>>;
 
-template <class Action>
-std::string error_message(Action&& action) {
-  try {
-    action();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a moetrain::Error";
-  return "";
-}
+using moetrain::testing::error_message;
 
 bool contains(const std::string& text, const std::string& needle) { return text.find(needle) != std::string::npos; }
 

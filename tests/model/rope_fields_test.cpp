@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "io/json_fields.h"
 #include "model/model_config.h"
+#include "testing/error_message.h"
 
 namespace moetrain::model {
 namespace {
@@ -21,17 +22,7 @@ RopeFields read(const json& top, const std::vector<std::string>& types = {"defau
   return parse_rope_fields(io::JsonFields(top, "test/config.json"), "test_family", types);
 }
 
-// The message of the error `action` throws; fails the test when it throws none.
-template <class Action>
-std::string error_of(Action action) {
-  try {
-    action();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected an error";
-  return "";
-}
+using moetrain::testing::error_message;
 
 TEST(RopeFields, AConfigWithoutRopeFieldsLeavesEveryValueToTheFamily) {
   const RopeFields r = read(json{{"hidden_size", 8}});
@@ -62,12 +53,12 @@ TEST(RopeFields, ReadsEachPlaceTransformersSpellsTheRope) {
 TEST(RopeFields, AValueSpelledTwiceMustAgree) {
   const RopeFields same = read(json{{"rope_theta", 1e6}, {"rope_parameters", {{"rope_theta", 1e6}}}});
   EXPECT_EQ(same.rope_theta, 1e6);
-  const std::string theta = error_of([] {
+  const std::string theta = error_message([] {
     read(json{{"rope_theta", 1e6}, {"rope_parameters", {{"rope_theta", 2e6}}}});
   });
   EXPECT_NE(theta.find("rope_theta is 1000000 at the top level but 2000000 in rope_parameters"), std::string::npos)
       << theta;
-  const std::string partial = error_of([] {
+  const std::string partial = error_message([] {
     read(json{{"partial_rotary_factor", 0.5}, {"rope_scaling", {{"partial_rotary_factor", 0.25}}}});
   });
   EXPECT_NE(partial.find("partial_rotary_factor is 0.5 at the top level but 0.25 in rope_scaling"), std::string::npos)
@@ -75,13 +66,15 @@ TEST(RopeFields, AValueSpelledTwiceMustAgree) {
 }
 
 TEST(RopeFields, RefusesARopeTypeTheFamilyDoesNotRunNamingTheFieldAndTheFamily) {
-  const std::string plain = error_of([] { read(json{{"rope_parameters", {{"rope_type", "yarn"}, {"factor", 4.0}}}}); });
+  const std::string plain = error_message([] {
+    read(json{{"rope_parameters", {{"rope_type", "yarn"}, {"factor", 4.0}}}});
+  });
   for (const char* needle :
        {"test/config.json", "rope_parameters.rope_type 'yarn'", "test_family", "supported: default"})
     EXPECT_NE(plain.find(needle), std::string::npos) << plain << " lacks " << needle;
-  const std::string legacy = error_of([] { read(json{{"rope_scaling", {{"type", "linear"}, {"factor", 2.0}}}}); });
+  const std::string legacy = error_message([] { read(json{{"rope_scaling", {{"type", "linear"}, {"factor", 2.0}}}}); });
   EXPECT_NE(legacy.find("rope_scaling.type 'linear'"), std::string::npos) << legacy;
-  const std::string yarn_family = error_of([] {
+  const std::string yarn_family = error_message([] {
     read(json{{"rope_parameters", {{"rope_type", "llama3"}}}}, {"default", "yarn"});
   });
   EXPECT_NE(yarn_family.find("supported: default, yarn"), std::string::npos) << yarn_family;
@@ -101,11 +94,11 @@ TEST(RopeFields, ReadsYarnOnlyForAFamilyThatAcceptsIt) {
 }
 
 TEST(RopeFields, RefusesARopeThetaOrPartialFactorOutOfRange) {
-  EXPECT_NE(error_of([] {
+  EXPECT_NE(error_message([] {
               read(json{{"rope_theta", 0.0}});
             }).find("rope_theta must be positive but is 0"),
             std::string::npos);
-  EXPECT_NE(error_of([] {
+  EXPECT_NE(error_message([] {
               read(json{{"rope_parameters", {{"partial_rotary_factor", 1.5}}}});
             }).find("partial_rotary_factor must be in (0, 1] but is 1.5"),
             std::string::npos);
@@ -114,7 +107,7 @@ TEST(RopeFields, RefusesARopeThetaOrPartialFactorOutOfRange) {
 TEST(RopeFields, AFamilyThatRotatesEveryDimRefusesAPartialFactor) {
   require_full_rotary(read(json{{"partial_rotary_factor", 1.0}}), "test/config.json", "test_family");
   require_full_rotary(read(json::object()), "test/config.json", "test_family");
-  const std::string m = error_of([] {
+  const std::string m = error_message([] {
     require_full_rotary(read(json{{"partial_rotary_factor", 0.5}}), "test/config.json", "test_family");
   });
   EXPECT_NE(m.find("partial_rotary_factor 0.5 is not supported for test_family"), std::string::npos) << m;
@@ -126,23 +119,25 @@ TEST(SharedConfigFields, ReadAndRefuseAlikeInEveryFamily) {
   EXPECT_EQ(parse_max_position_embeddings(fields(none)), 0);
   EXPECT_EQ(parse_max_position_embeddings(fields(json{{"max_position_embeddings", 4096}})), 4096);
   const json negative{{"max_position_embeddings", -1}};
-  EXPECT_NE(error_of([&] { parse_max_position_embeddings(fields(negative)); }).find("must not be negative but is -1"),
-            std::string::npos);
+  EXPECT_NE(
+      error_message([&] { parse_max_position_embeddings(fields(negative)); }).find("must not be negative but is -1"),
+      std::string::npos);
 
   require_silu_activation(fields(none), "test_family");
   require_silu_activation(fields(json{{"hidden_act", "silu"}}), "test_family");
   const json gelu{{"hidden_act", "gelu"}};
-  EXPECT_NE(error_of([&] {
+  EXPECT_NE(error_message([&] {
               require_silu_activation(fields(gelu), "test_family");
             }).find("hidden_act 'gelu' is not supported for test_family (only 'silu')"),
             std::string::npos);
 
   EXPECT_EQ(parse_rms_norm_eps(fields(none), 1e-5), 1e-5);
   EXPECT_EQ(parse_rms_norm_eps(fields(json{{"rms_norm_eps", 1e-6}})), 1e-6);
-  EXPECT_NE(error_of([&] { parse_rms_norm_eps(fields(none)); }).find("rms_norm_eps"), std::string::npos);
+  EXPECT_NE(error_message([&] { parse_rms_norm_eps(fields(none)); }).find("rms_norm_eps"), std::string::npos);
   const json zero{{"rms_norm_eps", 0.0}};
-  EXPECT_NE(error_of([&] { parse_rms_norm_eps(fields(zero), 1e-6); }).find("rms_norm_eps must be positive but is 0"),
-            std::string::npos);
+  EXPECT_NE(
+      error_message([&] { parse_rms_norm_eps(fields(zero), 1e-6); }).find("rms_norm_eps must be positive but is 0"),
+      std::string::npos);
 }
 
 TEST(SharedConfigFields, TheShapeIsWrittenAsTransformersReadsIt) {

@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "model/parameter_store.h"
+#include "testing/error_message.h"
 #include "testing/test_data.h"
 
 namespace moetrain::model::block_testing {
@@ -39,16 +40,7 @@ inline void fill_random(ParameterStore& store, uint64_t seed, double scale) {
 }
 
 // The message of the moetrain::Error that `action` throws; a test failure (and "") when it throws none.
-template <class Action>
-std::string error_message(Action&& action) {
-  try {
-    std::forward<Action>(action)();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a moetrain::Error";
-  return "";
-}
+using moetrain::testing::error_message;
 
 inline bool contains(const std::string& text, const std::string& needle) {
   return text.find(needle) != std::string::npos;
