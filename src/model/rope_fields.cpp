@@ -17,9 +17,13 @@ RopeFields parse_rope_fields(const io::JsonFields& top, const std::string& famil
   RopeFields r;
   r.rope_theta = top.number_opt("rope_theta");
   r.partial_rotary_factor = top.number_opt("partial_rotary_factor");
-  const auto merge = [&](std::optional<double>& into, std::optional<double> value, const char* name, const char* in) {
+  // Where each value was first spelled, for the error that names two places.
+  std::string theta_at = "at the top level", partial_at = "at the top level";
+  const auto merge = [&](std::optional<double>& into, std::string& into_at, std::optional<double> value,
+                         const char* name, const char* in) {
     if (!value) return;
-    MT_CHECK(!into || *into == *value, "{}: {} is {} at the top level but {} in {}", source, name, *into, *value, in);
+    MT_CHECK(!into || *into == *value, "{}: {} is {} {} but {} in {}", source, name, *into, into_at, *value, in);
+    if (!into) into_at = fmt::format("in {}", in);
     into = value;
   };
   for (const char* field : {"rope_parameters", "rope_scaling"}) {
@@ -36,8 +40,9 @@ RopeFields parse_rope_fields(const io::JsonFields& top, const std::string& famil
       type = *spelled;
     }
     if (type == "yarn") r.yarn = parse_yarn_fields(*rope, top, field);
-    merge(r.rope_theta, rope->number_opt("rope_theta"), "rope_theta", field);
-    merge(r.partial_rotary_factor, rope->number_opt("partial_rotary_factor"), "partial_rotary_factor", field);
+    merge(r.rope_theta, theta_at, rope->number_opt("rope_theta"), "rope_theta", field);
+    merge(r.partial_rotary_factor, partial_at, rope->number_opt("partial_rotary_factor"), "partial_rotary_factor",
+          field);
   }
   MT_CHECK(!r.rope_theta || *r.rope_theta > 0.0, "{}: rope_theta must be positive but is {}", source, *r.rope_theta);
   MT_CHECK(!r.partial_rotary_factor || (*r.partial_rotary_factor > 0.0 && *r.partial_rotary_factor <= 1.0),

@@ -58,6 +58,11 @@ TEST(RopeFields, AValueSpelledTwiceMustAgree) {
   });
   EXPECT_NE(theta.find("rope_theta is 1000000 at the top level but 2000000 in rope_parameters"), std::string::npos)
       << theta;
+  // Two dicts that disagree: the error names both, not the top level.
+  const std::string dicts = error_message([] {
+    read(json{{"rope_parameters", {{"rope_theta", 1e4}}}, {"rope_scaling", {{"rope_theta", 2e4}}}});
+  });
+  EXPECT_NE(dicts.find("rope_theta is 10000 in rope_parameters but 20000 in rope_scaling"), std::string::npos) << dicts;
   const std::string partial = error_message([] {
     read(json{{"partial_rotary_factor", 0.5}, {"rope_scaling", {{"partial_rotary_factor", 0.25}}}});
   });
