@@ -1,7 +1,8 @@
 // defines: ModelConfig, a model as every part of the engine above its family sees it: the sizes that shape the
 // residual stream, the vocabulary and the expert banks, which layers route to experts, and an opaque handle on the
 // family's own parsed fields (model/family.h), which only the family reads. parse_model_config finds the family of
-// config.json's model_type in the registry and lets it parse the file.
+// config.json's model_type in the registry and lets it parse the file; the readers of the fields several families
+// spell alike (the shape, max_position_embeddings, hidden_act, rms_norm_eps) are here, so each is read one way.
 #pragma once
 
 #include <cstdint>
