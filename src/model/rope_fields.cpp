@@ -30,15 +30,18 @@ RopeFields parse_rope_fields(const io::JsonFields& top, const std::string& famil
     const std::optional<io::JsonFields> rope = top.object_opt(field);
     if (!rope) continue;
     r.any_rope_dict = true;
-    std::string type = "default";
-    for (const char* key : {"rope_type", "type"}) {
-      const std::optional<std::string> spelled = rope->string_opt(key);
-      if (!spelled) continue;
-      MT_CHECK(std::find(rope_types.begin(), rope_types.end(), *spelled) != rope_types.end(),
-               "{}: {}.{} '{}' is not supported for {} (supported: {})", source, field, key, *spelled, family,
-               fmt::join(rope_types, ", "));
-      type = *spelled;
-    }
+    // transformers reads rope_type, and the older key "type" only where rope_type is absent. A dict that spells both
+    // differently describes two ropes: refused rather than read as one of them.
+    const std::optional<std::string> rope_type = rope->string_opt("rope_type");
+    const std::optional<std::string> legacy_type = rope->string_opt("type");
+    MT_CHECK(!rope_type || !legacy_type || *rope_type == *legacy_type,
+             "{}: {}.rope_type '{}' and {}.type '{}' disagree; keep one of them", source, field, *rope_type, field,
+             *legacy_type);
+    const char* key = rope_type ? "rope_type" : "type";
+    const std::string type = rope_type ? *rope_type : legacy_type.value_or("default");
+    MT_CHECK(std::find(rope_types.begin(), rope_types.end(), type) != rope_types.end(),
+             "{}: {}.{} '{}' is not supported for {} (supported: {})", source, field, key, type, family,
+             fmt::join(rope_types, ", "));
     if (type == "yarn") r.yarn = parse_yarn_fields(*rope, top, field);
     merge(r.rope_theta, theta_at, rope->number_opt("rope_theta"), "rope_theta", field);
     merge(r.partial_rotary_factor, partial_at, rope->number_opt("partial_rotary_factor"), "partial_rotary_factor",

@@ -25,10 +25,10 @@ struct RopeFields {
   bool any_rope_dict = false;            // rope_parameters or rope_scaling is present
 };
 
-// Reads the rope of the config `top`. Each dict's rope_type (or its older key "type"; absent: "default") must be one
-// of `rope_types` ("default", and "yarn" for a family that reads YaRN), or it is refused naming the field and
-// `family`. A value spelled in more than one place must be the same in each; rope_theta must be positive and
-// partial_rotary_factor in (0, 1].
+// Reads the rope of the config `top`. Each dict's rope_type (or, where it is absent, its older key "type"; neither:
+// "default") must be one of `rope_types` ("default", and "yarn" for a family that reads YaRN), or it is refused naming
+// the field and `family`; a dict whose rope_type and type disagree is refused. A value spelled in more than one place
+// must be the same in each; rope_theta must be positive and partial_rotary_factor in (0, 1].
 RopeFields parse_rope_fields(const io::JsonFields& top, const std::string& family,
                              const std::vector<std::string>& rope_types);
 // Refuses a partial_rotary_factor other than 1 (transformers would rotate only part of the rotary dims) for a family

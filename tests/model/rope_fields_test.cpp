@@ -85,6 +85,23 @@ TEST(RopeFields, RefusesARopeTypeTheFamilyDoesNotRunNamingTheFieldAndTheFamily) 
   EXPECT_NE(yarn_family.find("supported: default, yarn"), std::string::npos) << yarn_family;
 }
 
+TEST(RopeFields, ReadsRopeTypeBeforeTheOlderKeyAndRefusesTheTwoDisagreeing) {
+  const json yarn{{"rope_type", "yarn"}, {"factor", 8.0}, {"original_max_position_embeddings", 4096}};
+  json both = yarn;
+  both["type"] = "yarn";
+  EXPECT_TRUE(read(json{{"rope_parameters", both}}, {"default", "yarn"}).yarn.has_value());
+  json legacy = yarn;
+  legacy.erase("rope_type");
+  legacy["type"] = "yarn";
+  EXPECT_TRUE(read(json{{"rope_scaling", legacy}}, {"default", "yarn"}).yarn.has_value());
+  // transformers would run YaRN here (rope_type first): reading "type" would silently run the default rope.
+  json contradicting = yarn;
+  contradicting["type"] = "default";
+  const std::string m = error_message([&] { read(json{{"rope_parameters", contradicting}}, {"default", "yarn"}); });
+  EXPECT_NE(m.find("rope_parameters.rope_type 'yarn' and rope_parameters.type 'default' disagree"), std::string::npos)
+      << m;
+}
+
 TEST(RopeFields, ReadsYarnOnlyForAFamilyThatAcceptsIt) {
   const json top{
       {"max_position_embeddings", 32768},
