@@ -169,17 +169,21 @@ class KeptWeights {
   std::vector<Tensor> kept_;
 };
 
-// The router logits of `batch` after one rounding of relative size `unit` of every weight (member `member` of a
-// rounding ensemble); the weights are put back as they were.
-std::vector<Tensor> router_logits_after_one_rounding(model::CausalLm& model, const model::MicroBatch& batch,
-                                                     double unit, uint64_t member) {
+// The router logits of `batch` after one rounding of relative size `unit` of every weight, once per member of a
+// rounding ensemble (members x MoE layers); the weights are put back as they were after each.
+std::vector<std::vector<Tensor>> router_logits_after_roundings(model::CausalLm& model, const model::MicroBatch& batch,
+                                                               double unit) {
   KeptWeights kept(model.params());
-  perturb_by_one_rounding(model.params(), unit, member, 0);
-  model::ForwardObservation seen;
-  seen.keep_logits = false;
-  pipeline::forward_only(model, {batch}, &seen);
-  kept.put_back();
-  return seen.router_logits.at(0);
+  std::vector<std::vector<Tensor>> members;
+  for (int member = 1; member <= golden::kEnsembleMembers; ++member) {
+    perturb_by_one_rounding(model.params(), unit, static_cast<uint64_t>(member), 0);
+    model::ForwardObservation seen;
+    seen.keep_logits = false;
+    pipeline::forward_only(model, {batch}, &seen);
+    kept.put_back();
+    members.push_back(seen.router_logits.at(0));
+  }
+  return members;
 }
 
 // Reference router logits (the dump's, f32 or f64 on the CPU, or our f32 path's) as f32 on `device`, for
@@ -190,11 +194,12 @@ std::vector<Tensor> router_logits_for_pinning(const std::vector<Tensor>& referen
   return out;
 }
 
-// What a bf16 case's rounding ensemble measured (check_golden_judge.h): per judged tensor its spread, and the first
-// member's router logits (how far one bf16 rounding of the weights moves each token, for the near-tie rule).
+// What a bf16 case's rounding ensemble measured (check_golden_judge.h): per judged tensor its spread, and every
+// member's router logits, members x MoE layers (how far one bf16 rounding of the weights moves each token, for the
+// near-tie rule).
 struct CaseSpreads {
   std::map<std::string, double> spread;
-  std::vector<Tensor> first_router_logits;
+  std::vector<std::vector<Tensor>> member_router_logits;
 };
 
 // kEnsembleMembers forward-backward passes of `batch` through the f32 model, each with every weight moved by one
@@ -232,10 +237,11 @@ CaseSpreads measure_case_spreads(model::CausalLm& f32_model, const model::MicroB
         references.emplace(name, ref.tensor(prefix + "grad." + name));
       }
     }
-    if (member == 1) out.first_router_logits = router;
+    out.member_router_logits.push_back(router);
     kept.put_back();
   }
-  for (const auto& [name, reference] : references) out.spread[name] = ensemble.center_and_spread(name, reference).second;
+  for (const auto& [name, reference] : references)
+    out.spread[name] = ensemble.center_and_spread(name, reference).second;
   return out;
 }
 
@@ -276,10 +282,11 @@ void judge_fp32_groups(Report& report, const std::string& label, const std::stri
   }
   const CaseSpreads spreads =
       measure_case_spreads(model, batch, ref, prefix, reference_router, golden::kUnitRoundoffF32);
-  report.info(fmt::format("{:<28} over an fp32 threshold: bounds widened by {} spreads of a rounding ensemble of {} "
-                          "runs of ours, each weight moved by one fp32 rounding (u = 2^-24){}",
-                          label, golden::kEnsembleSpreads, golden::kEnsembleMembers,
-                          reference_router.empty() ? "" : ", routing pinned to the reference's"));
+  report.info(
+      fmt::format("{:<28} over an fp32 threshold: bounds widened by {} spreads of a rounding ensemble of {} "
+                  "runs of ours, each weight moved by one fp32 rounding (u = 2^-24){}",
+                  label, golden::kEnsembleSpreads, golden::kEnsembleMembers,
+                  reference_router.empty() ? "" : ", routing pinned to the reference's"));
   for (const Fp32Group& g : groups) {
     std::vector<Judged> judged;
     for (const auto& [name, error] : g.errors) {
@@ -376,15 +383,15 @@ void run_forward_backward_case(Report& report, const std::string& label, const s
   // amplifies rounding (Qwen3.5-MoE); sigma is then our f32 error, so only margins of that size are excused.
   RoutingCheck routing;
   routing.explain_near_ties = true;
-  std::vector<Tensor> after_one_rounding;
+  std::vector<std::vector<Tensor>> after_rounding;
   if (!reference.empty()) {
     routing.add_pass(reference, free.router_logits, model.config().num_experts_per_tok, batch.cu_seqlens_host);
     if (!bf16 && !routing.ok()) {
       // Flips our f32 error does not explain: measure how far one fp32 rounding of the weights moves each token.
-      after_one_rounding = router_logits_after_one_rounding(model, batch, golden::kUnitRoundoffF32, 0);
+      after_rounding = router_logits_after_roundings(model, batch, golden::kUnitRoundoffF32);
       routing = RoutingCheck{};
       routing.explain_near_ties = true;
-      routing.after_one_rounding = &after_one_rounding;
+      routing.after_rounding = &after_rounding;
       routing.add_pass(reference, free.router_logits, model.config().num_experts_per_tok, batch.cu_seqlens_host);
     }
   }
@@ -438,15 +445,16 @@ void run_forward_backward_case(Report& report, const std::string& label, const s
     widen(ours, spreads);
     if (pinned) widen(*pinned, spreads);
     rule += fmt::format(" + {} x spread", golden::kEnsembleSpreads);
-    report.info(fmt::format("{:<28} bounds widened by {} spreads of a rounding ensemble of {} f32 runs, each weight "
-                            "moved by one bf16 rounding (u = 2^-9){}",
-                            label, golden::kEnsembleSpreads, golden::kEnsembleMembers,
-                            reference.empty() ? "" : ", routing pinned to the reference's"));
+    report.info(
+        fmt::format("{:<28} bounds widened by {} spreads of a rounding ensemble of {} f32 runs, each weight "
+                    "moved by one bf16 rounding (u = 2^-9){}",
+                    label, golden::kEnsembleSpreads, golden::kEnsembleMembers,
+                    reference.empty() ? "" : ", routing pinned to the reference's"));
     if (!routing.ok()) {
       // Flips the layer's sigma does not explain: how far one bf16 rounding of the weights moves each token.
       routing = RoutingCheck{};
       routing.explain_near_ties = true;
-      routing.after_one_rounding = &spreads.first_router_logits;
+      routing.after_rounding = &spreads.member_router_logits;
       routing.moved_from_reference = true;
       routing.rounding = "bf16";
       routing.add_pass(reference, free.router_logits, model.config().num_experts_per_tok, batch.cu_seqlens_host);
@@ -470,18 +478,17 @@ void run_forward_backward_case(Report& report, const std::string& label, const s
     report_free_group(report, label + "/router_logits", ours.router_logits, pinned ? &pinned->router_logits : nullptr,
                       explained, "theirs", rule + ", theirs = that of " + logits_key + source);
   }
-  report_free_group(report, label + "/grads", ours.grads, pinned ? &pinned->grads : nullptr, explained, "theirs",
-                    rule);
+  report_free_group(report, label + "/grads", ours.grads, pinned ? &pinned->grads : nullptr, explained, "theirs", rule);
 }
 
-void run_batch_case(Report& report, model::CausalLm& model, model::CausalLm* f32_model, const io::SafetensorsReader& ref,
-                    bool bf16, bool pin_always) {
+void run_batch_case(Report& report, model::CausalLm& model, model::CausalLm* f32_model,
+                    const io::SafetensorsReader& ref, bool bf16, bool pin_always) {
   const model::MicroBatch batch = model::MicroBatch::from_rows(ref.tensor("input_ids"), ref.tensor("targets"));
   run_forward_backward_case(report, "batch", "", model, f32_model, batch, ref, bf16, pin_always);
 }
 
-void run_packed_case(Report& report, model::CausalLm& model, model::CausalLm* f32_model, const io::SafetensorsReader& ref,
-                     bool bf16, bool pin_always) {
+void run_packed_case(Report& report, model::CausalLm& model, model::CausalLm* f32_model,
+                     const io::SafetensorsReader& ref, bool bf16, bool pin_always) {
   const model::MicroBatch batch =
       model::MicroBatch::packed(ref.tensor("packed.input_ids").clone(), ref.tensor("packed.targets").clone(),
                                 ref.tensor("packed.cu_seqlens").clone());
@@ -710,13 +717,12 @@ void run_trajectory_case(Report& report, const std::string& model_dir, Device de
               judge_bf16(name, relative_error(pinned_seen.router_logits[mb].at(i), f32_logits), theirs_logits));
         }
         // At step 0, where the weights are still the f32 path's: how far one bf16 rounding of them moves each token.
-        std::vector<Tensor> moved;
-        if (step == 0) {
-          moved = router_logits_after_one_rounding(*shadow->model, pinned_batches[mb], golden::kUnitRoundoffBf16, 1);
-        }
+        std::vector<std::vector<Tensor>> moved;
+        if (step == 0)
+          moved = router_logits_after_roundings(*shadow->model, pinned_batches[mb], golden::kUnitRoundoffBf16);
         for (RoutingCheck* check : {&routing, step == 0 ? &routing_at_start : nullptr}) {
           if (check == nullptr) continue;
-          check->after_one_rounding = step == 0 ? &moved : nullptr;
+          check->after_rounding = step == 0 ? &moved : nullptr;
           check->moved_from_reference = true;
           check->rounding = "bf16";
           check->add_pass(f32_seen.router_logits[mb], ours_seen.router_logits[mb],

@@ -58,6 +58,13 @@ Tensor bf16ref_tensor(const io::SafetensorsReader& ref, const std::string& key) 
   return ref.tensor(name);
 }
 
+// The largest |a[e] - b[e]| over a token's experts.
+double largest_difference(const float* a, const float* b, int64_t experts) {
+  double largest = 0.0;
+  for (int64_t e = 0; e < experts; ++e) largest = std::max(largest, std::abs(double(a[e]) - double(b[e])));
+  return largest;
+}
+
 }  // namespace
 
 double relative_error(const Tensor& ours, const Tensor& ref) {
@@ -255,11 +262,14 @@ void RoutingCheck::add_pass(const std::vector<Tensor>& ref_layers, const std::ve
     const int64_t experts = r_all.size(1);
     MT_CHECK(k > 0 && k < experts, "check-golden: top-{} of {} experts", k, experts);
     const double sigma = explain_near_ties ? robust_sigma(o_all, r_all) : 0.0;
-    Tensor moved_all;  // our router logits after one rounding, where given
-    if (after_one_rounding != nullptr) {
-      moved_all = host_f64(after_one_rounding->at(layer)).to(DType::F32);
-      MT_CHECK(moved_all.numel() == o_all.numel(), "check-golden: router logits of MoE layer {} after one rounding: {}",
-               layer, moved_all.describe());
+    std::vector<Tensor> moved_all;  // per member: our router logits after one rounding, where given
+    if (after_rounding != nullptr) {
+      for (const std::vector<Tensor>& member : *after_rounding) {
+        moved_all.push_back(host_f64(member.at(layer)).to(DType::F32));
+        MT_CHECK(moved_all.back().numel() == o_all.numel(),
+                 "check-golden: router logits of MoE layer {} after one rounding: {}", layer,
+                 moved_all.back().describe());
+      }
     }
     std::vector<int64_t> flipped_now;  // explained flips of this layer: they explain later layers only
     for (int64_t t = 0; t < r_all.size(0); ++t, ++choices) {
@@ -269,11 +279,11 @@ void RoutingCheck::add_pass(const std::vector<Tensor>& ref_layers, const std::ve
       std::vector<float> sorted(r, r + experts);
       std::sort(sorted.begin(), sorted.end(), std::greater<float>());
       const double margin = sorted[static_cast<size_t>(k - 1)] - sorted[static_cast<size_t>(k)];
-      double moved = 0.0;  // how far one rounding of the weights moved this token's logits
-      if (after_one_rounding != nullptr) {
-        const float* m = moved_all.data<float>() + t * experts;
-        const float* from = moved_from_reference ? r : o;
-        for (int64_t e = 0; e < experts; ++e) moved = std::max(moved, std::abs(double(m[e]) - double(from[e])));
+      // How far one rounding of the weights moves this token's logits: the largest over the members.
+      double moved = 0.0;
+      for (const Tensor& member : moved_all) {
+        moved = std::max(moved,
+                         largest_difference(member.data<float>() + t * experts, moved_from_reference ? r : o, experts));
       }
       const bool by_sigma = explain_near_ties && flip_is_near_tie(margin, sigma);
       const bool by_rounding = explain_near_ties && !by_sigma && flip_is_near_tie(margin, moved);
@@ -286,16 +296,24 @@ void RoutingCheck::add_pass(const std::vector<Tensor>& ref_layers, const std::ve
       } else {
         ++unexplained;
       }
-      if (flips <= 3) {
+      std::vector<std::string>& listed = near_tie || downstream ? explained_details : unexplained_details;
+      if (listed.size() < kListedFlips) {
         const std::string why =
             by_sigma      ? fmt::format(" (near-tie: within {} x sqrt(2) x sigma, sigma {:.2e})", kNearTieSigmas, sigma)
             : by_rounding ? fmt::format(
                                 " (near-tie: within {} x sqrt(2) x {:.2e}, how far one {} rounding of every weight "
-                                "moves this token's router logits)",
-                                kNearTieSigmas, moved, rounding)
-            : downstream ? " (after a near-tie flip of its sequence in an earlier MoE layer)"
-                         : "";
-        details += fmt::format("; {}MoE layer {} token {}: reference margin {:.2e}{}", where, layer, t, margin, why);
+                                "moves this token's router logits, the largest of {})",
+                                kNearTieSigmas, moved, rounding, moved_all.size())
+            : downstream
+                ? std::string(" (after a near-tie flip of its sequence in an earlier MoE layer)")
+                : fmt::format(" (not a near-tie: sigma {:.2e}{}; ours is off the reference by {:.2e})", sigma,
+                              moved_all.empty() ? std::string()
+                                                : fmt::format(", one {} rounding of every weight moves it {:.2e}, "
+                                                              "the largest of {}",
+                                                              rounding, moved, moved_all.size()),
+                              largest_difference(o, r, experts));
+        listed.push_back(
+            fmt::format("{}MoE layer {} token {}: reference margin {:.2e}{}", where, layer, t, margin, why));
       }
     }
     for (int64_t t : flipped_now) {
@@ -306,6 +324,11 @@ void RoutingCheck::add_pass(const std::vector<Tensor>& ref_layers, const std::ve
 }
 
 std::string RoutingCheck::summary() const {
+  // The unexplained flips first: they are what failed.
+  std::string details;
+  for (const auto* flips_of_a_kind : {&unexplained_details, &explained_details}) {
+    for (const std::string& flip : *flips_of_a_kind) details += "; " + flip;
+  }
   return fmt::format("{} top-k flip(s) in {} token-layer choices, {} not explained by rounding{}", flips, choices,
                      unexplained, details);
 }

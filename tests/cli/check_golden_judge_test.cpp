@@ -44,7 +44,8 @@ TEST(CheckGoldenJudge, Bf16BoundIsOneAndAHalfTimesTheirsPlusOneBf16Rounding) {
   EXPECT_FALSE(judge_bf16("t", NAN, 0.02).within());
 }
 
-// A bound widened by the rounding ensemble: kEnsembleSpreads spreads on top, and the every-tensor line shows the spread.
+// A bound widened by the rounding ensemble: kEnsembleSpreads spreads on top, and the every-tensor line shows the
+// spread.
 TEST(CheckGoldenJudge, WideningAddsFourSpreadsAndTheListingShowsTheSpread) {
   Judged t = judge_bf16("model.layers.0.linear_attn.A_log", 0.30, 0.10);
   EXPECT_FALSE(t.within());  // 0.30 against 0.1539
@@ -285,14 +286,14 @@ RoutingCheck flip_after_a_move(float move, bool bf16) {
   r.set(r.ours, 7, {3.0f, 1.95f, 2.0f, 0.0f});
   std::vector<float> rounded = bf16 ? r.ref : r.ours;
   rounded[7 * 4 + 1] += move;
-  const std::vector<Tensor> after{Tensor::from_vector(rounded, {20, 4})};
+  const std::vector<std::vector<Tensor>> after{{Tensor::from_vector(rounded, {20, 4})}};
   RoutingCheck check;
   check.explain_near_ties = true;
-  check.after_one_rounding = &after;
+  check.after_rounding = &after;
   check.moved_from_reference = bf16;
   check.rounding = bf16 ? "bf16" : "fp32";
   check.add_pass({r.reference()}, {r.our()}, 2, one_sequence(20));
-  check.after_one_rounding = nullptr;  // `after` ends here
+  check.after_rounding = nullptr;  // `after` ends here
   return check;
 }
 
@@ -312,6 +313,35 @@ TEST(CheckGoldenJudge, ExplainsAFlipWithinHowFarOneRoundingMovesTheToken) {
         EXPECT_TRUE(contains(check.summary(), how)) << check.summary();
       }
     }
+  }
+}
+
+TEST(CheckGoldenJudge, TakesTheLargestMoveOverTheEnsemblesMembers) {
+  // Token 7's flip at a margin of 0.05: the first member moves it 1e-3 (not a near tie, as above), the second 0.01.
+  // One member is one draw of a heavy-tailed move; the largest over the members judges the flip.
+  Router r(20);
+  r.set(r.ref, 7, {3.0f, 2.0f, 1.95f, 0.0f});
+  r.set(r.ours, 7, {3.0f, 1.95f, 2.0f, 0.0f});
+  std::vector<std::vector<Tensor>> members;
+  for (const float move : {1e-3f, 0.01f}) {
+    std::vector<float> rounded = r.ref;
+    rounded[7 * 4 + 1] += move;
+    members.push_back({Tensor::from_vector(rounded, {20, 4})});
+  }
+  for (const size_t count : {size_t{1}, size_t{2}}) {
+    const std::vector<std::vector<Tensor>> used(members.begin(), members.begin() + static_cast<std::ptrdiff_t>(count));
+    RoutingCheck check;
+    check.explain_near_ties = true;
+    check.after_rounding = &used;
+    check.moved_from_reference = true;
+    check.rounding = "bf16";
+    check.add_pass({r.reference()}, {r.our()}, 2, one_sequence(20));
+    EXPECT_EQ(check.flips, 1);
+    EXPECT_EQ(check.ok(), count == 2) << check.summary();
+    const std::string how = count == 2 ? "x 1.00e-02, how far one bf16 rounding of every weight moves this token's "
+                                         "router logits, the largest of 2)"
+                                       : "one bf16 rounding of every weight moves it 1.00e-03, the largest of 1;";
+    EXPECT_TRUE(contains(check.summary(), how)) << check.summary();
   }
 }
 
@@ -349,7 +379,12 @@ TEST(CheckGoldenJudge, Bf16ExplainsFlipsDownstreamOfANearTieInItsSequenceOnly) {
   EXPECT_EQ(bf16.flips, 4);
   EXPECT_EQ(bf16.unexplained, 2);  // tokens 2 and 12
   EXPECT_EQ(bf16.near_tie_layers, (std::set<size_t>{0, 1}));
-  EXPECT_TRUE(contains(bf16.summary(), "MoE layer 1 token 2: reference margin 1.00e+00;")) << bf16.summary();
+  // The unexplained flips are named first, with what was measured at the token.
+  EXPECT_TRUE(contains(bf16.summary(),
+                       "2 not explained by rounding; MoE layer 1 token 2: reference margin 1.00e+00 "
+                       "(not a near-tie: sigma 1.48e-03; ours is off the reference by 1.60e+00); "
+                       "MoE layer 1 token 12:"))
+      << bf16.summary();
   EXPECT_TRUE(contains(bf16.summary(), "MoE layer 1 token 6: reference margin 1.00e+00 (after a near-tie flip"))
       << bf16.summary();
 }
