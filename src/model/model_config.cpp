@@ -67,6 +67,20 @@ double parse_rms_norm_eps(const io::JsonFields& f, std::optional<double> default
   return eps;
 }
 
+AttentionHeads parse_attention_heads(const io::JsonFields& f, int64_t hidden_size) {
+  AttentionHeads heads;
+  heads.num_attention_heads = f.require_int("num_attention_heads");
+  f.check_positive(heads.num_attention_heads, "num_attention_heads");
+  heads.num_key_value_heads = f.int_opt("num_key_value_heads").value_or(heads.num_attention_heads);
+  f.check_positive(heads.num_key_value_heads, "num_key_value_heads");
+  MT_CHECK(heads.num_attention_heads % heads.num_key_value_heads == 0,
+           "{}: num_attention_heads ({}) is not divisible by num_key_value_heads ({})", f.source(),
+           heads.num_attention_heads, heads.num_key_value_heads);
+  heads.head_dim = f.int_opt("head_dim").value_or(hidden_size / heads.num_attention_heads);
+  f.check_positive(heads.head_dim, "head_dim");
+  return heads;
+}
+
 namespace {
 
 ModelConfig config_from_json(const nlohmann::json& root, const std::string& source, bool nested = false) {

@@ -83,8 +83,17 @@ nlohmann::json model_shape_json(const ModelConfig& config);
 int64_t parse_max_position_embeddings(const io::JsonFields& fields);
 // hidden_act, which must be silu (absent: silu), the only activation of every family's MLPs;
 void require_silu_activation(const io::JsonFields& fields, const std::string& family);
-// rms_norm_eps (absent: `default_eps`), which must be positive.
+// rms_norm_eps (absent: `default_eps`), which must be positive;
 double parse_rms_norm_eps(const io::JsonFields& fields, std::optional<double> default_eps = std::nullopt);
+// the attention heads of grouped-query attention: num_attention_heads (required), num_key_value_heads (absent: one per
+// query head; it must divide the query heads) and head_dim (absent: hidden_size / num_attention_heads, as
+// transformers), each positive.
+struct AttentionHeads {
+  int64_t num_attention_heads = 0;
+  int64_t num_key_value_heads = 0;
+  int64_t head_dim = 0;
+};
+AttentionHeads parse_attention_heads(const io::JsonFields& fields, int64_t hidden_size);
 
 // Parses config.json text; `source` names the file in errors. The family of its model_type parses the rest and
 // refuses, by name, every value it does not support. A multimodal wrapper (Family::nested_config) is parsed as the

@@ -54,18 +54,13 @@ void parse_layer_types(const io::JsonFields& f, const ModelConfig& g, GptOssConf
 void parse_fields(const io::JsonFields& f, ModelConfig& g, GptOssConfig& c) {
   const std::string& source = f.source();
   parse_model_shape(f, g);
-  c.num_attention_heads = f.require_int("num_attention_heads");
+  const AttentionHeads heads = parse_attention_heads(f, g.hidden_size);
+  c.num_attention_heads = heads.num_attention_heads;
+  c.num_key_value_heads = heads.num_key_value_heads;
+  c.head_dim = heads.head_dim;
   c.intermediate_size = f.require_int("intermediate_size");
-  c.rms_norm_eps = parse_rms_norm_eps(f, 1e-5);
-  f.check_positive(c.num_attention_heads, "num_attention_heads");
   f.check_positive(c.intermediate_size, "intermediate_size");
-  c.num_key_value_heads = f.int_opt("num_key_value_heads").value_or(c.num_attention_heads);
-  f.check_positive(c.num_key_value_heads, "num_key_value_heads");
-  MT_CHECK(c.num_attention_heads % c.num_key_value_heads == 0,
-           "{}: num_attention_heads ({}) is not divisible by num_key_value_heads ({})", source, c.num_attention_heads,
-           c.num_key_value_heads);
-  c.head_dim = f.int_opt("head_dim").value_or(g.hidden_size / c.num_attention_heads);
-  f.check_positive(c.head_dim, "head_dim");
+  c.rms_norm_eps = parse_rms_norm_eps(f, 1e-5);
   MT_CHECK(c.head_dim % 2 == 0, "{}: head_dim ({}) must be even (rope rotates pairs)", source, c.head_dim);
   c.attention_bias = f.bool_opt("attention_bias").value_or(true);
   const double dropout = f.number_opt("attention_dropout").value_or(0.0);

@@ -31,20 +31,13 @@ int64_t rotary_dim(const Qwen3Config& c) {
 void parse_shared_fields(const io::JsonFields& f, ModelConfig& g, Qwen3Config& c) {
   const std::string& source = f.source();
   parse_model_shape(f, g);
-  c.num_attention_heads = f.require_int("num_attention_heads");
+  const AttentionHeads heads = parse_attention_heads(f, g.hidden_size);
+  c.num_attention_heads = heads.num_attention_heads;
+  c.num_key_value_heads = heads.num_key_value_heads;
+  c.head_dim = heads.head_dim;
   c.intermediate_size = f.require_int("intermediate_size");
-  c.rms_norm_eps = parse_rms_norm_eps(f);
-  f.check_positive(c.num_attention_heads, "num_attention_heads");
   f.check_positive(c.intermediate_size, "intermediate_size");
-
-  c.num_key_value_heads = f.int_opt("num_key_value_heads").value_or(c.num_attention_heads);
-  f.check_positive(c.num_key_value_heads, "num_key_value_heads");
-  MT_CHECK(c.num_attention_heads % c.num_key_value_heads == 0,
-           "{}: num_attention_heads ({}) is not divisible by num_key_value_heads ({})", source, c.num_attention_heads,
-           c.num_key_value_heads);
-  // transformers: head_dim = config.head_dim or hidden_size // num_attention_heads.
-  c.head_dim = f.int_opt("head_dim").value_or(g.hidden_size / c.num_attention_heads);
-  f.check_positive(c.head_dim, "head_dim");
+  c.rms_norm_eps = parse_rms_norm_eps(f);
 
   parse_rope(f, c);
   const double rotary = double(c.head_dim) * c.partial_rotary_factor;
