@@ -2,6 +2,7 @@
 # defines: a CPU run of the shared reference-dump script (../shared/golden/make_golden.py, which targets
 # CUDA) with another seed, to check the engine on dumps other than the public one without a GPU.
 # Usage: GOLDEN_SEED=4321 [GOLDEN_OUT=/tmp/golden_cpu] [PYTHON=python3] scripts/make_golden_cpu.sh [family ...]
+# GOLDEN_SHAPE="B T L1,L2,..." sets the dumps' shape as scripts/golden_seeds.sh does (default the public dump's).
 # GOLDEN_YARN=1 gives deepseek_v2 a YaRN rope, GOLDEN_GROUP_LIMITED=1 group-limited routing
 # (scripts/golden_variant.py says which).
 # Needs torch and transformers 5.17 (a virtualenv: python3 -m venv V && V/bin/pip install torch
@@ -38,6 +39,13 @@ edit 'torch.autocast("cuda", dtype=torch.bfloat16)' 'torch.autocast(dev, dtype=t
 edit 'root = "/tmp/golden"' "root = \"$out\""
 edit 'sets = [("public", 1234,' "sets = [(\"seed$seed\", $seed,"
 edit 'on CUDA with TF32 off' 'on the CPU (scripts/make_golden_cpu.sh)'
+if [[ -n ${GOLDEN_SHAPE:-} ]]; then
+  read -r rows tokens lengths <<< "$GOLDEN_SHAPE"
+  [[ $rows =~ ^[1-9][0-9]*$ && $tokens =~ ^[1-9][0-9]*$ && $lengths =~ ^[1-9][0-9]*(,[1-9][0-9]*)*$ ]] ||
+    { echo "make_golden_cpu: GOLDEN_SHAPE expects \"B T L1,L2,...\" (positive integers), found '$GOLDEN_SHAPE'" >&2
+      exit 1; }
+  edit ", $seed, 2, 48, [13, 7, 28])]" ", $seed, $rows, $tokens, [$lengths])]"
+fi
 model_variants=()
 [[ -n ${GOLDEN_YARN:-} ]] && model_variants+=(--yarn)
 [[ -n ${GOLDEN_GROUP_LIMITED:-} ]] && model_variants+=(--group-limited)

@@ -222,12 +222,12 @@ struct RoutingCheck {
   // (every flip has that at half its margin or more). Why the largest over the members and not one member's: one
   // member is one draw of a heavy-tailed move (at the nine flips of our bf16 runs that it left unexplained on fresh
   // dumps, the largest of 8 was 2.7 to 23 times the first's), and transformers' own bf16 runs fail the rule with one
-  // member. On 60 CPU-made Qwen3.5-MoE dumps
-  // of 3 rows of 96 tokens (seeds 41-100), transformers under autocast (the dump's bf16ref) has a flip that sigma
-  // alone does not explain on 12 dumps, 3 with the first member's move, none with the largest of 8; with its delta
-  // rule in f32 (bf16_variants.py's V1) 11, 2 and none; at the public shape 6, 1, 0 and 5, 1, 0 (docs/gpu_notes.md,
-  // twenty-seventh session). A flip is then excused at ~39% of the token-layer choices of those dumps, against ~27%
-  // by sigma alone: a routing bug flipping tokens at random still leaves most of its flips unexplained. Null: sigma
+  // member. On CPU-made Qwen3.5-MoE dumps (scripts/bf16_flips.py), transformers under autocast (the dump's bf16ref)
+  // has a flip that sigma alone does not explain on 6 of 36 dumps of 3 rows of 96 tokens, 2 with the first member's
+  // move, none with the largest of 8; with its delta rule in f32 (bf16_variants.py's V1) 4, 1 and none; at the
+  // public shape, of 43 dumps, 7, 2, 0 and 5, 1, 0 (docs/gpu_notes.md, twenty-seventh session). A flip is then
+  // excusable at ~54% of those dumps' token-layer choices, against ~42% by sigma alone (tiny random routers are full
+  // of near ties): a routing bug that flips ten tokens at random still fails with probability > 99.8%. Null: sigma
   // alone.
   const std::vector<std::vector<Tensor>>* after_rounding = nullptr;
   bool moved_from_reference = false;  // false: the move is from our logits (fp32, where ours are the perturbed path)
