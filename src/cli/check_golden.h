@@ -5,6 +5,9 @@
 #pragma once
 
 #include <string>
+#include <vector>
+
+#include "cli/check_golden_judge.h"
 
 namespace moetrain::cli {
 
@@ -32,5 +35,9 @@ struct CheckGoldenOptions {
 
 // Returns the process exit code: 0 when every check passed.
 int run_check_golden(const CheckGoldenOptions& options);
+
+// Our f32 trajectory's top-k near ties on the reference's micro-batches, the closest of each step first, as the
+// trajectory's reversal search tries them (check_golden_judge.h, RoutingChoice).
+std::vector<golden::RoutingChoice> trajectory_near_ties(const CheckGoldenOptions& options);
 
 }  // namespace moetrain::cli

@@ -58,14 +58,13 @@ Tensor bf16ref_tensor(const io::SafetensorsReader& ref, const std::string& key) 
   return ref.tensor(name);
 }
 
-// The largest |a[e] - b[e]| over a token's experts.
+}  // namespace
+
 double largest_difference(const float* a, const float* b, int64_t experts) {
   double largest = 0.0;
   for (int64_t e = 0; e < experts; ++e) largest = std::max(largest, std::abs(double(a[e]) - double(b[e])));
   return largest;
 }
-
-}  // namespace
 
 double relative_error(const Tensor& ours, const Tensor& ref) {
   const auto [diff, norm] = squared_sums(ours, ref);
@@ -351,6 +350,13 @@ std::string excused_line(const std::string& label, const Excusal& excusal) {
       label);
   for (const Judged& t : excusal.excused) text += fmt::format(" {} {:.2e} (bound {:.2e});", t.name, t.ours, t.bound);
   return text;
+}
+
+double RoutingChoice::closeness() const { return move > 0.0 ? margin / move : std::numeric_limits<double>::infinity(); }
+
+std::string RoutingChoice::describe() const {
+  return fmt::format("step {} mb {} MoE layer {} token {}: expert {} over {} by {:.3e}, {:.1f} x the ensemble's move",
+                     step, micro_batch, layer, token, kept, passed_over, margin, closeness());
 }
 
 }  // namespace moetrain::cli::golden

@@ -189,6 +189,8 @@ double theirs_loss_error(const io::SafetensorsReader& ref, const std::string& pr
 
 // The k largest of a router-logit row (stable on ties), sorted by expert index.
 std::vector<int> top_k_of(const float* row, int64_t experts, int64_t k);
+// The largest |a[e] - b[e]| over a token's experts.
+double largest_difference(const float* a, const float* b, int64_t experts);
 
 // A top-k flip is a rounding near-tie when the reference's margin between its k-th and (k+1)-th logit is within
 // kNearTieSigmas standard deviations of the difference of two of our rounding errors: margin <= 5 x sqrt(2) x
@@ -247,6 +249,30 @@ struct RoutingCheck {
   bool ok() const { return unexplained == 0; }
   std::string summary() const;  // "N top-k flip(s) in M token-layer choices, U not explained by rounding; ..."
 };
+
+// One top-k choice of an fp32 trajectory run: at a step, micro-batch, MoE layer and token, the k-th expert kept over
+// the (k+1)-th by `margin`, and `move`, how far the rounding ensemble's members' logits lie from this run's there (the
+// median over the members of the largest difference over the experts). Where the ensemble misses the reference, the
+// reference may have resolved such a choice the other way: its own fp32 rounding drifts further over the steps than
+// one rounding of the weights a step moves ours (on CPU-made Qwen3.5-MoE dumps, transformers' fp32 trajectory
+// differs from its own float64 replay in one choice of the last step, margin 1.6e-4, and that one choice is most of
+// the distance: pinned, float64's loss error falls from 3.2e-5 to 3.7e-6). check-golden then tries reversing a near
+// tie (margin within kNearTieSigmas x sqrt(2) x move), the kReversedChoicesPerStep closest of each step, and keeps a
+// reversal only when a single run of ours comes to within 1 / kReversalGain of its distance from the reference by
+// the ensemble's bounds: most of the excess must go. Greedy, up to kMaxReversedChoices reversals; a new rounding
+// ensemble with the reversals in every run judges, with nothing else set aside.
+struct RoutingChoice {
+  int64_t step = 0;
+  size_t micro_batch = 0, layer = 0;
+  int64_t token = 0;
+  int kept = 0, passed_over = 0;
+  double margin = 0.0, move = 0.0;
+  double closeness() const;      // margin / move (infinite when nothing moved)
+  std::string describe() const;  // "step S mb M MoE layer L token T: expert A over B by ..., C x the ensemble's move"
+};
+inline constexpr size_t kReversedChoicesPerStep = 8;
+inline constexpr size_t kMaxReversedChoices = 3;
+inline constexpr double kReversalGain = 2.0;
 
 // Routing pinned to the reference's. When our bf16 routing flips at rounding near-ties, those tokens go through other
 // experts, and everything downstream of them (the later layers' inputs, every gradient that flows back through them)

@@ -16,7 +16,11 @@
 #include "core/error.h"
 #include "io/safetensors.h"
 #include "model/causal_lm.h"
+#include "ops/cuda/runtime.h"
+#include "ops/optim.h"
+#include "pipeline/plain_executor.h"
 #include "testing/test_data.h"
+#include "train/optimizer.h"
 
 namespace moetrain::cli {
 namespace {
@@ -100,6 +104,80 @@ std::string reference_with_scaled_updates(const std::string& family, double scal
   return path;
 }
 
+// A reference whose trajectory is our own fp32 run with `choice` resolved the other way, as another correct
+// implementation's fp32 rounding may resolve a near tie.
+std::string reference_with_a_reversed_choice(const std::string& family, const golden::RoutingChoice& choice) {
+  const std::string dir = testing::test_data_path("golden/" + family);
+  const io::SafetensorsReader ref = io::SafetensorsReader::open(dir + "/reference.safetensors");
+  const auto model = model::CausalLm::from_hf(dir);
+  train::AdamW optimizer(model->params(), train::AdamWConfig{1e-3, 0.9, 0.95, 1e-8, 0.1});
+  std::vector<double> losses, norms;
+  std::vector<Tensor> pinned;
+  for (int64_t step = 0; step < ref.tensor("traj.loss").numel(); ++step) {
+    std::vector<model::MicroBatch> batches;
+    for (int mb = 0; ref.contains(fmt::format("traj.step{}.mb{}.input_ids", step, mb)); ++mb) {
+      const std::string key = fmt::format("traj.step{}.mb{}.", step, mb);
+      batches.push_back(model::MicroBatch::from_rows(ref.tensor(key + "input_ids"), ref.tensor(key + "targets")));
+    }
+    if (step == choice.step) {
+      model::ForwardObservation seen;
+      seen.keep_logits = false;
+      pipeline::forward_only(*model, {batches.at(choice.micro_batch)}, &seen);
+      pinned = seen.router_logits.at(0);
+      Tensor& layer = pinned.at(choice.layer);
+      float* row = layer.data<float>() + choice.token * layer.size(1);
+      EXPECT_GT(row[choice.kept], row[choice.passed_over]) << choice.describe();
+      std::swap(row[choice.kept], row[choice.passed_over]);
+      batches[choice.micro_batch].pinned_routing = &pinned;
+    }
+    model->params().zero_grads();
+    losses.push_back(pipeline::forward_backward(*model, batches).loss);
+    norms.push_back(ops::clip_by_global_norm(default_stream(Device::cpu()), model->params().all_grads(), 1.0));
+    optimizer.step(1e-3);
+  }
+  std::map<std::string, Tensor> finals;
+  for (auto& [name, tensor] : model->params().export_hf_runtime(
+           false, [&](const std::string& fused) { return ref.contains("traj.final." + fused); })) {
+    finals.emplace("traj.final." + name, tensor);
+  }
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (const std::string& name : ref.names()) {
+    if (name == "traj.loss") {
+      tensors.emplace_back(name, Tensor::from_vector(losses, {int64_t(losses.size())}).to(DType::F32));
+    } else if (name == "traj.grad_norm") {
+      tensors.emplace_back(name, Tensor::from_vector(norms, {int64_t(norms.size())}).to(DType::F32));
+    } else if (finals.count(name)) {
+      tensors.emplace_back(name, finals.at(name));
+    } else {
+      tensors.emplace_back(name, ref.tensor(name));
+    }
+  }
+  const std::string path = testing::make_temp_dir(family + "_reversed_choice") + "/reference.safetensors";
+  io::write_safetensors(path, tensors);
+  return path;
+}
+
+// The reference crossed a near tie of an early step that our run did not: the rounding ensemble alone misses it by
+// far, and the search finds the choice, reverses it in every run and passes. Its power is the test below: a
+// mis-scaled update that no reversal explains still fails.
+TEST(CheckGolden, TrajectoryEnsembleFindsANearTieTheReferenceResolvedTheOtherWay) {
+  const CheckGoldenOptions o = options_for("qwen3_5_moe", "trajectory");
+  const std::vector<golden::RoutingChoice> near_ties = trajectory_near_ties(o);
+  // The closest near tie of steps 1 and 2: there the ensemble is still narrow (later, its members' own flips widen it).
+  const auto early = std::find_if(near_ties.begin(), near_ties.end(),
+                                  [](const golden::RoutingChoice& c) { return c.step == 1 || c.step == 2; });
+  ASSERT_NE(early, near_ties.end());
+  CheckGoldenOptions reversed = o;
+  reversed.reference = reference_with_a_reversed_choice("qwen3_5_moe", *early);
+  int code = -1;
+  const std::string out = trajectory_output(reversed, &code);
+  EXPECT_EQ(code, 0) << early->describe() << out;
+  EXPECT_NE(out.find("reversing " + early->describe() + " (round 1)"), std::string::npos) << early->describe() << out;
+  for (const char* group : {"loss", "grad_norm", "final_weights"}) {
+    EXPECT_NE(out.find(std::string("[ ok ] trajectory/reversed_ties/") + group), std::string::npos) << group << out;
+  }
+}
+
 TEST(CheckGolden, RoundingEnsembleRejectsAnUpdateTenPercentOff) {
   for (const char* family : {"qwen3_5", "qwen3_5_moe"}) {
     CheckGoldenOptions o = options_for(family, "trajectory");
@@ -109,6 +187,13 @@ TEST(CheckGolden, RoundingEnsembleRejectsAnUpdateTenPercentOff) {
     EXPECT_EQ(code, 1) << family << out;
     EXPECT_NE(out.find("[FAIL] trajectory/ensemble/final_weights"), std::string::npos) << family << out;
   }
+  // The MoE model searched for a reversed near tie that explains it, and found none.
+  CheckGoldenOptions o = options_for("qwen3_5_moe", "trajectory");
+  o.reference = reference_with_scaled_updates("qwen3_5_moe", 1.1);
+  int code = -1;
+  const std::string out = trajectory_output(o, &code);
+  EXPECT_NE(out.find("no reversal of up to 3 of our top-k near ties brings the ensemble within"), std::string::npos)
+      << out;
 }
 
 // The bf16 rules over the f32 path: ours (~1e-6) is far inside every bound, so every case passes, and the lines
@@ -170,10 +255,8 @@ std::string reference_with_scaled_grads(const std::string& family, double scale)
 // gradients 30% off on Qwen3 (transformers' own bf16 gradients err by 0.7% to 7% there), twice the reference on
 // Qwen3.5, whose own bf16 gradients err by 12% to 200% (its top-k flips), so the bf16 rule can tell no less there.
 TEST(CheckGolden, Bf16RoundingEnsembleWidensEveryBoundAndStillFailsAMisScaledGradient) {
-  for (const auto& [family, scale] : {std::pair<std::string, double>{"qwen3", 1.3},
-                                      {"qwen3_moe", 1.3},
-                                      {"qwen3_5", 2.0},
-                                      {"qwen3_5_moe", 2.0}}) {
+  for (const auto& [family, scale] :
+       {std::pair<std::string, double>{"qwen3", 1.3}, {"qwen3_moe", 1.3}, {"qwen3_5", 2.0}, {"qwen3_5_moe", 2.0}}) {
     CheckGoldenOptions o = options_for(family, "batch");
     o.judge_as_bf16 = true;
     o.every_tensor = true;
@@ -187,7 +270,8 @@ TEST(CheckGolden, Bf16RoundingEnsembleWidensEveryBoundAndStillFailsAMisScaledGra
     EXPECT_NE(out.find("[ ok ] batch/grads"), std::string::npos) << family << out;
     EXPECT_NE(out.find("bound = 1.5 x theirs + 3.9e-03 + 4 x spread]"), std::string::npos) << family << out;
     EXPECT_NE(out.find("model.norm.weight spread "), std::string::npos) << family << out;
-    EXPECT_EQ(out.find("routing pinned to the reference's") != std::string::npos, family.find("moe") != std::string::npos)
+    EXPECT_EQ(out.find("routing pinned to the reference's") != std::string::npos,
+              family.find("moe") != std::string::npos)
         << family << out;
     o.reference = reference_with_scaled_grads(family, scale);
     out = trajectory_output(o, &code);
