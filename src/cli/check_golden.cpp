@@ -622,12 +622,12 @@ void add_trajectory_run(golden::EnsembleStats& ensemble, const io::SafetensorsRe
   }
 }
 
-// kEnsembleMembers fp32 runs through the trajectory, each adding a rounding of relative size `unit` to every weight
-// before every step (check_golden_judge.h), and each resolving `reversed` the other way when one is given.
+// `members` fp32 runs through the trajectory, each adding a rounding of relative size `unit` to every weight before
+// every step (check_golden_judge.h), and each resolving the `reversed` choices the other way.
 void run_rounding_ensemble(golden::EnsembleStats& ensemble, const std::string& model_dir, Device device,
                            const io::SafetensorsReader& ref, const std::vector<std::vector<model::MicroBatch>>& steps,
-                           double unit, const std::vector<golden::RoutingChoice>& reversed = {}) {
-  for (int seed = 1; seed <= golden::kEnsembleMembers; ++seed) {
+                           double unit, int members, const std::vector<golden::RoutingChoice>& reversed = {}) {
+  for (int seed = 1; seed <= members; ++seed) {
     Stepper run(model_dir, device, kF32, EnsembleMember{static_cast<uint64_t>(seed), unit}, reversed);
     std::vector<double> losses, norms;
     for (const auto& batches : steps) {
@@ -674,7 +674,7 @@ std::vector<golden::RoutingChoice> closest_routing_choices(const std::string& mo
                                                            size_t per_step) {
   Stepper ours(model_dir, device, kF32, std::nullopt, reversed);
   std::vector<std::unique_ptr<Stepper>> members;
-  for (int seed = 1; seed <= golden::kEnsembleMembers; ++seed) {
+  for (int seed = 1; seed <= golden::kTrajectoryEnsembleMembers; ++seed) {
     members.push_back(std::make_unique<Stepper>(model_dir, device, kF32,
                                                 EnsembleMember{uint64_t(seed), golden::kUnitRoundoffF32}, reversed));
   }
@@ -814,7 +814,8 @@ bool search_reversals(Report& report, const std::string& model_dir, Device devic
     reversed.push_back(*best);
     golden::EnsembleStats ensemble;
     add_trajectory_run(ensemble, ref, *best_run.stepper, best_run.losses, best_run.norms);
-    run_rounding_ensemble(ensemble, model_dir, device, ref, steps, golden::kUnitRoundoffF32, reversed);
+    run_rounding_ensemble(ensemble, model_dir, device, ref, steps, golden::kUnitRoundoffF32,
+                          golden::kTrajectoryEnsembleMembers, reversed);
     judgement = judge_by_ensemble(ensemble, ref,
                                   trajectory_errors(unused, ref, *best_run.stepper, best_run.losses, best_run.norms));
     const double reach_before = reach;
@@ -861,10 +862,11 @@ void judge_fp32_trajectory(Report& report, const std::string& model_dir, Device 
   report.info(
       fmt::format("{:<28} ours over an fp32 threshold (loss {:.3e}, grad norm {:.3e}, final weights {}): "
                   "judged by a rounding ensemble of {} more runs",
-                  "trajectory", errors.loss, errors.grad_norm, worst_weight, golden::kEnsembleMembers));
+                  "trajectory", errors.loss, errors.grad_norm, worst_weight, golden::kTrajectoryEnsembleMembers));
   golden::EnsembleStats ensemble;
   add_trajectory_run(ensemble, ref, ours, losses, norms);
-  run_rounding_ensemble(ensemble, model_dir, device, ref, steps, golden::kUnitRoundoffF32);
+  run_rounding_ensemble(ensemble, model_dir, device, ref, steps, golden::kUnitRoundoffF32,
+                        golden::kTrajectoryEnsembleMembers);
   const EnsembleJudgement judgement = judge_by_ensemble(ensemble, ref, errors);
   if (judgement.within() || !ours.model->config().is_moe()) {
     judgement.report_to(report, "trajectory/ensemble/");
@@ -1024,7 +1026,8 @@ void run_trajectory_case(Report& report, const std::string& model_dir, Device de
     // router logits and top-k choices are judged where our weights are still the shadow's, at step 0
     // (check_golden_judge.h).
     golden::EnsembleStats ensemble;
-    run_rounding_ensemble(ensemble, model_dir, device, ref, all_batches, golden::kUnitRoundoffBf16);
+    run_rounding_ensemble(ensemble, model_dir, device, ref, all_batches, golden::kUnitRoundoffBf16,
+                          golden::kEnsembleMembers);
     const auto widen = [&](TrajectoryGroups& g) {
       for (Judged& j : g.loss) {
         j.bound += golden::kEnsembleSpreads * ensemble.center_and_spread(j.name, ref_losses).second;

@@ -68,7 +68,7 @@ TEST(CheckGolden, OnlyATrajectoryOverAThresholdIsJudgedByTheRoundingEnsemble) {
   EXPECT_NE(qwen3.find("[ ok ] trajectory/grad_norm"), std::string::npos) << qwen3;
   const std::string hybrid = trajectory_output(options_for("qwen3_5", "trajectory"), &code);
   EXPECT_EQ(code, 0) << hybrid;
-  EXPECT_NE(hybrid.find("judged by a rounding ensemble of 8 more runs"), std::string::npos) << hybrid;
+  EXPECT_NE(hybrid.find("judged by a rounding ensemble of 24 more runs"), std::string::npos) << hybrid;
   for (const char* group : {"loss", "grad_norm", "final_weights"}) {
     EXPECT_NE(hybrid.find(std::string("[ ok ] trajectory/ensemble/") + group), std::string::npos) << group << hybrid;
   }
@@ -178,22 +178,19 @@ TEST(CheckGolden, TrajectoryEnsembleFindsANearTieTheReferenceResolvedTheOtherWay
   }
 }
 
-TEST(CheckGolden, RoundingEnsembleRejectsAnUpdateTenPercentOff) {
+TEST(CheckGolden, RoundingEnsembleRejectsAnUpdateFivePercentOff) {
   for (const char* family : {"qwen3_5", "qwen3_5_moe"}) {
     CheckGoldenOptions o = options_for(family, "trajectory");
-    o.reference = reference_with_scaled_updates(family, 1.1);
+    o.reference = reference_with_scaled_updates(family, 1.05);
     int code = -1;
     const std::string out = trajectory_output(o, &code);
     EXPECT_EQ(code, 1) << family << out;
     EXPECT_NE(out.find("[FAIL] trajectory/ensemble/final_weights"), std::string::npos) << family << out;
+    // The MoE model searched for a reversed near tie that explains it, and found none.
+    const bool searched =
+        out.find("no reversal of up to 3 of our top-k near ties brings the ensemble within") != std::string::npos;
+    EXPECT_EQ(searched, std::string(family) == "qwen3_5_moe") << family << out;
   }
-  // The MoE model searched for a reversed near tie that explains it, and found none.
-  CheckGoldenOptions o = options_for("qwen3_5_moe", "trajectory");
-  o.reference = reference_with_scaled_updates("qwen3_5_moe", 1.1);
-  int code = -1;
-  const std::string out = trajectory_output(o, &code);
-  EXPECT_NE(out.find("no reversal of up to 3 of our top-k near ties brings the ensemble within"), std::string::npos)
-      << out;
 }
 
 // The bf16 rules over the f32 path: ours (~1e-6) is far inside every bound, so every case passes, and the lines
