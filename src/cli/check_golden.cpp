@@ -797,17 +797,20 @@ bool search_reversals(Report& report, const std::string& model_dir, Device devic
   for (size_t round = 0; round < golden::kMaxReversedChoices; ++round) {
     std::optional<golden::RoutingChoice> best;
     TrajectoryRun best_run;
+    TrajectoryErrors best_errors;
     double best_reach = reach / golden::kReversalGain;  // a reversal must remove most of the excess
     for (const golden::RoutingChoice& choice :
          closest_routing_choices(model_dir, device, steps, reversed, golden::kReversedChoicesPerStep)) {
       std::vector<golden::RoutingChoice> candidate = reversed;
       candidate.push_back(choice);
       TrajectoryRun run = run_trajectory(model_dir, device, steps, candidate);
-      const double run_reach = judgement.reach(trajectory_errors(unused, ref, *run.stepper, run.losses, run.norms));
+      TrajectoryErrors run_errors = trajectory_errors(unused, ref, *run.stepper, run.losses, run.norms);
+      const double run_reach = judgement.reach(run_errors);
       if (run_reach < best_reach) {
         best_reach = run_reach;
         best = choice;
         best_run = std::move(run);
+        best_errors = std::move(run_errors);
       }
     }
     if (!best) break;
@@ -816,10 +819,9 @@ bool search_reversals(Report& report, const std::string& model_dir, Device devic
     add_trajectory_run(ensemble, ref, *best_run.stepper, best_run.losses, best_run.norms);
     run_rounding_ensemble(ensemble, model_dir, device, ref, steps, golden::kUnitRoundoffF32,
                           golden::kTrajectoryEnsembleMembers, reversed);
-    judgement = judge_by_ensemble(ensemble, ref,
-                                  trajectory_errors(unused, ref, *best_run.stepper, best_run.losses, best_run.norms));
+    judgement = judge_by_ensemble(ensemble, ref, best_errors);
     const double reach_before = reach;
-    reach = judgement.reach(trajectory_errors(unused, ref, *best_run.stepper, best_run.losses, best_run.norms));
+    reach = judgement.reach(best_errors);
     report.info(
         fmt::format("{:<28} reversing {} (round {}): a single run of ours from {:.2f} to {:.2f} of the "
                     "bounds",
