@@ -10,6 +10,7 @@
 # GOLDEN_F32=1 checks every case of each dump in f32 as well; GOLDEN_BF16_TRAJECTORY=1 the trajectory case in bf16.
 # GOLDEN_SHAPE="B T L1,L2,..." sets the dumps' shape: B rows of T tokens in the batch case, one packed row of documents
 # of lengths L1, L2, ... (default "2 48 13,7,28", the public dump's).
+# GOLDEN_KEEP_FAILED=1 copies each dump that fails a check into $RESULTS_DIR/failed/seed<S>/<family>, to replay it.
 # GOLDEN_YARN=1 and GOLDEN_GROUP_LIMITED=1 give deepseek_v2 a YaRN rope and group-limited routing
 # (scripts/golden_variant.py says which).
 set -uo pipefail
@@ -90,4 +91,11 @@ if [[ ${GOLDEN_BF16_TRAJECTORY:-0} == 1 ]]; then
   mv "$out"/check/*_trajectory.log "$out/check_trajectory/" 2>/dev/null
   echo "bf16 trajectory: $(grep -c ' 0 failed' "$out/check_trajectory_summary.txt") of $(wc -l < "$out/check_trajectory_summary.txt") dumps pass" |
     tee -a "$out/summary.txt"
+fi
+if [[ ${GOLDEN_KEEP_FAILED:-0} == 1 ]]; then
+  cat "$out"/check_summary.txt "$out"/check_f32_summary.txt "$out"/check_trajectory_summary.txt 2>/dev/null |
+    grep -v ' 0 failed' | grep -oE '^seed[0-9]+_[a-z0-9_]+' | sort -u | while read -r tag; do
+      seed=${tag%%_*} family=${tag#*_}
+      mkdir -p "$out/failed/$seed" && cp -r "$work/golden/$seed/$family" "$out/failed/$seed/"
+    done
 fi
