@@ -7,6 +7,7 @@
 #include <map>
 
 #include "core/error.h"
+#include "testing/error_message.h"
 
 namespace moetrain::dist {
 namespace {
@@ -19,13 +20,8 @@ EnvLookup env_of(std::map<std::string, std::string> vars) {
   };
 }
 
-void expect_error(const std::map<std::string, std::string>& vars, const std::string& part) {
-  try {
-    read_launch_env(env_of(vars));
-    ADD_FAILURE() << "expected an error containing: " << part;
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
-  }
+void expect_env_error(const std::map<std::string, std::string>& vars, std::string_view part) {
+  testing::expect_error([&] { read_launch_env(env_of(vars)); }, part);
 }
 
 TEST(LaunchEnv, NoLauncherIsASingleProcessWorld) {
@@ -73,17 +69,17 @@ TEST(LaunchEnv, ReadsOpenMpiAheadOfSlurm) {
 }
 
 TEST(LaunchEnv, OpenMpiStillNeedsMasterAddress) {
-  expect_error({{"OMPI_COMM_WORLD_RANK", "0"},
-                {"OMPI_COMM_WORLD_SIZE", "2"},
-                {"OMPI_COMM_WORLD_LOCAL_RANK", "0"},
-                {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}},
-               "launch env (mpi): world size 2 needs MASTER_ADDR");
-  expect_error({{"OMPI_COMM_WORLD_RANK", "0"},
-                {"OMPI_COMM_WORLD_SIZE", "2"},
-                {"OMPI_COMM_WORLD_LOCAL_RANK", "0"},
-                {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
-                {"MASTER_ADDR", "h"}},
-               "needs MASTER_PORT");
+  expect_env_error({{"OMPI_COMM_WORLD_RANK", "0"},
+                    {"OMPI_COMM_WORLD_SIZE", "2"},
+                    {"OMPI_COMM_WORLD_LOCAL_RANK", "0"},
+                    {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}},
+                   "launch env (mpi): world size 2 needs MASTER_ADDR");
+  expect_env_error({{"OMPI_COMM_WORLD_RANK", "0"},
+                    {"OMPI_COMM_WORLD_SIZE", "2"},
+                    {"OMPI_COMM_WORLD_LOCAL_RANK", "0"},
+                    {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+                    {"MASTER_ADDR", "h"}},
+                   "needs MASTER_PORT");
 }
 
 TEST(LaunchEnv, ReadsSlurmWithTheFirstHostAsMaster) {
@@ -138,13 +134,13 @@ TEST(LaunchEnv, SlurmDerivesTasksPerNode) {
                               {"SLURM_JOB_NODELIST", "a[1-2]"},
                               {"MASTER_PORT", "29500"}}));
   EXPECT_EQ(e.local_world_size, 4);
-  expect_error({{"SLURM_PROCID", "1"},
-                {"SLURM_NTASKS", "7"},
-                {"SLURM_LOCALID", "1"},
-                {"SLURM_JOB_NUM_NODES", "2"},
-                {"SLURM_JOB_NODELIST", "a[1-2]"},
-                {"MASTER_PORT", "29500"}},
-               "cannot be divided over SLURM_JOB_NUM_NODES (2)");
+  expect_env_error({{"SLURM_PROCID", "1"},
+                    {"SLURM_NTASKS", "7"},
+                    {"SLURM_LOCALID", "1"},
+                    {"SLURM_JOB_NUM_NODES", "2"},
+                    {"SLURM_JOB_NODELIST", "a[1-2]"},
+                    {"MASTER_PORT", "29500"}},
+                   "cannot be divided over SLURM_JOB_NUM_NODES (2)");
 }
 
 TEST(LaunchEnv, NcclCommIdReplacesTheMasterAddress) {
@@ -169,18 +165,18 @@ TEST(LaunchEnv, RejectsInconsistentOrMalformedValues) {
     vars.erase(key);
     return vars;
   };
-  expect_error(with("RANK", "2"), "rank 2 is not below the world size 2");
-  expect_error(with("RANK", "one"), "RANK must be a non-negative integer; found 'one'");
-  expect_error(with("RANK", "-1"), "RANK must be a non-negative integer; found '-1'");
-  expect_error(with("WORLD_SIZE", "2x"), "WORLD_SIZE must be a non-negative integer; found '2x'");
-  expect_error(with("WORLD_SIZE", "0"), "the world size must be at least 1; found 0");
-  expect_error(with("LOCAL_RANK", "2"), "local rank 2 is not below the local world size 2");
-  expect_error(with("LOCAL_WORLD_SIZE", "3"), "the local world size must be in [1, world size 2]; found 3");
-  expect_error(with("MASTER_PORT", "http"), "MASTER_PORT must be a non-negative integer; found 'http'");
-  expect_error(with("MASTER_PORT", "65535"), "MASTER_PORT must be in [1, 65534]");
-  expect_error(without("MASTER_ADDR"), "launch env (torchrun): world size 2 needs MASTER_ADDR");
-  expect_error(without("WORLD_SIZE"), "launch env (torchrun): WORLD_SIZE is not set");
-  expect_error({{"SLURM_PROCID", "0"}, {"SLURM_LOCALID", "0"}}, "launch env (slurm): SLURM_NPROCS is not set");
+  expect_env_error(with("RANK", "2"), "rank 2 is not below the world size 2");
+  expect_env_error(with("RANK", "one"), "RANK must be a non-negative integer; found 'one'");
+  expect_env_error(with("RANK", "-1"), "RANK must be a non-negative integer; found '-1'");
+  expect_env_error(with("WORLD_SIZE", "2x"), "WORLD_SIZE must be a non-negative integer; found '2x'");
+  expect_env_error(with("WORLD_SIZE", "0"), "the world size must be at least 1; found 0");
+  expect_env_error(with("LOCAL_RANK", "2"), "local rank 2 is not below the local world size 2");
+  expect_env_error(with("LOCAL_WORLD_SIZE", "3"), "the local world size must be in [1, world size 2]; found 3");
+  expect_env_error(with("MASTER_PORT", "http"), "MASTER_PORT must be a non-negative integer; found 'http'");
+  expect_env_error(with("MASTER_PORT", "65535"), "MASTER_PORT must be in [1, 65534]");
+  expect_env_error(without("MASTER_ADDR"), "launch env (torchrun): world size 2 needs MASTER_ADDR");
+  expect_env_error(without("WORLD_SIZE"), "launch env (torchrun): WORLD_SIZE is not set");
+  expect_env_error({{"SLURM_PROCID", "0"}, {"SLURM_LOCALID", "0"}}, "launch env (slurm): SLURM_NPROCS is not set");
 }
 
 TEST(SlurmNodelist, ExpandsRangesListsAndPadding) {

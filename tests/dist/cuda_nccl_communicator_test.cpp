@@ -63,12 +63,12 @@ TEST(CudaNccl, RejectsHostTensorsAndOtherDevices) {
   MT_REQUIRE_GPU();
   std::unique_ptr<Communicator> world = connect_nccl_world(LaunchEnv{}, Device::cuda(0));
   Tensor host = Tensor::zeros({2}, DType::F32);
-  testing::expect_error_containing([&] { world->all_reduce(gpu(), host, ReduceOp::Sum); },
-                                   {"all_reduce on 'world' (rank 0)", "must be on cuda:0"});
-  testing::expect_error_containing([&] { world->barrier(Stream::cpu()); }, {"the stream is on cpu"});
+  testing::expect_error([&] { world->all_reduce(gpu(), host, ReduceOp::Sum); },
+                        {"all_reduce on 'world' (rank 0)", "must be on cuda:0"});
+  testing::expect_error([&] { world->barrier(Stream::cpu()); }, {"the stream is on cpu"});
   Tensor u8 = on_gpu(Tensor::zeros({2}, DType::U8));
-  testing::expect_error_containing([&] { world->all_reduce(gpu(), u8, ReduceOp::Sum); },
-                                   {"reductions support f32, f64, bf16, i32 and i64; found u8"});
+  testing::expect_error([&] { world->all_reduce(gpu(), u8, ReduceOp::Sum); },
+                        {"reductions support f32, f64, bf16, i32 and i64; found u8"});
 }
 
 }  // namespace

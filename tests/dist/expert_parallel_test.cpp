@@ -16,10 +16,13 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "dist/inprocess_communicator.h"
+#include "testing/error_message.h"
 #include "testing/test_data.h"
 
 namespace moetrain::dist {
 namespace {
+
+using testing::expect_error;
 
 constexpr int64_t kWidth = 3;  // elements per row
 
@@ -185,15 +188,6 @@ TEST(ExpertParallel, BackwardsAreTransposes) {
       EXPECT_NEAR(d[2], d[3], 1e-12 * std::abs(d[2])) << "combine";
       EXPECT_NE(d[0], 0.0);
     });
-  }
-}
-
-void expect_error(const std::function<void()>& fn, const std::string& needle) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected an error containing '" << needle << "'";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
   }
 }
 

@@ -12,9 +12,12 @@
 #include <thread>
 
 #include "core/error.h"
+#include "testing/error_message.h"
 
 namespace moetrain::dist {
 namespace {
+
+using testing::expect_error;
 
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
@@ -397,14 +400,6 @@ TEST(InProcessCommunicator, RejectsBadArgumentsBeforeCommunicating) {
   run_local_ranks(2, [](Communicator& c) {
     Tensor f4 = Tensor::zeros({4}, DType::F32);
     Tensor f3 = Tensor::zeros({3}, DType::F32);
-    const auto expect_error = [](const std::function<void()>& fn, const std::string& part) {
-      try {
-        fn();
-        ADD_FAILURE() << "expected an error containing: " << part;
-      } catch (const Error& e) {
-        EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
-      }
-    };
     expect_error([&] { c.all_gather(cpu(), f4, f3); }, "out must hold size (2) x in (f32[3] on cpu) = 6 elements");
     expect_error([&] { c.reduce_scatter(cpu(), f3, f4, ReduceOp::Sum); },
                  "in must hold size (2) x out (f32[3] on cpu) = 6 elements");

@@ -8,18 +8,12 @@
 
 #include "core/error.h"
 #include "dist/inprocess_communicator.h"
+#include "testing/error_message.h"
 
 namespace moetrain::dist {
 namespace {
 
-void expect_error(const std::function<void()>& fn, const std::string& part) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected an error containing: " << part;
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
-  }
-}
+using testing::expect_error;
 
 TEST(ResolveMesh, DerivesDataParallelFromTheWorld) {
   EXPECT_EQ(resolve_mesh(8, 1, 1, 1, 0), (MeshShape{1, 8, 1, 1}));

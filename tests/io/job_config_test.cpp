@@ -14,10 +14,13 @@
 
 #include "core/device.h"
 #include "core/error.h"
+#include "testing/error_message.h"
 #include "testing/test_data.h"
 
 namespace moetrain::io {
 namespace {
+
+using testing::expect_error;
 
 namespace fs = std::filesystem;
 
@@ -45,25 +48,11 @@ void write_file(const std::string& path, const std::string& text) {
   ASSERT_TRUE(out.good()) << path;
 }
 
-// Runs `parse` expecting an Error whose message holds every string of `needles`.
-template <class F>
-void expect_error(F&& parse, std::initializer_list<std::string> needles) {
-  try {
-    parse();
-    ADD_FAILURE() << "expected an error holding '" << *needles.begin() << "'";
-  } catch (const Error& e) {
-    const std::string message = e.what();
-    for (const std::string& needle : needles) {
-      EXPECT_NE(message.find(needle), std::string::npos) << "message '" << message << "' lacks '" << needle << "'";
-    }
-  }
-}
-
-void expect_text_error(const std::string& text, std::initializer_list<std::string> needles) {
+void expect_text_error(const std::string& text, std::initializer_list<std::string_view> needles) {
   expect_error([&] { parse_job_config(text, "job.toml", {}); }, needles);
 }
 
-void expect_override_error(const std::string& override_text, std::initializer_list<std::string> needles) {
+void expect_override_error(const std::string& override_text, std::initializer_list<std::string_view> needles) {
   expect_error([&] { parse_job_config(kMinimal, "job.toml", {override_text}); }, needles);
 }
 

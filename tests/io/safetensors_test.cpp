@@ -24,10 +24,13 @@
 #include <nlohmann/json.hpp>
 
 #include "io/mapped_file.h"
+#include "testing/error_message.h"
 #include "testing/test_data.h"
 
 namespace moetrain::io {
 namespace {
+
+using testing::expect_error;
 
 namespace fs = std::filesystem;
 using Named = std::vector<std::pair<std::string, Tensor>>;
@@ -76,19 +79,6 @@ void write_text(const std::string& path, const std::string& text) {
 std::string read_text(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
-// Expects `action` to throw moetrain::Error whose message contains every one of `words`.
-void expect_error(const std::function<void()>& action, std::initializer_list<std::string_view> words) {
-  try {
-    action();
-    ADD_FAILURE() << "expected a moetrain::Error";
-  } catch (const Error& e) {
-    const std::string message = e.what();
-    for (std::string_view word : words) {
-      EXPECT_NE(message.find(word), std::string::npos) << "message lacks '" << word << "': " << message;
-    }
-  }
 }
 
 void expect_open_error(const std::string& path, std::initializer_list<std::string_view> words) {

@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include "core/rng.h"
+#include "testing/error_message.h"
 #include "testing/test_data.h"
 
 namespace moetrain::ops {
@@ -20,7 +21,7 @@ namespace {
 
 using testing::random_tensor;
 
-void expect_error_mentioning(const std::function<void()>& call, const std::string& text) {
+void expect_error(const std::function<void()>& call, const std::string& text) {
   try {
     call();
     ADD_FAILURE() << "expected a moetrain::Error mentioning \"" << text << "\"";
@@ -65,29 +66,29 @@ TEST(Swiglu, BackwardMatchesFiniteDifferences) {
 TEST(Swiglu, RejectsBadArguments) {
   Stream& s = Stream::cpu();
   const Tensor gate_up = Tensor::zeros({3, 8}, DType::F32);
-  expect_error_mentioning(
+  expect_error(
       [&] {
         swiglu_forward(s, Tensor::zeros({3, 4}, DType::F32), Tensor::zeros({3, 7}, DType::F32));
       },
       "expected gate_up [N, 2I] with an even width but found f32[3, 7]");
-  expect_error_mentioning(
+  expect_error(
       [&] {
         swiglu_forward(s, Tensor::zeros({3, 8}, DType::F32), gate_up);
       },
       "swiglu_forward: y [N, I]: expected shape [3, 4] but found [3, 8]");
-  expect_error_mentioning(
+  expect_error(
       [&] {
         swiglu_forward(s, Tensor::zeros({3, 4}, DType::F64), gate_up);
       },
       "swiglu_forward: y [N, I]: expected dtype f32 but found f64");
-  expect_error_mentioning([&] { swiglu_forward(s, Tensor::zeros({4}, DType::F32), Tensor::zeros({8}, DType::F32)); },
-                          "expected gate_up [N, 2I]");
-  expect_error_mentioning(
+  expect_error([&] { swiglu_forward(s, Tensor::zeros({4}, DType::F32), Tensor::zeros({8}, DType::F32)); },
+               "expected gate_up [N, 2I]");
+  expect_error(
       [&] {
         swiglu_backward(s, Tensor::zeros({3, 8}, DType::F32), Tensor::zeros({2, 4}, DType::F32), gate_up);
       },
       "swiglu_backward: dy [N, I]: expected shape [3, 4] but found [2, 4]");
-  expect_error_mentioning(
+  expect_error(
       [&] {
         swiglu_backward(s, Tensor::zeros({3, 4}, DType::F32), Tensor::zeros({3, 4}, DType::F32), gate_up);
       },
@@ -246,9 +247,8 @@ TEST(ClampedSwiglu, RejectsBadParamsAndArguments) {
   Tensor dgate_up = Tensor::zeros({3, 8}, DType::F32);
   const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
   const auto refused = [&](const ClampedSwigluParams& params, const std::string& text) {
-    expect_error_mentioning([&] { clamped_swiglu_forward(s, y, gate_up, params); }, "clamped_swiglu_forward: " + text);
-    expect_error_mentioning([&] { clamped_swiglu_backward(s, dgate_up, y, gate_up, params); },
-                            "clamped_swiglu_backward: " + text);
+    expect_error([&] { clamped_swiglu_forward(s, y, gate_up, params); }, "clamped_swiglu_forward: " + text);
+    expect_error([&] { clamped_swiglu_backward(s, dgate_up, y, gate_up, params); }, "clamped_swiglu_backward: " + text);
   };
   refused({nan, 7.0f}, "alpha (nan) must be finite");
   refused({inf, 7.0f}, "alpha (inf) must be finite");
@@ -256,25 +256,25 @@ TEST(ClampedSwiglu, RejectsBadParamsAndArguments) {
   refused({1.702f, -7.0f}, "limit (-7) must be finite and > 0");
   refused({1.702f, nan}, "limit (nan) must be finite and > 0");
   refused({1.702f, inf}, "limit (inf) must be finite and > 0");
-  expect_error_mentioning(
+  expect_error(
       [&] {
         clamped_swiglu_forward(s, y, Tensor::zeros({3, 7}, DType::F32), {});
       },
       "clamped_swiglu_forward: expected gate_up [N, 2I] with an even width but found f32[3, 7]");
-  expect_error_mentioning(
+  expect_error(
       [&] {
         clamped_swiglu_forward(s, Tensor::zeros({3, 8}, DType::F32), gate_up, {});
       },
       "clamped_swiglu_forward: y [N, I]: expected shape [3, 4] but found [3, 8]");
-  expect_error_mentioning([&] { clamped_swiglu_forward(s, y, gate_up.to(DType::I32), {}); },
-                          "clamped_swiglu_forward: expected gate_up in f32 or f64");
-  expect_error_mentioning(
+  expect_error([&] { clamped_swiglu_forward(s, y, gate_up.to(DType::I32), {}); },
+               "clamped_swiglu_forward: expected gate_up in f32 or f64");
+  expect_error(
       [&] {
         clamped_swiglu_backward(s, dgate_up, Tensor::zeros({3, 4}, DType::F64), gate_up, {});
       },
       "clamped_swiglu_backward: dy [N, I]: expected dtype f32 but found f64");
-  expect_error_mentioning([&] { clamped_swiglu_backward(s, y, y, gate_up, {}); },
-                          "clamped_swiglu_backward: dgate_up [N, 2I]: expected shape [3, 8] but found [3, 4]");
+  expect_error([&] { clamped_swiglu_backward(s, y, y, gate_up, {}); },
+               "clamped_swiglu_backward: dgate_up [N, 2I]: expected shape [3, 8] but found [3, 4]");
   // A negative alpha is finite and accepted (only finiteness is required of it).
   clamped_swiglu_forward(s, y, gate_up, {-1.0f, 7.0f});
 }
@@ -334,43 +334,39 @@ TEST(SigmoidGate, BackwardMayOverwriteDy) {
 TEST(SigmoidGate, RejectsBadArguments) {
   const Tensor x = Tensor::zeros({3, 4}, DType::F32);
   Tensor y = Tensor::zeros({3, 4}, DType::F32);
-  expect_error_mentioning(
+  expect_error(
       [&] {
         sigmoid_gate_forward(Stream::cpu(), y, x, Tensor::zeros({3, 2}, DType::F32));
       },
       "expected gate [N, D] or [N, 1]");
-  expect_error_mentioning(
+  expect_error(
       [&] {
         sigmoid_gate_forward(Stream::cpu(), y, x, Tensor::zeros({2, 1}, DType::F32));
       },
       "expected gate [N, D] or [N, 1]");
-  expect_error_mentioning(
+  expect_error(
       [&] {
         sigmoid_gate_forward(Stream::cpu(), y, x, Tensor::zeros({3, 4}, DType::F64));
       },
       "gate [N, D] or [N, 1]");
-  expect_error_mentioning(
+  expect_error(
       [&] { sigmoid_gate_forward(Stream::cpu(), y, Tensor::zeros({12}, DType::F32), Tensor::zeros({12}, DType::F32)); },
       "expected x [N, D]");
-  expect_error_mentioning(
+  expect_error(
       [&] {
         sigmoid_gate_forward(Stream::cpu(), Tensor::zeros({3, 4}, DType::BF16), Tensor::zeros({3, 4}, DType::BF16),
                              Tensor::zeros({3, 4}, DType::BF16));
       },
       "expected x in f32 or f64");
   Tensor y_short = Tensor::zeros({3, 3}, DType::F32);
-  expect_error_mentioning(
-      [&] {
-        sigmoid_gate_forward(Stream::cpu(), y_short, x, Tensor::zeros({3, 1}, DType::F32));
-      },
-      "y [N, D]");
+  expect_error([&] { sigmoid_gate_forward(Stream::cpu(), y_short, x, Tensor::zeros({3, 1}, DType::F32)); }, "y [N, D]");
   Tensor dx = Tensor::zeros({3, 4}, DType::F32), dgate = Tensor::zeros({3, 4}, DType::F32);
-  expect_error_mentioning(
+  expect_error(
       [&] {
         sigmoid_gate_backward(Stream::cpu(), dx, dgate, x, x, Tensor::zeros({3, 1}, DType::F32));
       },
       "dgate (gate's shape)");
-  expect_error_mentioning(
+  expect_error(
       [&] {
         sigmoid_gate_backward(Stream::cpu(), dx, dgate, Tensor::zeros({3, 5}, DType::F32), x, dgate);
       },

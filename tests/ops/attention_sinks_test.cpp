@@ -11,10 +11,13 @@
 #include <gtest/gtest.h>
 
 #include "ops/attention.h"
+#include "testing/error_message.h"
 #include "testing/test_data.h"
 
 namespace moetrain {
 namespace {
+
+using testing::expect_error;
 
 using testing::random_tensor;
 using testing::relative_error;
@@ -231,16 +234,6 @@ TEST(AttentionSinks, VeryNegativeSinkIsPlainAttention) {
       expect_identical(gs.dv, gp.dv, what + ": dv");
       EXPECT_EQ(testing::max_abs_diff(gs.dsinks, Tensor::zeros({d.nh}, dtype)), 0.0) << what << ": dsinks";
     }
-  }
-}
-
-template <typename F>
-void expect_error(F&& f, const std::string& needle) {
-  try {
-    f();
-    ADD_FAILURE() << "expected a moetrain::Error containing \"" << needle << "\"";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
   }
 }
 

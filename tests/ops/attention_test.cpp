@@ -12,10 +12,13 @@
 #include <omp.h>
 
 #include "core/error.h"
+#include "testing/error_message.h"
 #include "testing/test_data.h"
 
 namespace moetrain {
 namespace {
+
+using testing::expect_error;
 
 using testing::random_tensor;
 using testing::relative_error;
@@ -120,16 +123,6 @@ void expect_matches_reference(const Dims& d, const std::vector<int32_t>& cu, con
   const Reference ref = reference_attention(in, cu, params);
   EXPECT_LT(relative_error(o.out, ref.out), 1e-5);
   EXPECT_LT(relative_error(o.lse, ref.lse), 1e-5);
-}
-
-template <typename F>
-void expect_error(F&& f, const std::string& needle) {
-  try {
-    f();
-    ADD_FAILURE() << "expected a moetrain::Error containing \"" << needle << "\"";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
 }
 
 // Bytes [begin, end) of dim 0 of two tensors are identical.

@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include "core/rng.h"
+#include "testing/error_message.h"
 #include "testing/test_data.h"
 
 namespace moetrain::ops {
@@ -18,7 +19,7 @@ namespace {
 
 using testing::random_tensor;
 
-void expect_error_mentioning(const std::function<void()>& call, const std::string& text) {
+void expect_error(const std::function<void()>& call, const std::string& text) {
   try {
     call();
     ADD_FAILURE() << "expected a moetrain::Error mentioning \"" << text << "\"";
@@ -174,38 +175,38 @@ TEST(Bias, RejectsBadArguments) {
   Stream& s = Stream::cpu();
   Tensor y = Tensor::zeros({4, 3}, DType::F32);
   const Tensor bias = Tensor::zeros({3}, DType::F32);
-  expect_error_mentioning([&] { bias_add(s, Tensor::zeros({12}, DType::F32), bias); },
-                          "bias_add: expected y [R, N] but found f32[12]");
-  expect_error_mentioning(
+  expect_error([&] { bias_add(s, Tensor::zeros({12}, DType::F32), bias); },
+               "bias_add: expected y [R, N] but found f32[12]");
+  expect_error(
       [&] {
         bias_add(s, Tensor::zeros({4, 3}, DType::I32), bias);
       },
       "bias_add: expected y in f32 or f64 but found i32[4, 3]");
-  expect_error_mentioning([&] { bias_add(s, y, Tensor::zeros({4}, DType::F32)); },
-                          "bias_add: bias [N]: expected shape [3] but found [4]");
-  expect_error_mentioning([&] { bias_add(s, y, Tensor::zeros({3}, DType::F64)); },
-                          "bias_add: bias [N]: expected dtype f32 but found f64");
-  expect_error_mentioning([&] { bias_add(s, y, Tensor()); }, "bias_add: bias [N]: expected a tensor");
+  expect_error([&] { bias_add(s, y, Tensor::zeros({4}, DType::F32)); },
+               "bias_add: bias [N]: expected shape [3] but found [4]");
+  expect_error([&] { bias_add(s, y, Tensor::zeros({3}, DType::F64)); },
+               "bias_add: bias [N]: expected dtype f32 but found f64");
+  expect_error([&] { bias_add(s, y, Tensor()); }, "bias_add: bias [N]: expected a tensor");
   // An f32 bias on f64 rows is accepted, an f64 bias on f32 rows is not (above), nor an i32 one on f64 rows.
   Tensor y64 = Tensor::zeros({4, 3}, DType::F64);
   bias_add(s, y64, bias);
-  expect_error_mentioning([&] { bias_add(s, y64, Tensor::zeros({3}, DType::I32)); },
-                          "bias_add: bias [N]: expected dtype f32 or y's f64 but found i32");
+  expect_error([&] { bias_add(s, y64, Tensor::zeros({3}, DType::I32)); },
+               "bias_add: bias [N]: expected dtype f32 or y's f64 but found i32");
 
   Tensor dbias = Tensor::zeros({3}, DType::F32);
   const Tensor dy = Tensor::zeros({4, 3}, DType::F32);
-  expect_error_mentioning([&] { bias_backward(s, Tensor::zeros({3}, DType::F64), dy); },
-                          "bias_backward: dbias [N]: expected dtype f32 but found f64");
-  expect_error_mentioning([&] { bias_backward(s, Tensor::zeros({3}, DType::F32), dy.to(DType::F64)); },
-                          "bias_backward: dbias [N]: expected dtype f64 but found f32");
-  expect_error_mentioning([&] { bias_backward(s, Tensor::zeros({4}, DType::F32), dy); },
-                          "bias_backward: dbias [N]: expected shape [3] but found [4]");
-  expect_error_mentioning(
+  expect_error([&] { bias_backward(s, Tensor::zeros({3}, DType::F64), dy); },
+               "bias_backward: dbias [N]: expected dtype f32 but found f64");
+  expect_error([&] { bias_backward(s, Tensor::zeros({3}, DType::F32), dy.to(DType::F64)); },
+               "bias_backward: dbias [N]: expected dtype f64 but found f32");
+  expect_error([&] { bias_backward(s, Tensor::zeros({4}, DType::F32), dy); },
+               "bias_backward: dbias [N]: expected shape [3] but found [4]");
+  expect_error(
       [&] {
         bias_backward(s, dbias, Tensor::zeros({2, 2, 3}, DType::F32));
       },
       "bias_backward: expected dy [R, N] but found f32[2, 2, 3]");
-  expect_error_mentioning([&] { bias_backward(s, dbias, Tensor()); }, "bias_backward: dy: expected a tensor");
+  expect_error([&] { bias_backward(s, dbias, Tensor()); }, "bias_backward: dy: expected a tensor");
 }
 
 TEST(GroupedBias, RejectsBadArgumentsAndOffsets) {
@@ -213,33 +214,33 @@ TEST(GroupedBias, RejectsBadArgumentsAndOffsets) {
   Tensor y = Tensor::zeros({5, 3}, DType::F32);
   const Tensor bias = Tensor::zeros({2, 3}, DType::F32);
   const Tensor good = offsets_of({0, 2, 5});
-  expect_error_mentioning([&] { grouped_bias_add(s, y, Tensor::zeros({3}, DType::F32), good); },
-                          "grouped_bias_add: expected bias [G, N] but found f32[3]");
-  expect_error_mentioning(
+  expect_error([&] { grouped_bias_add(s, y, Tensor::zeros({3}, DType::F32), good); },
+               "grouped_bias_add: expected bias [G, N] but found f32[3]");
+  expect_error(
       [&] {
         grouped_bias_add(s, y, Tensor::zeros({2, 4}, DType::F32), good);
       },
       "grouped_bias_add: bias [G, N]: expected shape [2, 3] but found [2, 4]");
-  expect_error_mentioning([&] { grouped_bias_add(s, y, bias.to(DType::F64), good); },
-                          "grouped_bias_add: bias [G, N]: expected dtype f32 but found f64");
-  expect_error_mentioning(
+  expect_error([&] { grouped_bias_add(s, y, bias.to(DType::F64), good); },
+               "grouped_bias_add: bias [G, N]: expected dtype f32 but found f64");
+  expect_error(
       [&] {
         grouped_bias_add(s, y, bias, offsets_of({0, 5}));
       },
       "grouped_bias_add: offsets: expected shape [3] but found [2]");
-  expect_error_mentioning([&] { grouped_bias_add(s, y, bias, Tensor::zeros({3}, DType::I64)); },
-                          "grouped_bias_add: offsets: expected dtype i32 but found i64");
-  expect_error_mentioning(
+  expect_error([&] { grouped_bias_add(s, y, bias, Tensor::zeros({3}, DType::I64)); },
+               "grouped_bias_add: offsets: expected dtype i32 but found i64");
+  expect_error(
       [&] {
         grouped_bias_add(s, y, bias, offsets_of({1, 2, 5}));
       },
       "grouped_bias_add: offsets[0] must be 0 but found 1");
-  expect_error_mentioning(
+  expect_error(
       [&] {
         grouped_bias_add(s, y, bias, offsets_of({0, 3, 2}));
       },
       "grouped_bias_add: offsets must not decrease but offsets[2] = 2 follows offsets[1] = 3");
-  expect_error_mentioning(
+  expect_error(
       [&] {
         grouped_bias_add(s, y, bias, offsets_of({0, 2, 4}));
       },
@@ -247,30 +248,30 @@ TEST(GroupedBias, RejectsBadArgumentsAndOffsets) {
 
   Tensor dbias = Tensor::zeros({2, 3}, DType::F32);
   const Tensor dy = Tensor::zeros({5, 3}, DType::F32);
-  expect_error_mentioning([&] { grouped_bias_backward(s, Tensor::zeros({6}, DType::F32), dy, good); },
-                          "grouped_bias_backward: expected dbias [G, N] but found f32[6]");
-  expect_error_mentioning(
+  expect_error([&] { grouped_bias_backward(s, Tensor::zeros({6}, DType::F32), dy, good); },
+               "grouped_bias_backward: expected dbias [G, N] but found f32[6]");
+  expect_error(
       [&] {
         grouped_bias_backward(s, Tensor::zeros({2, 3}, DType::F64), dy, good);
       },
       "grouped_bias_backward: dbias [G, N]: expected dtype f32 but found f64");
-  expect_error_mentioning(
+  expect_error(
       [&] {
         grouped_bias_backward(s, Tensor::zeros({2, 2}, DType::F32), dy, good);
       },
       "grouped_bias_backward: dbias [G, N]: expected shape [2, 3] but found [2, 2]");
-  expect_error_mentioning(
+  expect_error(
       [&] {
         grouped_bias_backward(s, dbias, dy, offsets_of({0, 6, 5}));
       },
       "grouped_bias_backward: offsets must not decrease but offsets[2] = 5 follows offsets[1] = 6");
-  expect_error_mentioning(
+  expect_error(
       [&] {
         grouped_bias_backward(s, dbias, dy, offsets_of({0, 2, 7}));
       },
       "grouped_bias_backward: the last offset offsets[2] must equal the row count R = 5 but found 7");
-  expect_error_mentioning([&] { grouped_bias_backward(s, dbias, dy.to(DType::I32), good); },
-                          "grouped_bias_backward: expected dy in f32 or f64 but found i32[5, 3]");
+  expect_error([&] { grouped_bias_backward(s, dbias, dy.to(DType::I32), good); },
+               "grouped_bias_backward: expected dy in f32 or f64 but found i32[5, 3]");
 }
 
 }  // namespace

@@ -24,7 +24,7 @@
 namespace moetrain {
 namespace {
 
-using testing::expect_error_containing;
+using testing::expect_error;
 using testing::gpu;
 using testing::host_f32;
 using testing::on_gpu;
@@ -235,26 +235,26 @@ TEST(CudaBias, RejectsDtypesWithoutACudaKernelAndMixedDevices) {
   MT_REQUIRE_GPU();
   const Device cuda = Device::cuda(0);
   Tensor y64 = Tensor::zeros({4, 3}, DType::F64, cuda);
-  expect_error_containing([&] { ops::bias_add(gpu(), y64, Tensor::zeros({3}, DType::F32, cuda)); },
-                          {"bias_add", "y in f32 or bf16 on CUDA", "f64"});
+  expect_error([&] { ops::bias_add(gpu(), y64, Tensor::zeros({3}, DType::F32, cuda)); },
+               {"bias_add", "y in f32 or bf16 on CUDA", "f64"});
   Tensor y16 = Tensor::zeros({4, 3}, DType::BF16, cuda);
-  expect_error_containing([&] { ops::bias_add(gpu(), y16, Tensor::zeros({3}, DType::F32)); },
-                          {"bias_add", "bias [N]", "stream's device cuda:0"});
-  expect_error_containing([&] { ops::bias_add(Stream::cpu(), y16, Tensor::zeros({3}, DType::F32, cuda)); },
-                          {"bias_add", "y is on cuda:0 but the stream runs on cpu"});
+  expect_error([&] { ops::bias_add(gpu(), y16, Tensor::zeros({3}, DType::F32)); },
+               {"bias_add", "bias [N]", "stream's device cuda:0"});
+  expect_error([&] { ops::bias_add(Stream::cpu(), y16, Tensor::zeros({3}, DType::F32, cuda)); },
+               {"bias_add", "y is on cuda:0 but the stream runs on cpu"});
   Tensor dbias16 = Tensor::zeros({3}, DType::BF16, cuda);
-  expect_error_containing(
+  expect_error(
       [&] {
         ops::bias_backward(gpu(), dbias16, Tensor::zeros({4, 3}, DType::BF16, cuda));
       },
       {"bias_backward", "dbias [N]", "expected dtype f32 but found bf16"});
   Tensor dbias = Tensor::zeros({2, 3}, DType::F32, cuda);
-  expect_error_containing(
+  expect_error(
       [&] {
         ops::grouped_bias_backward(gpu(), dbias, Tensor::zeros({4, 3}, DType::BF16, cuda), offsets_of({0, 2, 4}));
       },
       {"grouped_bias_backward", "offsets", "stream's device cuda:0"});
-  expect_error_containing(
+  expect_error(
       [&] {
         ops::grouped_bias_add(gpu(), y16, Tensor::zeros({2, 3}, DType::F32, cuda),
                               on_gpu(Tensor::zeros({2}, DType::I32)));

@@ -22,7 +22,7 @@
 namespace moetrain {
 namespace {
 
-using testing::expect_error_containing;
+using testing::expect_error;
 using testing::gpu;
 using testing::on_cpu;
 using testing::on_gpu;
@@ -198,16 +198,16 @@ TEST(CudaElementwise, RejectsMixedDevicesAndDtypesWithoutAKernel) {
   const Tensor a = Tensor::zeros({4}, DType::F32, Device::cuda(0));
   Tensor out = Tensor::zeros({4}, DType::F32, Device::cuda(0));
   const Tensor host = Tensor::zeros({4}, DType::F32);
-  expect_error_containing([&] { ops::add_forward(gpu(), out, a, host); },
-                          {"add_forward", "b", "stream's device cuda:0", "on cpu"});
-  expect_error_containing([&] { ops::add_forward(Stream::cpu(), out, a, a); },
-                          {"add_forward", "a", "stream's device cpu", "on cuda:0"});
+  expect_error([&] { ops::add_forward(gpu(), out, a, host); },
+               {"add_forward", "b", "stream's device cuda:0", "on cpu"});
+  expect_error([&] { ops::add_forward(Stream::cpu(), out, a, a); },
+               {"add_forward", "a", "stream's device cpu", "on cuda:0"});
   Tensor f64 = Tensor::zeros({4}, DType::F64, Device::cuda(0));
-  expect_error_containing([&] { ops::scale_inplace(gpu(), f64, 2.0); }, {"scale_inplace", "f32 or bf16", "f64"});
+  expect_error([&] { ops::scale_inplace(gpu(), f64, 2.0); }, {"scale_inplace", "f32 or bf16", "f64"});
   Tensor bf16 = Tensor::zeros({4}, DType::BF16, Device::cuda(0));
-  expect_error_containing([&] { ops::round_to_bf16_inplace(gpu(), bf16); }, {"round_to_bf16_inplace", "f32", "bf16"});
+  expect_error([&] { ops::round_to_bf16_inplace(gpu(), bf16); }, {"round_to_bf16_inplace", "f32", "bf16"});
   Tensor i32 = Tensor::zeros({4}, DType::I32, Device::cuda(0));
-  expect_error_containing([&] { ops::cast(gpu(), i32, a); }, {"cast", "out", "f64, f32 or bf16", "i32"});
+  expect_error([&] { ops::cast(gpu(), i32, a); }, {"cast", "out", "f64, f32 or bf16", "i32"});
 }
 
 }  // namespace

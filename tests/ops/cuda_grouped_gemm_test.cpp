@@ -21,6 +21,8 @@
 namespace moetrain {
 namespace {
 
+using testing::expect_error;
+
 using testing::gpu;
 using testing::host_f32;
 using testing::on_gpu;
@@ -57,16 +59,6 @@ void expect_close(const Tensor& gpu_result, const Tensor& cpu_result, double tol
   std::printf("    %-78s relative error %.3e (threshold %.1e)\n", what.c_str(), err, tolerance);
   EXPECT_LE(err, tolerance) << what << ": ||gpu - cpu|| / ||cpu|| = " << err
                             << ", max |gpu - cpu| = " << testing::max_abs_diff(gpu_result, cpu_result);
-}
-
-template <typename F>
-void expect_error(F&& f, const std::string& needle) {
-  try {
-    f();
-    ADD_FAILURE() << "expected a moetrain::Error containing \"" << needle << "\"";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
 }
 
 struct GroupCase {

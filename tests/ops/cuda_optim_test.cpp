@@ -30,7 +30,7 @@
 namespace moetrain {
 namespace {
 
-using testing::expect_error_containing;
+using testing::expect_error;
 using testing::gpu;
 using testing::on_cpu;
 using testing::on_gpu;
@@ -126,19 +126,19 @@ TEST(CudaOptim, RejectsDtypesWithoutACudaKernelAndMixedDevices) {
   MT_REQUIRE_GPU();
   const Device cuda = Device::cuda(0);
   Tensor p16 = Tensor::zeros({4}, DType::BF16, cuda);
-  expect_error_containing([&] { ops::adamw_step(gpu(), p16, p16, p16, p16, ops::AdamWParams{}); },
-                          {"adamw_step", "param", "f32", "bf16"});
+  expect_error([&] { ops::adamw_step(gpu(), p16, p16, p16, p16, ops::AdamWParams{}); },
+               {"adamw_step", "param", "f32", "bf16"});
   Tensor p = Tensor::zeros({4}, DType::F32, cuda);
   Tensor host = Tensor::zeros({4}, DType::F32);
-  expect_error_containing([&] { ops::adamw_step(gpu(), p, p, p, host, ops::AdamWParams{}); },
-                          {"adamw_step", "grad", "stream's device cuda:0", "on cpu"});
-  expect_error_containing(
+  expect_error([&] { ops::adamw_step(gpu(), p, p, p, host, ops::AdamWParams{}); },
+               {"adamw_step", "grad", "stream's device cuda:0", "on cpu"});
+  expect_error(
       [&] {
         ops::global_norm(gpu(), {p, host});
       },
       {"global_norm", "tensors[1]", "stream's device cuda:0", "on cpu"});
-  expect_error_containing([&] { ops::sum_of_squares(gpu(), Tensor::zeros({4}, DType::F64, cuda)); },
-                          {"sum_of_squares", "x", "f32", "f64"});
+  expect_error([&] { ops::sum_of_squares(gpu(), Tensor::zeros({4}, DType::F64, cuda)); },
+               {"sum_of_squares", "x", "f32", "f64"});
 }
 
 // The state of a list of f32 tensors on the CPU, with non-zero moments (as after earlier steps) and mixed decays.
@@ -338,17 +338,16 @@ TEST(CudaAdamWMulti, RejectsDtypesWithoutACudaKernelAndMixedDevices) {
   Tensor v = Tensor::zeros({4}, DType::F32, cuda), g = Tensor::zeros({4}, DType::F32, cuda);
   const ops::AdamWParams hyper;
   Tensor p16 = Tensor::zeros({4}, DType::BF16, cuda);
-  expect_error_containing([&] { ops::adamw_step_multi(gpu(), {p16}, {p16}, {p16}, {p16}, {}, {0.0}, hyper); },
-                          {"adamw_step_multi", "params[0]", "f32", "bf16"});
-  expect_error_containing(
+  expect_error([&] { ops::adamw_step_multi(gpu(), {p16}, {p16}, {p16}, {p16}, {}, {0.0}, hyper); },
+               {"adamw_step_multi", "params[0]", "f32", "bf16"});
+  expect_error(
       [&] { ops::adamw_step_multi(gpu(), {p}, {m}, {v}, {g}, {Tensor::zeros({4}, DType::F64, cuda)}, {0.0}, hyper); },
       {"adamw_step_multi", "compute_copies[0]", "bf16 or f32 (CUDA)", "f64"});
-  expect_error_containing(
+  expect_error(
       [&] { ops::adamw_step_multi(gpu(), {p}, {m}, {v}, {g}, {Tensor::zeros({4}, DType::BF16)}, {0.0}, hyper); },
       {"adamw_step_multi", "compute_copies[0]", "stream's device cuda:0", "on cpu"});
-  expect_error_containing(
-      [&] { ops::adamw_step_multi(gpu(), {p}, {m}, {v}, {Tensor::zeros({4}, DType::F32)}, {}, {0.0}, hyper); },
-      {"adamw_step_multi", "grads[0]", "stream's device cuda:0", "on cpu"});
+  expect_error([&] { ops::adamw_step_multi(gpu(), {p}, {m}, {v}, {Tensor::zeros({4}, DType::F32)}, {}, {0.0}, hyper); },
+               {"adamw_step_multi", "grads[0]", "stream's device cuda:0", "on cpu"});
 }
 
 #if MOETRAIN_HAS_CUDA

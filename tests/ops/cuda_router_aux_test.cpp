@@ -410,10 +410,10 @@ TEST(CudaRouterAux, RejectsTensorsOnDifferentDevices) {
   const RouterLossSettings s = settings(LoadBalanceVariant::Sequence, 0.01, 0.001);
   Tensor dp, dz;
   const Tensor cu = Tensor::from_vector<int32_t>({0, 3, 8}, {3});
-  testing::expect_error_containing(
+  testing::expect_error(
       [&] { model::router_aux_losses(s, 0, on_gpu(r.logits), on_gpu(r.probs), on_gpu(r.topk), cu, dp, dz); },
       {"cu_seqlens"});
-  testing::expect_error_containing(
+  testing::expect_error(
       [&] { model::router_aux_losses(s, 0, on_gpu(r.logits), r.probs, on_gpu(r.topk), on_gpu(cu), dp, dz); },
       {"probs"});
 }

@@ -10,25 +10,15 @@
 #include <gtest/gtest.h>
 
 #include "core/rng.h"
+#include "testing/error_message.h"
 #include "testing/test_data.h"
 
 namespace moetrain {
 namespace {
 
-using testing::random_tensor;
+using testing::expect_error;
 
-template <typename F>
-void expect_error_containing(F&& f, const std::vector<std::string>& needles) {
-  try {
-    f();
-    ADD_FAILURE() << "expected a moetrain::Error";
-  } catch (const Error& e) {
-    const std::string message = e.what();
-    for (const std::string& needle : needles) {
-      EXPECT_NE(message.find(needle), std::string::npos) << "message '" << message << "' lacks '" << needle << "'";
-    }
-  }
-}
+using testing::random_tensor;
 
 TEST(Elementwise, AddMatchesElementSums) {
   for (DType dtype : {DType::F32, DType::F64}) {
@@ -139,29 +129,29 @@ TEST(Cast, InDtypeReturnsTheTensorItselfOrItsCast) {
 TEST(Elementwise, RejectsBadArguments) {
   const Tensor a = Tensor::zeros({2, 3}, DType::F32);
   Tensor out = Tensor::zeros({2, 3}, DType::F32);
-  expect_error_containing(
+  expect_error(
       [&] {
         ops::add_forward(Stream::cpu(), out, a, Tensor::zeros({3, 2}, DType::F32));
       },
       {"add_forward: b", "expected shape [2, 3]", "found [3, 2]"});
-  expect_error_containing(
+  expect_error(
       [&] {
         ops::add_forward(Stream::cpu(), out, a, Tensor::zeros({2, 3}, DType::F64));
       },
       {"add_forward: b", "expected dtype f32", "found f64"});
   Tensor i32 = Tensor::zeros({2, 3}, DType::I32);
-  expect_error_containing([&] { ops::scale_inplace(Stream::cpu(), i32, 2.0); }, {"scale_inplace", "f32 or f64", "i32"});
-  expect_error_containing([&] { ops::accumulate(Stream::cpu(), out, Tensor::zeros({6}, DType::F32)); },
-                          {"accumulate: x", "expected shape [2, 3]", "found [6]"});
+  expect_error([&] { ops::scale_inplace(Stream::cpu(), i32, 2.0); }, {"scale_inplace", "f32 or f64", "i32"});
+  expect_error([&] { ops::accumulate(Stream::cpu(), out, Tensor::zeros({6}, DType::F32)); },
+               {"accumulate: x", "expected shape [2, 3]", "found [6]"});
   Tensor bf16 = Tensor::zeros({2, 3}, DType::BF16);
-  expect_error_containing([&] { ops::add_forward(Stream::cpu(), bf16, bf16, bf16); }, {"f32 or f64", "bf16"});
+  expect_error([&] { ops::add_forward(Stream::cpu(), bf16, bf16, bf16); }, {"f32 or f64", "bf16"});
   Tensor f16 = Tensor::zeros({2, 3}, DType::F16);
-  expect_error_containing([&] { ops::cast(Stream::cpu(), f16, a); }, {"cast: expected out", "f16"});
-  expect_error_containing([&] { ops::cast(Stream::cpu(), out, Tensor::zeros({6}, DType::F64)); },
-                          {"cast: out", "expected shape [6]", "found [2, 3]"});
+  expect_error([&] { ops::cast(Stream::cpu(), f16, a); }, {"cast: expected out", "f16"});
+  expect_error([&] { ops::cast(Stream::cpu(), out, Tensor::zeros({6}, DType::F64)); },
+               {"cast: out", "expected shape [6]", "found [2, 3]"});
   Tensor f64 = Tensor::zeros({2}, DType::F64);
-  expect_error_containing([&] { ops::round_to_bf16_inplace(Stream::cpu(), f64); },
-                          {"round_to_bf16_inplace: x", "expected dtype f32", "found f64"});
+  expect_error([&] { ops::round_to_bf16_inplace(Stream::cpu(), f64); },
+               {"round_to_bf16_inplace: x", "expected dtype f32", "found f64"});
 }
 
 }  // namespace

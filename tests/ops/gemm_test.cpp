@@ -15,6 +15,7 @@
 #include <omp.h>
 
 #include "core/rng.h"
+#include "testing/error_message.h"
 #include "testing/test_data.h"
 
 namespace moetrain::ops {
@@ -25,7 +26,7 @@ using testing::random_tensor;
 constexpr Transpose kNo = Transpose::No;
 constexpr Transpose kYes = Transpose::Yes;
 
-void expect_error_mentioning(const std::function<void()>& call, const std::string& text) {
+void expect_error(const std::function<void()>& call, const std::string& text) {
   try {
     call();
     ADD_FAILURE() << "expected a moetrain::Error mentioning \"" << text << "\"";
@@ -279,61 +280,57 @@ TEST(Gemm, RejectsBadArguments) {
   const Tensor b = Tensor::zeros({4, 5}, DType::F32);
   Tensor out = Tensor::zeros({3, 5}, DType::F32);
   Stream& s = Stream::cpu();
-  expect_error_mentioning([&] { gemm(s, out, a, kNo, b, kYes); }, "gemm: inner dimensions differ");
-  expect_error_mentioning(
+  expect_error([&] { gemm(s, out, a, kNo, b, kYes); }, "gemm: inner dimensions differ");
+  expect_error(
       [&] {
         gemm(s, Tensor::zeros({5, 3}, DType::F32), a, kNo, b, kNo);
       },
       "expected shape [3, 5] but found [5, 3]");
-  expect_error_mentioning(
+  expect_error(
       [&] {
         gemm(s, out, a, kNo, Tensor::zeros({4, 5}, DType::F64), kNo);
       },
       "gemm: b: expected dtype f32 but found f64");
-  expect_error_mentioning(
+  expect_error(
       [&] {
         gemm(s, out, Tensor::zeros({3, 4, 1}, DType::F32), kNo, b, kNo);
       },
       "expected a to be a 2-D matrix");
-  expect_error_mentioning(
-      [&] {
-        gemm(s, out, Tensor::zeros({3, 4}, DType::I32), kNo, b, kNo);
-      },
-      "expected a in f32 or f64");
+  expect_error([&] { gemm(s, out, Tensor::zeros({3, 4}, DType::I32), kNo, b, kNo); }, "expected a in f32 or f64");
   Tensor square = Tensor::zeros({4, 4}, DType::F32);
-  expect_error_mentioning([&] { gemm(s, square, square, kNo, square, kNo); }, "must not share memory");
+  expect_error([&] { gemm(s, square, square, kNo, square, kNo); }, "must not share memory");
 }
 
 TEST(Linear, RejectsBadArguments) {
   Stream& s = Stream::cpu();
   const Tensor x = Tensor::zeros({3, 4}, DType::F32);
   const Tensor w = Tensor::zeros({5, 4}, DType::F32);
-  expect_error_mentioning(
+  expect_error(
       [&] {
         linear_forward(s, Tensor::zeros({3, 5}, DType::F32), x, Tensor::zeros({5, 6}, DType::F32));
       },
       "linear_forward: x [M, K] is [3, 4] but w [N, K] is [5, 6]: K differs");
-  expect_error_mentioning(
+  expect_error(
       [&] {
         linear_forward(s, Tensor::zeros({3, 4}, DType::F32), x, w);
       },
       "linear_forward: y [M, N]: expected shape [3, 5] but found [3, 4]");
-  expect_error_mentioning(
+  expect_error(
       [&] {
         linear_forward(s, Tensor::zeros({3, 5}, DType::F32), x, Tensor::zeros({5, 4}, DType::F64));
       },
       "linear_forward: w: expected dtype f32 but found f64");
-  expect_error_mentioning(
+  expect_error(
       [&] {
         linear_backward_input(s, Tensor::zeros({3, 4}, DType::F32), Tensor::zeros({3, 6}, DType::F32), w);
       },
       "linear_backward_input: dy [M, N] is [3, 6] but w [N, K] is [5, 4]: N differs");
-  expect_error_mentioning(
+  expect_error(
       [&] {
         linear_backward_weight(s, Tensor::zeros({5, 4}, DType::F32), Tensor::zeros({2, 5}, DType::F32), x);
       },
       "linear_backward_weight: dy [M, N] is [2, 5] but x [M, K] is [3, 4]: M differs");
-  expect_error_mentioning(
+  expect_error(
       [&] {
         linear_backward_weight(s, Tensor::zeros({4, 5}, DType::F32), Tensor::zeros({3, 5}, DType::F32), x);
       },

@@ -8,23 +8,16 @@
 
 #include <gtest/gtest.h>
 
+#include "testing/error_message.h"
 #include "testing/test_data.h"
 
 namespace moetrain {
 namespace {
 
+using testing::expect_error;
+
 using testing::random_tensor;
 using testing::relative_error;
-
-template <typename F>
-void expect_error(F&& f, const std::string& needle) {
-  try {
-    f();
-    ADD_FAILURE() << "expected a moetrain::Error containing \"" << needle << "\"";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
-}
 
 Tensor offsets_tensor(const std::vector<int32_t>& offsets) {
   return Tensor::from_vector<int32_t>(offsets, {static_cast<int64_t>(offsets.size())});

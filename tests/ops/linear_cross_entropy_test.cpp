@@ -16,10 +16,13 @@
 #include "core/rng.h"
 #include "ops/gemm.h"
 #include "ops/loss.h"
+#include "testing/error_message.h"
 #include "testing/test_data.h"
 
 namespace moetrain {
 namespace {
+
+using testing::expect_error;
 
 using testing::random_tensor;
 using testing::relative_error;
@@ -179,15 +182,6 @@ TEST(LinearCrossEntropy, NoTokensLeavesTheWeightGradientAlone) {
                          Tensor::empty({0}, DType::I32), 1.0, 3, dw_start);
   EXPECT_EQ(r.losses.numel(), 0);
   EXPECT_EQ(std::memcmp(r.dw.raw_data(), dw_start.raw_data(), dw_start.nbytes()), 0);
-}
-
-void expect_error(const std::function<void()>& call, const std::string& needle) {
-  try {
-    call();
-    ADD_FAILURE() << "expected a moetrain::Error containing '" << needle << "'";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
 }
 
 TEST(LinearCrossEntropy, RejectsBadArguments) {

@@ -14,6 +14,7 @@
 
 #include "core/rng.h"
 #include "ops/elementwise.h"
+#include "testing/error_message.h"
 #include "testing/test_data.h"
 
 namespace moetrain::ops {
@@ -21,7 +22,7 @@ namespace {
 
 using testing::random_tensor;
 
-void expect_error_mentioning(const std::function<void()>& call, const std::string& text) {
+void expect_error(const std::function<void()>& call, const std::string& text) {
   try {
     call();
     ADD_FAILURE() << "expected a moetrain::Error mentioning \"" << text << "\"";
@@ -190,34 +191,34 @@ TEST(RmsNorm, RejectsBadArguments) {
   Tensor y = Tensor::zeros({4, 8}, DType::F32);
   Tensor rstd = Tensor::zeros({4}, DType::F32);
   Stream& s = Stream::cpu();
-  expect_error_mentioning([&] { rmsnorm_forward(s, y, rstd, x, Tensor::zeros({7}, DType::F32), {}); },
-                          "rmsnorm_forward: w: expected shape [8] but found [7]");
-  expect_error_mentioning([&] { rmsnorm_forward(s, y, rstd, x, Tensor::zeros({8}, DType::F64), {}); },
-                          "rmsnorm_forward: w: expected dtype f32 but found f64");
-  expect_error_mentioning(
+  expect_error([&] { rmsnorm_forward(s, y, rstd, x, Tensor::zeros({7}, DType::F32), {}); },
+               "rmsnorm_forward: w: expected shape [8] but found [7]");
+  expect_error([&] { rmsnorm_forward(s, y, rstd, x, Tensor::zeros({8}, DType::F64), {}); },
+               "rmsnorm_forward: w: expected dtype f32 but found f64");
+  expect_error(
       [&] {
         rmsnorm_forward(s, Tensor::zeros({4, 9}, DType::F32), rstd, x, w, {});
       },
       "rmsnorm_forward: y: expected shape [4, 8] but found [4, 9]");
-  expect_error_mentioning([&] { rmsnorm_forward(s, y, Tensor::zeros({5}, DType::F32), x, w, {}); },
-                          "expected rstd with N = 4 elements");
-  expect_error_mentioning(
+  expect_error([&] { rmsnorm_forward(s, y, Tensor::zeros({5}, DType::F32), x, w, {}); },
+               "expected rstd with N = 4 elements");
+  expect_error(
       [&] {
         rmsnorm_forward(s, y, rstd, Tensor::zeros({4, 8}, DType::I32), w, {});
       },
       "expected x in f32 or f64");
-  expect_error_mentioning([&] { rmsnorm_forward(s, y, rstd, x, w, {-1.0f, false}); }, "expected eps >= 0");
-  expect_error_mentioning(
+  expect_error([&] { rmsnorm_forward(s, y, rstd, x, w, {-1.0f, false}); }, "expected eps >= 0");
+  expect_error(
       [&] {
         rmsnorm_backward_input(s, Tensor::zeros({4, 8}, DType::F32), Tensor::zeros({8, 4}, DType::F32), x, w, rstd, {});
       },
       "rmsnorm_backward_input: dy: expected shape [4, 8] but found [8, 4]");
-  expect_error_mentioning(
+  expect_error(
       [&] {
         rmsnorm_backward_weight(s, Tensor::zeros({4}, DType::F32), Tensor::zeros({4, 8}, DType::F32), x, rstd);
       },
       "rmsnorm_backward_weight: dw: expected shape [8] but found [4]");
-  expect_error_mentioning(
+  expect_error(
       [&] {
         rmsnorm_backward_weight(s, Tensor::zeros({8}, DType::F64), Tensor::zeros({4, 8}, DType::F32), x, rstd);
       },
@@ -323,33 +324,33 @@ TEST(AddRmsNorm, RejectsBadArguments) {
   Tensor y = Tensor::zeros({4, 8}, DType::F32);
   Tensor rstd = Tensor::zeros({4}, DType::F32);
   Stream& s = Stream::cpu();
-  expect_error_mentioning(
+  expect_error(
       [&] {
         add_rmsnorm_forward(s, sum, y, rstd, a, Tensor::zeros({4, 9}, DType::F32), w, {});
       },
       "add_rmsnorm_forward: b: expected shape [4, 8] but found [4, 9]");
-  expect_error_mentioning(
+  expect_error(
       [&] {
         add_rmsnorm_forward(s, Tensor::zeros({4, 8}, DType::F64), y, rstd, a, b, w, {});
       },
       "add_rmsnorm_forward: sum: expected dtype f32 but found f64");
-  expect_error_mentioning(
+  expect_error(
       [&] {
         add_rmsnorm_forward(s, sum, Tensor::zeros({8, 4}, DType::F32), rstd, a, b, w, {});
       },
       "add_rmsnorm_forward: y: expected shape [4, 8] but found [8, 4]");
-  expect_error_mentioning([&] { add_rmsnorm_forward(s, sum, y, rstd, a, b, Tensor::zeros({7}, DType::F32), {}); },
-                          "add_rmsnorm_forward: w: expected shape [8] but found [7]");
-  expect_error_mentioning([&] { add_rmsnorm_forward(s, sum, y, Tensor::zeros({3}, DType::F32), a, b, w, {}); },
-                          "expected rstd with N = 4 elements");
-  expect_error_mentioning([&] { add_rmsnorm_forward(s, sum, sum, rstd, a, b, w, {}); },
-                          "add_rmsnorm_forward: expected y and sum in separate memory");
-  expect_error_mentioning(
+  expect_error([&] { add_rmsnorm_forward(s, sum, y, rstd, a, b, Tensor::zeros({7}, DType::F32), {}); },
+               "add_rmsnorm_forward: w: expected shape [8] but found [7]");
+  expect_error([&] { add_rmsnorm_forward(s, sum, y, Tensor::zeros({3}, DType::F32), a, b, w, {}); },
+               "expected rstd with N = 4 elements");
+  expect_error([&] { add_rmsnorm_forward(s, sum, sum, rstd, a, b, w, {}); },
+               "add_rmsnorm_forward: expected y and sum in separate memory");
+  expect_error(
       [&] {
         add_rmsnorm_forward(s, sum, y, rstd, Tensor::zeros({4, 8}, DType::I32), b, w, {});
       },
       "add_rmsnorm_forward: expected a in f32 or f64");
-  expect_error_mentioning([&] { add_rmsnorm_forward(s, sum, y, rstd, a, b, w, {-1.0f, false}); }, "expected eps >= 0");
+  expect_error([&] { add_rmsnorm_forward(s, sum, y, rstd, a, b, w, {-1.0f, false}); }, "expected eps >= 0");
 }
 
 }  // namespace

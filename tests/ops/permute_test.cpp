@@ -15,18 +15,10 @@
 namespace moetrain {
 namespace {
 
+using testing::expect_error;
+
 using testing::random_tensor;
 using testing::relative_error;
-
-template <typename F>
-void expect_error(F&& f, const std::string& needle) {
-  try {
-    f();
-    ADD_FAILURE() << "expected a moetrain::Error containing \"" << needle << "\"";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
-}
 
 Tensor random_choices(int64_t tokens, int64_t top_k, int64_t experts, Rng& rng) {
   std::vector<int32_t> index(static_cast<size_t>(tokens * top_k));

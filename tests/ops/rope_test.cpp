@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include "core/rng.h"
+#include "testing/error_message.h"
 #include "testing/test_data.h"
 
 namespace moetrain::ops {
@@ -19,7 +20,7 @@ namespace {
 
 using testing::random_tensor;
 
-void expect_error_mentioning(const std::function<void()>& call, const std::string& text) {
+void expect_error(const std::function<void()>& call, const std::string& text) {
   try {
     call();
     ADD_FAILURE() << "expected a moetrain::Error mentioning \"" << text << "\"";
@@ -221,47 +222,46 @@ TEST(Rope, RejectsBadArguments) {
 
   RopeParams odd = params;
   odd.rotary_dim = 7;
-  expect_error_mentioning([&] { rope_forward(s, y, x, positions, odd); },
-                          "expected an even rotary_dim > 0 but found 7");
-  expect_error_mentioning([&] { rope_default_params(5, 10000.0); }, "expected an even rotary_dim > 0 but found 5");
-  expect_error_mentioning([&] { rope_forward(s, y, x, positions, rope_default_params(10, 10000.0)); },
-                          "rotary_dim (10) exceeds the head dim (8)");
+  expect_error([&] { rope_forward(s, y, x, positions, odd); }, "expected an even rotary_dim > 0 but found 7");
+  expect_error([&] { rope_default_params(5, 10000.0); }, "expected an even rotary_dim > 0 but found 5");
+  expect_error([&] { rope_forward(s, y, x, positions, rope_default_params(10, 10000.0)); },
+               "rotary_dim (10) exceeds the head dim (8)");
   RopeParams past_the_head = params;
   past_the_head.first_rotated_dim = 2;
-  expect_error_mentioning([&] { rope_forward(s, y, x, positions, past_the_head); },
-                          "the rotated dims [2, 10) (first_rotated_dim 2, rotary_dim 8) do not fit the head dim (8)");
+  expect_error([&] { rope_forward(s, y, x, positions, past_the_head); },
+               "the rotated dims [2, 10) (first_rotated_dim 2, rotary_dim 8) do not fit the head dim (8)");
   past_the_head.first_rotated_dim = -2;
-  expect_error_mentioning([&] { rope_backward(s, y, x, positions, past_the_head); }, "first_rotated_dim -2");
+  expect_error([&] { rope_backward(s, y, x, positions, past_the_head); }, "first_rotated_dim -2");
   RopeParams short_freq = params;
   short_freq.inv_freq.pop_back();
-  expect_error_mentioning([&] { rope_forward(s, y, x, positions, short_freq); },
-                          "expected rotary_dim / 2 = 4 inv_freq values but found 3");
-  expect_error_mentioning(
+  expect_error([&] { rope_forward(s, y, x, positions, short_freq); },
+               "expected rotary_dim / 2 = 4 inv_freq values but found 3");
+  expect_error(
       [&] {
         rope_forward(s, y, x, Tensor::from_vector<int64_t>({0, 1}, {2}), params);
       },
       "rope_forward: position_ids: expected dtype i32 but found i64");
-  expect_error_mentioning(
+  expect_error(
       [&] {
         rope_forward(s, y, x, Tensor::from_vector<int32_t>({0, 1, 2}, {3}), params);
       },
       "rope_forward: position_ids: expected shape [2] but found [3]");
-  expect_error_mentioning(
+  expect_error(
       [&] {
         rope_forward(s, y, x, Tensor::from_vector<int32_t>({0, -3}, {2}), params);
       },
       "position_ids[1] is -3");
-  expect_error_mentioning(
+  expect_error(
       [&] {
         rope_forward(s, Tensor::zeros({2, 3, 8}, DType::F64), x, positions, params);
       },
       "rope_forward: y: expected dtype f32 but found f64");
-  expect_error_mentioning(
+  expect_error(
       [&] {
         rope_forward(s, Tensor::zeros({2, 8}, DType::F32), Tensor::zeros({2, 8}, DType::F32), positions, params);
       },
       "expected x [T, heads, hd]");
-  expect_error_mentioning(
+  expect_error(
       [&] {
         rope_backward(s, Tensor::zeros({2, 3, 6}, DType::F32), x, positions, params);
       },

@@ -16,6 +16,7 @@
 
 #include "core/rng.h"
 #include "io/json_fields.h"
+#include "testing/error_message.h"
 #include "testing/test_data.h"
 
 namespace moetrain::ops {
@@ -24,7 +25,7 @@ namespace {
 using nlohmann::json;
 using testing::random_tensor;
 
-void expect_error_mentioning(const std::function<void()>& call, const std::string& text) {
+void expect_error(const std::function<void()>& call, const std::string& text) {
   try {
     call();
     ADD_FAILURE() << "expected a moetrain::Error mentioning \"" << text << "\"";
@@ -237,9 +238,9 @@ TEST(RopeYarn, RejectsBadOptions) {
   auto refused = [&](const std::function<void(YarnOptions&)>& edit, const std::string& text) {
     YarnOptions o = good;
     edit(o);
-    expect_error_mentioning([&] { rope_yarn_params(64, 150000.0, o); }, "rope_yarn_params: " + text);
-    expect_error_mentioning([&] { yarn_attention_factor(o); }, "yarn_attention_factor: " + text);
-    expect_error_mentioning([&] { yarn_softmax_scale(0.125, o); }, "yarn_softmax_scale: " + text);
+    expect_error([&] { rope_yarn_params(64, 150000.0, o); }, "rope_yarn_params: " + text);
+    expect_error([&] { yarn_attention_factor(o); }, "yarn_attention_factor: " + text);
+    expect_error([&] { yarn_softmax_scale(0.125, o); }, "yarn_softmax_scale: " + text);
   };
   refused([](YarnOptions& o) { o.factor = 0; }, "expected a finite YaRN factor >= 1 but found 0");
   refused([](YarnOptions& o) { o.factor = 0.5; }, "expected a finite YaRN factor >= 1 but found 0.5");
@@ -258,15 +259,14 @@ TEST(RopeYarn, RejectsBadOptions) {
   refused([](YarnOptions& o) { o.attention_factor = 0.0; }, "expected a finite attention_factor > 0 but found 0");
   refused([](YarnOptions& o) { o.attention_factor = -1.5; }, "expected a finite attention_factor > 0 but found -1.5");
 
-  expect_error_mentioning([&] { rope_yarn_params(63, 150000.0, good); },
-                          "rope_yarn_params: expected an even rotary_dim > 0 but found 63");
-  expect_error_mentioning([&] { rope_yarn_params(0, 150000.0, good); },
-                          "rope_yarn_params: expected an even rotary_dim > 0 but found 0");
-  expect_error_mentioning([&] { rope_yarn_params(64, 1.0, good); },
-                          "rope_yarn_params: expected a finite rope theta > 1 (YaRN divides by ln theta) but found 1");
-  expect_error_mentioning(
-      [&] { rope_yarn_params(64, INFINITY, good); },
-      "rope_yarn_params: expected a finite rope theta > 1 (YaRN divides by ln theta) but found inf");
+  expect_error([&] { rope_yarn_params(63, 150000.0, good); },
+               "rope_yarn_params: expected an even rotary_dim > 0 but found 63");
+  expect_error([&] { rope_yarn_params(0, 150000.0, good); },
+               "rope_yarn_params: expected an even rotary_dim > 0 but found 0");
+  expect_error([&] { rope_yarn_params(64, 1.0, good); },
+               "rope_yarn_params: expected a finite rope theta > 1 (YaRN divides by ln theta) but found 1");
+  expect_error([&] { rope_yarn_params(64, INFINITY, good); },
+               "rope_yarn_params: expected a finite rope theta > 1 (YaRN divides by ln theta) but found inf");
 
   // Equal betas are what transformers accepts (its ramp then gets a 0.001 width).
   YarnOptions equal = good;

@@ -17,10 +17,13 @@
 #include <gtest/gtest.h>
 
 #include "io/safetensors.h"
+#include "testing/error_message.h"
 #include "testing/test_data.h"
 
 namespace moetrain {
 namespace {
+
+using testing::expect_error;
 
 using testing::random_tensor;
 using testing::relative_error;
@@ -42,16 +45,6 @@ Tensor route_backward(const Routed& r, const Tensor& dtopk_weight, const Tensor&
   Tensor dlogits = Tensor::empty(r.probs.shape(), r.probs.dtype());
   ops::router_backward(Stream::cpu(), dlogits, dtopk_weight, dprobs, r.probs, r.topk_index, r.topk_weight, params);
   return dlogits;
-}
-
-template <typename F>
-void expect_error(F&& f, const std::string& needle) {
-  try {
-    f();
-    ADD_FAILURE() << "expected a moetrain::Error containing \"" << needle << "\"";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
 }
 
 double at(const Tensor& t, int64_t i) {

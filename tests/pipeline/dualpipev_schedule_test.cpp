@@ -17,9 +17,12 @@
 #include <gtest/gtest.h>
 
 #include "core/error.h"
+#include "testing/error_message.h"
 
 namespace moetrain::pipeline {
 namespace {
+
+using testing::expect_error;
 
 struct Case {
   int num_ranks;
@@ -261,20 +264,6 @@ TEST(Schedule, MatchesTheDualPipeVReferenceTraceForTwoRanksAndFiveMicroBatches) 
     std::vector<std::string> lines;
     for (const PipelineOp& op : dualpipev_schedule(2, r, 5)) lines.push_back(describe(op));
     EXPECT_EQ(lines, reference[static_cast<size_t>(r)]) << "rank " << r;
-  }
-}
-
-// Runs `call` expecting moetrain::Error whose message holds every needle.
-template <class F>
-void expect_error(F&& call, const std::vector<std::string>& needles) {
-  try {
-    call();
-    ADD_FAILURE() << "expected an error holding '" << needles.front() << "'";
-  } catch (const Error& e) {
-    const std::string message = e.what();
-    for (const std::string& needle : needles) {
-      EXPECT_NE(message.find(needle), std::string::npos) << "message '" << message << "' lacks '" << needle << "'";
-    }
   }
 }
 

@@ -31,7 +31,7 @@ namespace {
 
 using fixtures::bitwise_equal;
 using fixtures::make_batches;
-using testing::expect_error_containing;
+using testing::expect_error;
 
 // Per step and per micro-batch differ only in the f32 summation order of each expert's rows (a micro-batch's partial
 // sum added to the running gradient, or one running sum over the step): a few units of f32 rounding (6e-8) relative.
@@ -98,8 +98,8 @@ TEST(ExpertWeightsPerStep, ClearDropsHeldWork) {
     chunk.forward(mb, stopped[static_cast<size_t>(mb)], Tensor(), 0.01);
     chunk.backward_full(mb, Tensor(), 0.01);
   }
-  expect_error_containing([&] { chunk.set_expert_weights_per_step(false); },
-                          {"changes when it runs the expert weight gradients while it holds some"});
+  expect_error([&] { chunk.set_expert_weights_per_step(false); },
+               {"changes when it runs the expert weight gradients while it holds some"});
   chunk.clear();
 
   // The next step on the same chunk: its gradients are the per-micro-batch ones (none of the stopped step's rows).
@@ -165,32 +165,32 @@ TEST(ExpertWeightsPerStep, AChunkWithParameterHooksRefusesToHoldWeightWork) {
   chunk.set_expert_weights_per_step(true);
   const std::vector<model::MicroBatch> batches = make_batches(1, 61, config.vocab_size);
   chunk.forward(0, batches[0], Tensor(), 0.01);
-  expect_error_containing([&] { chunk.backward_full(0, Tensor(), 0.01); },
-                          {"holds the expert weight gradients for the step's end, but parameter hooks (ZeRO-3)"});
+  expect_error([&] { chunk.backward_full(0, Tensor(), 0.01); },
+               {"holds the expert weight gradients for the step's end, but parameter hooks (ZeRO-3)"});
 }
 
 TEST(ExpertWeightsPerStep, TheJobKeyIsValidatedAndTheLayoutsItCannotRunRefused) {
   EXPECT_EQ(job({}).model.expert_weight_gradient, "micro_batch");
   EXPECT_EQ(job({"model.expert_weight_gradient=step"}).model.expert_weight_gradient, "step");
-  expect_error_containing([] { job({"model.expert_weight_gradient=layer"}); },
-                          {"model.expert_weight_gradient must be micro_batch or step but is 'layer'"});
-  expect_error_containing(
+  expect_error([] { job({"model.expert_weight_gradient=layer"}); },
+               {"model.expert_weight_gradient must be micro_batch or step but is 'layer'"});
+  expect_error(
       [] {
         job({"model.expert_weight_gradient=step", "parallel.pp=2"});
       },
       {"model.expert_weight_gradient = step runs on the plain executor", "found pp = 2, schedule auto"});
-  expect_error_containing(
+  expect_error(
       [] {
         job({"model.expert_weight_gradient=step", "parallel.sharding=full"});
       },
       {"model.expert_weight_gradient = step holds every micro-batch's expert rows", "parallel.sharding = full"});
-  expect_error_containing(
+  expect_error(
       [] {
         job({"model.expert_weight_gradient=step", "exact.enabled=true"});
       },
       {"model.expert_weight_gradient = step is not an exact lane"});
   // Two data ranks under sharding auto are ZeRO-3: refused when the trainer picks it.
-  expect_error_containing(
+  expect_error(
       [] {
         train::run_training_job(job({"model.expert_weight_gradient=step", "dist.local_ranks=2"}));
       },

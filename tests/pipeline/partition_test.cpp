@@ -14,9 +14,12 @@
 #include "core/error.h"
 #include "model/families/qwen3_moe/config.h"
 #include "model/model_config.h"
+#include "testing/error_message.h"
 
 namespace moetrain::pipeline {
 namespace {
+
+using testing::expect_error;
 
 const std::string kTinyMoe = std::string(MOETRAIN_TEST_DATA_DIR) + "/../../examples/tiny_moe/config.json";
 
@@ -112,19 +115,6 @@ std::vector<int64_t> bounds_of(const Partition& p) {
   std::vector<int64_t> b = {0};
   for (const StageLayers& s : p.stages) b.push_back(s.end_layer);
   return b;
-}
-
-template <class F>
-void expect_error(F&& call, const std::vector<std::string>& needles) {
-  try {
-    call();
-    ADD_FAILURE() << "expected an error holding '" << needles.front() << "'";
-  } catch (const Error& e) {
-    const std::string message = e.what();
-    for (const std::string& needle : needles) {
-      EXPECT_NE(message.find(needle), std::string::npos) << "message '" << message << "' lacks '" << needle << "'";
-    }
-  }
 }
 
 TEST(Partition, BalancedSplitsTheTinyModelsEightLayersEvenly) {

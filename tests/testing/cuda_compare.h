@@ -1,18 +1,17 @@
 // defines: the helpers the CUDA op tests (tests/ops/cuda_*_test.cpp) share to compare a GPU run with the CPU
 // reference: the GPU's default stream, copies to and from device 0, host f32 views for relative_error, bf16
-// rounding, bitwise equality, and expecting an error whose message holds given phrases. Header-only.
+// rounding, bitwise equality, and (from testing/error_message.h) expecting an error whose message holds given phrases.
+// Header-only.
 #pragma once
 
 #include <cstring>
-#include <functional>
-#include <string>
-#include <vector>
 
 #include <gtest/gtest.h>
 
 #include "core/device.h"
 #include "core/error.h"
 #include "core/tensor.h"
+#include "testing/error_message.h"
 
 namespace moetrain::testing {
 
@@ -35,30 +34,6 @@ inline bool same_bytes(const Tensor& a, const Tensor& b) {
   const Tensor ha = a.to(Device::cpu()), hb = b.to(Device::cpu());
   return ha.dtype() == hb.dtype() && ha.nbytes() == hb.nbytes() &&
          std::memcmp(ha.raw_data(), hb.raw_data(), ha.nbytes()) == 0;
-}
-
-// Fails unless `call` throws a moetrain::Error whose message contains every one of `needles`.
-inline void expect_error_containing(const std::function<void()>& call, const std::vector<std::string>& needles) {
-  try {
-    call();
-    ADD_FAILURE() << "expected a moetrain::Error";
-  } catch (const Error& e) {
-    const std::string message = e.what();
-    for (const std::string& needle : needles) {
-      EXPECT_NE(message.find(needle), std::string::npos) << "message '" << message << "' lacks '" << needle << "'";
-    }
-  }
-}
-
-// Fails unless `f` throws a moetrain::Error whose message contains `needle`.
-template <typename F>
-void expect_error(F&& f, const std::string& needle) {
-  try {
-    f();
-    ADD_FAILURE() << "expected a moetrain::Error containing \"" << needle << "\"";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
 }
 
 }  // namespace moetrain::testing

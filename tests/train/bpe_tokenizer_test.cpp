@@ -18,6 +18,7 @@
 
 #include "cli/data_command.h"
 #include "core/error.h"
+#include "testing/error_message.h"
 #include "testing/test_data.h"
 #include "train/data/indexed_dataset.h"
 #include "train/data/prepare.h"
@@ -27,20 +28,10 @@
 namespace moetrain::train::data {
 namespace {
 
+using testing::expect_error;
+
 namespace fs = std::filesystem;
 using nlohmann::json;
-
-void expect_error(const std::function<void()>& action, std::initializer_list<std::string_view> words) {
-  try {
-    action();
-    ADD_FAILURE() << "expected a moetrain::Error";
-  } catch (const Error& e) {
-    const std::string message = e.what();
-    for (std::string_view word : words) {
-      EXPECT_NE(message.find(word), std::string::npos) << "message lacks '" << word << "': " << message;
-    }
-  }
-}
 
 std::string fixture(const std::string& name) { return testing::test_data_path("tokenizer/" + name); }
 

@@ -22,10 +22,13 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "testing/error_message.h"
 #include "testing/test_data.h"
 
 namespace moetrain::train {
 namespace {
+
+using testing::expect_error;
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -126,20 +129,6 @@ bool has_temporary_folder(const std::string& dir) {
   const auto names = entries_of(dir);
   return std::any_of(names.begin(), names.end(),
                      [](const std::string& name) { return name.find(".tmp-") != std::string::npos; });
-}
-
-// Runs `body`, expecting a moetrain::Error whose message contains every one of `parts`.
-template <typename Body>
-void expect_error(Body&& body, std::initializer_list<std::string_view> parts) {
-  try {
-    body();
-    ADD_FAILURE() << "expected moetrain::Error";
-  } catch (const Error& e) {
-    const std::string message = e.what();
-    for (std::string_view part : parts) {
-      EXPECT_NE(message.find(part), std::string::npos) << "message '" << message << "' lacks '" << part << "'";
-    }
-  }
 }
 
 // find_latest_checkpoint, also returning what it logged.

@@ -13,6 +13,7 @@
 
 #include "cli/data_command.h"
 #include "core/error.h"
+#include "testing/error_message.h"
 #include "testing/test_data.h"
 #include "train/data/indexed_dataset.h"
 #include "train/data/text_tokenizer.h"
@@ -20,19 +21,9 @@
 namespace moetrain::train::data {
 namespace {
 
-namespace fs = std::filesystem;
+using testing::expect_error;
 
-void expect_error(const std::function<void()>& action, std::initializer_list<std::string_view> words) {
-  try {
-    action();
-    ADD_FAILURE() << "expected a moetrain::Error";
-  } catch (const Error& e) {
-    const std::string message = e.what();
-    for (std::string_view word : words) {
-      EXPECT_NE(message.find(word), std::string::npos) << "message lacks '" << word << "': " << message;
-    }
-  }
-}
+namespace fs = std::filesystem;
 
 void write_text(const std::string& path, const std::string& text) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);

@@ -19,25 +19,15 @@
 #include <gtest/gtest.h>
 
 #include "core/error.h"
+#include "testing/error_message.h"
 #include "testing/test_data.h"
 
 namespace moetrain::train::data {
 namespace {
 
-namespace fs = std::filesystem;
+using testing::expect_error;
 
-// Expects `action` to throw moetrain::Error whose message contains every one of `words`.
-void expect_error(const std::function<void()>& action, std::initializer_list<std::string_view> words) {
-  try {
-    action();
-    ADD_FAILURE() << "expected a moetrain::Error";
-  } catch (const Error& e) {
-    const std::string message = e.what();
-    for (std::string_view word : words) {
-      EXPECT_NE(message.find(word), std::string::npos) << "message lacks '" << word << "': " << message;
-    }
-  }
-}
+namespace fs = std::filesystem;
 
 void write_bytes(const std::string& path, const std::vector<uint8_t>& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);

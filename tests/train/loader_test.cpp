@@ -16,23 +16,14 @@
 
 #include "core/error.h"
 #include "exact/wire_checks.h"
+#include "testing/error_message.h"
 #include "testing/test_data.h"
 #include "train/data/indexed_dataset.h"
 
 namespace moetrain::train::data {
 namespace {
 
-void expect_error(const std::function<void()>& action, std::initializer_list<std::string_view> words) {
-  try {
-    action();
-    ADD_FAILURE() << "expected a moetrain::Error";
-  } catch (const Error& e) {
-    const std::string message = e.what();
-    for (std::string_view word : words) {
-      EXPECT_NE(message.find(word), std::string::npos) << "message lacks '" << word << "': " << message;
-    }
-  }
-}
+using testing::expect_error;
 
 using Docs = std::vector<std::vector<int32_t>>;
 

@@ -223,8 +223,8 @@ TEST(Trainer, RefusesDeviceBalanceGroupsThatDoNotDivideTheExperts) {
   io::JobConfig job = small_job(dir);
   job.loss.device_balance_coef = 0.05;
   job.loss.device_balance_groups = 3;
-  testing::expect_error_containing([&] { Trainer trainer(job); },
-                                   {"loss.device_balance_groups", "3 groups", "8 experts", "divisor of 8"});
+  testing::expect_error([&] { Trainer trainer(job); },
+                        {"loss.device_balance_groups", "3 groups", "8 experts", "divisor of 8"});
 }
 
 // The golden trajectory (5 AdamW steps of 2 micro-batches, clip 1.0, lr 1e-3, betas (0.9, 0.95),

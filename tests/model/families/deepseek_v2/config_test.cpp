@@ -11,6 +11,7 @@
 #include "model/causal_lm.h"
 #include "model/family.h"
 #include "model/model_config.h"
+#include "testing/error_message.h"
 #include "testing/test_data.h"
 
 namespace moetrain::model {
@@ -24,15 +25,9 @@ json golden_json() { return io::read_json_object(testing::test_data_path("golden
 ModelConfig parse(const json& j) { return parse_model_config(j.dump(), "test/config.json"); }
 const DeepseekV2Config& ds(const ModelConfig& c) { return c.family_config<DeepseekV2Config>(); }
 
-void expect_error(const json& j, std::initializer_list<std::string> needles) {
-  try {
-    parse(j);
-    ADD_FAILURE() << "expected an error for " << j.dump();
-  } catch (const Error& e) {
-    const std::string message = e.what();
-    for (const std::string& needle : needles)
-      EXPECT_NE(message.find(needle), std::string::npos) << "message '" << message << "' lacks '" << needle << "'";
-  }
+// Parses `j` expecting an Error whose message holds every one of `needles`.
+void expect_config_error(const json& j, std::initializer_list<std::string_view> needles) {
+  testing::expect_error([&] { parse(j); }, needles);
 }
 
 TEST(DeepseekV2Config, ParsesTheGoldenConfig) {
@@ -92,35 +87,36 @@ TEST(DeepseekV2Config, RefusesEveryValueItDoesNotRun) {
     j[key] = std::move(value);
     return j;
   };
-  expect_error(with("topk_method", "noaux_tc"), {"topk_method", "'noaux_tc'"});
-  expect_error(with("scoring_func", "sigmoid"), {"scoring_func", "'sigmoid'"});
-  expect_error(with("moe_layer_freq", 2), {"moe_layer_freq", "2"});
-  expect_error(with("attention_bias", true), {"attention_bias"});
-  expect_error(with("mlp_bias", true), {"mlp_bias"});
-  expect_error(with("hidden_act", "gelu"), {"hidden_act", "'gelu'"});
-  expect_error(with("num_key_value_heads", 2), {"num_key_value_heads (2)", "num_attention_heads (4)"});
-  expect_error(with("head_dim", 32), {"head_dim (32)", "qk_rope_head_dim (16)"});
-  expect_error(with("qk_rope_head_dim", 15), {"qk_rope_head_dim", "even"});
-  expect_error(with("first_k_dense_replace", 4), {"first_k_dense_replace (4)"});
-  expect_error(with("num_experts_per_tok", 9), {"num_experts_per_tok (9)", "n_routed_experts (8)"});
-  expect_error(with("routed_scaling_factor", 0.0), {"routed_scaling_factor"});
-  expect_error(with("q_lora_rank", -1), {"q_lora_rank"});
+  expect_config_error(with("topk_method", "noaux_tc"), {"topk_method", "'noaux_tc'"});
+  expect_config_error(with("scoring_func", "sigmoid"), {"scoring_func", "'sigmoid'"});
+  expect_config_error(with("moe_layer_freq", 2), {"moe_layer_freq", "2"});
+  expect_config_error(with("attention_bias", true), {"attention_bias"});
+  expect_config_error(with("mlp_bias", true), {"mlp_bias"});
+  expect_config_error(with("hidden_act", "gelu"), {"hidden_act", "'gelu'"});
+  expect_config_error(with("num_key_value_heads", 2), {"num_key_value_heads (2)", "num_attention_heads (4)"});
+  expect_config_error(with("head_dim", 32), {"head_dim (32)", "qk_rope_head_dim (16)"});
+  expect_config_error(with("qk_rope_head_dim", 15), {"qk_rope_head_dim", "even"});
+  expect_config_error(with("first_k_dense_replace", 4), {"first_k_dense_replace (4)"});
+  expect_config_error(with("num_experts_per_tok", 9), {"num_experts_per_tok (9)", "n_routed_experts (8)"});
+  expect_config_error(with("routed_scaling_factor", 0.0), {"routed_scaling_factor"});
+  expect_config_error(with("q_lora_rank", -1), {"q_lora_rank"});
   json groups = with("topk_method", "group_limited_greedy");
   groups["n_group"] = 3;  // 8 experts do not split into 3 groups
-  expect_error(groups, {"n_group (3)"});
-  expect_error(with("rope_parameters", json{{"rope_type", "linear"}, {"factor", 2.0}}), {"rope_type", "'linear'"});
-  expect_error(with("rope_parameters", json{{"rope_type", "yarn"}, {"factor", 4.0}}),
-               {"original_max_position_embeddings"});
-  expect_error(
+  expect_config_error(groups, {"n_group (3)"});
+  expect_config_error(with("rope_parameters", json{{"rope_type", "linear"}, {"factor", 2.0}}),
+                      {"rope_type", "'linear'"});
+  expect_config_error(with("rope_parameters", json{{"rope_type", "yarn"}, {"factor", 4.0}}),
+                      {"original_max_position_embeddings"});
+  expect_config_error(
       with("rope_parameters", json{{"rope_type", "yarn"}, {"factor", 0.5}, {"original_max_position_embeddings", 4096}}),
       {"factor"});
   // transformers would rotate only part of the rotary key.
-  expect_error(with("partial_rotary_factor", 0.5), {"partial_rotary_factor 0.5", "deepseek_v2"});
-  expect_error(with("rope_parameters", json{{"rope_type", "default"}, {"partial_rotary_factor", 0.5}}),
-               {"partial_rotary_factor 0.5", "deepseek_v2"});
+  expect_config_error(with("partial_rotary_factor", 0.5), {"partial_rotary_factor 0.5", "deepseek_v2"});
+  expect_config_error(with("rope_parameters", json{{"rope_type", "default"}, {"partial_rotary_factor", 0.5}}),
+                      {"partial_rotary_factor 0.5", "deepseek_v2"});
   json missing = golden_json();
   missing.erase("kv_lora_rank");
-  expect_error(missing, {"kv_lora_rank", "missing"});
+  expect_config_error(missing, {"kv_lora_rank", "missing"});
 }
 
 TEST(DeepseekV2Config, IsCertifiedForExactMode) {

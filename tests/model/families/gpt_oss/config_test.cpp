@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "model/family.h"
 #include "model/model_config.h"
+#include "testing/error_message.h"
 #include "testing/test_data.h"
 
 namespace moetrain::model {
@@ -25,15 +26,9 @@ json golden_json() { return io::read_json_object(testing::test_data_path("golden
 ModelConfig parse(const json& j) { return parse_model_config(j.dump(), "test/config.json"); }
 const GptOssConfig& oss(const ModelConfig& c) { return c.family_config<GptOssConfig>(); }
 
-void expect_error(const json& j, std::initializer_list<std::string> needles) {
-  try {
-    parse(j);
-    ADD_FAILURE() << "expected an error for " << j.dump();
-  } catch (const Error& e) {
-    const std::string message = e.what();
-    for (const std::string& needle : needles)
-      EXPECT_NE(message.find(needle), std::string::npos) << "message '" << message << "' lacks '" << needle << "'";
-  }
+// Parses `j` expecting an Error whose message holds every one of `needles`.
+void expect_config_error(const json& j, std::initializer_list<std::string_view> needles) {
+  testing::expect_error([&] { parse(j); }, needles);
 }
 
 TEST(GptOssConfig, ParsesTheGoldenConfig) {
@@ -121,26 +116,27 @@ TEST(GptOssConfig, RefusesWhatItDoesNotRun) {
     j[key] = std::move(value);
     return j;
   };
-  expect_error(with("attention_dropout", 0.1), {"attention_dropout", "0.1"});
-  expect_error(with("hidden_act", "gelu"), {"hidden_act", "gelu"});
-  expect_error(with("swiglu_limit", 10.0), {"swiglu_limit", "10"});
-  expect_error(with("experts_per_token", 3), {"experts_per_token", "num_experts_per_tok"});
-  expect_error(with("layer_types", json{"sliding_attention"}), {"layer_types", "1 entries", "num_hidden_layers"});
-  expect_error(with("layer_types", json{"sliding_attention", "chunked_attention"}),
-               {"layer_types[1]", "chunked_attention"});
-  expect_error(with("sliding_window", -4), {"sliding_window", "-4"});
-  expect_error(with("num_key_value_heads", 3), {"num_attention_heads", "num_key_value_heads"});
-  expect_error(with("head_dim", 31), {"head_dim", "even"});
-  expect_error(with("num_experts_per_tok", 9), {"num_experts_per_tok", "num_local_experts"});
-  expect_error(with("quantization_config", json{{"quant_method", "fp8"}}), {"quant_method", "fp8", "mxfp4"});
-  expect_error(with("rope_parameters", json{{"rope_type", "llama3"}, {"rope_theta", 10000.0}}),
-               {"rope_type", "llama3"});
-  expect_error(with("rope_parameters", json{{"rope_type", "yarn"}, {"factor", 4.0}}),
-               {"original_max_position_embeddings"});
-  expect_error(with("partial_rotary_factor", 0.5), {"partial_rotary_factor 0.5", "gpt_oss"});
+  expect_config_error(with("attention_dropout", 0.1), {"attention_dropout", "0.1"});
+  expect_config_error(with("hidden_act", "gelu"), {"hidden_act", "gelu"});
+  expect_config_error(with("swiglu_limit", 10.0), {"swiglu_limit", "10"});
+  expect_config_error(with("experts_per_token", 3), {"experts_per_token", "num_experts_per_tok"});
+  expect_config_error(with("layer_types", json{"sliding_attention"}),
+                      {"layer_types", "1 entries", "num_hidden_layers"});
+  expect_config_error(with("layer_types", json{"sliding_attention", "chunked_attention"}),
+                      {"layer_types[1]", "chunked_attention"});
+  expect_config_error(with("sliding_window", -4), {"sliding_window", "-4"});
+  expect_config_error(with("num_key_value_heads", 3), {"num_attention_heads", "num_key_value_heads"});
+  expect_config_error(with("head_dim", 31), {"head_dim", "even"});
+  expect_config_error(with("num_experts_per_tok", 9), {"num_experts_per_tok", "num_local_experts"});
+  expect_config_error(with("quantization_config", json{{"quant_method", "fp8"}}), {"quant_method", "fp8", "mxfp4"});
+  expect_config_error(with("rope_parameters", json{{"rope_type", "llama3"}, {"rope_theta", 10000.0}}),
+                      {"rope_type", "llama3"});
+  expect_config_error(with("rope_parameters", json{{"rope_type", "yarn"}, {"factor", 4.0}}),
+                      {"original_max_position_embeddings"});
+  expect_config_error(with("partial_rotary_factor", 0.5), {"partial_rotary_factor 0.5", "gpt_oss"});
   json no_experts = golden_json();
   no_experts.erase("num_local_experts");
-  expect_error(no_experts, {"num_local_experts"});
+  expect_config_error(no_experts, {"num_local_experts"});
 }
 
 }  // namespace

@@ -13,14 +13,15 @@
 #include "model/families/qwen3_moe/config.h"
 #include "model/family.h"
 #include "model/model_config.h"
+#include "testing/error_message.h"
 #include "testing/test_data.h"
 
 namespace moetrain::model {
 namespace {
 
-using nlohmann::json;
 using families::qwen3::Qwen3Config;
 using families::qwen3_moe::Qwen3MoeConfig;
+using nlohmann::json;
 
 // The family's own fields: Qwen3's (both families), and Qwen3-MoE's expert fields.
 const Qwen3Config& q(const ModelConfig& c) { return c.family_config<Qwen3Config>(); }
@@ -58,17 +59,9 @@ json small_dense_json() {
 
 ModelConfig parse(const json& j) { return parse_model_config(j.dump(), "test/config.json"); }
 
-// Parses `j` expecting an Error whose message holds every string of `needles`.
-void expect_error(const json& j, std::initializer_list<std::string> needles) {
-  try {
-    parse(j);
-    ADD_FAILURE() << "expected an error for " << j.dump();
-  } catch (const Error& e) {
-    const std::string message = e.what();
-    for (const std::string& needle : needles) {
-      EXPECT_NE(message.find(needle), std::string::npos) << "message '" << message << "' lacks '" << needle << "'";
-    }
-  }
+// Parses `j` expecting an Error whose message holds every one of `needles`.
+void expect_config_error(const json& j, std::initializer_list<std::string_view> needles) {
+  testing::expect_error([&] { parse(j); }, needles);
 }
 
 void expect_same(const ModelConfig& a, const ModelConfig& b) {
@@ -277,41 +270,41 @@ TEST(ModelConfig, RejectsMissingRequiredField) {
                             "intermediate_size", "rms_norm_eps", "moe_intermediate_size", "num_experts_per_tok"}) {
     json j = small_moe_json();
     j.erase(field);
-    expect_error(j, {field, "missing", "test/config.json"});
+    expect_config_error(j, {field, "missing", "test/config.json"});
   }
   json j = small_moe_json();
   j.erase("num_experts");
-  expect_error(j, {"num_experts", "missing"});
+  expect_config_error(j, {"num_experts", "missing"});
   json d = small_dense_json();
   d.erase("model_type");
-  expect_error(d, {"model_type", "missing"});
+  expect_config_error(d, {"model_type", "missing"});
 }
 
 TEST(ModelConfig, RejectsWrongJsonType) {
   json j = small_dense_json();
   j["hidden_size"] = "32";
-  expect_error(j, {"hidden_size", "integer", "string", "test/config.json"});
+  expect_config_error(j, {"hidden_size", "integer", "string", "test/config.json"});
   j = small_dense_json();
   j["rms_norm_eps"] = "1e-6";
-  expect_error(j, {"rms_norm_eps", "number"});
+  expect_config_error(j, {"rms_norm_eps", "number"});
   j = small_dense_json();
   j["vocab_size"] = 100.5;
-  expect_error(j, {"vocab_size", "integer"});
+  expect_config_error(j, {"vocab_size", "integer"});
   j = small_dense_json();
   j["tie_word_embeddings"] = 1;
-  expect_error(j, {"tie_word_embeddings", "true or false"});
+  expect_config_error(j, {"tie_word_embeddings", "true or false"});
   j = small_moe_json();
   j["mlp_only_layers"] = {"0"};
-  expect_error(j, {"mlp_only_layers", "integers"});
+  expect_config_error(j, {"mlp_only_layers", "integers"});
   j = small_dense_json();
   j["rope_parameters"] = {{"rope_theta", "big"}};
-  expect_error(j, {"rope_parameters.rope_theta", "number"});
+  expect_config_error(j, {"rope_parameters.rope_theta", "number"});
 }
 
 TEST(ModelConfig, RejectsUnknownModelType) {
   json j = small_dense_json();
   j["model_type"] = "llama";
-  expect_error(j, {"model_type", "'llama'", "qwen3, ", "qwen3_moe", "qwen3_5_text"});
+  expect_config_error(j, {"model_type", "'llama'", "qwen3, ", "qwen3_moe", "qwen3_5_text"});
 }
 
 TEST(ModelConfig, RejectsMalformedJson) {
@@ -328,48 +321,48 @@ TEST(ModelConfig, RejectsMalformedJson) {
 TEST(ModelConfig, RejectsHeadsNotDivisible) {
   json j = small_dense_json();
   j["num_key_value_heads"] = 3;
-  expect_error(j, {"num_attention_heads (4)", "num_key_value_heads (3)"});
+  expect_config_error(j, {"num_attention_heads (4)", "num_key_value_heads (3)"});
 }
 
 TEST(ModelConfig, RejectsConflictingExpertCounts) {
   json j = small_moe_json();
   j["num_local_experts"] = 8;
-  expect_error(j, {"num_experts (4)", "num_local_experts (8)"});
+  expect_config_error(j, {"num_experts (4)", "num_local_experts (8)"});
 }
 
 TEST(ModelConfig, RejectsUnsupportedRopeType) {
   json j = small_dense_json();
   j["rope_parameters"] = {{"rope_theta", 10000.0}, {"rope_type", "yarn"}, {"factor", 4.0}};
-  expect_error(j, {"rope_type", "'yarn'"});
+  expect_config_error(j, {"rope_type", "'yarn'"});
   j = small_dense_json();
   j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 2.0}};
-  expect_error(j, {"rope_scaling.rope_type", "'linear'"});
+  expect_config_error(j, {"rope_scaling.rope_type", "'linear'"});
 }
 
 TEST(ModelConfig, RejectsConflictingRopeTheta) {
   json j = small_dense_json();
   j["rope_theta"] = 10000.0;
   j["rope_parameters"] = {{"rope_theta", 20000.0}, {"rope_type", "default"}};
-  expect_error(j, {"rope_theta"});
+  expect_config_error(j, {"rope_theta"});
 }
 
 TEST(ModelConfig, RefusesWhatTheFamilyDoesNotRun) {
   json j = small_dense_json();
   j["attention_bias"] = true;
-  expect_error(j, {"attention_bias", "not supported"});
+  expect_config_error(j, {"attention_bias", "not supported"});
   j = small_dense_json();
   j["use_sliding_window"] = true;
-  expect_error(j, {"use_sliding_window", "not supported"});
+  expect_config_error(j, {"use_sliding_window", "not supported"});
   j = small_moe_json();
   j["hidden_act"] = "gelu";
-  expect_error(j, {"hidden_act", "'gelu'", "silu"});
+  expect_config_error(j, {"hidden_act", "'gelu'", "silu"});
   j = small_dense_json();
   j["head_dim"] = 33;  // an odd rotary dimension: transformers cannot run it either
-  expect_error(j, {"head_dim (33)", "even"});
+  expect_config_error(j, {"head_dim (33)", "even"});
   j = small_dense_json();
   j["head_dim"] = 32;
   j["partial_rotary_factor"] = 0.3;  // 9.6 rotary dims would be rounded without a word
-  expect_error(j, {"partial_rotary_factor", "rotary dims"});
+  expect_config_error(j, {"partial_rotary_factor", "rotary dims"});
 }
 
 TEST(ModelConfig, RejectsBytesAfterTheDocument) {
@@ -381,19 +374,19 @@ TEST(ModelConfig, RejectsBytesAfterTheDocument) {
 TEST(ModelConfig, RejectsOutOfRangeValues) {
   json j = small_dense_json();
   j["hidden_size"] = 0;
-  expect_error(j, {"hidden_size", "positive", "0"});
+  expect_config_error(j, {"hidden_size", "positive", "0"});
   j = small_moe_json();
   j["num_experts_per_tok"] = 5;
-  expect_error(j, {"num_experts_per_tok (5)", "num_experts (4)"});
+  expect_config_error(j, {"num_experts_per_tok (5)", "num_experts (4)"});
   j = small_moe_json();
   j["mlp_only_layers"] = {4};
-  expect_error(j, {"mlp_only_layers", "4", "num_hidden_layers = 4"});
+  expect_config_error(j, {"mlp_only_layers", "4", "num_hidden_layers = 4"});
   j = small_moe_json();
   j["mlp_only_layers"] = {-1};
-  expect_error(j, {"mlp_only_layers", "-1"});
+  expect_config_error(j, {"mlp_only_layers", "-1"});
   j = small_moe_json();
   j["num_experts"] = 0;
-  expect_error(j, {"num_experts", "positive"});
+  expect_config_error(j, {"num_experts", "positive"});
 }
 
 }  // namespace

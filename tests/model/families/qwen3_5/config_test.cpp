@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "model/family.h"
 #include "model/model_config.h"
+#include "testing/error_message.h"
 #include "testing/test_data.h"
 
 namespace moetrain::model {
@@ -28,15 +29,9 @@ json golden_json(const std::string& dump) {
 ModelConfig parse(const json& j) { return parse_model_config(j.dump(), "test/config.json"); }
 const Qwen3_5Config& own(const ModelConfig& c) { return c.family_config<Qwen3_5Config>(); }
 
-void expect_error(const json& j, std::initializer_list<std::string> needles) {
-  try {
-    parse(j);
-    ADD_FAILURE() << "expected an error for " << j.dump();
-  } catch (const Error& e) {
-    const std::string message = e.what();
-    for (const std::string& needle : needles)
-      EXPECT_NE(message.find(needle), std::string::npos) << "message '" << message << "' lacks '" << needle << "'";
-  }
+// Parses `j` expecting an Error whose message holds every one of `needles`.
+void expect_config_error(const json& j, std::initializer_list<std::string_view> needles) {
+  testing::expect_error([&] { parse(j); }, needles);
 }
 
 TEST(Qwen3_5Config, ParsesTheGoldenDenseConfig) {
@@ -151,40 +146,42 @@ TEST(Qwen3_5Config, RefusesWhatItDoesNotRun) {
     j[field] = value;
     return j;
   };
-  expect_error(with(dense, "attention_bias", true), {"attention_bias = true is not supported for qwen3_5"});
-  expect_error(with(dense, "attention_dropout", 0.1), {"attention_dropout 0.1 is not supported"});
-  expect_error(with(dense, "hidden_act", "gelu"), {"hidden_act 'gelu' is not supported for qwen3_5"});
-  expect_error(
+  expect_config_error(with(dense, "attention_bias", true), {"attention_bias = true is not supported for qwen3_5"});
+  expect_config_error(with(dense, "attention_dropout", 0.1), {"attention_dropout 0.1 is not supported"});
+  expect_config_error(with(dense, "hidden_act", "gelu"), {"hidden_act 'gelu' is not supported for qwen3_5"});
+  expect_config_error(
       with(dense, "layer_types", {"linear_attention", "sliding_attention", "linear_attention", "full_attention"}),
       {"layer_types[1] 'sliding_attention' is not supported for qwen3_5"});
-  expect_error(with(dense, "layer_types", {"linear_attention", "full_attention"}),
-               {"layer_types has 2 entries but num_hidden_layers is 4"});
-  expect_error(with(dense, "rope_parameters", {{"rope_type", "yarn"}, {"rope_theta", 10000.0}, {"factor", 4.0}}),
-               {"rope_parameters.rope_type 'yarn' is not supported for qwen3_5"});
-  expect_error(with(dense, "rope_scaling", {{"type", "linear"}, {"factor", 2.0}}),
-               {"rope_scaling.type 'linear' is not supported for qwen3_5"});
-  expect_error(with(dense, "rope_theta", 500.0), {"rope_theta is 500 at the top level but 10000 in rope_parameters"});
-  expect_error(with(with(dense, "partial_rotary_factor", 0.3), "rope_parameters",
-                    {{"rope_type", "default"}, {"rope_theta", 10000.0}, {"partial_rotary_factor", 0.3}}),
-               {"gives 9.6 rotary dims; rope needs a whole, even number"});
-  expect_error(with(dense, "linear_num_value_heads", 3),
-               {"linear_num_value_heads (3) is not divisible by linear_num_key_heads (2)"});
-  expect_error(with(dense, "num_key_value_heads", 3), {"num_attention_heads (4) is not divisible by"});
-  expect_error(with(dense, "linear_conv_kernel_dim", 0), {"linear_conv_kernel_dim must be positive"});
-  expect_error(with(dense, "linear_key_head_dim", -16), {"linear_key_head_dim must be positive"});
-  expect_error(with(dense, "intermediate_size", 0), {"intermediate_size must be positive"});
+  expect_config_error(with(dense, "layer_types", {"linear_attention", "full_attention"}),
+                      {"layer_types has 2 entries but num_hidden_layers is 4"});
+  expect_config_error(with(dense, "rope_parameters", {{"rope_type", "yarn"}, {"rope_theta", 10000.0}, {"factor", 4.0}}),
+                      {"rope_parameters.rope_type 'yarn' is not supported for qwen3_5"});
+  expect_config_error(with(dense, "rope_scaling", {{"type", "linear"}, {"factor", 2.0}}),
+                      {"rope_scaling.type 'linear' is not supported for qwen3_5"});
+  expect_config_error(with(dense, "rope_theta", 500.0),
+                      {"rope_theta is 500 at the top level but 10000 in rope_parameters"});
+  expect_config_error(with(with(dense, "partial_rotary_factor", 0.3), "rope_parameters",
+                           {{"rope_type", "default"}, {"rope_theta", 10000.0}, {"partial_rotary_factor", 0.3}}),
+                      {"gives 9.6 rotary dims; rope needs a whole, even number"});
+  expect_config_error(with(dense, "linear_num_value_heads", 3),
+                      {"linear_num_value_heads (3) is not divisible by linear_num_key_heads (2)"});
+  expect_config_error(with(dense, "num_key_value_heads", 3), {"num_attention_heads (4) is not divisible by"});
+  expect_config_error(with(dense, "linear_conv_kernel_dim", 0), {"linear_conv_kernel_dim must be positive"});
+  expect_config_error(with(dense, "linear_key_head_dim", -16), {"linear_key_head_dim must be positive"});
+  expect_config_error(with(dense, "intermediate_size", 0), {"intermediate_size must be positive"});
   json no_types = with(dense, "full_attention_interval", 0);
   no_types.erase("layer_types");
-  expect_error(no_types, {"full_attention_interval must be positive"});
-  expect_error(with(moe, "num_experts_per_tok", 9), {"num_experts_per_tok (9) exceeds num_experts (8)"});
-  expect_error(with(moe, "norm_topk_prob", false), {"norm_topk_prob = false is not supported for qwen3_5_moe"});
-  expect_error(with(moe, "shared_expert_intermediate_size", 0), {"shared_expert_intermediate_size must be positive"});
-  expect_error(with(moe, "moe_intermediate_size", 0), {"moe_intermediate_size must be positive"});
+  expect_config_error(no_types, {"full_attention_interval must be positive"});
+  expect_config_error(with(moe, "num_experts_per_tok", 9), {"num_experts_per_tok (9) exceeds num_experts (8)"});
+  expect_config_error(with(moe, "norm_topk_prob", false), {"norm_topk_prob = false is not supported for qwen3_5_moe"});
+  expect_config_error(with(moe, "shared_expert_intermediate_size", 0),
+                      {"shared_expert_intermediate_size must be positive"});
+  expect_config_error(with(moe, "moe_intermediate_size", 0), {"moe_intermediate_size must be positive"});
   // The wrappers need their text_config, which is a text model's.
-  expect_error(json{{"model_type", "qwen3_5"}, {"vision_config", json::object()}},
-               {"model_type 'qwen3_5' keeps the model's config in the object 'text_config', which is missing"});
-  expect_error(json{{"model_type", "qwen3_5"}, {"text_config", {{"model_type", "qwen3_5"}}}},
-               {"wraps its model in 'text_config', but it is itself the wrapped config"});
+  expect_config_error(json{{"model_type", "qwen3_5"}, {"vision_config", json::object()}},
+                      {"model_type 'qwen3_5' keeps the model's config in the object 'text_config', which is missing"});
+  expect_config_error(json{{"model_type", "qwen3_5"}, {"text_config", {{"model_type", "qwen3_5"}}}},
+                      {"wraps its model in 'text_config', but it is itself the wrapped config"});
 }
 
 }  // namespace
