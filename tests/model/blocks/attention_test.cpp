@@ -30,9 +30,14 @@
 namespace moetrain::model {
 namespace {
 
+using block_testing::BlockRun;
 using block_testing::contains;
 using block_testing::error_message;
+using block_testing::expect_packed_documents_give_what_each_gives_alone;
+using block_testing::expect_weight_gradients_accumulate;
 using block_testing::fill_random;
+using block_testing::packed_batch;
+using block_testing::run_block;
 using block_testing::values;
 using block_testing::with_whole_pieces;
 using testing::random_tensor;
@@ -70,14 +75,6 @@ AttentionOptions options_for(const AttentionCase& c) {
   o.sliding_window = c.gpt_oss ? kWindow : 0;
   o.output_gate = o.qk_norm_zero_centered = c.qwen3_5;
   return o;
-}
-
-MicroBatch packed_batch(const std::vector<int32_t>& cu) {
-  const int64_t tokens = cu.back();
-  std::vector<int32_t> ids(static_cast<size_t>(tokens));
-  for (int64_t t = 0; t < tokens; ++t) ids[static_cast<size_t>(t)] = static_cast<int32_t>(t % 7);
-  return MicroBatch::packed(Tensor::from_vector(ids, {tokens}), Tensor::from_vector(ids, {tokens}),
-                            Tensor::from_vector(cu, {static_cast<int64_t>(cu.size())}));
 }
 
 // Positions restarting in every document, written out here rather than taken from the batch.
@@ -294,19 +291,6 @@ std::vector<OptionalParam> optional_params(const Weights& w, const Gradients& g)
 
 // ---- The block. ----
 
-struct BlockRun {
-  Tensor out, dx;
-};
-
-BlockRun run_block(const GqaAttention& block, const Tensor& x, const Tensor& d_out, const MicroBatch& batch) {
-  auto record = block.new_record();
-  BlockRun run;
-  run.out = block.forward(*record, x, batch);
-  run.dx = block.backward_input(*record, d_out);
-  block.backward_weight(*record);
-  return run;
-}
-
 class GqaAttentionBlock : public ::testing::TestWithParam<AttentionCase> {
  protected:
   void SetUp() override {
@@ -394,36 +378,14 @@ TEST_P(GqaAttentionBlock, GradientsMatchFiniteDifferencesInF64AndTheBlockMatches
 // 1e-6 relative against the ~1.2e-7 seen).
 TEST_P(GqaAttentionBlock, PackedDocumentsGiveWhatEachGivesAlone) {
   const GqaAttention block(options, *store, "attn.");
-  const MicroBatch batch = packed_batch(kCuSeqlens);
-  const BlockRun packed = run_block(block, x, d_out, batch);
-  std::vector<Tensor> packed_grads;
-  for (const Tensor& gr : store->all_grads()) packed_grads.push_back(gr.clone());
-  store->zero_grads();
-  for (size_t d = 0; d + 1 < kCuSeqlens.size(); ++d) {
-    const int32_t begin = kCuSeqlens[d], end = kCuSeqlens[d + 1];
-    const MicroBatch alone = packed_batch({0, end - begin});
-    const BlockRun run = run_block(block, x.slice(begin, end).clone(), d_out.slice(begin, end).clone(), alone);
-    EXPECT_EQ(values(run.out), values(packed.out.slice(begin, end).clone())) << "document " << d;
-    EXPECT_EQ(values(run.dx), values(packed.dx.slice(begin, end).clone())) << "document " << d;
-  }
-  for (size_t i = 0; i < packed_grads.size(); ++i)
-    EXPECT_LT(relative_error(store->all_grads()[i], packed_grads[i]), 1e-6) << store->specs()[i].name;
+  expect_packed_documents_give_what_each_gives_alone(block, *store, x, d_out, kCuSeqlens);
 }
 
 // backward_weight adds to the gradients (micro-batches sum into one gradient): two identical micro-batches give
 // exactly twice one.
 TEST_P(GqaAttentionBlock, WeightGradientsAccumulateOverMicroBatches) {
   const GqaAttention block(options, *store, "attn.");
-  const MicroBatch batch = packed_batch(kCuSeqlens);
-  run_block(block, x, d_out, batch);
-  std::vector<std::vector<float>> once;
-  for (const Tensor& gr : store->all_grads()) once.push_back(values(gr));
-  run_block(block, x, d_out, batch);
-  for (size_t i = 0; i < once.size(); ++i) {
-    std::vector<float> twice = once[i];
-    for (float& v : twice) v *= 2.0f;
-    EXPECT_EQ(values(store->all_grads()[i]), twice) << store->specs()[i].name;
-  }
+  expect_weight_gradients_accumulate(block, *store, x, d_out, packed_batch(kCuSeqlens));
 }
 
 INSTANTIATE_TEST_SUITE_P(Options, GqaAttentionBlock,
