@@ -51,6 +51,15 @@ void check_argument(const Tensor& t, const Shape& shape, DType dtype, const Stre
   check_on_stream_device(stream, t, op, name);
 }
 
+void check_argument(const Tensor& t, const Shape& shape, DType dtype, Device device, std::string_view op,
+                    std::string_view name) {
+  const std::string what = fmt::format("{}: {}", op, name);
+  expect_shape(t, shape, what);
+  expect_dtype(t, dtype, what);
+  expect_contiguous(t, what);
+  check_on_device(t, device, op, name);
+}
+
 void check_like(const Tensor& t, const Tensor& like, const Stream& stream, std::string_view op, std::string_view name) {
   check_argument(t, like.shape(), like.dtype(), stream, op, name);
 }

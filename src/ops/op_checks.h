@@ -35,6 +35,10 @@ void check_on_device(const Tensor& t, Device device, std::string_view op, std::s
 void check_argument(const Tensor& t, const Shape& shape, DType dtype, const Stream& stream, std::string_view op,
                     std::string_view name);
 
+// `t` has `shape` and `dtype`, is contiguous and lives on `device` (that of the argument which picked the backend).
+void check_argument(const Tensor& t, const Shape& shape, DType dtype, Device device, std::string_view op,
+                    std::string_view name);
+
 // `t` has the shape and dtype of `like`, is contiguous and lives on the stream's device.
 void check_like(const Tensor& t, const Tensor& like, const Stream& stream, std::string_view op, std::string_view name);
 

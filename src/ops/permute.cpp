@@ -22,14 +22,6 @@ namespace moetrain::ops {
 
 namespace {
 
-void check_argument(const Tensor& t, const Shape& shape, DType dtype, Device device, const char* op, const char* name) {
-  const std::string what = fmt::format("{}: {}", op, name);
-  expect_shape(t, shape, what);
-  expect_dtype(t, dtype, what);
-  expect_contiguous(t, what);
-  check_on_device(t, device, op, name);
-}
-
 // The float dtypes of the backend: f32 or f64 on the CPU (checked by the reference's dispatch), f32 or bf16 on CUDA.
 void check_float_dtype(const Tensor& t, Device device, const char* op, const char* name) {
   if (device.is_cuda()) {

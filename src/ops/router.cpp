@@ -20,14 +20,6 @@ namespace moetrain::ops {
 
 namespace {
 
-void check_argument(const Tensor& t, const Shape& shape, DType dtype, Device device, const char* op, const char* name) {
-  const std::string what = fmt::format("{}: {}", op, name);
-  expect_shape(t, shape, what);
-  expect_dtype(t, dtype, what);
-  expect_contiguous(t, what);
-  check_on_device(t, device, op, name);
-}
-
 // Checks the [T, E] tensor that fixes the shapes and returns {T, E}.
 std::pair<int64_t, int64_t> check_router_shape(const Tensor& t, const RouterParams& params, const char* op,
                                                const char* name) {
