@@ -42,21 +42,27 @@ void check_on_device(const Tensor& t, Device device, std::string_view op, std::s
   }
 }
 
-void check_argument(const Tensor& t, const Shape& shape, DType dtype, const Stream& stream, std::string_view op,
-                    std::string_view name) {
+namespace {
+
+// `t` has `shape` and `dtype` and is contiguous.
+void check_layout(const Tensor& t, const Shape& shape, DType dtype, std::string_view op, std::string_view name) {
   const std::string what = fmt::format("{}: {}", op, name);
   expect_shape(t, shape, what);
   expect_dtype(t, dtype, what);
   expect_contiguous(t, what);
+}
+
+}  // namespace
+
+void check_argument(const Tensor& t, const Shape& shape, DType dtype, const Stream& stream, std::string_view op,
+                    std::string_view name) {
+  check_layout(t, shape, dtype, op, name);
   check_on_stream_device(stream, t, op, name);
 }
 
 void check_argument(const Tensor& t, const Shape& shape, DType dtype, Device device, std::string_view op,
                     std::string_view name) {
-  const std::string what = fmt::format("{}: {}", op, name);
-  expect_shape(t, shape, what);
-  expect_dtype(t, dtype, what);
-  expect_contiguous(t, what);
+  check_layout(t, shape, dtype, op, name);
   check_on_device(t, device, op, name);
 }
 
