@@ -97,5 +97,5 @@ if [[ ${GOLDEN_KEEP_FAILED:-0} == 1 ]]; then
     grep -v ' 0 failed' | grep -oE '^seed[0-9]+_[a-z0-9_]+' | sort -u | while read -r tag; do
       seed=${tag%%_*} family=${tag#*_}
       mkdir -p "$out/failed/$seed" && cp -r "$work/golden/$seed/$family" "$out/failed/$seed/"
-    done
+    done || true  # nothing failed: grep finds no line
 fi
