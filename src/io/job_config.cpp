@@ -92,6 +92,7 @@ std::vector<FieldRef> field_refs(JobConfig& c) {
       {"optim.min_lr_ratio", &c.optim.min_lr_ratio},
       {"optim.decay_fraction", &c.optim.decay_fraction},
       {"optim.clip_grad_norm", &c.optim.clip_grad_norm},
+      {"optim.state_dtype", &c.optim.state_dtype},
       {"loss.load_balance", &c.loss.load_balance},
       {"loss.load_balance_coef", &c.loss.load_balance_coef},
       {"loss.z_loss_coef", &c.loss.z_loss_coef},
@@ -694,6 +695,8 @@ void validate(JobConfig& c, const std::string& source) {
   MT_CHECK(std::isfinite(o.eps) && o.eps > 0, "{}: optim.eps must be finite and > 0 but is {}", s, o.eps);
   MT_CHECK(std::isfinite(o.weight_decay) && o.weight_decay >= 0,
            "{}: optim.weight_decay must be finite and >= 0 but is {}", s, o.weight_decay);
+  MT_CHECK(one_of(o.state_dtype, {"f32", "bf16"}), "{}: optim.state_dtype must be f32 or bf16 but is '{}'", s,
+           o.state_dtype);
   MT_CHECK(one_of(o.schedule, {"constant", "cosine", "linear", "wsd"}),
            "{}: optim.schedule must be constant, cosine, linear or wsd but is '{}'", s, o.schedule);
   MT_CHECK(o.warmup_steps >= 0, "{}: optim.warmup_steps must be >= 0 but is {}", s, o.warmup_steps);

@@ -69,9 +69,10 @@ struct OptimSection {
   double weight_decay = 0.1;        // matrices only; norms, biases and 1-D tensors get none
   std::string schedule = "cosine";  // constant | cosine | linear | wsd (each after warmup)
   int64_t warmup_steps = 0;
-  double min_lr_ratio = 0.1;    // floor of cosine / linear / wsd decay, as a fraction of lr
-  double decay_fraction = 0.2;  // wsd: fraction of the steps spent in the final decay
-  double clip_grad_norm = 1.0;  // <= 0 disables clipping
+  double min_lr_ratio = 0.1;        // floor of cosine / linear / wsd decay, as a fraction of lr
+  double decay_fraction = 0.2;      // wsd: fraction of the steps spent in the final decay
+  double clip_grad_norm = 1.0;      // <= 0 disables clipping
+  std::string state_dtype = "f32";  // f32 | bf16: the AdamW moments' dtype (bf16 halves their memory and bytes)
 };
 
 struct LossSection {

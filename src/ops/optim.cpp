@@ -36,6 +36,18 @@ void check_float(const Tensor& t, const Stream& stream, const char* op, const st
            t.describe());
 }
 
+// The moments of `param`: its shape, contiguous on the stream's device, both in one dtype: the param's, or bf16
+// under an f32 param (moments kept in bf16, ops/optim.h).
+void check_moments(const Tensor& exp_avg, const Tensor& exp_avg_sq, const Tensor& param, const Stream& stream,
+                   const char* op, const std::string& suffix) {
+  const DType moments = exp_avg.dtype();
+  MT_CHECK(moments == param.dtype() || (moments == DType::BF16 && param.dtype() == DType::F32),
+           "{}: expected exp_avg{} in {} (the param's dtype) or in bf16 under an f32 param but found {}", op, suffix,
+           dtype_name(param.dtype()), exp_avg.describe());
+  check_argument(exp_avg, param.shape(), moments, stream, op, "exp_avg" + suffix);
+  check_argument(exp_avg_sq, param.shape(), moments, stream, op, "exp_avg_sq" + suffix);
+}
+
 void check_adamw_params(const AdamWParams& p, const char* op) {
   MT_CHECK(std::isfinite(p.lr) && p.lr >= 0.0, "{}: expected lr >= 0 but found {}", op, p.lr);
   MT_CHECK(p.beta1 >= 0.0 && p.beta1 < 1.0, "{}: expected beta1 in [0, 1) but found {}", op, p.beta1);
@@ -71,8 +83,7 @@ void adamw_step(Stream& stream, Tensor param, Tensor exp_avg, Tensor exp_avg_sq,
   OpScope profile(stream, "optimizer", op);
   check_stream_backend(stream, op);
   check_float(param, stream, op, "param");
-  check_like(exp_avg, param, stream, op, "exp_avg");
-  check_like(exp_avg_sq, param, stream, op, "exp_avg_sq");
+  check_moments(exp_avg, exp_avg_sq, param, stream, op, "");
   check_like(grad, param, stream, op, "grad");
   check_adamw_params(params, op);
 #if MOETRAIN_HAS_CUDA
@@ -107,8 +118,10 @@ void adamw_step_multi(Stream& stream, const std::vector<Tensor>& params, const s
   std::vector<const void*> storages;
   for (size_t i = 0; i < n; ++i) {
     check_float(params[i], stream, op, fmt::format("params[{}]", i));
-    check_like(exp_avg[i], params[i], stream, op, fmt::format("exp_avg[{}]", i));
-    check_like(exp_avg_sq[i], params[i], stream, op, fmt::format("exp_avg_sq[{}]", i));
+    check_moments(exp_avg[i], exp_avg_sq[i], params[i], stream, op, fmt::format("[{}]", i));
+    // One launch on CUDA reads every moment in one dtype.
+    MT_CHECK(exp_avg[i].dtype() == exp_avg[0].dtype(), "{}: expected every moment in {} (exp_avg[0]'s) but found {}",
+             op, dtype_name(exp_avg[0].dtype()), exp_avg[i].describe());
     check_like(grads[i], params[i], stream, op, fmt::format("grads[{}]", i));
     MT_CHECK(std::isfinite(weight_decay[i]) && weight_decay[i] >= 0.0,
              "{}: expected weight_decay[{}] >= 0 but found {}", op, i, weight_decay[i]);

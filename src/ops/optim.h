@@ -24,20 +24,23 @@ struct AdamWParams {
 };
 
 // PyTorch's AdamW: p *= 1 - lr*wd; m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g^2;
-// p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps). All tensors share shape and dtype.
+// p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps). All tensors share shape and dtype, except that under an f32
+// param the two moments may be kept in bf16 (Megatron's precision-aware optimizer does so): each is widened to f32
+// when read, updated and used in f32, and rounded to nearest even when stored, so it holds half the bytes and the
+// param's update is the f32 one from those stored moments.
 void adamw_step(Stream& stream, Tensor param, Tensor exp_avg, Tensor exp_avg_sq, const Tensor& grad,
                 const AdamWParams& params);
 
 // AdamW over a list of tensors in one call: for every i, adamw_step(params[i], exp_avg[i], exp_avg_sq[i], grads[i])
 // with `hyper` but weight decay weight_decay[i] (hyper.weight_decay is ignored), bit for bit the per-tensor op.
 // exp_avg, exp_avg_sq, grads and weight_decay have params.size() entries; each tensor is shaped and typed as
-// params[i] (as adamw_step requires). compute_copies is empty (no copies) or has params.size() entries; an entry
-// that is undefined, or the very tensor params[i] (same storage), means "no copy"; any other entry is a contiguous
-// tensor of params[i]'s shape on its device, in bf16 or f32 (CPU: also f64), that receives the updated param
-// converted with cast's rule (round to nearest even for bf16), which replaces a separate cast pass after the step.
-// On CUDA the whole list is ONE kernel launch: a device table of the tensors (built on first use and cached while
-// the same tensors come back) is cut into fixed chunks of elements, one block per chunk. On the CPU it is the loop
-// over adamw_step followed by cast into each copy.
+// params[i] (as adamw_step requires), and every moment of the list has one dtype. compute_copies is empty (no
+// copies) or has params.size() entries; an entry that is undefined, or the very tensor params[i] (same storage),
+// means "no copy"; any other entry is a contiguous tensor of params[i]'s shape on its device, in bf16 or f32 (CPU:
+// also f64), that receives the updated param converted with cast's rule (round to nearest even for bf16), which
+// replaces a separate cast pass after the step. On CUDA the whole list is ONE kernel launch: a device table of the
+// tensors (built on first use and cached while the same tensors come back) is cut into fixed chunks of elements, one
+// block per chunk. On the CPU it is the loop over adamw_step followed by cast into each copy.
 void adamw_step_multi(Stream& stream, const std::vector<Tensor>& params, const std::vector<Tensor>& exp_avg,
                       const std::vector<Tensor>& exp_avg_sq, const std::vector<Tensor>& grads,
                       const std::vector<Tensor>& compute_copies, const std::vector<double>& weight_decay,

@@ -540,24 +540,32 @@ void assemble_shards(const std::string& path, const json& layout, CheckpointData
   for (const json& t : layout["tensors"]) {
     const std::string name = t["name"].get<std::string>();
     // Every rank's slice is in its file before the tensor is allocated: the files' sizes bound the shape, which a
-    // hostile shards.json could otherwise make as large as check_shard_layout allows.
+    // hostile shards.json could otherwise make as large as check_shard_layout allows. Masters are f32; moments are
+    // f32 or bf16 (optim.state_dtype), every rank's slice in the dtype of the first.
+    const bool is_param = name.rfind("param/", 0) == 0;
+    std::optional<DType> dtype;
+    if (is_param) dtype = DType::F32;
     for (int r = 0; r < world; ++r) {
       const int64_t count = t["slices"][static_cast<size_t>(r)][1].get<int64_t>();
       if (count == 0) continue;
       const auto it = shards[static_cast<size_t>(r)].find(name);
-      MT_CHECK(
-          it != shards[static_cast<size_t>(r)].end() && it->second.numel() == count && it->second.dtype() == DType::F32,
-          "checkpoint {}: {} should hold f32[{}] '{}' but has {}", path, shard_file_name(r, world), count, name,
-          it == shards[static_cast<size_t>(r)].end() ? std::string("none") : it->second.describe());
+      const bool found = it != shards[static_cast<size_t>(r)].end();
+      if (found && !dtype && (it->second.dtype() == DType::F32 || it->second.dtype() == DType::BF16)) {
+        dtype = it->second.dtype();
+      }
+      MT_CHECK(found && it->second.numel() == count && dtype && it->second.dtype() == *dtype,
+               "checkpoint {}: {} should hold {}[{}] '{}' but has {}", path, shard_file_name(r, world),
+               dtype ? std::string(dtype_name(*dtype)) : std::string("f32 or bf16"), count, name,
+               found ? it->second.describe() : std::string("none"));
     }
-    Tensor full = Tensor::zeros(t["shape"].get<Shape>(), DType::F32);
+    Tensor full = Tensor::zeros(t["shape"].get<Shape>(), dtype.value_or(DType::F32));
     Tensor flat = full.view({-1});
     for (int r = 0; r < world; ++r) {
       const int64_t first = t["slices"][static_cast<size_t>(r)][0].get<int64_t>();
       const int64_t count = t["slices"][static_cast<size_t>(r)][1].get<int64_t>();
       if (count > 0) flat.slice(first, first + count).copy_from(shards[static_cast<size_t>(r)].at(name).view({-1}));
     }
-    if (name.rfind("param/", 0) != 0) {
+    if (!is_param) {
       data.optimizer.emplace_back(name, full);
       continue;
     }
@@ -575,6 +583,24 @@ CheckpointManifest parse_checkpoint_manifest(std::string_view text, const std::s
   std::optional<Manifest> manifest = manifest_from_text(text, &problem);
   MT_CHECK(manifest, "checkpoint {}: {}", folder, problem);
   return std::move(*manifest);
+}
+
+Tensor moment_for_job(const std::map<std::string, Tensor>& moments, const std::string& name, const Shape& shape,
+                      DType dtype, const std::string& checkpoint, bool* converted) {
+  const auto it = moments.find(name);
+  MT_CHECK(it != moments.end(), "checkpoint {}: optimizer state '{}' is missing", checkpoint, name);
+  const Tensor& moment = it->second;
+  MT_CHECK(moment.shape() == shape && (moment.dtype() == DType::F32 || moment.dtype() == DType::BF16),
+           "checkpoint {}: optimizer state '{}' is {} but f32{} or bf16{} was expected", checkpoint, name,
+           moment.describe(), shape_str(shape), shape_str(shape));
+  if (moment.dtype() == dtype) return moment;
+  *converted = true;
+  return moment.to(dtype);
+}
+
+std::string moments_converted_line(const std::string& checkpoint, DType dtype) {
+  return fmt::format("checkpoint {}: its AdamW moments converted to {} (optim.state_dtype)", checkpoint,
+                     dtype_name(dtype));
 }
 
 void check_checkpoint_state(const json& state, const std::string& folder) {

@@ -120,6 +120,15 @@ nlohmann::json parse_checkpoint_state(std::string_view text, const std::string& 
 // slice per rank inside it, slices that tile it exactly, and for param/ tensors HF pieces inside it.
 nlohmann::json parse_shard_layout(std::string_view text, const std::string& folder);
 
+// The optimizer moment `name` ("exp_avg/<internal name>" or "exp_avg_sq/...") of a checkpoint's optimizer tensors,
+// in the job's moment dtype `dtype` (optim.state_dtype): checked to be there with `shape` in f32 or bf16, and
+// converted when the checkpoint kept it in the other one (bf16 -> f32 exactly, f32 -> bf16 rounded to nearest even,
+// as ops::cast rounds); *converted is set then. The error names what was expected and found.
+Tensor moment_for_job(const std::map<std::string, Tensor>& moments, const std::string& name, const Shape& shape,
+                      DType dtype, const std::string& checkpoint, bool* converted);
+// The line a resume logs when it converted the moments.
+std::string moments_converted_line(const std::string& checkpoint, DType dtype);
+
 // FNV-1a 64 of `bytes` (offset basis 0xcbf29ce484222325, prime 0x100000001b3), as checkpoints use.
 uint64_t fnv1a64(const void* bytes, size_t size);
 

@@ -434,6 +434,7 @@ MemoryPlan plan_memory(const io::JobConfig& config, int world) {
                          static_cast<int>(config.parallel.ep), mc.num_experts);
   const std::vector<model::ParamSpec> specs = mc.family->param_specs(mc);
   const bool bf16 = config.model.compute_dtype == "bf16";
+  const int64_t moment_bytes = config.optim.state_dtype == "bf16" ? 2 : 4;
   const int64_t c = bf16 ? 2 : 4;
   const int data_ranks = shape.dp * shape.ep;
   const bool dualpipev = shape.pp > 1 || config.parallel.schedule == "dualpipev";
@@ -461,6 +462,7 @@ MemoryPlan plan_memory(const io::JobConfig& config, int world) {
                       ? (config.parallel.reduce_gradients == "step" ? "ZeRO-3 (gradients reduced per step)" : "ZeRO-3")
                       : "replicated";
   plan.compute_dtype = config.model.compute_dtype;
+  plan.state_dtype = config.optim.state_dtype;
   for (const auto& s : specs) plan.total_parameters += shape_numel(s.shape);
   const int64_t total_micro = micro_batches_for(config.train);
   MT_CHECK(total_micro % data_ranks == 0,
@@ -535,7 +537,7 @@ MemoryPlan plan_memory(const io::JobConfig& config, int world) {
       r.held_parameters += shard;
       r.masters += shard * 4;
       r.gradients += shard * 4;
-      r.optimizer += 2 * shard * 4;
+      r.optimizer += 2 * shard * moment_bytes;
       if (copy_of(s)) r.weights += shard * 2;
       ZeroPart& part = parts[s.layer >= 0 ? static_cast<size_t>(s.layer + 1)
                                           : (s.role == model::ParamRole::Embedding ? 0 : parts.size() - 1)];
@@ -580,7 +582,7 @@ MemoryPlan plan_memory(const io::JobConfig& config, int world) {
     r.weights = full_weights;
     r.masters = full_params * 4;
     r.gradients = full_params * 4;
-    r.optimizer = full_params * 8;
+    r.optimizer = full_params * 2 * moment_bytes;
     r.startup_peak = r.weights + r.masters + r.gradients + r.optimizer;
     r.activations_modeled = modeled;
     r.note = modeled ? "" : "activations not modeled (" + why + ")";
@@ -711,7 +713,7 @@ std::string format_memory_plan(const MemoryPlan& plan) {
     row("compute weights (bf16 copies)", r.weights,
         plan.compute_dtype == "bf16" ? "" : "(f32: compute reads the masters)");
     row("fp32 masters", r.masters);
-    row("AdamW moments (2 x fp32)", r.optimizer);
+    row(fmt::format("AdamW moments (2 x {})", plan.state_dtype), r.optimizer);
     row("gradients (fp32)", r.gradients);
     row("activations per micro-batch", r.activations_per_micro_batch);
     row("activations at the peak", r.activations,

@@ -24,7 +24,7 @@ struct RankMemory {
   // Bytes of the long-lived tensors.
   int64_t weights = 0;    // compute copies (bf16 matrices under bf16 compute; 0 under f32: the masters are read)
   int64_t masters = 0;    // fp32 parameters (shards under ZeRO-3)
-  int64_t optimizer = 0;  // AdamW's two fp32 moments
+  int64_t optimizer = 0;  // AdamW's two moments (f32 or bf16: optim.state_dtype)
   int64_t gradients = 0;  // fp32 gradients (shards under ZeRO-3, or the full ones accumulated over the step)
   // Activations: what one micro-batch keeps for its backward over this rank's layers (the sum of the retained records
   // of its stages), and how many micro-batches' worth are alive at the peak.
@@ -47,6 +47,7 @@ struct MemoryPlan {
   std::string executor;  // "plain" or "DualPipeV"
   std::string sharding;  // "ZeRO-3" or "replicated"
   std::string compute_dtype;
+  std::string state_dtype;  // the AdamW moments' (optim.state_dtype)
   int64_t total_parameters = 0;
   int64_t tokens_per_micro_batch = 0;
   int64_t micro_batches_per_rank = 0;  // per step, per data-parallel (pipeline) replica

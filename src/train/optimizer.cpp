@@ -9,12 +9,23 @@
 
 namespace moetrain::train {
 
+namespace {
+
+// Zero moments for `param` in the configured dtype (validated here: f32 or bf16).
+Tensor zero_moment(const Tensor& param, const AdamWConfig& config) {
+  MT_CHECK(config.state_dtype == DType::F32 || config.state_dtype == DType::BF16,
+           "AdamW: expected the moments' dtype f32 or bf16 but found {}", dtype_name(config.state_dtype));
+  return Tensor::zeros(param.shape(), config.state_dtype, param.device());
+}
+
+}  // namespace
+
 AdamW::AdamW(model::ParameterStore& store, const AdamWConfig& config)
     : params_(store.all_params()), grads_(store.all_grads()), config_(config) {
   for (size_t i = 0; i < params_.size(); ++i) {
     const Tensor& p = params_[i];
-    exp_avg_.push_back(Tensor::zeros(p.shape(), DType::F32, p.device()));
-    exp_avg_sq_.push_back(Tensor::zeros(p.shape(), DType::F32, p.device()));
+    exp_avg_.push_back(zero_moment(p, config_));
+    exp_avg_sq_.push_back(zero_moment(p, config_));
     weight_decay_.push_back(store.specs()[i].is_matrix() ? config_.weight_decay : 0.0);
     const Tensor weight = store.weight(store.specs()[i].name);
     compute_copies_.push_back(weight.dtype() != p.dtype() ? weight : Tensor());
@@ -36,8 +47,8 @@ AdamW::AdamW(std::vector<Tensor> params, std::vector<Tensor> grads, std::vector<
     const Tensor& p = params_[i];
     MT_CHECK(grads_[i].shape() == p.shape(), "AdamW: parameter {} is {} but its gradient is {}", i, p.describe(),
              grads_[i].describe());
-    exp_avg_.push_back(Tensor::zeros(p.shape(), DType::F32, p.device()));
-    exp_avg_sq_.push_back(Tensor::zeros(p.shape(), DType::F32, p.device()));
+    exp_avg_.push_back(zero_moment(p, config_));
+    exp_avg_sq_.push_back(zero_moment(p, config_));
   }
 }
 

@@ -1,6 +1,7 @@
 // defines: AdamW over a ParameterStore's fp32 masters, with PyTorch's parameter groups: weight
 // decay on matrices (dim >= 2), none on norms, biases and other 1-D tensors. One step is one
-// ops::adamw_step_multi call (one kernel launch on CUDA) that also writes the bf16 compute copies.
+// ops::adamw_step_multi call (one kernel launch on CUDA) that also writes the bf16 compute copies. The moments are
+// kept in f32 or, as an option (AdamWConfig::state_dtype), in bf16.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +18,8 @@ struct AdamWConfig {
   double beta2 = 0.95;
   double eps = 1e-8;
   double weight_decay = 0.1;
+  // The moments' dtype: f32, or bf16 (half their bytes, read and written by every step; ops::adamw_step).
+  DType state_dtype = DType::F32;
 };
 
 class AdamW {
@@ -48,7 +51,8 @@ class AdamW {
   const std::vector<Tensor>& compute_copies() const { return compute_copies_; }
 
   int64_t steps_taken() const { return steps_; }
-  // The moments, in the store's parameter order (for checkpoints).
+  // The moments, in the store's parameter order (for checkpoints), in state_dtype().
+  DType state_dtype() const { return config_.state_dtype; }
   const std::vector<Tensor>& exp_avg() const { return exp_avg_; }
   const std::vector<Tensor>& exp_avg_sq() const { return exp_avg_sq_; }
   std::vector<Tensor>& exp_avg() { return exp_avg_; }

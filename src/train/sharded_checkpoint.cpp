@@ -136,6 +136,7 @@ json resume_sharded_checkpoint(FullyShardedModel& sharded, AdamW& optimizer, dis
   std::vector<std::vector<Tensor>> values(specs.size());  // per tensor: master, exp_avg, exp_avg_sq (valid part)
   json state;
   bool from_own_file = false;
+  bool converted = false;  // moments kept in the other dtype than optim.state_dtype
   if (is_sharded_checkpoint(path) && sharded_checkpoint_world(path) == world) {
     CheckpointShard shard = load_checkpoint_shard(path, rank);
     std::map<std::string, json> layout;
@@ -155,10 +156,21 @@ json resume_sharded_checkpoint(FullyShardedModel& sharded, AdamW& optimizer, dis
         const int64_t count = own_slice(sharded.tensors()[i]).second;
         for (const char* kind : kKinds) {
           const auto it = mine.find(kind + specs[i].name);
-          MT_CHECK(count == 0 || (it != mine.end() && it->second.numel() == count && it->second.dtype() == DType::F32),
-                   "checkpoint {}: rank {}'s file should hold f32[{}] '{}{}' but has {}", path, rank, count, kind,
-                   specs[i].name, it == mine.end() ? std::string("none") : it->second.describe());
-          values[i].push_back(count == 0 ? Tensor::zeros({0}, DType::F32) : it->second.view({-1}));
+          const bool is_param = std::string_view(kind) == "param/";
+          const bool found = it != mine.end();
+          MT_CHECK(
+              count == 0 || (found && it->second.numel() == count &&
+                             (it->second.dtype() == DType::F32 || (!is_param && it->second.dtype() == DType::BF16))),
+              "checkpoint {}: rank {}'s file should hold {}[{}] '{}{}' but has {}", path, rank,
+              is_param ? "f32" : "f32 or bf16", count, kind, specs[i].name,
+              found ? it->second.describe() : std::string("none"));
+          const DType dtype = is_param ? DType::F32 : optimizer.state_dtype();
+          if (count == 0) {
+            values[i].push_back(Tensor::zeros({0}, dtype));
+            continue;
+          }
+          converted = converted || it->second.dtype() != dtype;
+          values[i].push_back(it->second.view({-1}).to(dtype));
         }
       }
       state = shard.state;
@@ -171,11 +183,8 @@ json resume_sharded_checkpoint(FullyShardedModel& sharded, AdamW& optimizer, dis
     for (size_t i = 0; i < specs.size(); ++i) {
       std::vector<Tensor> full = {masters[i]};
       for (const char* kind : {"exp_avg/", "exp_avg_sq/"}) {
-        const auto it = moments.find(kind + specs[i].name);
-        MT_CHECK(it != moments.end() && it->second.shape() == specs[i].shape && it->second.dtype() == DType::F32,
-                 "checkpoint {}: optimizer state '{}{}' is missing or has the wrong shape/dtype (expected f32{})", path,
-                 kind, specs[i].name, shape_str(specs[i].shape));
-        full.push_back(it->second);
+        full.push_back(
+            moment_for_job(moments, kind + specs[i].name, specs[i].shape, optimizer.state_dtype(), path, &converted));
       }
       const int64_t count = own_slice(sharded.tensors()[i]).second;
       for (const Tensor& f : full)
@@ -186,6 +195,7 @@ json resume_sharded_checkpoint(FullyShardedModel& sharded, AdamW& optimizer, dis
   }
   check_state(state);
   for (size_t i = 0; i < specs.size(); ++i) apply(sharded, optimizer, i, values[i]);
+  if (converted) log_info("{}", moments_converted_line(path, optimizer.state_dtype()));
   return state;
 }
 

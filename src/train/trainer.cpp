@@ -29,6 +29,13 @@ namespace moetrain::train {
 
 namespace {
 
+// The optimizer of the job's optim section (the learning rate is the schedule's, per step).
+AdamWConfig adamw_config(const io::OptimSection& optim) {
+  AdamWConfig config{optim.lr, optim.beta1, optim.beta2, optim.eps, optim.weight_decay};
+  config.state_dtype = optim.state_dtype == "bf16" ? DType::BF16 : DType::F32;  // validated by the job config
+  return config;
+}
+
 int64_t micro_batches_for(const io::TrainSection& train) {
   const int64_t rows_per_micro = train.micro_batch;
   if (train.global_batch_tokens > 0) return train.global_batch_tokens / (rows_per_micro * train.seq_len);
@@ -78,9 +85,7 @@ Trainer::Trainer(const io::JobConfig& config, dist::Mesh* mesh)
   const model::ModelConfig& model_config = model_->config();
   // ZeRO-3 builds its optimizer over the shards (setup_sharding): no full moments are ever allocated then.
   if (!wants_sharding()) {
-    optimizer_ =
-        std::make_unique<AdamW>(model_->params(), AdamWConfig{config.optim.lr, config.optim.beta1, config.optim.beta2,
-                                                              config.optim.eps, config.optim.weight_decay});
+    optimizer_ = std::make_unique<AdamW>(model_->params(), adamw_config(config.optim));
   }
   data::LoaderOptions loader = loader_options(config, model_config.vocab_size);
   if (mesh_ != nullptr) {
@@ -291,10 +296,9 @@ void Trainer::setup_sharding() {
            "trainer: parallel.sharding = full runs on the plain executor; parallel.schedule = dualpipev is not "
            "supported with it yet");
   sharded_ = std::make_unique<FullyShardedModel>(*model_, *mesh_);
-  optimizer_ = std::make_unique<AdamW>(sharded_->master_shards(), sharded_->grad_shards(), sharded_->compute_shards(),
-                                       sharded_->weight_decays(config_.optim.weight_decay),
-                                       AdamWConfig{config_.optim.lr, config_.optim.beta1, config_.optim.beta2,
-                                                   config_.optim.eps, config_.optim.weight_decay});
+  optimizer_ =
+      std::make_unique<AdamW>(sharded_->master_shards(), sharded_->grad_shards(), sharded_->compute_shards(),
+                              sharded_->weight_decays(config_.optim.weight_decay), adamw_config(config_.optim));
   plain_->set_parameter_hooks(sharded_.get());
   log_info(
       "sharding: ZeRO-3 over {} data ranks (dp x ep); this rank holds {:.2f} GiB of parameter and gradient "
@@ -471,14 +475,14 @@ void Trainer::resume_if_possible() {
   CheckpointData& data = loaded->second;
   // Validate everything before changing anything.
   check_state(data.state, *latest);
-  std::map<std::string, Tensor> moments(data.optimizer.begin(), data.optimizer.end());
+  const std::map<std::string, Tensor> stored(data.optimizer.begin(), data.optimizer.end());
   const auto& specs = model_->params().specs();
+  std::map<std::string, Tensor> moments;  // in the job's moment dtype
+  bool converted = false;
   for (const auto& spec : specs) {
-    for (const char* kind : {"exp_avg/", "exp_avg_sq/"}) {
-      auto it = moments.find(kind + spec.name);
-      MT_CHECK(it != moments.end() && it->second.shape() == spec.shape && it->second.dtype() == DType::F32,
-               "checkpoint {}: optimizer state '{}{}' is missing or has the wrong shape/dtype (expected f32{})",
-               *latest, kind, spec.name, shape_str(spec.shape));
+    for (const std::string kind : {"exp_avg/", "exp_avg_sq/"}) {
+      moments[kind + spec.name] =
+          moment_for_job(stored, kind + spec.name, spec.shape, optimizer_->state_dtype(), *latest, &converted);
     }
   }
   model_->params().load_hf_tensors(data.model);
@@ -486,6 +490,7 @@ void Trainer::resume_if_possible() {
     optimizer_->exp_avg()[i].copy_from(moments.at("exp_avg/" + specs[i].name));
     optimizer_->exp_avg_sq()[i].copy_from(moments.at("exp_avg_sq/" + specs[i].name));
   }
+  if (converted) log_info("{}", moments_converted_line(*latest, optimizer_->state_dtype()));
   restore_state(data.state, *latest);
 }
 

@@ -85,6 +85,7 @@ void expect_same_config(const JobConfig& a, const JobConfig& b) {
   EXPECT_EQ(a.optim.min_lr_ratio, b.optim.min_lr_ratio);
   EXPECT_EQ(a.optim.decay_fraction, b.optim.decay_fraction);
   EXPECT_EQ(a.optim.clip_grad_norm, b.optim.clip_grad_norm);
+  EXPECT_EQ(a.optim.state_dtype, b.optim.state_dtype);
   EXPECT_EQ(a.loss.load_balance, b.loss.load_balance);
   EXPECT_EQ(a.loss.load_balance_coef, b.loss.load_balance_coef);
   EXPECT_EQ(a.loss.z_loss_coef, b.loss.z_loss_coef);
@@ -167,6 +168,7 @@ warmup_steps = 100
 min_lr_ratio = 0.0
 decay_fraction = 0.3
 clip_grad_norm = 0.5
+state_dtype = "bf16"
 
 [loss]
 load_balance = "global_batch"
@@ -213,6 +215,7 @@ console_every = 10
   EXPECT_EQ(c.optim.min_lr_ratio, 0.0);
   EXPECT_EQ(c.optim.decay_fraction, 0.3);
   EXPECT_EQ(c.optim.clip_grad_norm, 0.5);
+  EXPECT_EQ(c.optim.state_dtype, "bf16");
   EXPECT_EQ(c.loss.load_balance, "global_batch");
   EXPECT_EQ(c.loss.load_balance_coef, 0.01);
   EXPECT_EQ(c.loss.z_loss_coef, 1e-3);
@@ -647,6 +650,7 @@ TEST(JobConfig, ValidatesOptimSection) {
   expect_override_error("optim.decay_fraction=0", {"optim.decay_fraction must be in (0, 1]"});
   expect_override_error("optim.decay_fraction=1.01", {"optim.decay_fraction must be in (0, 1]"});
   expect_override_error("optim.clip_grad_norm=nan", {"optim.clip_grad_norm"});
+  expect_override_error("optim.state_dtype=f16", {"optim.state_dtype must be f32 or bf16", "'f16'"});
 }
 
 TEST(JobConfig, AcceptsBoundaryValues) {

@@ -1,6 +1,7 @@
 // Tests for ops/optim: AdamW against a transcription of PyTorch's formulas (hand-checked first step, several steps,
-// with and without weight decay, f32 element math), the multi-tensor AdamW against the per-tensor one (bitwise, with
-// its compute copies against a cast), the global norm, clipping, and argument checks.
+// with and without weight decay, f32 element math), moments kept in bf16 against the f32 step rounded, the
+// multi-tensor AdamW against the per-tensor one (bitwise, with its compute copies against a cast), the global norm,
+// clipping, and argument checks.
 #include "ops/optim.h"
 
 #include <cmath>
@@ -110,7 +111,14 @@ TEST(AdamW, RejectsBadArguments) {
                {"grad", "expected shape [3]", "found [4]"});
   Tensor m64 = Tensor::zeros({3}, DType::F64);
   expect_error([&] { ops::adamw_step(Stream::cpu(), p, m64, v, g, params); },
-               {"exp_avg", "expected dtype f32", "found f64"});
+               {"exp_avg", "in f32 (the param's dtype) or in bf16 under an f32 param", "found f64"});
+  // Moments kept in bf16: both, and under an f32 param only.
+  Tensor m16 = Tensor::zeros({3}, DType::BF16);
+  expect_error([&] { ops::adamw_step(Stream::cpu(), p, m16, v, g, params); },
+               {"exp_avg_sq", "expected dtype bf16", "found f32"});
+  Tensor p64 = Tensor::zeros({3}, DType::F64), g64 = Tensor::zeros({3}, DType::F64);
+  expect_error([&] { ops::adamw_step(Stream::cpu(), p64, m16, m16, g64, params); },
+               {"exp_avg", "in f64 (the param's dtype) or in bf16 under an f32 param", "found bf16"});
   Tensor p16 = Tensor::zeros({3}, DType::BF16);
   expect_error([&] { ops::adamw_step(Stream::cpu(), p16, m, v, g, params); }, {"param", "f32 or f64", "bf16"});
   params.step = 0;
@@ -291,6 +299,72 @@ TEST(AdamWMulti, MatchesPerTensorStepsBitwiseAndWritesTheCopiesAsCast) {
       EXPECT_TRUE(same_bytes(copies[i], single.params[i].to(copies[i].dtype()))) << "copy of tensor " << i;
     }
   }
+}
+
+// Moments kept in bf16 (optim.state_dtype = bf16): each step is the f32 step from the stored moments widened, with
+// the moments rounded to nearest even as they are stored; the param's update used them unrounded.
+TEST(AdamW, Bf16MomentsAreTheF32StepWithTheMomentsRoundedWhenStored) {
+  for (const double grad_scale : {1.0, 0.37}) {
+    SCOPED_TRACE(::testing::Message() << "grad_scale " << grad_scale);
+    Rng rng(23);
+    Tensor p = random_tensor({6, 7}, DType::F32, rng);
+    Tensor m = random_tensor({6, 7}, DType::F32, rng, 0.01).to(DType::BF16);
+    Tensor v = Tensor::zeros({6, 7}, DType::BF16);
+    for (int64_t step = 1; step <= 4; ++step) {
+      const Tensor g = random_tensor({6, 7}, DType::F32, rng, 0.1);
+      const ops::AdamWParams params{1e-2, 0.9, 0.95, 1e-8, 0.1, step, grad_scale};
+      Tensor want_p = p.clone(), want_m = m.to(DType::F32), want_v = v.to(DType::F32);
+      ops::adamw_step(Stream::cpu(), want_p, want_m, want_v, g, params);
+      ops::adamw_step(Stream::cpu(), p, m, v, g, params);
+      EXPECT_TRUE(same_bytes(p, want_p)) << "param at step " << step;
+      EXPECT_TRUE(same_bytes(m, want_m.to(DType::BF16))) << "exp_avg at step " << step;
+      EXPECT_TRUE(same_bytes(v, want_v.to(DType::BF16))) << "exp_avg_sq at step " << step;
+    }
+    // The moments moved off their start: the test compared real updates.
+    EXPECT_GT(v.to(DType::F32).to_vector<float>()[0], 0.0f);
+  }
+}
+
+TEST(AdamWMulti, Bf16MomentsMatchPerTensorStepsBitwise) {
+  const std::vector<Shape> shapes{{16, 8}, {8}, {0}, {1000}};
+  Rng rng(34);
+  MultiState multi = make_state(shapes, DType::F32, rng);
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    multi.m[i] = multi.m[i].to(DType::BF16);
+    multi.v[i] = multi.v[i].to(DType::BF16);
+  }
+  MultiState single = multi.clone();
+  std::vector<Tensor> copies{Tensor::zeros(shapes[0], DType::BF16), Tensor(), Tensor(),
+                             Tensor::zeros(shapes[3], DType::BF16)};
+  ops::AdamWParams hyper{3e-3, 0.9, 0.95, 1e-8, 0.0, 1};
+  for (int64_t step = 1; step <= 3; ++step) {
+    hyper.step = step;
+    std::vector<Tensor> grads;
+    for (const Shape& shape : shapes) grads.push_back(random_tensor(shape, DType::F32, rng, 0.1));
+    ops::adamw_step_multi(Stream::cpu(), multi.params, multi.m, multi.v, grads, copies, multi.decay, hyper);
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      ops::AdamWParams p = hyper;
+      p.weight_decay = single.decay[i];
+      ops::adamw_step(Stream::cpu(), single.params[i], single.m[i], single.v[i], grads[i], p);
+    }
+  }
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    SCOPED_TRACE(::testing::Message() << "tensor " << i);
+    EXPECT_EQ(multi.m[i].dtype(), DType::BF16);
+    EXPECT_TRUE(same_bytes(multi.params[i], single.params[i])) << "param";
+    EXPECT_TRUE(same_bytes(multi.m[i], single.m[i])) << "exp_avg";
+    EXPECT_TRUE(same_bytes(multi.v[i], single.v[i])) << "exp_avg_sq";
+  }
+  EXPECT_TRUE(same_bytes(copies[3], single.params[3].to(DType::BF16)));
+  // A list's moments share one dtype (one CUDA launch reads them all alike).
+  std::vector<Tensor> mixed_m = multi.m, mixed_v = multi.v;
+  mixed_m[1] = Tensor::zeros(shapes[1], DType::F32);
+  mixed_v[1] = Tensor::zeros(shapes[1], DType::F32);
+  std::vector<Tensor> grads;
+  for (const Shape& shape : shapes) grads.push_back(Tensor::zeros(shape, DType::F32));
+  expect_error(
+      [&] { ops::adamw_step_multi(Stream::cpu(), multi.params, mixed_m, mixed_v, grads, {}, multi.decay, hyper); },
+      {"adamw_step_multi", "every moment in bf16", "f32[8]"});
 }
 
 TEST(AdamWMulti, EmptyCopyListAndEmptyParamListAreAccepted) {

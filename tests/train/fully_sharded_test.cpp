@@ -216,6 +216,34 @@ TEST(FullySharded, ACheckpointOfTwoRanksResumesOnFourRanksAndOnOne) {
   std::filesystem::remove_all(root);
 }
 
+// optim.state_dtype = bf16 under ZeRO-3: each rank's moment shards in bf16 (half the f32 bytes), its checkpoint files
+// too, and a stop and resume on the same mesh gives the straight run's bytes.
+TEST(FullySharded, Bf16MomentsShardCheckpointAndResume) {
+  const std::filesystem::path root = testing::make_temp_dir("fully_sharded_bf16_moments");
+  io::JobConfig config = job("full");
+  config.optim.state_dtype = "bf16";
+  config.checkpoint.every = 2;
+  config.checkpoint.dir = (root / "straight").string();
+  const RunResult straight = run_mesh(config, 2, 1);
+  EXPECT_TRUE(straight.sharded);
+  io::JobConfig f32 = job("full");
+  f32.checkpoint.dir = (root / "f32").string();
+  const RunResult reference = run_mesh(f32, 2, 1);
+  EXPECT_EQ(2 * straight.optimizer_bytes, reference.optimizer_bytes);
+  expect_same_training(straight, reference, 1e-2);
+  const CheckpointData saved = load_checkpoint((root / "straight" / "step_00000002").string());
+  for (const auto& [name, tensor] : saved.optimizer) EXPECT_EQ(tensor.dtype(), DType::BF16) << name;
+
+  io::JobConfig resumed = config;
+  resumed.checkpoint.dir = (root / "resumed").string();
+  run_mesh(resumed, 2, 1, 2);
+  const RunResult rest = run_mesh(resumed, 2, 1);
+  ASSERT_EQ(rest.losses.size(), 1u);
+  EXPECT_EQ(rest.losses[0], straight.losses[2]);
+  EXPECT_EQ(rest.weights, straight.weights);
+  std::filesystem::remove_all(root);
+}
+
 TEST(FullySharded, RefusesFullShardingWithPipelineParallelismAndUnknownModes) {
   io::JobConfig valid = job("auto");
   valid.metrics.console_every = 1;  // the test runs set 0 (silence), which a job file may not

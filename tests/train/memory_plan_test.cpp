@@ -186,6 +186,23 @@ TEST(MemoryPlan, RecomputingTheActivationDropsItFromTheRecords) {
   EXPECT_LT(recomputed.ranks.at(0).step_peak, kept.ranks.at(0).step_peak);
 }
 
+TEST(MemoryPlan, Bf16MomentsHalveTheOptimizerState) {
+  const std::string job = repo("bench/workload_of_record.toml");
+  const MemoryPlan f32 = plan_memory(io::load_job_config(job, {}), 1);
+  const MemoryPlan bf16 = plan_memory(io::load_job_config(job, {"optim.state_dtype=bf16"}), 1);
+  ASSERT_EQ(bf16.ranks.size(), 1u);
+  EXPECT_EQ(2 * bf16.ranks[0].optimizer, f32.ranks[0].optimizer);
+  EXPECT_EQ(f32.ranks[0].step_peak - bf16.ranks[0].step_peak, f32.ranks[0].optimizer / 2);
+  EXPECT_NE(format_memory_plan(bf16).find("AdamW moments (2 x bf16)"), std::string::npos) << format_memory_plan(bf16);
+  // ZeRO-3 over 2 data ranks: each holds half of the halved moments.
+  const MemoryPlan zero = plan_memory(io::load_job_config(job, {"train.global_batch=32", "optim.state_dtype=bf16"}), 2);
+  EXPECT_NEAR(static_cast<double>(zero.ranks[0].optimizer), 0.5 * static_cast<double>(bf16.ranks[0].optimizer), 4096.0);
+}
+
+TEST(MemoryPlan, MatchesTheMeasuredPeakWithBf16Moments) {
+  expect_within_10_percent({"train.global_batch=8", "optim.state_dtype=bf16"}, 1);
+}
+
 TEST(MemoryPlan, RefusesAWorldTheMeshDoesNotDivide) {
   const io::JobConfig config = tiny_job({"train.global_batch=16", "parallel.pp=2"});
   EXPECT_THROW(plan_memory(config, 3), Error);

@@ -1,10 +1,12 @@
-// Tests for train/trainer: exact resume, the golden AdamW trajectory through the trainer itself,
+// Tests for train/trainer: exact resume (moments in f32 or bf16, and converted between them), the golden AdamW
+// trajectory through the trainer itself,
 // the load-balance and device-balance losses in training, and NaN detection that never writes a poisoned checkpoint.
 #include "train/trainer.h"
 
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -85,6 +87,71 @@ TEST(Trainer, ResumeAfterStopIsByteIdentical) {
   for (size_t i = 0; i < losses.size(); ++i) EXPECT_EQ(losses[i], all.losses[i]) << "step " << i + 1;
   EXPECT_EQ(weights_of(resumed), weights_of(straight));
   EXPECT_EQ(list_checkpoints(dir_b + "/ckpt"), (std::vector<int64_t>{3, 6}));
+}
+
+// optim.state_dtype = bf16: the moments live and are checkpointed in bf16, a stop and resume gives the straight run's
+// bytes, and the run tracks the f32 moments' run (the first two losses are the same bits: the first update uses the
+// moments before they are stored).
+TEST(Trainer, Bf16MomentsResumeByteIdenticalAndTrackTheF32Run) {
+  const std::string dir_f32 = testing::make_temp_dir("trainer_moments_f32");
+  Trainer f32(small_job(dir_f32));
+  const TrainSummary reference = f32.run();
+
+  const auto bf16_job = [](const std::string& dir) {
+    io::JobConfig job = small_job(dir);
+    job.optim.state_dtype = "bf16";
+    return job;
+  };
+  const std::string dir_a = testing::make_temp_dir("trainer_moments_bf16");
+  Trainer straight(bf16_job(dir_a));
+  const TrainSummary all = straight.run();
+  ASSERT_EQ(all.losses.size(), reference.losses.size());
+  for (const Tensor& m : straight.optimizer().exp_avg_sq()) EXPECT_EQ(m.dtype(), DType::BF16);
+  EXPECT_EQ(all.losses[0], reference.losses[0]);
+  EXPECT_EQ(all.losses[1], reference.losses[1]);
+  bool moved = false;
+  for (size_t i = 0; i < all.losses.size(); ++i) {
+    EXPECT_NEAR(all.losses[i], reference.losses[i], 1e-2 * reference.losses[i]) << "step " << i + 1;
+    moved = moved || all.losses[i] != reference.losses[i];
+  }
+  EXPECT_TRUE(moved) << "bf16 moments gave the f32 run's losses: the option did not take effect";
+  const CheckpointData saved = load_checkpoint(*find_latest_checkpoint(dir_a + "/ckpt"));
+  for (const auto& [name, tensor] : saved.optimizer) EXPECT_EQ(tensor.dtype(), DType::BF16) << name;
+
+  const std::string dir_b = testing::make_temp_dir("trainer_moments_bf16_resumed");
+  const io::JobConfig job_b = bf16_job(dir_b);
+  std::vector<double> losses = Trainer(job_b).run(3).losses;
+  Trainer resumed(job_b);
+  const TrainSummary rest = resumed.run();
+  losses.insert(losses.end(), rest.losses.begin(), rest.losses.end());
+  EXPECT_EQ(losses, all.losses);
+  EXPECT_EQ(weights_of(resumed), weights_of(straight));
+}
+
+// A checkpoint keeps its moments in the dtype its job had; a job with the other optim.state_dtype resumes it with the
+// moments converted (f32 -> bf16 rounded to nearest even) and says so.
+TEST(Trainer, ResumeConvertsTheMomentsToTheJobsStateDtype) {
+  const std::string dir = testing::make_temp_dir("trainer_moments_convert");
+  io::JobConfig job = small_job(dir);
+  Trainer(job).run(3);
+  const CheckpointData saved = load_checkpoint(*find_latest_checkpoint(job.checkpoint.dir));
+  job.optim.state_dtype = "bf16";
+  ::testing::internal::CaptureStderr();
+  Trainer resumed(job);
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(resumed.steps_done(), 3);
+  EXPECT_NE(log.find("AdamW moments converted to bf16"), std::string::npos) << log;
+  const std::map<std::string, Tensor> stored(saved.optimizer.begin(), saved.optimizer.end());
+  const auto& specs = resumed.model().params().specs();
+  for (size_t i = 0; i < specs.size(); ++i) {
+    EXPECT_TRUE(
+        testing::same_bytes(resumed.optimizer().exp_avg()[i], stored.at("exp_avg/" + specs[i].name).to(DType::BF16)))
+        << specs[i].name;
+    EXPECT_TRUE(testing::same_bytes(resumed.optimizer().exp_avg_sq()[i],
+                                    stored.at("exp_avg_sq/" + specs[i].name).to(DType::BF16)))
+        << specs[i].name;
+  }
+  EXPECT_EQ(resumed.run().losses.size(), 3u);
 }
 
 // A byte changed in place keeps every size, so only load_checkpoint's hashes see it: the resume skips that

@@ -1,10 +1,12 @@
 // defines: the CPU AdamW update and sum of squares. The AdamW element math follows PyTorch's kernels step by step
-// (each step rounded to T, as fp32 tensors are on the GPU), so an fp32 run tracks torch.optim.AdamW closely.
+// (each step rounded to T, as fp32 tensors are on the GPU), so an fp32 run tracks torch.optim.AdamW closely. The
+// moments may be kept in bf16 under f32 params: read widened, updated in f32, rounded to nearest even when stored.
 #include "ops/cpu/optim.h"
 
 #include <cmath>
 #include <cstdint>
 
+#include "core/dtype.h"
 #include "ops/cpu/dispatch.h"
 
 namespace moetrain::ops::cpu {
@@ -20,6 +22,33 @@ T lerp(T start, T end, T weight) {
 
 }  // namespace
 
+namespace {
+
+// The moments as the update reads them: in the param's dtype T, or bf16 widened to f32 (T = f32 only).
+template <typename T>
+struct Moments {
+  T* same = nullptr;         // the moment in T
+  uint16_t* bf16 = nullptr;  // or its bf16 bits
+  explicit Moments(const Tensor& t) {
+    if (t.dtype() == DType::BF16) {
+      bf16 = static_cast<uint16_t*>(t.raw_data());
+    } else {
+      same = t.data<T>();
+    }
+  }
+  T load(int64_t i) const { return same != nullptr ? same[i] : static_cast<T>(bf16_bits_to_f32(bf16[i])); }
+  // bf16 storage rounds the f32 value to nearest even (core/dtype.h), as ops::cast does.
+  void store(int64_t i, T value) const {
+    if (same != nullptr) {
+      same[i] = value;
+    } else {
+      bf16[i] = f32_to_bf16_bits(static_cast<float>(value));
+    }
+  }
+};
+
+}  // namespace
+
 void adamw_step(const Tensor& param, const Tensor& exp_avg, const Tensor& exp_avg_sq, const Tensor& grad,
                 const AdamWParams& params) {
   // Python-side scalars of torch.optim.adamw, in double.
@@ -32,8 +61,7 @@ void adamw_step(const Tensor& param, const Tensor& exp_avg, const Tensor& exp_av
 
   dispatch_float(param.dtype(), "adamw_step", [&]<typename T>() {
     T* p = param.data<T>();
-    T* m = exp_avg.data<T>();
-    T* v = exp_avg_sq.data<T>();
+    const Moments<T> m(exp_avg), v(exp_avg_sq);
     const T* g = grad.data<T>();
     const T t_decay = static_cast<T>(decay);
     const T t_one_minus_beta1 = static_cast<T>(1.0 - params.beta1);
@@ -50,11 +78,14 @@ void adamw_step(const Tensor& param, const Tensor& exp_avg, const Tensor& exp_av
     for (int64_t i = 0; i < n; ++i) {
       const T grad = scale_grad ? g[i] * t_grad_scale : g[i];  // grad.mul_(clip_coef)
       if (apply_decay) p[i] = p[i] * t_decay;                  // param.mul_(1 - lr * wd)
-      m[i] = lerp(m[i], grad, t_one_minus_beta1);              // exp_avg.lerp_(grad, 1 - b1)
-      v[i] = v[i] * t_beta2;                                   // exp_avg_sq.mul_(b2)
-      v[i] = v[i] + t_one_minus_beta2 * (grad * grad);         // .addcmul_(grad, grad, 1 - b2)
-      const T denom = std::sqrt(v[i]) / t_bc2_sqrt + t_eps;    // (sqrt(v) / bc2_sqrt).add_(eps)
-      p[i] = p[i] + t_neg_step_size * (m[i] / denom);          // param.addcdiv_(m, denom, -ss)
+      const T avg = lerp(m.load(i), grad, t_one_minus_beta1);  // exp_avg.lerp_(grad, 1 - b1)
+      T avg_sq = v.load(i) * t_beta2;                          // exp_avg_sq.mul_(b2)
+      avg_sq = avg_sq + t_one_minus_beta2 * (grad * grad);     // .addcmul_(grad, grad, 1 - b2)
+      const T denom = std::sqrt(avg_sq) / t_bc2_sqrt + t_eps;  // (sqrt(v) / bc2_sqrt).add_(eps)
+      p[i] = p[i] + t_neg_step_size * (avg / denom);           // param.addcdiv_(m, denom, -ss)
+      // Moments kept in bf16 are rounded as they are stored; this step's update used them unrounded.
+      m.store(i, avg);
+      v.store(i, avg_sq);
     }
   });
 }

@@ -1,5 +1,6 @@
 // defines: the CUDA optimizer kernels: AdamW with the explicit round-to-nearest intrinsics (__fmul_rn, ...), which
-// nvcc never fuses into a multiply-add, so each step rounds exactly as the CPU's -ffp-contract=off code does; sums
+// nvcc never fuses into a multiply-add, so each step rounds exactly as the CPU's -ffp-contract=off code does (its
+// moments in f32 or kept in bf16, rounded as the CPU rounds them); sums
 // of squares as two fixed trees in f64 (within chunks, then over the chunks); the multi-tensor AdamW runs the same
 // element code over a cached device table of tensors, chunk by chunk (four elements per 16-byte load where the
 // chunk is aligned), and can write each param's bf16 copy.
@@ -54,22 +55,6 @@ __device__ __forceinline__ void adamw_update(float& param, float& avg, float& av
   param = __fadd_rn(param, __fmul_rn(s.neg_step_size, __fdiv_rn(avg, denom)));  // param.addcdiv_(m, denom, -ss)
 }
 
-// The same on one element in memory.
-__device__ __forceinline__ void adamw_element(float* p, float* m, float* v, const float* g, const AdamWScalars& s) {
-  float param = *p, avg = *m, avg_sq = *v;
-  adamw_update(param, avg, avg_sq, *g, s);
-  *p = param;
-  *m = avg;
-  *v = avg_sq;
-}
-
-__global__ void adamw_kernel(float* p, float* m, float* v, const float* g, int64_t n, AdamWScalars s) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    adamw_element(p + i, m + i, v + i, g + i, s);
-  }
-}
-
 // core/dtype.cpp's f32_to_bf16_bits (the rule ops::cast applies): nearest even; NaN keeps its sign and upper payload
 // and is forced quiet. (A copy of ops/cuda/elementwise.cu's private helper.)
 __device__ __forceinline__ uint16_t f32_to_bf16_bits(float value) {
@@ -79,54 +64,123 @@ __device__ __forceinline__ uint16_t f32_to_bf16_bits(float value) {
   return static_cast<uint16_t>((bits + rounding_bias) >> 16);
 }
 
+// Four f32 values as four bf16 (each rounded as above), packed for one 8-byte store.
+__device__ __forceinline__ uint2 pack_bf16x4(const float4& x) {
+  return uint2{uint32_t(f32_to_bf16_bits(x.x)) | (uint32_t(f32_to_bf16_bits(x.y)) << 16),
+               uint32_t(f32_to_bf16_bits(x.z)) | (uint32_t(f32_to_bf16_bits(x.w)) << 16)};
+}
+
+// A moment element: f32, or kept in bf16 (widened exactly when read, rounded to nearest even when written).
+template <bool kBf16Moments>
+__device__ __forceinline__ float load_moment(const void* moment, int64_t i) {
+  if constexpr (kBf16Moments) {
+    return __uint_as_float(uint32_t(static_cast<const uint16_t*>(moment)[i]) << 16);
+  } else {
+    return static_cast<const float*>(moment)[i];
+  }
+}
+
+template <bool kBf16Moments>
+__device__ __forceinline__ void store_moment(void* moment, int64_t i, float value) {
+  if constexpr (kBf16Moments) {
+    static_cast<uint16_t*>(moment)[i] = f32_to_bf16_bits(value);
+  } else {
+    static_cast<float*>(moment)[i] = value;
+  }
+}
+
+template <bool kBf16Moments>
+__device__ __forceinline__ float4 load_moment4(const void* moment, int64_t i) {
+  if constexpr (kBf16Moments) {
+    const uint2 u = *reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(moment) + i);
+    return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u), __uint_as_float(u.y << 16),
+                       __uint_as_float(u.y & 0xffff0000u));
+  } else {
+    return *reinterpret_cast<const float4*>(static_cast<const float*>(moment) + i);
+  }
+}
+
+template <bool kBf16Moments>
+__device__ __forceinline__ void store_moment4(void* moment, int64_t i, const float4& value) {
+  if constexpr (kBf16Moments) {
+    *reinterpret_cast<uint2*>(static_cast<uint16_t*>(moment) + i) = pack_bf16x4(value);
+  } else {
+    *reinterpret_cast<float4*>(static_cast<float*>(moment) + i) = value;
+  }
+}
+
+// The same on element i in memory.
+template <bool kBf16Moments>
+__device__ __forceinline__ void adamw_element(float* p, void* m, void* v, const float* g, int64_t i,
+                                              const AdamWScalars& s) {
+  float param = p[i], avg = load_moment<kBf16Moments>(m, i), avg_sq = load_moment<kBf16Moments>(v, i);
+  adamw_update(param, avg, avg_sq, g[i], s);
+  p[i] = param;
+  store_moment<kBf16Moments>(m, i, avg);
+  store_moment<kBf16Moments>(v, i, avg_sq);
+}
+
+template <bool kBf16Moments>
+__global__ void adamw_kernel(float* p, void* m, void* v, const float* g, int64_t n, AdamWScalars s) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    adamw_element<kBf16Moments>(p, m, v, g, i, s);
+  }
+}
+
 enum CopyKind : int32_t { kNoCopy = 0, kCopyBf16 = 1, kCopyF32 = 2 };
 
 // One row of the multi-tensor table: a non-empty tensor, its first chunk in the launch's chunk numbering and its
 // weight decay. No implicit padding (the rows are compared bytewise to find a cached table).
 struct MultiTensorEntry {
   float* p;
-  float* m;
-  float* v;
+  void* m;  // f32, or bf16 when moments_bf16 (the whole launch's moments are in one dtype)
+  void* v;
   const float* g;
   void* copy;  // nullptr when copy_kind == kNoCopy
   int64_t numel;
   int64_t first_chunk;
   double weight_decay;
   int32_t copy_kind;
-  int32_t unused;
+  int32_t moments_bf16;  // part of the cached table's key
 };
 static_assert(sizeof(MultiTensorEntry) == 5 * sizeof(void*) + 3 * 8 + 2 * 4, "MultiTensorEntry must not be padded");
 
 // Whether a chunk [begin, end) of a table row can move four elements per load: a whole number of fours, with the
-// f32 streams on 16 bytes and a bf16 copy on 8 (the tensors' bases decide; chunks start at multiples of 8192).
+// f32 streams on 16 bytes and the bf16 ones (moments, copy) on 8 (the tensors' bases decide; chunks start at
+// multiples of 8192).
+template <bool kBf16Moments>
 __device__ __forceinline__ bool four_aligned(const MultiTensorEntry& e, int64_t begin, int64_t end) {
   const auto on = [](const void* ptr, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; };
   if ((end - begin) % 4 != 0) return false;
-  if (!on(e.p + begin, 16) || !on(e.m + begin, 16) || !on(e.v + begin, 16) || !on(e.g + begin, 16)) return false;
+  if (!on(e.p + begin, 16) || !on(e.g + begin, 16)) return false;
+  const size_t moment_bytes = kBf16Moments ? 2 : 4;
+  const auto moment_at = [&](const void* base) { return static_cast<const char*>(base) + begin * moment_bytes; };
+  if (!on(moment_at(e.m), 4 * moment_bytes) || !on(moment_at(e.v), 4 * moment_bytes)) return false;
   if (e.copy_kind == kCopyBf16) return on(static_cast<uint16_t*>(e.copy) + begin, 8);
   if (e.copy_kind == kCopyF32) return on(static_cast<float*>(e.copy) + begin, 16);
   return true;
 }
 
-// The chunk four elements per thread at a time: 16-byte loads and stores, the same element code, the same bytes.
+// The chunk four elements per thread at a time: 16-byte loads and stores (8-byte for bf16 streams), the same element
+// code, the same bytes.
+template <bool kBf16Moments>
 __device__ __forceinline__ void adamw_chunk_by_four(const MultiTensorEntry& e, int64_t begin, int64_t end,
                                                     const AdamWScalars& t) {
   for (int64_t i = begin + 4 * static_cast<int64_t>(threadIdx.x); i < end; i += 4 * static_cast<int64_t>(blockDim.x)) {
     float4 p = *reinterpret_cast<const float4*>(e.p + i);
-    float4 m = *reinterpret_cast<const float4*>(e.m + i);
-    float4 v = *reinterpret_cast<const float4*>(e.v + i);
+    float4 m = load_moment4<kBf16Moments>(e.m, i);
+    float4 v = load_moment4<kBf16Moments>(e.v, i);
     const float4 g = *reinterpret_cast<const float4*>(e.g + i);
     adamw_update(p.x, m.x, v.x, g.x, t);
     adamw_update(p.y, m.y, v.y, g.y, t);
     adamw_update(p.z, m.z, v.z, g.z, t);
     adamw_update(p.w, m.w, v.w, g.w, t);
     *reinterpret_cast<float4*>(e.p + i) = p;
-    *reinterpret_cast<float4*>(e.m + i) = m;
-    *reinterpret_cast<float4*>(e.v + i) = v;
+    store_moment4<kBf16Moments>(e.m, i, m);
+    store_moment4<kBf16Moments>(e.v, i, v);
     if (e.copy_kind == kCopyBf16) {
-      const uint2 packed{uint32_t(f32_to_bf16_bits(p.x)) | (uint32_t(f32_to_bf16_bits(p.y)) << 16),
-                         uint32_t(f32_to_bf16_bits(p.z)) | (uint32_t(f32_to_bf16_bits(p.w)) << 16)};
-      *reinterpret_cast<uint2*>(static_cast<uint16_t*>(e.copy) + i) = packed;
+      *reinterpret_cast<uint2*>(static_cast<uint16_t*>(e.copy) + i) = pack_bf16x4(p);
     } else if (e.copy_kind == kCopyF32) {
       *reinterpret_cast<float4*>(static_cast<float*>(e.copy) + i) = p;
     }
@@ -135,6 +189,7 @@ __device__ __forceinline__ void adamw_chunk_by_four(const MultiTensorEntry& e, i
 
 // Block b takes chunks b, b + gridDim.x, ...; a chunk is kAdamWMultiChunk consecutive elements of one tensor (the
 // last chunk of a tensor may be shorter). `s` holds the scalars shared by all tensors; the decay is per tensor.
+template <bool kBf16Moments>
 __global__ void adamw_multi_kernel(const MultiTensorEntry* table, int32_t entries, int64_t total_chunks, double lr,
                                    AdamWScalars s) {
   for (int64_t chunk = blockIdx.x; chunk < total_chunks; chunk += gridDim.x) {
@@ -156,12 +211,12 @@ __global__ void adamw_multi_kernel(const MultiTensorEntry* table, int32_t entrie
     t.apply_decay = e.weight_decay != 0.0;
     const int64_t begin = (chunk - e.first_chunk) * kAdamWMultiChunk;
     const int64_t end = begin + kAdamWMultiChunk < e.numel ? begin + kAdamWMultiChunk : e.numel;
-    if (four_aligned(e, begin, end)) {
-      adamw_chunk_by_four(e, begin, end, t);
+    if (four_aligned<kBf16Moments>(e, begin, end)) {
+      adamw_chunk_by_four<kBf16Moments>(e, begin, end, t);
       continue;
     }
     for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
-      adamw_element(e.p + i, e.m + i, e.v + i, e.g + i, t);
+      adamw_element<kBf16Moments>(e.p, e.m, e.v, e.g, i, t);
       if (e.copy_kind == kCopyBf16) {
         static_cast<uint16_t*>(e.copy)[i] = f32_to_bf16_bits(e.p[i]);
       } else if (e.copy_kind == kCopyF32) {
@@ -294,9 +349,14 @@ void adamw_step(const Stream& stream, const Tensor& param, const Tensor& exp_avg
   if (n == 0) return;
   const int64_t blocks64 = (n + kThreads - 1) / kThreads;
   const unsigned blocks = static_cast<unsigned>(blocks64 < kMaxBlocks ? blocks64 : kMaxBlocks);
-  adamw_kernel<<<blocks, kThreads, 0, static_cast<cudaStream_t>(stream_handle(stream))>>>(
-      static_cast<float*>(param.raw_data()), static_cast<float*>(exp_avg.raw_data()),
-      static_cast<float*>(exp_avg_sq.raw_data()), static_cast<const float*>(grad.raw_data()), n, s);
+  const auto cu_stream = static_cast<cudaStream_t>(stream_handle(stream));
+  auto* p = static_cast<float*>(param.raw_data());
+  const auto* g = static_cast<const float*>(grad.raw_data());
+  if (exp_avg.dtype() == DType::BF16) {
+    adamw_kernel<true><<<blocks, kThreads, 0, cu_stream>>>(p, exp_avg.raw_data(), exp_avg_sq.raw_data(), g, n, s);
+  } else {
+    adamw_kernel<false><<<blocks, kThreads, 0, cu_stream>>>(p, exp_avg.raw_data(), exp_avg_sq.raw_data(), g, n, s);
+  }
   MT_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -313,6 +373,7 @@ void adamw_step_multi(const Stream& stream, const std::vector<Tensor>& params, c
   MultiTable key;
   key.stream = cu_stream;
   int64_t chunks = 0;
+  const bool moments_bf16 = !exp_avg.empty() && exp_avg[0].dtype() == DType::BF16;
   for (size_t i = 0; i < params.size(); ++i) {
     MT_CHECK(params[i].dtype() == DType::F32, "{}: expected params[{}] in f32 but found {}", op, i,
              params[i].describe());
@@ -320,8 +381,12 @@ void adamw_step_multi(const Stream& stream, const std::vector<Tensor>& params, c
     if (n == 0) continue;
     MultiTensorEntry e{};
     e.p = static_cast<float*>(params[i].raw_data());
-    e.m = static_cast<float*>(exp_avg[i].raw_data());
-    e.v = static_cast<float*>(exp_avg_sq[i].raw_data());
+    MT_CHECK(
+        exp_avg[i].dtype() == (moments_bf16 ? DType::BF16 : DType::F32) && exp_avg_sq[i].dtype() == exp_avg[i].dtype(),
+        "{}: expected every moment in {} but found {} and {}", op, moments_bf16 ? "bf16" : "f32", exp_avg[i].describe(),
+        exp_avg_sq[i].describe());
+    e.m = exp_avg[i].raw_data();
+    e.v = exp_avg_sq[i].raw_data();
     e.g = static_cast<const float*>(grads[i].raw_data());
     e.copy = nullptr;
     e.copy_kind = kNoCopy;
@@ -335,7 +400,7 @@ void adamw_step_multi(const Stream& stream, const std::vector<Tensor>& params, c
     e.numel = n;
     e.first_chunk = chunks;
     e.weight_decay = weight_decay[i];
-    e.unused = 0;
+    e.moments_bf16 = moments_bf16 ? 1 : 0;
     chunks += (n + kAdamWMultiChunk - 1) / kAdamWMultiChunk;
     key.entries.push_back(e);
   }
@@ -345,7 +410,11 @@ void adamw_step_multi(const Stream& stream, const std::vector<Tensor>& params, c
   const auto entries = static_cast<int32_t>(key.entries.size());
   const MultiTensorEntry* table = cached_table(std::move(key), stream.device());
   const unsigned blocks = static_cast<unsigned>(chunks < kMaxMultiBlocks ? chunks : kMaxMultiBlocks);
-  adamw_multi_kernel<<<blocks, kThreads, 0, cu_stream>>>(table, entries, chunks, hyper.lr, scalars_of(hyper));
+  if (moments_bf16) {
+    adamw_multi_kernel<true><<<blocks, kThreads, 0, cu_stream>>>(table, entries, chunks, hyper.lr, scalars_of(hyper));
+  } else {
+    adamw_multi_kernel<false><<<blocks, kThreads, 0, cu_stream>>>(table, entries, chunks, hyper.lr, scalars_of(hyper));
+  }
   MT_CUDA_CHECK(cudaGetLastError());
 }
 
