@@ -263,6 +263,30 @@ MultiState make_state(const std::vector<Shape>& shapes, DType dtype, Rng& rng) {
   return s;
 }
 
+// Three steps of adamw_step_multi on `multi` and of adamw_step per tensor on `single` (the same state), with the same
+// random gradients in `grad_dtype`; then every param and moment compared bytewise.
+void expect_multi_steps_match_per_tensor(MultiState& multi, MultiState& single, const std::vector<Shape>& shapes,
+                                         const std::vector<Tensor>& copies, DType grad_dtype, Rng& rng) {
+  ops::AdamWParams hyper{3e-3, 0.9, 0.95, 1e-8, /*weight_decay, ignored:*/ 0.5, 1};
+  for (int64_t step = 1; step <= 3; ++step) {
+    hyper.step = step;
+    std::vector<Tensor> grads;
+    for (const Shape& shape : shapes) grads.push_back(random_tensor(shape, grad_dtype, rng, 0.1));
+    ops::adamw_step_multi(Stream::cpu(), multi.params, multi.m, multi.v, grads, copies, multi.decay, hyper);
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      ops::AdamWParams p = hyper;
+      p.weight_decay = single.decay[i];
+      ops::adamw_step(Stream::cpu(), single.params[i], single.m[i], single.v[i], grads[i], p);
+    }
+  }
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    SCOPED_TRACE(::testing::Message() << "tensor " << i);
+    EXPECT_TRUE(same_bytes(multi.params[i], single.params[i])) << "param";
+    EXPECT_TRUE(same_bytes(multi.m[i], single.m[i])) << "exp_avg";
+    EXPECT_TRUE(same_bytes(multi.v[i], single.v[i])) << "exp_avg_sq";
+  }
+}
+
 TEST(AdamWMulti, MatchesPerTensorStepsBitwiseAndWritesTheCopiesAsCast) {
   const std::vector<Shape> shapes{{16, 8}, {8}, {0}, {3, 5, 7}, {1}, {1000}};
   for (DType dtype : {DType::F32, DType::F64}) {
@@ -277,24 +301,7 @@ TEST(AdamWMulti, MatchesPerTensorStepsBitwiseAndWritesTheCopiesAsCast) {
     copies[3] = Tensor::zeros(shapes[3], dtype == DType::F32 ? DType::F64 : DType::F32);
     copies[4] = multi.params[4];
     copies[5] = Tensor::zeros(shapes[5], DType::BF16);
-    ops::AdamWParams hyper{3e-3, 0.9, 0.95, 1e-8, /*weight_decay, ignored:*/ 0.5, 1};
-    for (int64_t step = 1; step <= 3; ++step) {
-      hyper.step = step;
-      std::vector<Tensor> grads;
-      for (const Shape& shape : shapes) grads.push_back(random_tensor(shape, dtype, rng, 0.1));
-      ops::adamw_step_multi(Stream::cpu(), multi.params, multi.m, multi.v, grads, copies, multi.decay, hyper);
-      for (size_t i = 0; i < shapes.size(); ++i) {
-        ops::AdamWParams p = hyper;
-        p.weight_decay = single.decay[i];
-        ops::adamw_step(Stream::cpu(), single.params[i], single.m[i], single.v[i], grads[i], p);
-      }
-    }
-    for (size_t i = 0; i < shapes.size(); ++i) {
-      SCOPED_TRACE(::testing::Message() << "tensor " << i);
-      EXPECT_TRUE(same_bytes(multi.params[i], single.params[i])) << "param";
-      EXPECT_TRUE(same_bytes(multi.m[i], single.m[i])) << "exp_avg";
-      EXPECT_TRUE(same_bytes(multi.v[i], single.v[i])) << "exp_avg_sq";
-    }
+    expect_multi_steps_match_per_tensor(multi, single, shapes, copies, dtype, rng);
     for (size_t i : {size_t(0), size_t(3), size_t(5)}) {
       EXPECT_TRUE(same_bytes(copies[i], single.params[i].to(copies[i].dtype()))) << "copy of tensor " << i;
     }
@@ -336,27 +343,11 @@ TEST(AdamWMulti, Bf16MomentsMatchPerTensorStepsBitwise) {
   MultiState single = multi.clone();
   std::vector<Tensor> copies{Tensor::zeros(shapes[0], DType::BF16), Tensor(), Tensor(),
                              Tensor::zeros(shapes[3], DType::BF16)};
-  ops::AdamWParams hyper{3e-3, 0.9, 0.95, 1e-8, 0.0, 1};
-  for (int64_t step = 1; step <= 3; ++step) {
-    hyper.step = step;
-    std::vector<Tensor> grads;
-    for (const Shape& shape : shapes) grads.push_back(random_tensor(shape, DType::F32, rng, 0.1));
-    ops::adamw_step_multi(Stream::cpu(), multi.params, multi.m, multi.v, grads, copies, multi.decay, hyper);
-    for (size_t i = 0; i < shapes.size(); ++i) {
-      ops::AdamWParams p = hyper;
-      p.weight_decay = single.decay[i];
-      ops::adamw_step(Stream::cpu(), single.params[i], single.m[i], single.v[i], grads[i], p);
-    }
-  }
-  for (size_t i = 0; i < shapes.size(); ++i) {
-    SCOPED_TRACE(::testing::Message() << "tensor " << i);
-    EXPECT_EQ(multi.m[i].dtype(), DType::BF16);
-    EXPECT_TRUE(same_bytes(multi.params[i], single.params[i])) << "param";
-    EXPECT_TRUE(same_bytes(multi.m[i], single.m[i])) << "exp_avg";
-    EXPECT_TRUE(same_bytes(multi.v[i], single.v[i])) << "exp_avg_sq";
-  }
+  expect_multi_steps_match_per_tensor(multi, single, shapes, copies, DType::F32, rng);
+  for (const Tensor& m : multi.m) EXPECT_EQ(m.dtype(), DType::BF16);
   EXPECT_TRUE(same_bytes(copies[3], single.params[3].to(DType::BF16)));
   // A list's moments share one dtype (one CUDA launch reads them all alike).
+  const ops::AdamWParams hyper;
   std::vector<Tensor> mixed_m = multi.m, mixed_v = multi.v;
   mixed_m[1] = Tensor::zeros(shapes[1], DType::F32);
   mixed_v[1] = Tensor::zeros(shapes[1], DType::F32);

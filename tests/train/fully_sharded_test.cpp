@@ -153,6 +153,19 @@ TEST(FullySharded, EachRankHoldsItsShareOfTheState) {
   }
 }
 
+// Runs `config` for 2 steps (the step-2 checkpoint in a fresh folder under `root`), then resumes it for step 3 on the
+// same mesh: the straight run's loss and weights, to the byte.
+void expect_resume_gives_the_straight_run(const io::JobConfig& config, const std::filesystem::path& root, int ep,
+                                          const RunResult& straight) {
+  io::JobConfig resumed = config;
+  resumed.checkpoint.dir = (root / "resumed").string();
+  run_mesh(resumed, 2, ep, 2);
+  const RunResult rest = run_mesh(resumed, 2, ep);
+  ASSERT_EQ(rest.losses.size(), 1u);
+  EXPECT_EQ(rest.losses[0], straight.losses[2]);
+  EXPECT_EQ(rest.weights, straight.weights);
+}
+
 TEST(FullySharded, CheckpointHoldsTheReplicatedValuesAndResumesTheShardedRun) {
   const std::filesystem::path root = testing::make_temp_dir("fully_sharded_checkpoint");
   io::JobConfig sharded = job("full");
@@ -176,13 +189,7 @@ TEST(FullySharded, CheckpointHoldsTheReplicatedValuesAndResumesTheShardedRun) {
     EXPECT_LT(testing::relative_error(a.optimizer[i].second, b.optimizer[i].second), 1e-5) << a.optimizer[i].first;
 
   // Interrupted after step 2 (the step-2 checkpoint), resumed for step 3: the straight run's bytes.
-  io::JobConfig resumed = sharded;
-  resumed.checkpoint.dir = (root / "resumed").string();
-  run_mesh(resumed, 2, 2, 2);
-  const RunResult rest = run_mesh(resumed, 2, 2);
-  ASSERT_EQ(rest.losses.size(), 1u);
-  EXPECT_EQ(rest.losses[0], straight.losses[2]);
-  EXPECT_EQ(rest.weights, straight.weights);
+  expect_resume_gives_the_straight_run(sharded, root, 2, straight);
   std::filesystem::remove_all(root);
 }
 
@@ -234,13 +241,7 @@ TEST(FullySharded, Bf16MomentsShardCheckpointAndResume) {
   const CheckpointData saved = load_checkpoint((root / "straight" / "step_00000002").string());
   for (const auto& [name, tensor] : saved.optimizer) EXPECT_EQ(tensor.dtype(), DType::BF16) << name;
 
-  io::JobConfig resumed = config;
-  resumed.checkpoint.dir = (root / "resumed").string();
-  run_mesh(resumed, 2, 1, 2);
-  const RunResult rest = run_mesh(resumed, 2, 1);
-  ASSERT_EQ(rest.losses.size(), 1u);
-  EXPECT_EQ(rest.losses[0], straight.losses[2]);
-  EXPECT_EQ(rest.weights, straight.weights);
+  expect_resume_gives_the_straight_run(config, root, 1, straight);
   std::filesystem::remove_all(root);
 }
 
