@@ -33,6 +33,14 @@ namespace {
 AdamWConfig adamw_config(const io::OptimSection& optim) {
   AdamWConfig config{optim.lr, optim.beta1, optim.beta2, optim.eps, optim.weight_decay};
   config.state_dtype = optim.state_dtype == "bf16" ? DType::BF16 : DType::F32;  // validated by the job config
+  // bf16 keeps 8 significant bits: a decay by beta2 of less than half an ulp (2^-9) rounds back to the same second
+  // moment while the gradients are small, so it stops decaying.
+  if (config.state_dtype == DType::BF16 && 1.0 - optim.beta2 < std::ldexp(1.0, -9)) {
+    log_warn(
+        "optim.state_dtype = bf16 with optim.beta2 = {}: a decay this slow rounds away in bf16 (1 - beta2 below "
+        "2^-9), so the second moment stops decaying where gradients are small; keep f32 moments or beta2 <= 0.998",
+        optim.beta2);
+  }
   return config;
 }
 

@@ -128,6 +128,22 @@ TEST(Trainer, Bf16MomentsResumeByteIdenticalAndTrackTheF32Run) {
   EXPECT_EQ(weights_of(resumed), weights_of(straight));
 }
 
+TEST(Trainer, WarnsOfBf16MomentsWithABeta2WhoseDecayRoundsAway) {
+  io::JobConfig job = small_job(testing::make_temp_dir("trainer_moments_beta2"));
+  job.optim.state_dtype = "bf16";
+  job.optim.beta2 = 0.999;
+  ::testing::internal::CaptureStderr();
+  { Trainer trainer(job); }
+  const std::string warned = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(warned.find("optim.beta2 = 0.999"), std::string::npos) << warned;
+  EXPECT_NE(warned.find("rounds away in bf16"), std::string::npos) << warned;
+  job.optim.beta2 = 0.95;
+  ::testing::internal::CaptureStderr();
+  { Trainer trainer(job); }
+  const std::string quiet = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(quiet.find("rounds away"), std::string::npos) << quiet;
+}
+
 // A checkpoint keeps its moments in the dtype its job had; a job with the other optim.state_dtype resumes it with the
 // moments converted (f32 -> bf16 rounded to nearest even) and says so.
 TEST(Trainer, ResumeConvertsTheMomentsToTheJobsStateDtype) {
