@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <map>
 #include <memory>
@@ -565,6 +566,47 @@ TEST(ShardedCheckpoint, EachRankWritesItsFileAndLoadAssemblesTheWhole) {
   EXPECT_EQ(one.step, 3);
   ASSERT_EQ(one.tensors.size(), 3u);
   EXPECT_EQ(one.tensors[0].second.to_vector<float>(), (std::vector<float>{5, 6}));
+}
+
+// Each rank's slices with `dtype(rank, kind)` in place of f32, as optim.state_dtype = bf16 writes the moments.
+std::string save_two_rank_in(const std::string& dir, int64_t step,
+                             const std::function<DType(int, const std::string&)>& dtype) {
+  prepare_sharded_checkpoint(dir, step);
+  for (int rank = 0; rank < 2; ++rank) {
+    Named slices = rank_slices(rank, 1.0f);
+    for (auto& [name, tensor] : slices) tensor = tensor.to(dtype(rank, name.substr(0, name.find('/') + 1)));
+    write_checkpoint_shard(dir, step, rank, 2, slices);
+  }
+  CheckpointData data;
+  data.step = step;
+  data.state = {{"step", step}};
+  data.config_toml = "[train]\n";
+  return complete_sharded_checkpoint(dir, data, two_rank_layout(), 0);
+}
+
+// Moments in bf16 assemble in bf16; masters stay f32, and a tensor's slices share one dtype, f32 or bf16.
+TEST(ShardedCheckpoint, MomentsInBf16AssembleAndOtherDtypesAreRefusedNamingTheFile) {
+  ScopedDir dir("sharded_checkpoint_bf16_moments");
+  const auto moments_bf16 = [](int, const std::string& kind) { return kind == "param/" ? DType::F32 : DType::BF16; };
+  const CheckpointData data = load_checkpoint(save_two_rank_in(dir.path, 1, moments_bf16));
+  ASSERT_EQ(data.optimizer.size(), 2u);
+  EXPECT_EQ(data.optimizer[0].second.dtype(), DType::BF16);
+  EXPECT_EQ(data.optimizer[0].second.to(DType::F32).to_vector<float>(), (std::vector<float>{10, 20, 30, 40, 50, 60}));
+  EXPECT_EQ(data.model[0].second.dtype(), DType::F32);
+
+  const auto mixed = [](int rank, const std::string& kind) {
+    return kind == "exp_avg/" && rank == 0 ? DType::BF16 : DType::F32;
+  };
+  const std::string mixed_path = save_two_rank_in(dir.path, 2, mixed);
+  expect_error([&] { load_checkpoint(mixed_path); },
+               {"shard-00001-of-00002.safetensors", "should hold bf16[2] 'exp_avg/w'", "f32[2]"});
+  const auto param_bf16 = [](int, const std::string& kind) { return kind == "param/" ? DType::BF16 : DType::F32; };
+  const std::string param_path = save_two_rank_in(dir.path, 3, param_bf16);
+  expect_error([&] { load_checkpoint(param_path); },
+               {"shard-00000-of-00002.safetensors", "should hold f32[4] 'param/w'", "bf16[4]"});
+  const auto moments_f16 = [](int, const std::string& kind) { return kind == "param/" ? DType::F32 : DType::F16; };
+  const std::string f16_path = save_two_rank_in(dir.path, 4, moments_f16);
+  expect_error([&] { load_checkpoint(f16_path); }, {"shard-00000-of-00002.safetensors", "should hold f32 or bf16[4]"});
 }
 
 TEST(ShardedCheckpoint, RefusesLayoutsWhoseSlicesDoNotTileEveryTensor) {

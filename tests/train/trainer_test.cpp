@@ -14,6 +14,7 @@
 
 #include "io/safetensors.h"
 #include "testing/cuda_compare.h"
+#include "testing/error_message.h"
 #include "testing/gpu.h"
 #include "testing/test_data.h"
 #include "train/checkpoint.h"
@@ -168,6 +169,27 @@ TEST(Trainer, ResumeConvertsTheMomentsToTheJobsStateDtype) {
         << specs[i].name;
   }
   EXPECT_EQ(resumed.run().losses.size(), 3u);
+}
+
+// Moments in a dtype neither optim.state_dtype takes (f16), or of another shape, are refused by name.
+TEST(Trainer, ResumeRefusesMomentsOfAnotherDtypeOrShape) {
+  const std::string dir = testing::make_temp_dir("trainer_bad_moments");
+  io::JobConfig job = small_job(dir);
+  Trainer(job).run(3);
+  const CheckpointData good = load_checkpoint(job.checkpoint.dir + "/step_00000003");
+  CheckpointData f16 = good;
+  f16.optimizer[0].second = f16.optimizer[0].second.to(DType::F16);
+  f16.step = 4;
+  f16.state["step"] = 4;
+  save_checkpoint(job.checkpoint.dir, f16, 0);
+  const std::string name = good.optimizer[0].first;
+  testing::expect_error([&] { Trainer bad(job); }, {"optimizer state '" + name + "'", "f16[", "or bf16["});
+  CheckpointData reshaped = good;
+  reshaped.optimizer[0].second = Tensor::zeros({3}, DType::F32);
+  reshaped.step = 5;
+  reshaped.state["step"] = 5;
+  save_checkpoint(job.checkpoint.dir, reshaped, 0);
+  testing::expect_error([&] { Trainer bad(job); }, {"optimizer state '" + name + "'", "f32[3]", "was expected"});
 }
 
 // A byte changed in place keeps every size, so only load_checkpoint's hashes see it: the resume skips that
