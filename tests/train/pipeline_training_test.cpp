@@ -2,7 +2,7 @@
 // the tiny MoE example (8 decoder layers, f32 on the CPU, synthetic data, auxiliary router losses on, clipping
 // active): pp = 2 (balanced and with explicit cuts) and pp = 4 against one rank, pp = 2 x dp = 2 against dp = 2
 // alone and against one rank, pp = 2 and 4 x ep = 2 against ep = 2 alone and against one rank, the whole model
-// gathered into a checkpoint, and the refusals (fewer layers than stages, fewer micro-batches than 2P per pipeline).
+// gathered into a checkpoint (with f32 or bf16 moments), and the refusals (fewer layers than stages, fewer micro-batches than 2P per pipeline).
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -267,6 +267,28 @@ TEST(PipelineTraining, ResumesFromAPipelineCheckpointLikeAnUninterruptedRun) {
   resumed.losses.insert(resumed.losses.begin(), before.losses.begin(), before.losses.end());
   resumed.grad_norms.insert(resumed.grad_norms.begin(), before.grad_norms.begin(), before.grad_norms.end());
   expect_bitwise(resumed, reference(), "pp=2 resumed at step 3");
+  std::filesystem::remove_all(dir);
+}
+
+// optim.state_dtype = bf16 through the pipeline: pp = 2 trains like one rank with bf16 moments, bit for bit, and a
+// checkpoint (every rank's moments broadcast in bf16 to the saving one) resumes like the uninterrupted run.
+TEST(PipelineTraining, Bf16MomentsTrainLikeOneRankAndResumeFromAPipelineCheckpoint) {
+  io::JobConfig config = job();
+  config.optim.state_dtype = "bf16";
+  const RankResult single = run_single(config);
+  expect_bitwise(assemble(run_mesh(config, 2, 1), 0), single, "pp=2, bf16 moments");
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "moetrain_pipeline_bf16_moments";
+  std::filesystem::remove_all(dir);
+  config.checkpoint.dir = dir.string();
+  config.checkpoint.every = 3;
+  const MeshRun first = run_mesh(config, 2, 1, 3);
+  for (const auto& [name, tensor] : load_checkpoint(*find_latest_checkpoint(dir.string())).optimizer)
+    EXPECT_EQ(tensor.dtype(), DType::BF16) << name;
+  RankResult resumed = assemble(run_mesh(config, 2, 1), 0);
+  const RankResult before = assemble(first, 0);
+  resumed.losses.insert(resumed.losses.begin(), before.losses.begin(), before.losses.end());
+  resumed.grad_norms.insert(resumed.grad_norms.begin(), before.grad_norms.begin(), before.grad_norms.end());
+  expect_bitwise(resumed, single, "pp=2 with bf16 moments resumed at step 3");
   std::filesystem::remove_all(dir);
 }
 
