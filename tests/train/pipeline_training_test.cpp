@@ -2,7 +2,8 @@
 // the tiny MoE example (8 decoder layers, f32 on the CPU, synthetic data, auxiliary router losses on, clipping
 // active): pp = 2 (balanced and with explicit cuts) and pp = 4 against one rank, pp = 2 x dp = 2 against dp = 2
 // alone and against one rank, pp = 2 and 4 x ep = 2 against ep = 2 alone and against one rank, the whole model
-// gathered into a checkpoint (with f32 or bf16 moments), and the refusals (fewer layers than stages, fewer micro-batches than 2P per pipeline).
+// gathered into a checkpoint (with f32 or bf16 moments), and the refusals (fewer layers than stages, fewer
+// micro-batches than 2P per pipeline).
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
