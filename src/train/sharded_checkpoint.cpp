@@ -169,8 +169,13 @@ json resume_sharded_checkpoint(FullyShardedModel& sharded, AdamW& optimizer, dis
             values[i].push_back(Tensor::zeros({0}, dtype));
             continue;
           }
-          converted = converted || it->second.dtype() != dtype;
-          values[i].push_back(it->second.view({-1}).to(dtype));
+          const Tensor flat = it->second.view({-1});
+          if (flat.dtype() == dtype) {
+            values[i].push_back(flat);
+            continue;
+          }
+          converted = true;
+          values[i].push_back(flat.to(dtype));
         }
       }
       state = shard.state;

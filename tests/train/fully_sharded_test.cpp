@@ -245,6 +245,26 @@ TEST(FullySharded, Bf16MomentsShardCheckpointAndResume) {
   std::filesystem::remove_all(root);
 }
 
+// A sharded checkpoint written with f32 moments, resumed on the same mesh by a job with bf16 moments: each rank reads
+// its own file and rounds its moment slices (the log says so); the run goes on.
+TEST(FullySharded, ASameMeshResumeConvertsTheMomentsToTheJobsStateDtype) {
+  const std::filesystem::path root = testing::make_temp_dir("fully_sharded_convert_moments");
+  io::JobConfig config = job("full");
+  config.checkpoint.every = 2;
+  config.checkpoint.dir = (root / "run").string();
+  run_mesh(config, 2, 1, 2);
+  config.optim.state_dtype = "bf16";
+  ::testing::internal::CaptureStderr();
+  const RunResult rest = run_mesh(config, 2, 1);
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(log.find("AdamW moments converted to bf16"), std::string::npos) << log;
+  ASSERT_EQ(rest.losses.size(), 1u);
+  EXPECT_TRUE(std::isfinite(rest.losses[0]));
+  const CheckpointData saved = load_checkpoint(*find_latest_checkpoint(config.checkpoint.dir));
+  for (const auto& [name, tensor] : saved.optimizer) EXPECT_EQ(tensor.dtype(), DType::BF16) << name;
+  std::filesystem::remove_all(root);
+}
+
 TEST(FullySharded, RefusesFullShardingWithPipelineParallelismAndUnknownModes) {
   io::JobConfig valid = job("auto");
   valid.metrics.console_every = 1;  // the test runs set 0 (silence), which a job file may not
