@@ -65,8 +65,10 @@ class DecoderLayer {
   virtual void stage3_backward_weight(LayerRecord& record) const = 0;
   // Stage 3's weight work held past its micro-batch (an executor that runs the expert weight gradients once a step):
   // moves what stage3_backward_weight reads out of `record` (whose stage-1 weight work then frees the rest) into a
-  // record of its own, for stage3_backward_weight_together.
-  virtual std::unique_ptr<LayerRecord> take_stage3_weight_work(LayerRecord& record) const = 0;
+  // record of its own, for stage3_backward_weight_together. `own_rows`: stage 3 ran on stage 1's own rows (no expert
+  // exchange between); called so before stage1_backward_input, the layer may hold what it made those rows and their
+  // gradient from instead of the rows themselves.
+  virtual std::unique_ptr<LayerRecord> take_stage3_weight_work(LayerRecord& record, bool own_rows) const = 0;
   // Stage 3's weight gradients of several micro-batches from the records take_stage3_weight_work made, in micro-batch
   // order: an expert bank's in one grouped GEMM per weight over all their rows. Their sum over the micro-batches, in
   // another f32 summation order than stage3_backward_weight's one by one. Frees what the records hold.

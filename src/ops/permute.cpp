@@ -8,12 +8,16 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <vector>
+
+#include <fmt/format.h>
 
 #include "ops/cpu/dispatch.h"
 #include "ops/cpu/elementwise.h"
 #include "ops/cpu/permute.h"
 #include "ops/op_checks.h"
 #include "ops/op_profile.h"
+#include "ops/row_gather.h"
 #if MOETRAIN_HAS_CUDA
 #include "ops/cuda/permute.h"
 #endif
@@ -241,6 +245,54 @@ void unpermute_backward(Stream& stream, Tensor dexpert_out, Tensor dtopk_weight,
   }
 #endif
   cpu::unpermute_backward(dexpert_out, dtopk_weight, dy, expert_out, topk_weight, plan);
+}
+
+void concat_permuted_rows(Stream& stream, Tensor out, const std::vector<PermutedRows>& sources) {
+  constexpr const char* op = "concat_permuted_rows";
+  OpScope profile(stream, "permute", op);
+  const Device device = check_tensor_backend(stream, out, op, "out");
+  MT_CHECK(out.dim() == 2, "{}: expected out [rows, H] but found {}", op, out.describe());
+  check_float_dtype(out, device, op, "out");
+  const int64_t count = static_cast<int64_t>(sources.size());
+  MT_CHECK(count >= 1 && count <= kMaxGroupParts, "{}: expected 1 to {} sources but found {}", op, kMaxGroupParts,
+           count);
+  const int64_t hidden = out.size(1);
+  const bool weighted = sources[0].weight.defined();
+  const int64_t experts = sources[0].plan.num_experts;
+  int64_t rows = 0;
+  for (size_t p = 0; p < sources.size(); ++p) {
+    const PermutedRows& source = sources[p];
+    const std::string where = fmt::format("{} (sources[{}])", op, p);
+    check_plan(source.plan, device, where.c_str());
+    MT_CHECK(source.plan.num_experts == experts,
+             "{}: every source's plan groups its rows by the same experts; sources[0] has E = {} but sources[{}] has "
+             "E = {}",
+             op, experts, p, source.plan.num_experts);
+    MT_CHECK(source.weight.defined() == weighted,
+             "{}: the sources are all weighted or none; sources[0] is {} but sources[{}] is {}", op,
+             weighted ? "weighted" : "not", p, source.weight.defined() ? "weighted" : "not");
+    const Shape tokens{source.plan.num_tokens, hidden};
+    if (weighted) {
+      check_token_side(source.tokens, tokens, out.dtype(), device, where.c_str(), "tokens");
+      check_argument(source.weight, {source.plan.num_tokens, source.plan.top_k}, weight_dtype(out.dtype(), device),
+                     device, where.c_str(), "weight");
+    } else {
+      check_argument(source.tokens, tokens, out.dtype(), device, where.c_str(), "tokens");
+    }
+    rows += source.plan.num_tokens * source.plan.top_k;
+  }
+  // The concatenation's group offsets are i32, as every plan's are: its rows must be counted by one too.
+  MT_CHECK(rows <= std::numeric_limits<int32_t>::max(),
+           "{}: the sources hold {} rows together, more than i32 group offsets count ({}); concatenate fewer", op, rows,
+           std::numeric_limits<int32_t>::max());
+  check_argument(out, {rows, hidden}, out.dtype(), device, op, "out");
+#if MOETRAIN_HAS_CUDA
+  if (device.is_cuda()) {
+    cuda::concat_permuted_rows(stream, out, sources);
+    return;
+  }
+#endif
+  cpu::concat_permuted_rows(out, sources);
 }
 
 }  // namespace moetrain::ops

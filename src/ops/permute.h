@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "core/device.h"
 #include "core/tensor.h"
@@ -43,5 +44,23 @@ void unpermute_forward_add(Stream& stream, Tensor y, const Tensor& expert_out, c
 // dexpert_out [T*K, H] and dtopk_weight [T, K] from dy [T, H]
 void unpermute_backward(Stream& stream, Tensor dexpert_out, Tensor dtopk_weight, const Tensor& dy,
                         const Tensor& expert_out, const Tensor& topk_weight, const RoutingPlan& plan);
+
+// One micro-batch's permuted rows given by the token-side tensor they are made from, for a reader that would
+// otherwise hold the rows: row r of the plan is tokens[c / K], c = plan.row_choice[r] (permute_forward's row), or
+// with a weight, weight[c] * tokens[c / K] rounded once to the rows' dtype (unpermute_backward's dexpert_out row, dy
+// the tokens). tokens [T, H]. weight [T, K] or undefined: f32 on CUDA, the tokens' dtype on the CPU. On CUDA weighted
+// tokens may be f32 beside bf16 rows (an f32 residual stream's gradient); unweighted ones have the rows' dtype.
+struct PermutedRows {
+  Tensor tokens;
+  Tensor weight;
+  RoutingPlan plan;
+};
+// out [R_0 + R_1 + ..., H], R_p = T_p * K_p: the sources' rows laid out as concat_group_rows lays out expert-ordered
+// parts by their plans' expert offsets (expert e's rows of source 0, then of source 1, ...), each made from its token
+// side in the one pass: the bits of permute_forward (unpermute_backward's dexpert_out) on each source followed by
+// concat_group_rows, without the per-source rows in memory. 1 to kMaxGroupParts sources (ops/row_gather.h), all
+// weighted or none, with one E and one H. The expert weight gradients once a step read a micro-batch's input rows
+// and output-row gradients this way instead of holding them (model/blocks/gated_mlp.h).
+void concat_permuted_rows(Stream& stream, Tensor out, const std::vector<PermutedRows>& sources);
 
 }  // namespace moetrain::ops

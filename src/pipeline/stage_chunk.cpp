@@ -19,6 +19,7 @@ struct StageChunk::LayerState {
   Tensor dispatched, expert_out, combined;     // forward: rows after stage 2, after stage 3, after stage 4
   Tensor group_offsets;                        // stage 3's rows per expert (the plan's local offsets with ep)
   ExpertExchange plan;                         // defined when the layer's rows cross the ep ranks (forward to backward)
+  bool rows_exchanged = false;                 // stage 3 ran on rows an expert exchange delivered
   Tensor d_combined, d_expert_out, d_dispatched_local, d_dispatched;
   bool exchange_in_flight = false;  // an exchange was queued on the communication stream; compute has not waited
 };
@@ -71,6 +72,7 @@ void StageChunk::expert_dispatch(LayerState& ls) const {
   ls.plan = ExpertExchange::create(*ep_, comm, ls.group_offsets, dispatch.row_choice, dispatch.topk_index,
                                    model_.config().num_experts, deduplicate_);
   ls.dispatched = ls.plan.dispatch(*ep_, comm, ls.dispatched);
+  ls.rows_exchanged = true;
   ls.group_offsets = ls.plan.local_group_offsets();
 }
 
@@ -146,7 +148,7 @@ void StageChunk::stage3_weight_work(int64_t i, LayerState& ls) {
            "pipeline: stage {} holds the expert weight gradients for the step's end, but parameter hooks (ZeRO-3) free "
            "each layer's gradients after its backward",
            stage_.stage);
-  held_expert_weights_[i].push_back(layer.take_stage3_weight_work(*ls.record));
+  held_expert_weights_[i].push_back(layer.take_stage3_weight_work(*ls.record, !ls.rows_exchanged));
 }
 
 void StageChunk::finish_expert_weights() {

@@ -46,6 +46,7 @@ struct Sizes {
   int64_t s = 4;                         // residual stream dtype bytes (c, or 4 with model.residual_dtype = f32)
   bool recompute_activation = false;     // model.recompute = activation: act is not kept from the forward
   bool expert_weights_per_step = false;  // model.expert_weight_gradient = step: the expert MLP records held
+  bool held_rows_from_tokens = false;    // ... holding the rows' token-side sources (no expert exchange: ep = 1)
   bool router_aux = false;               // router losses on: d_probs and d_logits [T, E] per MoE layer
   int64_t head_chunk = 0;
 };
@@ -282,8 +283,10 @@ class StageSim {
     if (z_.recompute_activation) l.alloc(b.act), rec += b.act;  // act recomputed for the weight gradient
     if (with_weight) {  // the MLP record: gate_up, act, d_gate_up and, for experts, the rows x and d_y
       const int64_t mlp = 2 * b.gate_up + b.act + (s.moe ? 2 * b.rows : 0);
-      // Held for the step's end (GatedMlp::keep_for_weight_work drops gate_up only): no longer the record's.
-      l.free(s.moe && z_.expert_weights_per_step ? b.gate_up : mlp);
+      // Held for the step's end (GatedMlp::keep_for_weight_work drops gate_up only, and the rows x and d_y when the
+      // layer holds their token-side sources instead): no longer the record's.
+      const int64_t dropped = z_.held_rows_from_tokens ? b.gate_up + 2 * b.rows : b.gate_up;
+      l.free(s.moe && z_.expert_weights_per_step ? dropped : mlp);
       rec -= mlp;
     }
     // Stage 1.
@@ -490,6 +493,7 @@ MemoryPlan plan_memory(const io::JobConfig& config, int world) {
   z.s = config.model.residual_dtype == "f32" ? 4 : c;
   z.recompute_activation = config.model.recompute == "activation";
   z.expert_weights_per_step = config.model.expert_weight_gradient == "step";
+  z.held_rows_from_tokens = z.expert_weights_per_step && shape.ep == 1;
   z.router_aux = mc.is_moe() && (config.loss.load_balance_coef > 0.0 || config.loss.z_loss_coef > 0.0 ||
                                  config.loss.device_balance_coef > 0.0);
   z.head_chunk = config.model.head_chunk;
@@ -603,14 +607,16 @@ MemoryPlan plan_memory(const io::JobConfig& config, int world) {
     r.micro_batches_alive = 1.0;
     r.activations = prof.f_retained;
     // model.expert_weight_gradient = step: each micro-batch's backward leaves its expert rows held (x, d_y, act,
-    // d_gate_up a MoE layer) under the later micro-batches; at the step's end each layer concatenates them, a pair
-    // of [all rows, .] tensors at a time (GatedMlp::backward_weight_together).
+    // d_gate_up a MoE layer; with ep = 1 instead of x and d_y their sources: the normed tokens, the output's
+    // gradient in the stream's dtype, the routing weights and plan) under the later micro-batches; at the step's end
+    // each layer concatenates them, a pair of [all rows, .] tensors at a time (GatedMlp::backward_weight_together).
     int64_t held = 0, widest_pair = 0;
     if (z.expert_weights_per_step) {
       for (const LayerShape& s : shapes) {
         if (!s.moe) continue;
         const LayerBytes b(s, z);
-        held += 2 * b.rows + b.act + b.gate_up;
+        const int64_t rows = z.held_rows_from_tokens ? b.hid + b.stream + b.route_k_stat + b.plan : 2 * b.rows;
+        held += rows + b.act + b.gate_up;
         widest_pair = std::max(widest_pair, std::max(b.rows + b.act, b.gate_up + b.rows));
       }
     }

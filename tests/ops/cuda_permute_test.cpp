@@ -1,7 +1,7 @@
 // Tests for the CUDA permutation kernels (ops/cuda/permute.*) through the public ops: the device routing plan
 // equals the CPU plan exactly (idle experts, one expert, no tokens, large T*K); permute / unpermute forward and
-// backward against the CPU in f32 (bitwise where the sums are in slot order) and bf16; bitwise determinism; and
-// the CUDA argument checks.
+// backward against the CPU in f32 (bitwise where the sums are in slot order) and bf16; bitwise determinism; the
+// CUDA argument checks; and concat_permuted_rows against the CUDA ops it fuses (bitwise) and against the CPU.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -13,6 +13,7 @@
 
 #include "ops/elementwise.h"
 #include "ops/permute.h"
+#include "ops/row_gather.h"
 #include "testing/cuda_compare.h"
 #include "testing/gpu.h"
 #include "testing/test_data.h"
@@ -305,6 +306,86 @@ TEST(CudaPermuteAdd, GivesTheBitsOfTheOpThenAccumulate) {
       }
     }
   }
+}
+
+// concat_permuted_rows on CUDA: bitwise permute_forward (unweighted) or unpermute_backward's dexpert_out (weighted)
+// of each micro-batch followed by concat_group_rows, for f32 and bf16 rows, weighted tokens of either dtype (an f32
+// residual stream's gradient beside bf16 rows), the workload's hidden size (spans of 8) and one that walks elements,
+// an empty micro-batch and idle experts; and, in f32, the CPU's bytes.
+TEST(CudaConcatPermutedRows, GivesTheBitsOfTheOpsItFusesAndOfTheCpu) {
+  MT_REQUIRE_GPU();
+  Stream& s = default_stream(gpu());
+  const int64_t experts = 16, top_k = 4;
+  const std::vector<int64_t> token_counts = {300, 0, 517, 64};
+  for (DType rows_dtype : {DType::F32, DType::BF16}) {
+    for (DType token_dtype : {DType::F32, DType::BF16}) {
+      for (int64_t hidden : {int64_t{2048}, int64_t{36}}) {
+        SCOPED_TRACE(::testing::Message() << "rows " << dtype_name(rows_dtype) << " weighted tokens "
+                                          << dtype_name(token_dtype) << " H " << hidden);
+        Rng rng(93);
+        std::vector<ops::PermutedRows> plain, weighted, plain_cpu, weighted_cpu;
+        std::vector<Tensor> permuted, dexpert_out, offsets;
+        int64_t total = 0;
+        for (int64_t tokens : token_counts) {
+          const Tensor choices = random_choices(tokens, top_k, experts, rng, {3, 11});
+          const ops::RoutingPlan plan = plan_on(choices, experts, gpu());
+          const Tensor x = random_tensor({tokens, hidden}, DType::F32, rng).to(rows_dtype).to(gpu());
+          const Tensor dy = random_tensor({tokens, hidden}, DType::F32, rng).to(token_dtype).to(gpu());
+          const Tensor weight = random_tensor({tokens, top_k}, DType::F32, rng).to(gpu());
+          plain.push_back({x, Tensor(), plan});
+          weighted.push_back({dy, weight, plan});
+          const int64_t rows = tokens * top_k;
+          total += rows;
+          permuted.push_back(Tensor::empty({rows, hidden}, rows_dtype, gpu()));
+          ops::permute_forward(s, permuted.back(), x, plan);
+          dexpert_out.push_back(Tensor::empty({rows, hidden}, rows_dtype, gpu()));
+          const Tensor d_weight = Tensor::empty({tokens, top_k}, DType::F32, gpu());
+          ops::unpermute_backward(s, dexpert_out.back(), d_weight, dy, permuted.back(), weight, plan);
+          offsets.push_back(plan.expert_offsets);
+          if (rows_dtype == DType::F32 && token_dtype == DType::F32) {
+            const ops::RoutingPlan host = ops::make_routing_plan(Stream::cpu(), choices, experts);
+            plain_cpu.push_back({x.to(Device::cpu()), Tensor(), host});
+            weighted_cpu.push_back({dy.to(Device::cpu()), weight.to(Device::cpu()), host});
+          }
+        }
+        for (bool with_weight : {false, true}) {
+          const Tensor want = Tensor::empty({total, hidden}, rows_dtype, gpu());
+          ops::concat_group_rows(s, want, with_weight ? dexpert_out : permuted, offsets);
+          const Tensor got = Tensor::empty({total, hidden}, rows_dtype, gpu());
+          ops::concat_permuted_rows(s, got, with_weight ? weighted : plain);
+          EXPECT_TRUE(same_bytes(got, want)) << (with_weight ? "weighted" : "plain");
+          if (plain_cpu.empty()) continue;
+          Tensor on_cpu = Tensor::empty({total, hidden}, DType::F32);
+          ops::concat_permuted_rows(Stream::cpu(), on_cpu, with_weight ? weighted_cpu : plain_cpu);
+          EXPECT_TRUE(same_bytes(got, on_cpu)) << (with_weight ? "weighted" : "plain") << " against the CPU";
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaConcatPermutedRows, RefusesUnweightedTokensOfAnotherDtypeAndHostWeights) {
+  MT_REQUIRE_GPU();
+  Stream& s = default_stream(gpu());
+  Rng rng(94);
+  const ops::RoutingPlan plan = plan_on(random_choices(8, 2, 4, rng), 4, gpu());
+  const Tensor tokens = random_tensor({8, 16}, DType::F32, rng).to(gpu());
+  const Tensor out = Tensor::empty({16, 16}, DType::BF16, gpu());
+  expect_error(
+      [&] {
+        ops::concat_permuted_rows(s, out, {{tokens, Tensor(), plan}});
+      },
+      "concat_permuted_rows (sources[0]): tokens: expected dtype bf16 but found f32");
+  expect_error(
+      [&] {
+        ops::concat_permuted_rows(s, out, {{tokens, Tensor::zeros({8, 2}, DType::BF16, gpu()), plan}});
+      },
+      "concat_permuted_rows (sources[0]): weight: expected dtype f32 but found bf16");
+  expect_error(
+      [&] {
+        ops::concat_permuted_rows(s, out, {{tokens, Tensor::zeros({8, 2}, DType::F32), plan}});
+      },
+      "concat_permuted_rows (sources[0]): weight");
 }
 
 }  // namespace

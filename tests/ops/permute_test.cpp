@@ -1,6 +1,8 @@
 // Tests for ops/permute: the routing plan (hand case with an idle expert), permute -> unpermute against the direct
 // weighted sum, backward of both against finite differences, per-token independence, argument checks, and the _add
-// forms (an addend joined in the same pass) against the op followed by accumulate, bit for bit.
+// forms (an addend joined in the same pass) against the op followed by accumulate, bit for bit; concat_permuted_rows
+// (several micro-batches' rows made from their tokens in concat_group_rows' layout) on a hand case and against the ops
+// it fuses, bit for bit, and its refusals.
 #include "ops/permute.h"
 
 #include <string>
@@ -9,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include "ops/elementwise.h"
+#include "ops/row_gather.h"
 #include "testing/cuda_compare.h"
 #include "testing/test_data.h"
 
@@ -220,6 +223,137 @@ TEST(PermuteAdd, GivesTheBitsOfTheOpThenAccumulate) {
                "unpermute_forward_add: addend");
   expect_error([&] { ops::permute_backward_add(s, dx, rows, plan, addend.to(DType::F64)); },
                "permute_backward_add: addend");
+}
+
+// Sources of concat_permuted_rows: the routing plan and the tokens (and weights) of each micro-batch.
+struct Source {
+  ops::RoutingPlan plan;
+  Tensor tokens, weight;
+};
+
+std::vector<ops::PermutedRows> permuted_rows(const std::vector<Source>& sources, bool weighted) {
+  std::vector<ops::PermutedRows> out;
+  for (const Source& source : sources) out.push_back({source.tokens, weighted ? source.weight : Tensor(), source.plan});
+  return out;
+}
+
+Tensor concat_permuted(const std::vector<ops::PermutedRows>& sources) {
+  int64_t rows = 0;
+  for (const ops::PermutedRows& source : sources) rows += source.plan.num_tokens * source.plan.top_k;
+  Tensor out = Tensor::empty({rows, sources[0].tokens.size(1)}, sources[0].tokens.dtype());
+  ops::concat_permuted_rows(Stream::cpu(), out, sources);
+  return out;
+}
+
+TEST(ConcatPermutedRows, HandCaseLaysOutEachExpertsRowsSourceBySource) {
+  Stream& s = Stream::cpu();
+  // Source 0: the plan of RoutingPlan's hand case (expert 1 idle); source 1: choices (0,0) 1, (0,1) 0, (1,0) 3,
+  // (1,1) 0 (expert 2 idle). One column: token t of source 0 holds 10 t, of source 1 100 + 10 t.
+  const ops::RoutingPlan a = ops::make_routing_plan(s, Tensor::from_vector<int32_t>({2, 0, 2, 3, 0, 2}, {3, 2}), 4);
+  const ops::RoutingPlan b = ops::make_routing_plan(s, Tensor::from_vector<int32_t>({1, 0, 3, 0}, {2, 2}), 4);
+  const Tensor tokens_a = Tensor::from_vector<float>({0, 10, 20}, {3, 1});
+  const Tensor tokens_b = Tensor::from_vector<float>({100, 110}, {2, 1});
+  const Tensor out = concat_permuted({{tokens_a, Tensor(), a}, {tokens_b, Tensor(), b}});
+  // Expert 0: a's tokens 0, 2 then b's 0, 1; expert 1: b's token 0; expert 2: a's tokens 0, 1, 2; expert 3: a's
+  // token 1, then b's token 1.
+  EXPECT_EQ(out.to_vector<float>(), (std::vector<float>{0, 20, 100, 110, 100, 0, 10, 20, 10, 110}));
+  // Weighted: each row times its choice's weight.
+  const Tensor weight_a = Tensor::from_vector<float>({1, 2, 3, 4, 5, 6}, {3, 2});
+  const Tensor weight_b = Tensor::from_vector<float>({0.5f, 0.25f, 2, 4}, {2, 2});
+  const Tensor weighted = concat_permuted({{tokens_a, weight_a, a}, {tokens_b, weight_b, b}});
+  EXPECT_EQ(weighted.to_vector<float>(), (std::vector<float>{0, 100, 25, 440, 50, 0, 30, 120, 40, 220}));
+}
+
+TEST(ConcatPermutedRows, GivesTheBitsOfTheOpsItFuses) {
+  Stream& s = Stream::cpu();
+  Rng rng(97);
+  const int64_t experts = 6, top_k = 3, hidden = 13;
+  for (DType dtype : {DType::F32, DType::F64}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    std::vector<Source> sources;
+    for (int64_t tokens : {7, 0, 12, 1}) {  // an empty micro-batch, and experts idle in some
+      Source source;
+      source.plan = ops::make_routing_plan(s, random_choices(tokens, top_k, experts, rng), experts);
+      source.tokens = random_tensor({tokens, hidden}, dtype, rng);
+      source.weight = random_tensor({tokens, top_k}, dtype, rng);
+      sources.push_back(source);
+    }
+    std::vector<Tensor> permuted, dexpert_out, offsets;
+    for (const Source& source : sources) {
+      const int64_t rows = source.plan.num_tokens * top_k;
+      permuted.push_back(permute(source.tokens, source.plan));
+      // unpermute_backward's dexpert_out with the tokens as dy (its dtopk_weight is not compared).
+      Tensor d_rows = Tensor::empty({rows, hidden}, dtype),
+             d_weight = Tensor::empty({source.plan.num_tokens, top_k}, dtype);
+      ops::unpermute_backward(s, d_rows, d_weight, source.tokens, permuted.back(), source.weight, source.plan);
+      dexpert_out.push_back(d_rows);
+      offsets.push_back(source.plan.expert_offsets);
+    }
+    const int64_t total = 20 * top_k;
+    for (bool weighted : {false, true}) {
+      Tensor want = Tensor::empty({total, hidden}, dtype);
+      ops::concat_group_rows(s, want, weighted ? dexpert_out : permuted, offsets);
+      EXPECT_TRUE(testing::same_bytes(concat_permuted(permuted_rows(sources, weighted)), want)) << weighted;
+    }
+  }
+}
+
+TEST(ConcatPermutedRows, RejectsSourcesItCannotLayOut) {
+  Stream& s = Stream::cpu();
+  Rng rng(98);
+  const ops::RoutingPlan plan = ops::make_routing_plan(s, random_choices(4, 2, 3, rng), 3);
+  const Tensor tokens = random_tensor({4, 6}, DType::F32, rng), weight = random_tensor({4, 2}, DType::F32, rng);
+  Tensor out = Tensor::empty({16, 6}, DType::F32);
+  const ops::PermutedRows plain{tokens, Tensor(), plan}, weighted{tokens, weight, plan};
+  expect_error([&] { ops::concat_permuted_rows(s, out, {}); },
+               "concat_permuted_rows: expected 1 to 64 sources but found 0");
+  expect_error(
+      [&] {
+        ops::concat_permuted_rows(s, out, {plain, weighted});
+      },
+      "concat_permuted_rows: the sources are all weighted or none; sources[0] is not but sources[1] is "
+      "weighted");
+  expect_error(
+      [&] {
+        ops::concat_permuted_rows(s, out.slice(0, 15), {plain, plain});
+      },
+      "concat_permuted_rows: out: expected shape [16, 6] but found [15, 6]");
+  expect_error(
+      [&] {
+        ops::concat_permuted_rows(s, out, {plain, {tokens.slice(0, 3), Tensor(), plan}});
+      },
+      "concat_permuted_rows (sources[1]): tokens: expected shape [4, 6] but found [3, 6]");
+  expect_error(
+      [&] {
+        ops::concat_permuted_rows(s, out, {plain, {tokens.to(DType::F64), Tensor(), plan}});
+      },
+      "concat_permuted_rows (sources[1]): tokens: expected dtype f32 but found f64");
+  expect_error(
+      [&] {
+        ops::concat_permuted_rows(s, out, {weighted, {tokens, weight.slice(0, 3), plan}});
+      },
+      "concat_permuted_rows (sources[1]): weight: expected shape [4, 2] but found [3, 2]");
+  const ops::RoutingPlan wider = ops::make_routing_plan(s, random_choices(4, 2, 5, rng), 5);
+  expect_error(
+      [&] {
+        ops::concat_permuted_rows(s, out, {plain, {tokens, Tensor(), wider}});
+      },
+      "every source's plan groups its rows by the same experts; sources[0] has E = 3 but sources[1] has E = "
+      "5");
+  ops::RoutingPlan broken = plan;
+  broken.choice_row = plan.choice_row.clone();
+  broken.choice_row.data<int32_t>()[1] = broken.choice_row.data<int32_t>()[0];
+  expect_error(
+      [&] {
+        ops::concat_permuted_rows(s, out, {plain, {tokens, Tensor(), broken}});
+      },
+      "concat_permuted_rows (sources[1]): plan.choice_row[1] = ");
+  const std::vector<ops::PermutedRows> too_many(65, plain);
+  expect_error(
+      [&] {
+        ops::concat_permuted_rows(s, Tensor::empty({65 * 8, 6}, DType::F32), too_many);
+      },
+      "expected 1 to 64 sources but found 65");
 }
 
 }  // namespace

@@ -2,17 +2,20 @@
 // gradients computed once a step over every micro-batch's rows. A training step gives the same loss and the same bits
 // of every other gradient as the per-micro-batch gradients, and expert-bank gradients that differ by f32 summation
 // order only, on four families (routed experts; a dense first layer and shared experts; biases and the clamped
-// SwiGLU; Gated DeltaNet layers with a gated shared expert); held work does not outlive a step (the next step's
-// gradients are its own, a failed step leaves none); whole training runs on one rank and on two expert-parallel ranks
-// follow the per-micro-batch runs; the job key is validated and the layouts it cannot run refused (a chunk with
-// parameter hooks too).
+// SwiGLU; Gated DeltaNet layers with a gated shared expert); a layer whose stage 3 ran on its own rows holds their
+// token-side sources instead of the rows, in less memory and to the same gradient bits; held work does not outlive a
+// step (the next step's gradients are its own, a failed step leaves none); whole training runs on one rank and on two
+// expert-parallel ranks follow the per-micro-batch runs; the job key is validated and the layouts it cannot run
+// refused (a chunk with parameter hooks too).
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "core/allocator.h"
 #include "core/error.h"
 #include "io/job_config.h"
 #include "model/batch.h"
@@ -78,6 +81,80 @@ TEST(ExpertWeightsPerStep, TrainsLikeThePerMicroBatchGradients) {
       for (model::CausalLm* m : {&per_micro_batch, &per_step}) m->params().end_accumulation();
       expect_same_step(per_micro_batch, per_step, loss_a, loss_b);
     }
+  }
+}
+
+// One step of `batches` run stage by stage, every MoE layer's stage-3 weight work held for the step's end
+// (take_stage3_weight_work before stage1_backward_input, as StageChunk's full backward does) and run at once; the
+// gradients, and the CPU bytes the step has alive while the work is held.
+struct HeldStep {
+  std::vector<Tensor> grads;
+  int64_t held_bytes = 0;
+};
+
+HeldStep step_with_held_expert_work(model::CausalLm& model, const std::vector<model::MicroBatch>& batches,
+                                    bool own_rows) {
+  const double scale = 1.0 / static_cast<double>(fixtures::count_targets(batches));
+  const size_t n = model.layers().size();
+  std::vector<std::vector<std::unique_ptr<model::LayerRecord>>> held(n);
+  const int64_t before = memory_stats(DeviceKind::CPU).live_bytes;
+  model.params().begin_accumulation();
+  for (const model::MicroBatch& batch : batches) {
+    std::vector<std::unique_ptr<model::LayerRecord>> records(n);
+    Tensor hidden = model.embed_forward(batch);
+    for (size_t i = 0; i < n; ++i) {
+      const model::DecoderLayer& layer = *model.layers()[i];
+      records[i] = layer.new_record();
+      const model::Dispatch dispatch = layer.stage1_forward(*records[i], hidden, batch);
+      hidden =
+          layer.stage5_forward(*records[i], layer.stage3_forward(*records[i], dispatch.rows, dispatch.group_offsets));
+    }
+    model::EpilogRecord epilog;
+    model.head_forward(epilog, hidden, batch, scale);
+    Tensor d = model.head_backward_input(epilog, scale);
+    model.head_backward_weight(epilog);
+    for (size_t i = n; i-- > 0;) {
+      const model::DecoderLayer& layer = *model.layers()[i];
+      const Tensor d_dispatched = layer.stage3_backward_input(*records[i], layer.stage5_backward_input(*records[i], d));
+      if (layer.has_experts()) {
+        held[i].push_back(layer.take_stage3_weight_work(*records[i], own_rows));
+      } else {
+        layer.stage3_backward_weight(*records[i]);
+      }
+      d = layer.stage1_backward_input(*records[i], d_dispatched);
+      layer.stage1_backward_weight(*records[i]);
+    }
+    model.embed_backward(batch, d);
+  }
+  HeldStep out;
+  out.held_bytes = memory_stats(DeviceKind::CPU).live_bytes - before;
+  for (size_t i = 0; i < n; ++i) {
+    std::vector<model::LayerRecord*> records;
+    for (const auto& record : held[i]) records.push_back(record.get());
+    if (!records.empty()) model.layers()[i]->stage3_backward_weight_together(records);
+  }
+  model.params().end_accumulation();
+  out.grads = model.params().all_grads();
+  return out;
+}
+
+TEST(ExpertWeightsPerStep, OwnRowsAreHeldAsTheirSourcesToTheSameBits) {
+  for (const char* name : {"../../examples/tiny_moe/config.json", "golden/deepseek_v2/config.json",
+                           "golden/gpt_oss/config.json", "golden/qwen3_5_moe/config.json"}) {
+    SCOPED_TRACE(name);
+    const model::ModelConfig config = model::load_model_config(testing::test_data_path(name));
+    model::CausalLm sources(config), rows(config);
+    for (model::CausalLm* m : {&sources, &rows}) m->params().init_random(37, 0.05);
+    // Micro-batches of 24 to 40 tokens: a row's K copies outweigh its token, and some experts get no rows.
+    const std::vector<model::MicroBatch> batches = make_batches(3, 71, config.vocab_size, 24, 40);
+    const HeldStep want = step_with_held_expert_work(rows, batches, false);
+    const HeldStep got = step_with_held_expert_work(sources, batches, true);
+    ASSERT_EQ(got.grads.size(), want.grads.size());
+    for (size_t i = 0; i < want.grads.size(); ++i) {
+      EXPECT_TRUE(bitwise_equal(got.grads[i], want.grads[i])) << rows.params().specs()[i].name;
+    }
+    // Per MoE layer and micro-batch the sources hold [T, H] twice where the rows were [T*K, H] twice (K >= 2).
+    EXPECT_LT(got.held_bytes, want.held_bytes) << "the sources were not held in place of the rows";
   }
 }
 

@@ -98,7 +98,10 @@ TEST(MemoryPlan, MatchesTheMeasuredPeakWithTheExpertWeightsOncePerStep) {
 }
 
 // The peaks measured on H200s and recorded in docs/gpu_notes.md ("third session, two H200s"; bench peaks are over
-// the timed steps, so the start-up peak is not compared): the plan must be within 10% of each.
+// the timed steps, so the start-up peak is not compared): the plan must be within 10% of each. The eighteenth
+// session's 81.05 GiB with model.expert_weight_gradient = step held every micro-batch's expert rows; one rank holds
+// their token-side sources since the thirty-first session (planned 68.82 GiB, not yet measured on a GPU), so that case
+// left this list; the CPU's measured peaks of both forms are compared above.
 TEST(MemoryPlan, ReproducesTheRecordedGpuPeaks) {
   struct Case {
     std::string job;
@@ -108,7 +111,6 @@ TEST(MemoryPlan, ReproducesTheRecordedGpuPeaks) {
   };
   const std::vector<Case> cases = {
       {"bench/workload_of_record.toml", {}, 1, 61.4},
-      {"bench/workload_of_record.toml", {"model.expert_weight_gradient=step"}, 1, 81.05},  // eighteenth session
       {"bench/workload_8_layers.toml", {}, 1, 103.6},
       {"bench/workload_8_layers.toml", {"train.global_batch=32"}, 2, 63.6},
       {"bench/workload_8_layers.toml", {"train.global_batch=16", "parallel.pp=2"}, 2, 106.6},

@@ -167,9 +167,26 @@ void GatedMlp::keep_for_weight_work(MlpRecord& r) { r.gate_up = Tensor(); }
 
 namespace {
 
-// The records' tensors `field` concatenated group by group (their group offsets `offsets`).
+// The records' rows `field` concatenated group by group (their group offsets `offsets`): copied from the records that
+// hold them, or made from the sources `source` of records that hold those instead (all of a batch the one way).
+// `like` gives the rows' dtype and device.
 Tensor concat_records(Stream& s, const std::vector<MlpRecord*>& records, Tensor MlpRecord::*field,
-                      const std::vector<Tensor>& offsets, int64_t total_rows) {
+                      ops::PermutedRows MlpRecord::*source, const std::vector<Tensor>& offsets, int64_t total_rows,
+                      const Tensor& like) {
+  const auto has_source = [&](const MlpRecord* r) { return source != nullptr && (r->*source).tokens.defined(); };
+  const bool from_sources = has_source(records.front());
+  for (const MlpRecord* r : records) {
+    MT_CHECK(has_source(r) == from_sources && (r->*field).defined() != from_sources,
+             "gated MLP: the held records of one weight gradient must all hold their rows, or all their rows' sources");
+  }
+  if (from_sources) {
+    std::vector<ops::PermutedRows> sources;
+    for (const MlpRecord* r : records) sources.push_back(r->*source);
+    const int64_t width = sources.front().tokens.size(1);
+    Tensor out = Tensor::empty({total_rows, width}, like.dtype(), like.device());
+    ops::concat_permuted_rows(s, out, sources);
+    return out;
+  }
   std::vector<Tensor> parts;
   for (const MlpRecord* r : records) parts.push_back(r->*field);
   const Tensor& first = parts.front();
@@ -181,7 +198,7 @@ Tensor concat_records(Stream& s, const std::vector<MlpRecord*>& records, Tensor 
 }  // namespace
 
 void GatedMlp::backward_weight_together(const std::vector<MlpRecord*>& records) const {
-  if (!is_expert_bank() || records.size() == 1) {
+  if (!is_expert_bank() || (records.size() == 1 && records.front()->x.defined())) {
     for (MlpRecord* r : records) backward_weight(*r);
     return;
   }
@@ -194,22 +211,25 @@ void GatedMlp::backward_weight_together(const std::vector<MlpRecord*>& records) 
     int64_t rows = 0;
     for (const MlpRecord* r : batch) {
       offsets.push_back(r->group_offsets);
-      rows += r->x.size(0);
+      rows += r->d_gate_up.size(0);
     }
-    const Device device = batch.front()->x.device();
-    Stream& s = default_stream(device);
-    Tensor group_offsets = Tensor::empty({offsets.front().numel()}, DType::I32, device);
+    const Tensor like = batch.front()->d_gate_up;  // the rows' dtype and device
+    Stream& s = default_stream(like.device());
+    Tensor group_offsets = Tensor::empty({offsets.front().numel()}, DType::I32, like.device());
     ops::concat_group_offsets(s, group_offsets, offsets);
     // The down projection's operands first, then the gate_up projection's: two [rows, .] pairs alive at a time.
     {
-      const Tensor d_y = concat_records(s, batch, &MlpRecord::d_y, offsets, rows);
-      const Tensor act = concat_records(s, batch, &MlpRecord::act, offsets, rows);
-      for (MlpRecord* r : batch) r->d_y = r->act = Tensor();
+      const Tensor d_y = concat_records(s, batch, &MlpRecord::d_y, &MlpRecord::d_y_source, offsets, rows, like);
+      const Tensor act = concat_records(s, batch, &MlpRecord::act, nullptr, offsets, rows, like);
+      for (MlpRecord* r : batch) {
+        r->d_y = r->act = Tensor();
+        r->d_y_source = ops::PermutedRows{};
+      }
       ops::grouped_linear_backward_weight(s, g_down_, d_y, act, group_offsets, down_writer_.next());
       bias_grad(g_down_bias_, d_y, group_offsets);
     }
-    const Tensor d_gate_up = concat_records(s, batch, &MlpRecord::d_gate_up, offsets, rows);
-    const Tensor x = concat_records(s, batch, &MlpRecord::x, offsets, rows);
+    const Tensor d_gate_up = concat_records(s, batch, &MlpRecord::d_gate_up, nullptr, offsets, rows, like);
+    const Tensor x = concat_records(s, batch, &MlpRecord::x, &MlpRecord::x_source, offsets, rows, like);
     for (MlpRecord* r : batch) *r = MlpRecord{};
     ops::grouped_linear_backward_weight(s, g_gate_up_, d_gate_up, x, group_offsets, gate_up_writer_.next());
     bias_grad(g_gate_up_bias_, d_gate_up, group_offsets);

@@ -12,6 +12,7 @@
 #include "model/parameter_store.h"
 #include "ops/activation.h"
 #include "ops/grouped_gemm.h"
+#include "ops/permute.h"
 
 namespace moetrain::model {
 
@@ -38,6 +39,11 @@ struct MlpRecord {
   Tensor act;            // [R, I] act(gate) * up (dropped after the forward when recomputed)
   // Kept by backward_input for backward_weight.
   Tensor d_y, d_gate_up;
+  // A record held for backward_weight_together may hold these instead of x and d_y: its layer made the rows by
+  // permuting its own tokens (no expert exchange), so each row is made again from the token side (a copy of the
+  // normed token; the routing weight times the output's gradient), bitwise what x and d_y held, in a fraction of
+  // their memory (the tokens once instead of each of their K copies).
+  ops::PermutedRows x_source, d_y_source;
 };
 
 class GatedMlp {
@@ -60,8 +66,9 @@ class GatedMlp {
   // Keeps a record whose backward_input ran for backward_weight_together: drops what the weight work does not read.
   static void keep_for_weight_work(MlpRecord& record);
   // The weight gradients of several records at once; an expert bank computes them in one grouped GEMM per weight over
-  // all the records' rows (ops::concat_group_rows: each expert's rows of every record in record order), so each
-  // expert's gradient is written once (overwritten on the step's first write) instead of read and written per record.
+  // all the records' rows (ops::concat_group_rows: each expert's rows of every record in record order, or
+  // ops::concat_permuted_rows from records that hold their rows' sources), so each expert's gradient is written once
+  // (overwritten on the step's first write) instead of read and written per record.
   // The sum of backward_weight over the records, in another f32 summation order. A dense MLP runs backward_weight on
   // each. Frees the records.
   void backward_weight_together(const std::vector<MlpRecord*>& records) const;

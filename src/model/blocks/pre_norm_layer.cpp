@@ -192,11 +192,19 @@ Tensor PreNormLayer::stage3_backward_input(LayerRecord& record, const Tensor& d_
 
 void PreNormLayer::stage3_backward_weight(LayerRecord& record) const { mlp_.backward_weight(as_pre_norm(record).mlp); }
 
-std::unique_ptr<LayerRecord> PreNormLayer::take_stage3_weight_work(LayerRecord& record) const {
+std::unique_ptr<LayerRecord> PreNormLayer::take_stage3_weight_work(LayerRecord& record, bool own_rows) const {
+  PreNormRecord& r = as_pre_norm(record);
   auto held = std::make_unique<PreNormRecord>();
-  held->mlp = std::move(as_pre_norm(record).mlp);
-  as_pre_norm(record).mlp = MlpRecord{};
+  held->mlp = std::move(r.mlp);
+  r.mlp = MlpRecord{};
   GatedMlp::keep_for_weight_work(held->mlp);
+  if (own_rows && router_ && r.d_residual.defined()) {
+    // Stage 3's rows are stage 1's permutation of normed_post, and their gradient is stage 5's weighted copies of
+    // the layer output's gradient: hold those [T, H] tensors instead of the [T*K, H] rows (K times less memory).
+    held->mlp.x_source = ops::PermutedRows{r.normed_post, Tensor(), r.routing.plan};
+    held->mlp.d_y_source = ops::PermutedRows{r.d_residual, r.routing.topk_weight, r.routing.plan};
+    held->mlp.x = held->mlp.d_y = Tensor();
+  }
   return held;
 }
 

@@ -61,7 +61,7 @@ class PreNormLayer final : public DecoderLayer {
   Tensor stage5_backward_input(LayerRecord& record, const Tensor& d_out) const override;
   Tensor stage3_backward_input(LayerRecord& record, const Tensor& d_combined) const override;
   void stage3_backward_weight(LayerRecord& record) const override;
-  std::unique_ptr<LayerRecord> take_stage3_weight_work(LayerRecord& record) const override;
+  std::unique_ptr<LayerRecord> take_stage3_weight_work(LayerRecord& record, bool own_rows) const override;
   void stage3_backward_weight_together(const std::vector<LayerRecord*>& records) const override;
   Tensor stage1_backward_input(LayerRecord& record, const Tensor& d_dispatched) const override;
   void stage1_backward_weight(LayerRecord& record) const override;

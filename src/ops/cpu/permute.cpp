@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "ops/cpu/dispatch.h"
@@ -90,6 +91,39 @@ void unpermute_backward_impl(const Tensor& dexpert_out, const Tensor& dtopk_weig
   }
 }
 
+// A source's row r, from its token side: a copy, or the weighted product of unpermute_backward_impl's de[h].
+template <typename T>
+void make_permuted_row(T* out, const PermutedRows& source, int64_t r, int64_t hidden) {
+  const int64_t c = source.plan.row_choice.data<int32_t>()[r];
+  const T* token = source.tokens.data<T>() + (c / source.plan.top_k) * hidden;
+  if (!source.weight.defined()) {
+    std::copy(token, token + hidden, out);
+    return;
+  }
+  const T w = source.weight.data<T>()[c];
+  for (int64_t h = 0; h < hidden; ++h) out[h] = w * token[h];
+}
+
+template <typename T>
+void concat_permuted_rows_impl(const Tensor& out, const std::vector<PermutedRows>& sources) {
+  // Where each output row comes from, (source, row of its plan): expert by expert, source by source.
+  std::vector<std::pair<size_t, int64_t>> from;
+  from.reserve(static_cast<size_t>(out.size(0)));
+  for (int64_t e = 0; e < sources[0].plan.num_experts; ++e) {
+    for (size_t p = 0; p < sources.size(); ++p) {
+      const int32_t* offsets = sources[p].plan.expert_offsets.data<int32_t>();
+      for (int64_t r = offsets[e]; r < offsets[e + 1]; ++r) from.emplace_back(p, r);
+    }
+  }
+  const int64_t hidden = out.size(1);
+  T* dst = out.data<T>();
+#pragma omp parallel for
+  for (int64_t i = 0; i < out.size(0); ++i) {
+    const auto& [p, r] = from[static_cast<size_t>(i)];
+    make_permuted_row(dst + i * hidden, sources[p], r, hidden);
+  }
+}
+
 }  // namespace
 
 RoutingPlan make_routing_plan(const Tensor& topk_index, int64_t num_experts) {
@@ -136,6 +170,11 @@ void unpermute_backward(const Tensor& dexpert_out, const Tensor& dtopk_weight, c
   dispatch_float(dy.dtype(), "unpermute_backward", [&]<typename T>() {
     unpermute_backward_impl<T>(dexpert_out, dtopk_weight, dy, expert_out, topk_weight, plan);
   });
+}
+
+void concat_permuted_rows(const Tensor& out, const std::vector<PermutedRows>& sources) {
+  dispatch_float(out.dtype(), "concat_permuted_rows",
+                 [&]<typename T>() { concat_permuted_rows_impl<T>(out, sources); });
 }
 
 }  // namespace moetrain::ops::cpu

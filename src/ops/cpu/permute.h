@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "core/tensor.h"
 #include "ops/permute.h"
@@ -16,5 +17,8 @@ void permute_backward(const Tensor& dx, const Tensor& dpermuted, const RoutingPl
 void unpermute_forward(const Tensor& y, const Tensor& expert_out, const Tensor& topk_weight, const RoutingPlan& plan);
 void unpermute_backward(const Tensor& dexpert_out, const Tensor& dtopk_weight, const Tensor& dy,
                         const Tensor& expert_out, const Tensor& topk_weight, const RoutingPlan& plan);
+// Group by group, source by source: the rows of concat_group_rows' layout, each made as permute_forward (unweighted)
+// or unpermute_backward's dexpert_out (weighted) makes it.
+void concat_permuted_rows(const Tensor& out, const std::vector<PermutedRows>& sources);
 
 }  // namespace moetrain::ops::cpu

@@ -2,9 +2,11 @@
 // choices by expert, its inverse, per-expert offsets by binary search) and the row gathers / weighted sums.
 #include "ops/cuda/permute.h"
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <vector>
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -14,6 +16,7 @@
 #include "ops/cuda/check.h"
 #include "ops/cuda/elementwise.h"
 #include "ops/cuda/float_io.cuh"
+#include "ops/cuda/group_parts.cuh"
 #include "ops/cuda/runtime.h"
 
 namespace moetrain::ops::cuda {
@@ -194,6 +197,52 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// concat_permuted_rows: a warp per row of source `part` (kWarps rows a block, grid-stride). The row goes where
+// concat_group_rows puts a part's row (group_parts.cuh) and is made from its token as permute_forward copies it, or
+// as unpermute_backward_kernel makes dexpert_out's row: one product __fmul_rn(w, dy) rounded once on store. Each lane
+// loads kCopyBatch spans before it stores any (a warp keeps a whole bf16 row of hidden 2048 in flight).
+template <typename TO, typename TI>
+__global__ void __launch_bounds__(kThreads)
+    concat_permuted_rows_kernel(TO* __restrict__ out, const TI* __restrict__ tokens, const float* weight,
+                                const int32_t* row_choice, GroupParts parts, int part, int64_t groups, int64_t rows,
+                                int64_t out_rows, int64_t top_k, int64_t hidden, bool packed) {
+  const int64_t lane = threadIdx.x % 32;
+  for (int64_t r = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32; r < rows;
+       r += static_cast<int64_t>(gridDim.x) * kWarps) {
+    const int64_t dest = concat_destination(parts, part, groups, r);
+    if (dest < 0 || dest >= out_rows) continue;  // bad offsets: never write outside out
+    const int64_t c = row_choice[r];
+    const TI* from = tokens + (c / top_k) * hidden;
+    TO* to = out + dest * hidden;
+    const float w = weight == nullptr ? 1.0f : weight[c];
+    const auto spans = [&]<int K>() {
+      for (int64_t first = lane * K; first < hidden; first += int64_t{32} * K * kCopyBatch) {
+        float v[kCopyBatch][K];
+#pragma unroll
+        for (int u = 0; u < kCopyBatch; ++u) {
+          const int64_t h = first + int64_t{32} * K * u;
+          if (h < hidden) load_span<K>(from + h, v[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < kCopyBatch; ++u) {
+          const int64_t h = first + int64_t{32} * K * u;
+          if (h >= hidden) continue;
+          if (weight != nullptr) {
+#pragma unroll
+            for (int i = 0; i < K; ++i) v[u][i] = __fmul_rn(w, v[u][i]);
+          }
+          store_span<K>(to + h, v[u]);
+        }
+      }
+    };
+    if (packed) {
+      spans.template operator()<kRowPack>();
+    } else {
+      spans.template operator()<1>();
+    }
+  }
+}
+
 unsigned blocks_of(int64_t n) { return static_cast<unsigned>((n + kThreads - 1) / kThreads); }
 
 template <typename T>
@@ -333,6 +382,28 @@ void unpermute_backward(const Stream& stream, const Tensor& dexpert_out, const T
         spans_of_8(hidden, {dexpert_out.raw_data(), dy.raw_data(), expert_out.raw_data()}));
     MT_CUDA_CHECK(cudaGetLastError());
   });
+}
+
+void concat_permuted_rows(const Stream& stream, const Tensor& out, const std::vector<PermutedRows>& sources) {
+  const auto s = static_cast<cudaStream_t>(stream_handle(stream));
+  std::vector<Tensor> offsets;
+  for (const PermutedRows& source : sources) offsets.push_back(source.plan.expert_offsets);
+  const GroupParts table = group_parts(offsets);
+  const int64_t hidden = out.size(1), groups = sources[0].plan.num_experts;
+  for (size_t p = 0; p < sources.size(); ++p) {
+    const PermutedRows& source = sources[p];
+    const int64_t rows = source.plan.num_tokens * source.plan.top_k;
+    if (rows == 0 || hidden == 0) continue;
+    const auto blocks = static_cast<unsigned>(std::min<int64_t>((rows + kWarps - 1) / kWarps, int64_t{1} << 20));
+    dispatch_activations(out.dtype(), source.tokens.dtype(), "concat_permuted_rows", [&]<typename TO, typename TI>() {
+      concat_permuted_rows_kernel<TO, TI><<<blocks, kThreads, 0, s>>>(
+          ptr<TO>(out), ptr<const TI>(source.tokens),
+          source.weight.defined() ? ptr<const float>(source.weight) : nullptr,
+          ptr<const int32_t>(source.plan.row_choice), table, static_cast<int>(p), groups, rows, out.size(0),
+          source.plan.top_k, hidden, spans_of_8(hidden, {out.raw_data(), source.tokens.raw_data()}));
+      MT_CUDA_CHECK(cudaGetLastError());
+    });
+  }
 }
 
 }  // namespace moetrain::ops::cuda

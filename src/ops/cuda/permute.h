@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "core/device.h"
 #include "core/tensor.h"
@@ -30,5 +31,9 @@ void unpermute_forward(const Stream& stream, const Tensor& y, const Tensor& expe
                        const RoutingPlan& plan, const Tensor& addend = Tensor());
 void unpermute_backward(const Stream& stream, const Tensor& dexpert_out, const Tensor& dtopk_weight, const Tensor& dy,
                         const Tensor& expert_out, const Tensor& topk_weight, const RoutingPlan& plan);
+// A launch per source, a warp per row: the rows land where concat_group_rows puts them, so the expert offsets' values
+// stay on the device (a bad one never makes the kernel write outside out); each row is made with permute_forward's
+// copy or unpermute_backward's product, so the result is bitwise those ops followed by concat_group_rows.
+void concat_permuted_rows(const Stream& stream, const Tensor& out, const std::vector<PermutedRows>& sources);
 
 }  // namespace moetrain::ops::cuda

@@ -12,6 +12,7 @@
 
 #include "ops/cuda/check.h"
 #include "ops/cuda/float_io.cuh"
+#include "ops/cuda/group_parts.cuh"
 #include "ops/cuda/runtime.h"
 #include "ops/row_gather.h"
 
@@ -112,19 +113,6 @@ __global__ void count_tokens_kernel(int32_t* counts, const int32_t* choice, int6
   }
 }
 
-// The parts' group offsets, passed by value (kMaxGroupParts pointers: 512 bytes of kernel parameters).
-struct GroupParts {
-  const int32_t* offsets[kMaxGroupParts];
-  int count;
-};
-
-GroupParts group_parts(const std::vector<Tensor>& offsets) {
-  GroupParts parts{};
-  parts.count = static_cast<int>(offsets.size());
-  for (size_t p = 0; p < offsets.size(); ++p) parts.offsets[p] = static_cast<const int32_t*>(offsets[p].raw_data());
-  return parts;
-}
-
 __global__ void concat_group_offsets_kernel(int32_t* out, GroupParts parts, int64_t bounds) {
   for (int64_t g = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; g < bounds; g += int64_t(gridDim.x) * blockDim.x) {
     int32_t sum = 0;
@@ -133,9 +121,6 @@ __global__ void concat_group_offsets_kernel(int32_t* out, GroupParts parts, int6
   }
 }
 
-// Row r of part `part`: its group g is the last with offsets[part][g] <= r; it goes after the rows of group g of the
-// parts before it and of the groups before g of every part:
-// sum_{q < part} offsets[q][g + 1] + sum_{q > part} offsets[q][g] + r.
 // A warp per row (kConcatRowsPerBlock rows a block, grid-stride), each lane with kConcatLoadsInFlight words loaded
 // before any is stored: a block per row with one word per thread is bound by block launches, not by HBM.
 constexpr int kConcatRowsPerBlock = 8;
@@ -147,23 +132,9 @@ __global__ void __launch_bounds__(32 * kConcatRowsPerBlock)
                              int64_t out_rows, int64_t words_per_row) {
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int64_t warp = threadIdx.x / 32;
-  const int32_t* mine = parts.offsets[part];
   for (int64_t r = blockIdx.x * int64_t(kConcatRowsPerBlock) + warp; r < rows;
        r += int64_t(gridDim.x) * kConcatRowsPerBlock) {
-    int64_t lo = 0, hi = groups;  // the group lies in [lo, hi)
-    while (hi - lo > 1) {
-      const int64_t mid = (lo + hi) / 2;
-      if (mine[mid] <= r) {
-        lo = mid;
-      } else {
-        hi = mid;
-      }
-    }
-    int64_t dest = r;
-    for (int q = 0; q < parts.count; ++q) {
-      if (q < part) dest += parts.offsets[q][lo + 1];
-      if (q > part) dest += parts.offsets[q][lo];
-    }
+    const int64_t dest = concat_destination(parts, part, groups, r);
     if (dest < 0 || dest >= out_rows) continue;  // bad offsets: never write outside out
     const W* x = in + r * words_per_row;
     W* y = out + dest * words_per_row;
