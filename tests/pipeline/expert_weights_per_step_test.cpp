@@ -25,6 +25,7 @@
 #include "pipeline/stage_chunk.h"
 #include "testing/cuda_compare.h"
 #include "testing/executor_fixtures.h"
+#include "testing/gpu.h"
 #include "testing/test_data.h"
 #include "testing/tiny_moe_job.h"
 #include "train/launch.h"
@@ -86,7 +87,7 @@ TEST(ExpertWeightsPerStep, TrainsLikeThePerMicroBatchGradients) {
 
 // One step of `batches` run stage by stage, every MoE layer's stage-3 weight work held for the step's end
 // (take_stage3_weight_work before stage1_backward_input, as StageChunk's full backward does) and run at once; the
-// gradients, and the CPU bytes the step has alive while the work is held.
+// gradients (on the host), and the CPU bytes the step has alive while the work is held (a CPU model's).
 struct HeldStep {
   std::vector<Tensor> grads;
   int64_t held_bytes = 0;
@@ -99,7 +100,7 @@ HeldStep step_with_held_expert_work(model::CausalLm& model, const std::vector<mo
   std::vector<std::vector<std::unique_ptr<model::LayerRecord>>> held(n);
   const int64_t before = memory_stats(DeviceKind::CPU).live_bytes;
   model.params().begin_accumulation();
-  for (const model::MicroBatch& batch : batches) {
+  for (const model::MicroBatch& batch : model::to_device(batches, model.device())) {
     std::vector<std::unique_ptr<model::LayerRecord>> records(n);
     Tensor hidden = model.embed_forward(batch);
     for (size_t i = 0; i < n; ++i) {
@@ -134,7 +135,7 @@ HeldStep step_with_held_expert_work(model::CausalLm& model, const std::vector<mo
     if (!records.empty()) model.layers()[i]->stage3_backward_weight_together(records);
   }
   model.params().end_accumulation();
-  out.grads = model.params().all_grads();
+  for (const Tensor& g : model.params().all_grads()) out.grads.push_back(g.to(Device::cpu()));
   return out;
 }
 
@@ -155,6 +156,29 @@ TEST(ExpertWeightsPerStep, OwnRowsAreHeldAsTheirSourcesToTheSameBits) {
     }
     // Per MoE layer and micro-batch the sources hold [T, H] twice where the rows were [T*K, H] twice (K >= 2).
     EXPECT_LT(got.held_bytes, want.held_bytes) << "the sources were not held in place of the rows";
+  }
+}
+
+// The same on CUDA in bf16 compute with an f32 residual stream (the workload's recipe): the output-row gradients are
+// made from the stream's f32 gradient beside bf16 rows, and the gradients keep every bit of the held rows' step.
+TEST(CudaExpertWeightsPerStep, OwnRowsAreHeldAsTheirSourcesToTheSameBits) {
+  MT_REQUIRE_GPU();
+  for (const char* name : {"../../examples/tiny_moe/config.json", "golden/deepseek_v2/config.json",
+                           "golden/gpt_oss/config.json", "golden/qwen3_5_moe/config.json"}) {
+    SCOPED_TRACE(name);
+    const model::ModelConfig config = model::load_model_config(testing::test_data_path(name));
+    model::CausalLm sources(config, Device::cuda(0), DType::BF16), rows(config, Device::cuda(0), DType::BF16);
+    for (model::CausalLm* m : {&sources, &rows}) {
+      m->set_stream_dtype(DType::F32);
+      m->params().init_random(37, 0.05);
+    }
+    const std::vector<model::MicroBatch> batches = make_batches(3, 72, config.vocab_size, 64, 200);
+    const HeldStep want = step_with_held_expert_work(rows, batches, false);
+    const HeldStep got = step_with_held_expert_work(sources, batches, true);
+    ASSERT_EQ(got.grads.size(), want.grads.size());
+    for (size_t i = 0; i < want.grads.size(); ++i) {
+      EXPECT_TRUE(bitwise_equal(got.grads[i], want.grads[i])) << rows.params().specs()[i].name;
+    }
   }
 }
 
