@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <type_traits>
 #include <vector>
 
 #include <cuda_bf16.h>
@@ -76,29 +77,39 @@ __global__ void __launch_bounds__(kThreads)
 // copy bound by block launches (2.2 TB/s at the workload of record's 65,536 rows of 4 KB).
 constexpr int kCopyBatch = 8;
 
+// One warp copies a row's bytes: 16-byte chunks with kCopyBatch of them in flight per lane when `packed`, else one
+// element per lane at a time.
+template <typename T>
+__device__ __forceinline__ void copy_row_by_warp(T* to, const T* from, int64_t hidden, int64_t lane, bool packed) {
+  if (!packed) {
+    for (int64_t h = lane; h < hidden; h += 32) to[h] = from[h];
+    return;
+  }
+  const int64_t chunks = hidden * static_cast<int64_t>(sizeof(T)) / 16;
+  const auto* src = reinterpret_cast<const uint4*>(from);
+  auto* dst = reinterpret_cast<uint4*>(to);
+  for (int64_t first = lane; first < chunks; first += int64_t{32} * kCopyBatch) {
+    uint4 v[kCopyBatch];
+#pragma unroll
+    for (int u = 0; u < kCopyBatch; ++u) {
+      const int64_t c = first + int64_t{32} * u;
+      if (c < chunks) v[u] = __ldg(src + c);
+    }
+#pragma unroll
+    for (int u = 0; u < kCopyBatch; ++u) {
+      const int64_t c = first + int64_t{32} * u;
+      if (c < chunks) dst[c] = v[u];
+    }
+  }
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     permute_forward_packed_kernel(T* permuted, const T* x, const int32_t* row_choice, int64_t rows, int64_t top_k,
                                   int64_t hidden) {
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (r >= rows) return;
-  const int lane = static_cast<int>(threadIdx.x % 32);
-  const int64_t chunks = hidden * static_cast<int64_t>(sizeof(T)) / 16;
-  const auto* from = reinterpret_cast<const uint4*>(x + (row_choice[r] / top_k) * hidden);
-  auto* to = reinterpret_cast<uint4*>(permuted + r * hidden);
-  for (int64_t first = lane; first < chunks; first += int64_t{32} * kCopyBatch) {
-    uint4 v[kCopyBatch];
-#pragma unroll
-    for (int u = 0; u < kCopyBatch; ++u) {
-      const int64_t c = first + int64_t{32} * u;
-      if (c < chunks) v[u] = __ldg(from + c);
-    }
-#pragma unroll
-    for (int u = 0; u < kCopyBatch; ++u) {
-      const int64_t c = first + int64_t{32} * u;
-      if (c < chunks) to[c] = v[u];
-    }
-  }
+  copy_row_by_warp(permuted + r * hidden, x + (row_choice[r] / top_k) * hidden, hidden, threadIdx.x % 32, true);
 }
 
 // out_row = sum over k (ascending) of w[k] * in[rows[k]] (of in[rows[k]] when w is null), each product and sum
@@ -198,9 +209,10 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // concat_permuted_rows: a warp per row of source `part` (kWarps rows a block, grid-stride). The row goes where
-// concat_group_rows puts a part's row (group_parts.cuh) and is made from its token as permute_forward copies it, or
-// as unpermute_backward_kernel makes dexpert_out's row: one product __fmul_rn(w, dy) rounded once on store. Each lane
-// loads kCopyBatch spans before it stores any (a warp keeps a whole bf16 row of hidden 2048 in flight).
+// concat_group_rows puts a part's row (group_parts.cuh) and is made from its token as permute_forward copies it (its
+// bytes), or as unpermute_backward_kernel makes dexpert_out's row: one product __fmul_rn(w, dy) rounded once on store.
+// Each lane loads kCopyBatch chunks or spans before it stores any (a warp keeps a whole bf16 row of hidden 2048 in
+// flight).
 template <typename TO, typename TI>
 __global__ void __launch_bounds__(kThreads)
     concat_permuted_rows_kernel(TO* __restrict__ out, const TI* __restrict__ tokens, const float* weight,
@@ -214,6 +226,12 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t c = row_choice[r];
     const TI* from = tokens + (c / top_k) * hidden;
     TO* to = out + dest * hidden;
+    if constexpr (std::is_same_v<TO, TI>) {
+      if (weight == nullptr) {  // the token's bytes, as permute_forward copies them (NaN payloads included)
+        copy_row_by_warp(to, from, hidden, lane, packed);
+        continue;
+      }
+    }
     const float w = weight == nullptr ? 1.0f : weight[c];
     const auto spans = [&]<int K>() {
       for (int64_t first = lane * K; first < hidden; first += int64_t{32} * K * kCopyBatch) {
