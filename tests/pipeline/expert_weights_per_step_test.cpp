@@ -7,10 +7,12 @@
 // step (the next step's gradients are its own, a failed step leaves none); whole training runs on one rank and on two
 // expert-parallel ranks follow the per-micro-batch runs; the job key is validated and the layouts it cannot run
 // refused (a chunk with parameter hooks too).
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -57,6 +59,11 @@ void expect_same_step(const model::CausalLm& per_micro_batch, const model::Causa
   }
 }
 
+// The four kinds of MoE layer: routed experts; a dense first layer and shared experts; biases and the clamped SwiGLU;
+// Gated DeltaNet layers with a gated shared expert.
+constexpr const char* kFamilies[] = {"../../examples/tiny_moe/config.json", "golden/deepseek_v2/config.json",
+                                     "golden/gpt_oss/config.json", "golden/qwen3_5_moe/config.json"};
+
 // The tiny example's job (one step of two 16-token rows) with these overrides.
 io::JobConfig job(std::vector<std::string> overrides) {
   overrides.insert(overrides.begin(), {"train.steps=1", "train.seq_len=16", "train.global_batch=2"});
@@ -64,8 +71,7 @@ io::JobConfig job(std::vector<std::string> overrides) {
 }
 
 TEST(ExpertWeightsPerStep, TrainsLikeThePerMicroBatchGradients) {
-  for (const char* name : {"../../examples/tiny_moe/config.json", "golden/deepseek_v2/config.json",
-                           "golden/gpt_oss/config.json", "golden/qwen3_5_moe/config.json"}) {
+  for (const char* name : kFamilies) {
     SCOPED_TRACE(name);
     const model::ModelConfig config = model::load_model_config(testing::test_data_path(name));
     model::CausalLm per_micro_batch(config), per_step(config);
@@ -139,21 +145,28 @@ HeldStep step_with_held_expert_work(model::CausalLm& model, const std::vector<mo
   return out;
 }
 
+// The step with the rows' sources held against the step with the rows held, on two models made alike: the gradients
+// of both, every one bitwise; returns the two steps (rows, sources).
+std::pair<HeldStep, HeldStep> expect_sources_give_the_rows_bits(model::CausalLm& rows, model::CausalLm& sources,
+                                                                const std::vector<model::MicroBatch>& batches) {
+  HeldStep want = step_with_held_expert_work(rows, batches, false);
+  HeldStep got = step_with_held_expert_work(sources, batches, true);
+  EXPECT_EQ(got.grads.size(), want.grads.size());
+  for (size_t i = 0; i < std::min(want.grads.size(), got.grads.size()); ++i) {
+    EXPECT_TRUE(bitwise_equal(got.grads[i], want.grads[i])) << rows.params().specs()[i].name;
+  }
+  return {std::move(want), std::move(got)};
+}
+
 TEST(ExpertWeightsPerStep, OwnRowsAreHeldAsTheirSourcesToTheSameBits) {
-  for (const char* name : {"../../examples/tiny_moe/config.json", "golden/deepseek_v2/config.json",
-                           "golden/gpt_oss/config.json", "golden/qwen3_5_moe/config.json"}) {
+  for (const char* name : kFamilies) {
     SCOPED_TRACE(name);
     const model::ModelConfig config = model::load_model_config(testing::test_data_path(name));
     model::CausalLm sources(config), rows(config);
     for (model::CausalLm* m : {&sources, &rows}) m->params().init_random(37, 0.05);
     // Micro-batches of 24 to 40 tokens: a row's K copies outweigh its token, and some experts get no rows.
     const std::vector<model::MicroBatch> batches = make_batches(3, 71, config.vocab_size, 24, 40);
-    const HeldStep want = step_with_held_expert_work(rows, batches, false);
-    const HeldStep got = step_with_held_expert_work(sources, batches, true);
-    ASSERT_EQ(got.grads.size(), want.grads.size());
-    for (size_t i = 0; i < want.grads.size(); ++i) {
-      EXPECT_TRUE(bitwise_equal(got.grads[i], want.grads[i])) << rows.params().specs()[i].name;
-    }
+    const auto [want, got] = expect_sources_give_the_rows_bits(rows, sources, batches);
     // Per MoE layer and micro-batch the sources hold [T, H] twice where the rows were [T*K, H] twice (K >= 2).
     EXPECT_LT(got.held_bytes, want.held_bytes) << "the sources were not held in place of the rows";
   }
@@ -163,8 +176,7 @@ TEST(ExpertWeightsPerStep, OwnRowsAreHeldAsTheirSourcesToTheSameBits) {
 // made from the stream's f32 gradient beside bf16 rows, and the gradients keep every bit of the held rows' step.
 TEST(CudaExpertWeightsPerStep, OwnRowsAreHeldAsTheirSourcesToTheSameBits) {
   MT_REQUIRE_GPU();
-  for (const char* name : {"../../examples/tiny_moe/config.json", "golden/deepseek_v2/config.json",
-                           "golden/gpt_oss/config.json", "golden/qwen3_5_moe/config.json"}) {
+  for (const char* name : kFamilies) {
     SCOPED_TRACE(name);
     const model::ModelConfig config = model::load_model_config(testing::test_data_path(name));
     model::CausalLm sources(config, Device::cuda(0), DType::BF16), rows(config, Device::cuda(0), DType::BF16);
@@ -173,12 +185,7 @@ TEST(CudaExpertWeightsPerStep, OwnRowsAreHeldAsTheirSourcesToTheSameBits) {
       m->params().init_random(37, 0.05);
     }
     const std::vector<model::MicroBatch> batches = make_batches(3, 72, config.vocab_size, 64, 200);
-    const HeldStep want = step_with_held_expert_work(rows, batches, false);
-    const HeldStep got = step_with_held_expert_work(sources, batches, true);
-    ASSERT_EQ(got.grads.size(), want.grads.size());
-    for (size_t i = 0; i < want.grads.size(); ++i) {
-      EXPECT_TRUE(bitwise_equal(got.grads[i], want.grads[i])) << rows.params().specs()[i].name;
-    }
+    expect_sources_give_the_rows_bits(rows, sources, batches);
   }
 }
 
