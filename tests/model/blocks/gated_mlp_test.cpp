@@ -3,7 +3,8 @@
 // each expert run alone as a dense MLP on its rows, and the empty expert's gradients stay zero; GPT-OSS's bank (biases,
 // the clamped SwiGLU) likewise, with its output checked against the formula written out; bad options are refused;
 // the weight gradients of several records at once (backward_weight_together) are their sum one by one, on an expert
-// bank with an expert empty in some records, with biases, over a step's first writes.
+// bank with an expert empty in some records, with biases, over a step's first writes; records holding their rows'
+// token-side sources (ops::PermutedRows) give the bits of records holding the rows, and the two kinds do not mix.
 #include "model/blocks/gated_mlp.h"
 
 #include <algorithm>
@@ -19,6 +20,7 @@
 #include "ops/activation.h"
 #include "ops/bias.h"
 #include "ops/gemm.h"
+#include "ops/permute.h"
 #include "testing/test_data.h"
 
 namespace moetrain::model {
@@ -314,6 +316,65 @@ TEST(GatedMlpBlock, WeightGradientsOfSeveralRecordsAtOnceAreTheirSum) {
       for (float v : values(together.grad("experts.down_bias").select(3).clone())) ASSERT_EQ(v, 0.0f);
     }
   }
+}
+
+// Records of a GPT-OSS bank (biases: the down bias's gradient reads d_y too) whose x and d_y are a routing plan's
+// rows of token-side tensors: held as the rows, or as their sources (what PreNormLayer holds when stage 3 ran on its
+// own rows). backward_weight_together gives the same bits either way, and refuses a batch that mixes the two.
+TEST(GatedMlpBlock, RecordsHoldingTheirRowsSourcesGiveTheRowsBitsAndDoNotMix) {
+  Stream& s = Stream::cpu();
+  const int64_t experts = 4, top_k = 2;
+  const GatedMlpOptions o = gpt_oss_bank_options(experts);
+  ParameterStore rows_store(with_whole_pieces(GatedMlp::param_specs(o, "experts.", 0)));
+  ParameterStore sources_store(with_whole_pieces(GatedMlp::param_specs(o, "experts.", 0)));
+  fill_random(rows_store, 53, 0.3);
+  fill_random(sources_store, 53, 0.3);
+  const GatedMlp mlp_rows(o, rows_store, "experts."), mlp_sources(o, sources_store, "experts.");
+  // One micro-batch's record, holding its rows or their sources.
+  const auto held_record = [&](const GatedMlp& mlp, MlpRecord& record, int64_t tokens, uint64_t seed, bool sources) {
+    Rng draw(seed);
+    std::vector<int32_t> choices(static_cast<size_t>(tokens * top_k));
+    for (int32_t& e : choices) e = static_cast<int32_t>(draw.below(experts));
+    const ops::RoutingPlan plan = ops::make_routing_plan(s, Tensor::from_vector(choices, {tokens, top_k}), experts);
+    const Tensor normed = random_tensor({tokens, kHidden}, DType::F32, draw);
+    const Tensor d_out = random_tensor({tokens, kHidden}, DType::F32, draw);
+    const Tensor weight = random_tensor({tokens, top_k}, DType::F32, draw);
+    const Tensor x = Tensor::empty({tokens * top_k, kHidden}, DType::F32);
+    ops::permute_forward(s, x, normed, plan);
+    const Tensor d_y = Tensor::empty({tokens * top_k, kHidden}, DType::F32);
+    const Tensor d_weight = Tensor::empty({tokens, top_k}, DType::F32);
+    ops::unpermute_backward(s, d_y, d_weight, d_out, x, weight, plan);
+    mlp.forward(record, x, plan.expert_offsets);
+    mlp.backward_input(record, d_y);
+    GatedMlp::keep_for_weight_work(record);
+    if (!sources) return;
+    record.x_source = ops::PermutedRows{normed, Tensor(), plan};
+    record.d_y_source = ops::PermutedRows{d_out, weight, plan};
+    record.x = record.d_y = Tensor();
+  };
+  for (ParameterStore* store : {&rows_store, &sources_store}) store->begin_accumulation();
+  std::vector<MlpRecord> a(3), b(3);
+  for (size_t i = 0; i < 3; ++i) {
+    const int64_t tokens = 3 + 4 * static_cast<int64_t>(i);
+    held_record(mlp_rows, a[i], tokens, 60 + i, false);
+    held_record(mlp_sources, b[i], tokens, 60 + i, true);
+  }
+  mlp_rows.backward_weight_together({&a[0], &a[1], &a[2]});
+  mlp_sources.backward_weight_together({&b[0], &b[1], &b[2]});
+  for (ParameterStore* store : {&rows_store, &sources_store}) store->end_accumulation();
+  for (const MlpRecord& r : b) EXPECT_FALSE(r.x_source.tokens.defined() || r.d_y_source.tokens.defined());
+  for (const ParamSpec& spec : rows_store.specs()) {
+    EXPECT_EQ(values(sources_store.grad(spec.name)), values(rows_store.grad(spec.name))) << spec.name;
+  }
+
+  std::vector<MlpRecord> mixed(2);
+  held_record(mlp_rows, mixed[0], 5, 70, false);
+  held_record(mlp_rows, mixed[1], 6, 71, true);
+  const std::string m = error_message([&] { mlp_rows.backward_weight_together({&mixed[0], &mixed[1]}); });
+  EXPECT_TRUE(contains(m,
+                       "the held records of one weight gradient must all hold their rows, or all their rows' "
+                       "sources"))
+      << m;
 }
 
 // transformers' GptOssExperts written out in f64 for one expert: gate_up = x W + b (gate rows first here), gate
