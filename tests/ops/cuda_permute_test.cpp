@@ -385,7 +385,7 @@ TEST(CudaConcatPermutedRows, RefusesUnweightedTokensOfAnotherDtypeAndHostWeights
       [&] {
         ops::concat_permuted_rows(s, out, {{tokens, Tensor::zeros({8, 2}, DType::F32), plan}});
       },
-      "concat_permuted_rows (sources[0]): weight");
+      "concat_permuted_rows (sources[0]): expected weight on cuda:0 but found f32[8, 2] on cpu");
 }
 
 }  // namespace
