@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # defines: the benchmark of record in one run on the GPU machine: moetrain bench on the workload
 # of record (bench/workload_of_record.toml), then the PyTorch baseline on the same GPU
-# (bench/torch_baseline.py, PREC=amp: the same recipe, fp32 masters + bf16 compute; PREC=bf16 too
-# when BASELINE_PRECS="amp bf16"), then the ratios. Results (JSON and logs) go to $RESULTS_DIR.
+# (bench/torch_baseline.py; PREC=bf16, the default: pure bf16, issue 16's yardstick; PREC=amp too when
+# BASELINE_PRECS="amp bf16": fp32 masters and moments + bf16 compute, the job's recipe with
+# --optim.state_dtype=f32), then the ratios. Results (JSON and logs) go to $RESULTS_DIR.
 #   RESULTS_DIR=/tmp/bench bash bench/run_bench.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -15,7 +16,7 @@ binary="${MOETRAIN:-./build/src/moetrain}"
 "$binary" bench --config bench/workload_of_record.toml --warmup "${WARMUP:-2}" --steps "${STEPS:-4}" \
   --out "$out/bench_moetrain.json" "$@" 2>&1 | tee "$out/bench_moetrain.log" | grep -E "^bench:|error"
 
-for prec in ${BASELINE_PRECS:-amp}; do
+for prec in ${BASELINE_PRECS:-bf16}; do
   PREC=$prec python3 bench/torch_baseline.py >"$out/torch_$prec.log" 2>&1 || { echo "torch $prec: FAILED"; tail -5 "$out/torch_$prec.log"; }
 done
 

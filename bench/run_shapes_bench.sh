@@ -3,7 +3,8 @@
 # without shape-specific tuning), each beside the PyTorch baseline on the same shape in the same run:
 #   qwen3_moe_e64        64 experts top-6 of width 1408, 16 query heads (hidden 2048)
 #   qwen3_moe_e32_h2560  32 experts top-4 of width 2048, hidden 2560, 20 query heads
-# 4 layers, 8 micro-batches of 2 x 4096 tokens, bf16 compute with fp32 masters (bench/workload_of_record.toml).
+# 4 layers, 8 micro-batches of 2 x 4096 tokens, bf16 compute with fp32 masters and bf16 AdamW moments, the expert
+# weight gradients once a step (bench/workload_of_record.toml).
 # Results (JSON and logs) go to $RESULTS_DIR/<shape>.
 #   RESULTS_DIR=/tmp/shapes BASELINE_PRECS="amp bf16" bash bench/run_shapes_bench.sh
 set -uo pipefail
