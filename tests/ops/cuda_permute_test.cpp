@@ -310,40 +310,44 @@ TEST(CudaPermuteAdd, GivesTheBitsOfTheOpThenAccumulate) {
 
 // concat_permuted_rows on CUDA: bitwise permute_forward (unweighted) or unpermute_backward's dexpert_out (weighted)
 // of each micro-batch followed by concat_group_rows, for f32 and bf16 rows, weighted tokens of either dtype (an f32
-// residual stream's gradient beside bf16 rows), the workload's hidden size (spans of 8) and one that walks elements,
-// an empty micro-batch and idle experts; and, in f32, the CPU's bytes.
-TEST(CudaConcatPermutedRows, GivesTheBitsOfTheOpsItFusesAndOfTheCpu) {
-  MT_REQUIRE_GPU();
+// residual stream's gradient beside bf16 rows), rows that take one batch of loads per lane, more than one and a part
+// of one (spans of 8) or walk elements, an empty micro-batch and idle experts, and a top-k wider than a warp (whose
+// destinations each lane finds itself); and, in f32, the CPU's bytes.
+struct ConcatCase {
+  int64_t experts, top_k;
+  std::vector<int64_t> token_counts, hiddens;
+  std::vector<int32_t> idle;
+};
+
+void expect_concat_permuted_rows_bits(const ConcatCase& c) {
   Stream& s = default_stream(gpu());
-  const int64_t experts = 16, top_k = 4;
-  const std::vector<int64_t> token_counts = {300, 0, 517, 64};
   for (DType rows_dtype : {DType::F32, DType::BF16}) {
     for (DType token_dtype : {DType::F32, DType::BF16}) {
-      for (int64_t hidden : {int64_t{2048}, int64_t{36}}) {
-        SCOPED_TRACE(::testing::Message() << "rows " << dtype_name(rows_dtype) << " weighted tokens "
-                                          << dtype_name(token_dtype) << " H " << hidden);
+      for (int64_t hidden : c.hiddens) {
+        SCOPED_TRACE(::testing::Message() << "E " << c.experts << " K " << c.top_k << " rows " << dtype_name(rows_dtype)
+                                          << " weighted tokens " << dtype_name(token_dtype) << " H " << hidden);
         Rng rng(93);
         std::vector<ops::PermutedRows> plain, weighted, plain_cpu, weighted_cpu;
         std::vector<Tensor> permuted, dexpert_out, offsets;
         int64_t total = 0;
-        for (int64_t tokens : token_counts) {
-          const Tensor choices = random_choices(tokens, top_k, experts, rng, {3, 11});
-          const ops::RoutingPlan plan = plan_on(choices, experts, gpu());
+        for (int64_t tokens : c.token_counts) {
+          const Tensor choices = random_choices(tokens, c.top_k, c.experts, rng, c.idle);
+          const ops::RoutingPlan plan = plan_on(choices, c.experts, gpu());
           const Tensor x = random_tensor({tokens, hidden}, DType::F32, rng).to(rows_dtype).to(gpu());
           const Tensor dy = random_tensor({tokens, hidden}, DType::F32, rng).to(token_dtype).to(gpu());
-          const Tensor weight = random_tensor({tokens, top_k}, DType::F32, rng).to(gpu());
+          const Tensor weight = random_tensor({tokens, c.top_k}, DType::F32, rng).to(gpu());
           plain.push_back({x, Tensor(), plan});
           weighted.push_back({dy, weight, plan});
-          const int64_t rows = tokens * top_k;
+          const int64_t rows = tokens * c.top_k;
           total += rows;
           permuted.push_back(Tensor::empty({rows, hidden}, rows_dtype, gpu()));
           ops::permute_forward(s, permuted.back(), x, plan);
           dexpert_out.push_back(Tensor::empty({rows, hidden}, rows_dtype, gpu()));
-          const Tensor d_weight = Tensor::empty({tokens, top_k}, DType::F32, gpu());
+          const Tensor d_weight = Tensor::empty({tokens, c.top_k}, DType::F32, gpu());
           ops::unpermute_backward(s, dexpert_out.back(), d_weight, dy, permuted.back(), weight, plan);
           offsets.push_back(plan.expert_offsets);
           if (rows_dtype == DType::F32 && token_dtype == DType::F32) {
-            const ops::RoutingPlan host = ops::make_routing_plan(Stream::cpu(), choices, experts);
+            const ops::RoutingPlan host = ops::make_routing_plan(Stream::cpu(), choices, c.experts);
             plain_cpu.push_back({x.to(Device::cpu()), Tensor(), host});
             weighted_cpu.push_back({dy.to(Device::cpu()), weight.to(Device::cpu()), host});
           }
@@ -362,6 +366,12 @@ TEST(CudaConcatPermutedRows, GivesTheBitsOfTheOpsItFusesAndOfTheCpu) {
       }
     }
   }
+}
+
+TEST(CudaConcatPermutedRows, GivesTheBitsOfTheOpsItFusesAndOfTheCpu) {
+  MT_REQUIRE_GPU();
+  expect_concat_permuted_rows_bits({16, 4, {300, 0, 517, 64}, {2048, 4104, 36}, {3, 11}});
+  expect_concat_permuted_rows_bits({48, 36, {20, 7}, {24, 2048}, {}});
 }
 
 TEST(CudaConcatPermutedRows, RefusesUnweightedTokensOfAnotherDtypeAndHostWeights) {

@@ -77,17 +77,22 @@ __global__ void __launch_bounds__(kThreads)
 // copy bound by block launches (2.2 TB/s at the workload of record's 65,536 rows of 4 KB).
 constexpr int kCopyBatch = 8;
 
-// One warp copies a row's bytes: 16-byte chunks with kCopyBatch of them in flight per lane when `packed`, else one
-// element per lane at a time.
-template <typename T>
-__device__ __forceinline__ void copy_row_by_warp(T* to, const T* from, int64_t hidden, int64_t lane, bool packed) {
+// One warp copies a row's bytes to `count` rows, row_of(k) for k < count (a null row is skipped), reading it once:
+// 16-byte chunks with kCopyBatch of them in flight per lane when `packed`, else one element per lane at a time.
+template <typename T, typename RowOf>
+__device__ __forceinline__ void copy_row_to_rows_by_warp(const T* from, int64_t hidden, int64_t lane, bool packed,
+                                                         int64_t count, const RowOf& row_of) {
   if (!packed) {
-    for (int64_t h = lane; h < hidden; h += 32) to[h] = from[h];
+    for (int64_t h = lane; h < hidden; h += 32) {
+      const T value = from[h];
+      for (int64_t k = 0; k < count; ++k) {
+        if (T* to = row_of(k)) to[h] = value;
+      }
+    }
     return;
   }
   const int64_t chunks = hidden * static_cast<int64_t>(sizeof(T)) / 16;
   const auto* src = reinterpret_cast<const uint4*>(from);
-  auto* dst = reinterpret_cast<uint4*>(to);
   for (int64_t first = lane; first < chunks; first += int64_t{32} * kCopyBatch) {
     uint4 v[kCopyBatch];
 #pragma unroll
@@ -95,10 +100,15 @@ __device__ __forceinline__ void copy_row_by_warp(T* to, const T* from, int64_t h
       const int64_t c = first + int64_t{32} * u;
       if (c < chunks) v[u] = __ldg(src + c);
     }
+    for (int64_t k = 0; k < count; ++k) {
+      T* to = row_of(k);
+      if (to == nullptr) continue;
+      auto* dst = reinterpret_cast<uint4*>(to);
 #pragma unroll
-    for (int u = 0; u < kCopyBatch; ++u) {
-      const int64_t c = first + int64_t{32} * u;
-      if (c < chunks) dst[c] = v[u];
+      for (int u = 0; u < kCopyBatch; ++u) {
+        const int64_t c = first + int64_t{32} * u;
+        if (c < chunks) dst[c] = v[u];
+      }
     }
   }
 }
@@ -109,7 +119,9 @@ __global__ void __launch_bounds__(kThreads)
                                   int64_t hidden) {
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (r >= rows) return;
-  copy_row_by_warp(permuted + r * hidden, x + (row_choice[r] / top_k) * hidden, hidden, threadIdx.x % 32, true);
+  T* to = permuted + r * hidden;
+  copy_row_to_rows_by_warp(x + (row_choice[r] / top_k) * hidden, hidden, threadIdx.x % 32, true, 1,
+                           [to](int64_t) { return to; });
 }
 
 // out_row = sum over k (ascending) of w[k] * in[rows[k]] (of in[rows[k]] when w is null), each product and sum
@@ -208,31 +220,39 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// concat_permuted_rows: a warp per row of source `part` (kWarps rows a block, grid-stride). The row goes where
-// concat_group_rows puts a part's row (group_parts.cuh) and is made from its token as permute_forward copies it (its
-// bytes), or as unpermute_backward_kernel makes dexpert_out's row: one product __fmul_rn(w, dy) rounded once on store.
-// Each lane loads kCopyBatch chunks or spans before it stores any (a warp keeps a whole bf16 row of hidden 2048 in
-// flight).
+// concat_permuted_rows in token order: a warp per token t of source `part` (kWarps tokens a block, grid-stride) reads
+// the token's row once and stores it to the rows of its K choices. Walking the rows in expert order instead read each
+// token's row K times at scattered moments, mostly from HBM (12.2 ms a step at the workload of record against ~5 ms
+// for its writes). Choice c = t*K + k is row choice_row[c] of the part, which goes where concat_group_rows puts a
+// part's row (group_parts.cuh); lane k finds choice k's destination and the warp shares it. Each row is made as
+// permute_forward copies its token (its bytes), or as unpermute_backward_kernel makes dexpert_out's row: one product
+// __fmul_rn(w, dy) rounded once on store. Each lane loads kCopyBatch chunks or spans before it stores any (a warp
+// keeps a whole bf16 row of hidden 2048 in flight).
 template <typename TO, typename TI>
 __global__ void __launch_bounds__(kThreads)
     concat_permuted_rows_kernel(TO* __restrict__ out, const TI* __restrict__ tokens, const float* weight,
-                                const int32_t* row_choice, GroupParts parts, int part, int64_t groups, int64_t rows,
-                                int64_t out_rows, int64_t top_k, int64_t hidden, bool packed) {
+                                const int32_t* choice_row, GroupParts parts, int part, int64_t groups,
+                                int64_t num_tokens, int64_t out_rows, int64_t top_k, int64_t hidden, bool packed) {
   const int64_t lane = threadIdx.x % 32;
-  for (int64_t r = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32; r < rows;
-       r += static_cast<int64_t>(gridDim.x) * kWarps) {
-    const int64_t dest = concat_destination(parts, part, groups, r);
-    if (dest < 0 || dest >= out_rows) continue;  // bad offsets: never write outside out
-    const int64_t c = row_choice[r];
-    const TI* from = tokens + (c / top_k) * hidden;
-    TO* to = out + dest * hidden;
+  for (int64_t t = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32; t < num_tokens;
+       t += static_cast<int64_t>(gridDim.x) * kWarps) {
+    const auto destination_of = [&](int64_t k) {
+      return concat_destination(parts, part, groups, choice_row[t * top_k + k]);
+    };
+    const int64_t lane_destination = lane < top_k ? destination_of(lane) : -1;
+    // Choice k's row in out; outside it (bad offsets) the choice is skipped: never write outside out.
+    const auto row_of = [&](int64_t k) -> TO* {
+      const int64_t dest =
+          top_k <= 32 ? __shfl_sync(kFullMask, lane_destination, static_cast<int>(k)) : destination_of(k);
+      return dest < 0 || dest >= out_rows ? nullptr : out + dest * hidden;
+    };
+    const TI* from = tokens + t * hidden;
     if constexpr (std::is_same_v<TO, TI>) {
       if (weight == nullptr) {  // the token's bytes, as permute_forward copies them (NaN payloads included)
-        copy_row_by_warp(to, from, hidden, lane, packed);
+        copy_row_to_rows_by_warp(from, hidden, lane, packed, top_k, row_of);
         continue;
       }
     }
-    const float w = weight == nullptr ? 1.0f : weight[c];
     const auto spans = [&]<int K>() {
       for (int64_t first = lane * K; first < hidden; first += int64_t{32} * K * kCopyBatch) {
         float v[kCopyBatch][K];
@@ -241,15 +261,19 @@ __global__ void __launch_bounds__(kThreads)
           const int64_t h = first + int64_t{32} * K * u;
           if (h < hidden) load_span<K>(from + h, v[u]);
         }
+        for (int64_t k = 0; k < top_k; ++k) {
+          TO* to = row_of(k);
+          if (to == nullptr) continue;
+          const float w = weight == nullptr ? 1.0f : weight[t * top_k + k];
 #pragma unroll
-        for (int u = 0; u < kCopyBatch; ++u) {
-          const int64_t h = first + int64_t{32} * K * u;
-          if (h >= hidden) continue;
-          if (weight != nullptr) {
+          for (int u = 0; u < kCopyBatch; ++u) {
+            const int64_t h = first + int64_t{32} * K * u;
+            if (h >= hidden) continue;
+            float product[K];
 #pragma unroll
-            for (int i = 0; i < K; ++i) v[u][i] = __fmul_rn(w, v[u][i]);
+            for (int i = 0; i < K; ++i) product[i] = weight == nullptr ? v[u][i] : __fmul_rn(w, v[u][i]);
+            store_span<K>(to + h, product);
           }
-          store_span<K>(to + h, v[u]);
         }
       }
     };
@@ -410,14 +434,14 @@ void concat_permuted_rows(const Stream& stream, const Tensor& out, const std::ve
   const int64_t hidden = out.size(1), groups = sources[0].plan.num_experts;
   for (size_t p = 0; p < sources.size(); ++p) {
     const PermutedRows& source = sources[p];
-    const int64_t rows = source.plan.num_tokens * source.plan.top_k;
-    if (rows == 0 || hidden == 0) continue;
-    const auto blocks = static_cast<unsigned>(std::min<int64_t>((rows + kWarps - 1) / kWarps, int64_t{1} << 20));
+    const int64_t token_count = source.plan.num_tokens;
+    if (token_count == 0 || source.plan.top_k == 0 || hidden == 0) continue;
+    const auto blocks = static_cast<unsigned>(std::min<int64_t>((token_count + kWarps - 1) / kWarps, int64_t{1} << 20));
     dispatch_activations(out.dtype(), source.tokens.dtype(), "concat_permuted_rows", [&]<typename TO, typename TI>() {
       concat_permuted_rows_kernel<TO, TI><<<blocks, kThreads, 0, s>>>(
           ptr<TO>(out), ptr<const TI>(source.tokens),
           source.weight.defined() ? ptr<const float>(source.weight) : nullptr,
-          ptr<const int32_t>(source.plan.row_choice), table, static_cast<int>(p), groups, rows, out.size(0),
+          ptr<const int32_t>(source.plan.choice_row), table, static_cast<int>(p), groups, token_count, out.size(0),
           source.plan.top_k, hidden, spans_of_8(hidden, {out.raw_data(), source.tokens.raw_data()}));
       MT_CUDA_CHECK(cudaGetLastError());
     });
