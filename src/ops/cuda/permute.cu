@@ -82,18 +82,23 @@ constexpr int kCopyBatch = 8;
 template <typename T, typename RowOf>
 __device__ __forceinline__ void copy_row_to_rows_by_warp(const T* from, int64_t hidden, int64_t lane, bool packed,
                                                          int64_t count, const RowOf& row_of) {
+  // The loops run alike on every lane (a lane past the row's end idles), since row_of may exchange values across the
+  // warp.
   if (!packed) {
-    for (int64_t h = lane; h < hidden; h += 32) {
-      const T value = from[h];
+    for (int64_t base = 0; base < hidden; base += 32) {
+      const int64_t h = base + lane;
+      const T value = h < hidden ? from[h] : T{};
       for (int64_t k = 0; k < count; ++k) {
-        if (T* to = row_of(k)) to[h] = value;
+        T* to = row_of(k);
+        if (to != nullptr && h < hidden) to[h] = value;
       }
     }
     return;
   }
   const int64_t chunks = hidden * static_cast<int64_t>(sizeof(T)) / 16;
   const auto* src = reinterpret_cast<const uint4*>(from);
-  for (int64_t first = lane; first < chunks; first += int64_t{32} * kCopyBatch) {
+  for (int64_t base = 0; base < chunks; base += int64_t{32} * kCopyBatch) {
+    const int64_t first = base + lane;
     uint4 v[kCopyBatch];
 #pragma unroll
     for (int u = 0; u < kCopyBatch; ++u) {
@@ -254,7 +259,8 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
     const auto spans = [&]<int K>() {
-      for (int64_t first = lane * K; first < hidden; first += int64_t{32} * K * kCopyBatch) {
+      for (int64_t base = 0; base < hidden; base += int64_t{32} * K * kCopyBatch) {  // alike on every lane
+        const int64_t first = base + lane * K;
         float v[kCopyBatch][K];
 #pragma unroll
         for (int u = 0; u < kCopyBatch; ++u) {
