@@ -72,9 +72,9 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t h = threadIdx.x; h < hidden; h += kThreads) dst[h] = src[h];
 }
 
-// The same in 16-byte chunks, one warp per row: each lane loads kCopyBatch chunks before it stores any, so a warp
-// keeps a 4 KB row (hidden 2048 in bf16) in flight at once. One block per row with one chunk per thread left the
-// copy bound by block launches (2.2 TB/s at the workload of record's 65,536 rows of 4 KB).
+// The same in 16-byte chunks by a warp (permute_forward_packed_kernel): each lane loads kCopyBatch chunks before it
+// stores any, so a warp keeps a 4 KB row (hidden 2048 in bf16) in flight at once. One block per row with one chunk per
+// thread left the copy bound by block launches (2.2 TB/s at the workload of record's 65,536 rows of 4 KB).
 constexpr int kCopyBatch = 8;
 
 // One warp copies a row's bytes to `count` rows, row_of(k) for k < count (a null row is skipped), reading it once:
@@ -118,15 +118,29 @@ __device__ __forceinline__ void copy_row_to_rows_by_warp(const T* from, int64_t 
   }
 }
 
+// Choice k's value among a token's top_k choices, where lane k holds it (lane_value) for a top-k up to a warp's width;
+// a wider one computes it on every lane (value_of(k)). Every lane of the warp calls it.
+template <typename F>
+__device__ __forceinline__ int64_t choice_from_lanes(int64_t lane_value, int64_t k, int64_t top_k, const F& value_of) {
+  return top_k <= 32 ? __shfl_sync(kFullMask, lane_value, static_cast<int>(k)) : value_of(k);
+}
+
+// In token order, a warp per token (grid-stride): its row read once and stored to the permuted rows of its K choices
+// (choice_row). Walking the permuted rows in expert order instead read each token's row K times, mostly from HBM.
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
-    permute_forward_packed_kernel(T* permuted, const T* x, const int32_t* row_choice, int64_t rows, int64_t top_k,
+    permute_forward_packed_kernel(T* permuted, const T* x, const int32_t* choice_row, int64_t tokens, int64_t top_k,
                                   int64_t hidden) {
-  const int64_t r = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
-  if (r >= rows) return;
-  T* to = permuted + r * hidden;
-  copy_row_to_rows_by_warp(x + (row_choice[r] / top_k) * hidden, hidden, threadIdx.x % 32, true, 1,
-                           [to](int64_t) { return to; });
+  const int64_t lane = threadIdx.x % 32;
+  for (int64_t t = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32; t < tokens;
+       t += static_cast<int64_t>(gridDim.x) * kWarps) {
+    const int32_t* rows = choice_row + t * top_k;
+    const auto row_at = [rows](int64_t k) -> int64_t { return rows[k]; };
+    const int64_t lane_row = lane < top_k ? row_at(lane) : -1;
+    copy_row_to_rows_by_warp(x + t * hidden, hidden, lane, true, top_k, [&](int64_t k) {
+      return permuted + choice_from_lanes(lane_row, k, top_k, row_at) * hidden;
+    });
+  }
 }
 
 // out_row = sum over k (ascending) of w[k] * in[rows[k]] (of in[rows[k]] when w is null), each product and sum
@@ -247,8 +261,7 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t lane_destination = lane < top_k ? destination_of(lane) : -1;
     // Choice k's row in out; outside it (bad offsets) the choice is skipped: never write outside out.
     const auto row_of = [&](int64_t k) -> TO* {
-      const int64_t dest =
-          top_k <= 32 ? __shfl_sync(kFullMask, lane_destination, static_cast<int>(k)) : destination_of(k);
+      const int64_t dest = choice_from_lanes(lane_destination, k, top_k, destination_of);
       return dest < 0 || dest >= out_rows ? nullptr : out + dest * hidden;
     };
     const TI* from = tokens + t * hidden;
@@ -367,9 +380,9 @@ void permute_forward(const Stream& stream, const Tensor& permuted, const Tensor&
   dispatch_activation(x.dtype(), "permute_forward", [&]<typename T>() {
     if (rows == 0 || hidden == 0) return;
     if (spans_of_8(hidden, {permuted.raw_data(), x.raw_data()})) {
-      const int64_t blocks = (rows + kWarps - 1) / kWarps;
+      const int64_t blocks = std::min<int64_t>((plan.num_tokens + kWarps - 1) / kWarps, int64_t{1} << 20);
       permute_forward_packed_kernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(
-          ptr<T>(permuted), ptr<const T>(x), ptr<const int32_t>(plan.row_choice), rows, plan.top_k, hidden);
+          ptr<T>(permuted), ptr<const T>(x), ptr<const int32_t>(plan.choice_row), plan.num_tokens, plan.top_k, hidden);
     } else {
       permute_forward_kernel<T><<<static_cast<unsigned>(rows), kThreads, 0, s>>>(
           ptr<T>(permuted), ptr<const T>(x), ptr<const int32_t>(plan.row_choice), plan.top_k, hidden);
