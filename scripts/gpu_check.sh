@@ -20,7 +20,9 @@ for binary in "${TEST_BINARIES:-build/tests}"/*_tests; do
   if "$binary" --gtest_filter='Cuda*' --gtest_brief=1 >"$out/$name.log" 2>&1; then
     echo "$name: ok ($(grep -E "^\[  PASSED  \]" "$out/$name.log" | head -1))"
   else
-    echo "$name: FAILED"; grep -E "Failure|FAILED|error" "$out/$name.log" | head -40; status=1
+    # The failed tests' names first: the ops tests' informational "relative error" lines would crowd them out.
+    echo "$name: FAILED"; grep -E "^\[  FAILED  \]" "$out/$name.log" | sort -u | head -40
+    grep -E "Failure|[Ee]rror:" "$out/$name.log" | head -20; status=1
   fi
 done
 
