@@ -19,9 +19,11 @@ namespace moetrain::ops::cuda {
 RoutingPlan make_routing_plan(const Stream& stream, const Tensor& topk_index, int64_t num_experts);
 
 // The arguments (plan included) are validated by the ops:: functions of the same name; the float tensors are f32 or
-// bf16 (one dtype per call), accumulated in f32. One thread block per output row; sums over a token's slots run in
-// ascending k with separately rounded products and sums (no fused multiply-add), so f32 results equal the CPU's
-// bit for bit, except dtopk_weight's dot product over H (a fixed tree: per-thread strided sums, then the warps).
+// bf16 (one dtype per call), accumulated in f32. permute_forward gives a token's row to a warp, which reads it once
+// and stores it to the token's K permuted rows (a thread block per row where the rows rule out 16-byte copies); the
+// other ops take a thread block per output row. Sums over a token's slots run in ascending k with separately rounded
+// products and sums (no fused multiply-add), so f32 results equal the CPU's bit for bit, except dtopk_weight's dot
+// product over H (a fixed tree: per-thread strided sums, then the warps).
 void permute_forward(const Stream& stream, const Tensor& permuted, const Tensor& x, const RoutingPlan& plan);
 // A defined addend [T, H] (permute_backward_add, unpermute_forward_add) joins each token's sum after it is rounded
 // to dx's (y's) dtype: the bits of the op followed by accumulate. An addend of another dtype takes those two kernels.
@@ -31,9 +33,10 @@ void unpermute_forward(const Stream& stream, const Tensor& y, const Tensor& expe
                        const RoutingPlan& plan, const Tensor& addend = Tensor());
 void unpermute_backward(const Stream& stream, const Tensor& dexpert_out, const Tensor& dtopk_weight, const Tensor& dy,
                         const Tensor& expert_out, const Tensor& topk_weight, const RoutingPlan& plan);
-// A launch per source, a warp per row: the rows land where concat_group_rows puts them, so the expert offsets' values
-// stay on the device (a bad one never makes the kernel write outside out); each row is made with permute_forward's
-// copy or unpermute_backward's product, so the result is bitwise those ops followed by concat_group_rows.
+// A launch per source, a warp per token (its row read once, stored to its K rows): the rows land where
+// concat_group_rows puts them, so the expert offsets' values stay on the device (a bad one never makes the kernel
+// write outside out); each row is made with permute_forward's copy or unpermute_backward's product, so the result is
+// bitwise those ops followed by concat_group_rows.
 void concat_permuted_rows(const Stream& stream, const Tensor& out, const std::vector<PermutedRows>& sources);
 
 }  // namespace moetrain::ops::cuda
