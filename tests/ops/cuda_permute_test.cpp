@@ -152,8 +152,9 @@ struct OpsCase {
   int64_t tokens, top_k, experts, hidden;
 };
 // H = 4104: rows of more 16-byte chunks than a warp's batch of 32 x 8 (a second, partial batch), 14 rows (a last
-// block with idle warps).
-const OpsCase kOpsCases[] = {{1000, 4, 64, 256}, {37, 2, 5, 300}, {1, 1, 1, 64}, {513, 8, 16, 1000}, {7, 2, 3, 4104}};
+// block with idle warps). K = 36: a top-k wider than a warp, whose rows permute_forward's lanes find themselves.
+const OpsCase kOpsCases[] = {{1000, 4, 64, 256}, {37, 2, 5, 300}, {1, 1, 1, 64},
+                             {513, 8, 16, 1000}, {7, 2, 3, 4104}, {20, 36, 48, 256}};
 
 std::string case_name(const OpsCase& c) {
   return "T=" + std::to_string(c.tokens) + " K=" + std::to_string(c.top_k) + " E=" + std::to_string(c.experts) +
