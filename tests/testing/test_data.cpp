@@ -3,8 +3,11 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <mutex>
+#include <system_error>
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -28,6 +31,42 @@ void set_element(Tensor& t, int64_t i, double v) {
   }
 }
 
+// The folders make_temp_dir made in this process.
+struct TempDirs {
+  std::mutex mutex;
+  std::vector<std::filesystem::path> paths;
+};
+
+TempDirs& temp_dirs() {
+  static TempDirs dirs;
+  return dirs;
+}
+
+// Removes the process's temporary folders once its tests are done (a folder can outlive the test that made it: a
+// fixture cached for the binary's other tests), unless a test failed: then they stay, to look into, and their place
+// is printed. Without it every run of the suites left a few hundred folders in the temp folder.
+class TempDirCleanup : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    TempDirs& dirs = temp_dirs();
+    const std::lock_guard lock(dirs.mutex);
+    if (dirs.paths.empty()) return;
+    if (::testing::UnitTest::GetInstance()->Failed()) {
+      std::fprintf(stderr, "testing: a test failed, so its %zu temporary folder(s) are kept under %s\n",
+                   dirs.paths.size(), dirs.paths.front().parent_path().string().c_str());
+      return;
+    }
+    for (const std::filesystem::path& path : dirs.paths) {
+      std::error_code ignored;  // a folder a test removed itself is fine
+      std::filesystem::remove_all(path, ignored);
+    }
+    dirs.paths.clear();
+  }
+};
+
+[[maybe_unused]] ::testing::Environment* const temp_dir_cleanup =
+    ::testing::AddGlobalTestEnvironment(new TempDirCleanup);  // gtest owns it
+
 }  // namespace
 
 std::string test_data_path(const std::string& relative) {
@@ -43,6 +82,9 @@ std::string make_temp_dir(const std::string& tag) {
                     ("moetrain_test_" + tag + "_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
   std::filesystem::remove_all(path);
   std::filesystem::create_directories(path);
+  TempDirs& dirs = temp_dirs();
+  const std::lock_guard lock(dirs.mutex);
+  dirs.paths.push_back(path);
   return path.string();
 }
 

@@ -16,7 +16,8 @@ namespace moetrain::testing {
 // tests/data in the source tree (fixtures copied from ../shared/golden and made by the project),
 // or $MOETRAIN_TEST_DATA when set.
 std::string test_data_path(const std::string& relative);
-// A fresh empty directory under the system temp folder, unique per call.
+// A fresh empty directory under the system temp folder, unique per call. Removed with the others the process made
+// when its tests end, unless one of them failed.
 std::string make_temp_dir(const std::string& tag);
 
 // Values drawn from N(0, scale^2), as f32 or f64 on the CPU.
