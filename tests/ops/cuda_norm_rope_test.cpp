@@ -40,7 +40,7 @@ struct Case {
 
 // hd 64, 128 and 256 over the whole head run the one kernel; partial rotary, interleaved pairs and hd 96 the two.
 // 21 x 3 x 128 and 33000 x 3 x 64 leave a warp's last row set of each token part empty (2 and 4 rows a set); 33000
-// tokens also make the backward's warps (at most 4,096 blocks of 8) stride over several tokens through their stages.
+// tokens also make the backward's warps (at most 4,096 blocks of 8) stride over several tokens.
 const std::vector<Case> kCases = {{{37, 4, 64}, 64, false},   {{300, 8, 128}, 128, false}, {{9, 3, 256}, 256, false},
                                   {{1, 1, 128}, 128, false},  {{37, 4, 64}, 32, false},    {{37, 4, 64}, 64, true},
                                   {{11, 2, 96}, 96, false},   {{0, 4, 128}, 128, false},   {{21, 3, 128}, 128, false},
