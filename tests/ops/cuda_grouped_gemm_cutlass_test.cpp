@@ -25,6 +25,7 @@
 #include "ops/cuda/runtime.h"
 #endif
 #include "testing/cuda_compare.h"
+#include "testing/error_message.h"
 #include "testing/gpu.h"
 #include "testing/test_data.h"
 
@@ -245,30 +246,39 @@ TEST(CudaGroupedGemmCutlass, BackwardWeightPingpongAccumulatesWithTheCooperative
   }
 }
 
-// The forward and the backward input on the ping-pong schedule (64-row tiles) give the cooperative schedule's bytes,
-// for the same reason: each output element's k-blocks in the same order through the same wgmma.
-TEST(CudaGroupedGemmCutlass, ForwardAndBackwardInputPingpongGiveTheCooperativeBytes) {
+// The forward and the backward input on the ping-pong schedule (64-row tiles) and on every cluster shape give the
+// cooperative schedule's bytes, for the same reason: each output element's k-blocks in the same order through the same
+// wgmma. The cluster only changes which CTAs share an operand tile and which tiles are padding.
+TEST(CudaGroupedGemmCutlass, ForwardAndBackwardInputOnEveryScheduleAndClusterGiveTheCooperativeBytes) {
   MT_REQUIRE_GPU();
+  using ops::cuda::GroupedGemmCluster;
+  using ops::cuda::GroupedGemmSchedule;
   uint64_t seed = 950;
   for (const GroupCase& c : cases()) {
     SCOPED_TRACE(c.name);
     const Inputs in = make_inputs(c, seed++);
     const Tensor x = bf16_gpu(in.x), w = bf16_gpu(in.w), dy = bf16_gpu(in.dy), offsets = on_gpu(in.offsets);
-    Tensor y[2], dx[2];
-    for (int i = 0; i < 2; ++i) {
-      const auto schedule =
-          i == 0 ? ops::cuda::GroupedGemmSchedule::Cooperative : ops::cuda::GroupedGemmSchedule::Pingpong;
-      y[i] = on_gpu(Tensor::zeros({c.rows(), c.n_out}, DType::BF16));
-      dx[i] = on_gpu(Tensor::zeros({c.rows(), c.n_in}, DType::BF16));
-      ops::cuda::grouped_linear_forward_cutlass(gpu(), y[i], x, w, offsets, schedule);
-      ops::cuda::grouped_linear_backward_input_cutlass(gpu(), dx[i], dy, w, offsets, schedule);
-    }
     Tensor want = Tensor::empty({c.rows(), c.n_out}, DType::F32);
     ops::grouped_linear_forward(Stream::cpu(), want, in.x, in.w, in.offsets);
-    expect_close(host_f32(y[1]), want, kBf16OutputTolerance, "forward ping-pong: " + c.name);
-    EXPECT_TRUE(same_bytes(y[1].to(Device::cpu()), y[0].to(Device::cpu()))) << c.name << ": forward bytes differ";
-    EXPECT_TRUE(same_bytes(dx[1].to(Device::cpu()), dx[0].to(Device::cpu())))
-        << c.name << ": backward input bytes differ";
+    auto run = [&](GroupedGemmSchedule schedule, GroupedGemmCluster cluster) {
+      Tensor y = on_gpu(Tensor::zeros({c.rows(), c.n_out}, DType::BF16));
+      Tensor dx = on_gpu(Tensor::zeros({c.rows(), c.n_in}, DType::BF16));
+      ops::cuda::grouped_linear_forward_cutlass(gpu(), y, x, w, offsets, schedule, cluster);
+      ops::cuda::grouped_linear_backward_input_cutlass(gpu(), dx, dy, w, offsets, schedule, cluster);
+      return std::pair{y.to(Device::cpu()), dx.to(Device::cpu())};
+    };
+    const auto [y_cooperative, dx_cooperative] = run(GroupedGemmSchedule::Cooperative, GroupedGemmCluster::PairAlongM);
+    for (GroupedGemmSchedule schedule : {GroupedGemmSchedule::Cooperative, GroupedGemmSchedule::Pingpong}) {
+      for (GroupedGemmCluster cluster :
+           {GroupedGemmCluster::PairAlongM, GroupedGemmCluster::Single, GroupedGemmCluster::PairAlongN}) {
+        const std::string what = c.name + ", schedule " + std::to_string(static_cast<int>(schedule)) + ", cluster " +
+                                 std::to_string(static_cast<int>(cluster));
+        const auto [y, dx] = run(schedule, cluster);
+        expect_close(host_f32(y), want, kBf16OutputTolerance, "forward: " + what);
+        EXPECT_TRUE(same_bytes(y, y_cooperative)) << what << ": forward bytes differ";
+        EXPECT_TRUE(same_bytes(dx, dx_cooperative)) << what << ": backward input bytes differ";
+      }
+    }
   }
 }
 
@@ -436,13 +446,24 @@ TEST(CudaGroupedGemmBench, DISABLED_ExpertShapes) {
       const Tensor offsets = on_gpu(offsets_tensor(offsets_from_sizes(sizes)));
       ASSERT_TRUE(ops::cuda::cutlass_grouped_gemm_supported(DType::BF16, s.rows, s.n_out, s.n_in, {&x, &w, &y}));
       const double flops = 2.0 * s.rows * static_cast<double>(s.n_out) * static_cast<double>(s.n_in);
-      const double fwd = time_ms([&] { ops::grouped_linear_forward(gpu(), y, x, w, offsets); });
-      const double dgrad = time_ms([&] { ops::grouped_linear_backward_input(gpu(), dx, dy, w, offsets); });
-      const auto pingpong = ops::cuda::GroupedGemmSchedule::Pingpong;
-      const double fwd_pingpong =
-          time_ms([&] { ops::cuda::grouped_linear_forward_cutlass(gpu(), y, x, w, offsets, pingpong); });
-      const double dgrad_pingpong =
-          time_ms([&] { ops::cuda::grouped_linear_backward_input_cutlass(gpu(), dx, dy, w, offsets, pingpong); });
+      // Every schedule and cluster of the routed-row ops: pp = ping-pong, co = cooperative; 2x1 = pairs along M,
+      // 1x1 = one CTA, 1x2 = pairs along N.
+      std::vector<std::pair<std::string, double>> timings;
+      for (auto [schedule, schedule_name] : {std::pair{ops::cuda::GroupedGemmSchedule::Cooperative, "co"},
+                                             std::pair{ops::cuda::GroupedGemmSchedule::Pingpong, "pp"}}) {
+        for (auto [cluster, cluster_name] : {std::pair{ops::cuda::GroupedGemmCluster::PairAlongM, "2x1"},
+                                             std::pair{ops::cuda::GroupedGemmCluster::Single, "1x1"},
+                                             std::pair{ops::cuda::GroupedGemmCluster::PairAlongN, "1x2"}}) {
+          const std::string tag = std::string("(") + schedule_name + " " + cluster_name + ")";
+          timings.emplace_back("fwd" + tag, time_ms([&] {
+                                 ops::cuda::grouped_linear_forward_cutlass(gpu(), y, x, w, offsets, schedule, cluster);
+                               }));
+          timings.emplace_back("dgrad" + tag, time_ms([&] {
+                                 ops::cuda::grouped_linear_backward_input_cutlass(gpu(), dx, dy, w, offsets, schedule,
+                                                                                  cluster);
+                               }));
+        }
+      }
       const double wgrad = time_ms([&] { ops::grouped_linear_backward_weight(gpu(), dw, dy, x, offsets); });
       const double wgrad_overwrite = time_ms(
           [&] { ops::cuda::grouped_linear_backward_weight_cutlass(gpu(), dw, dy, x, offsets, /*accumulate=*/false); });
@@ -454,11 +475,11 @@ TEST(CudaGroupedGemmBench, DISABLED_ExpertShapes) {
                             : routing_case == BenchRouting::Random ? "random (max "
                                                                    : "uniform (";
       const int32_t largest = *std::max_element(sizes.begin(), sizes.end());
-      for (const auto& [op, ms] :
-           {std::pair{"fwd  ", fwd}, std::pair{"fwd(ping-pong)", fwd_pingpong}, std::pair{"dgrad", dgrad},
-            std::pair{"dgrad(ping-pong)", dgrad_pingpong}, std::pair{"wgrad", wgrad},
-            std::pair{"wgrad(overwrite)", wgrad_overwrite}, std::pair{"wgrad(ping-pong)", wgrad_pingpong}}) {
-        std::printf("  %-26s %s%d rows) %s %8.3f ms %7.1f TFLOP/s\n", s.name, routing, largest, op, ms,
+      timings.emplace_back("wgrad", wgrad);
+      timings.emplace_back("wgrad(overwrite)", wgrad_overwrite);
+      timings.emplace_back("wgrad(ping-pong)", wgrad_pingpong);
+      for (const auto& [op, ms] : timings) {
+        std::printf("  %-26s %s%d rows) %-16s %8.3f ms %7.1f TFLOP/s\n", s.name, routing, largest, op.c_str(), ms,
                     flops / (ms * 1e-3) / 1e12);
       }
     }

@@ -1,8 +1,8 @@
 // defines: the machinery shared by the CUTLASS GEMMs (ops/cuda/grouped_gemm_cutlass.h, the grouped expert GEMMs,
 // and ops/cuda/gemm_batch_invariant.h, the exact lanes' dense GEMMs as one group): CUTLASS 4's Hopper ptr-array
 // grouped kernels (after CUTLASS example 57_hopper_grouped_gemm and PyTorch's _grouped_mm): TMA loads, wgmma,
-// warp-specialised schedules (cooperative, 128 x 256 x 64 with cluster 2 x 1, for every instantiation but the
-// ping-pong weight gradient's 64 x 256 x 64), a persistent grid over all groups' tiles, no split-K. A small kernel
+// warp-specialised schedules (cooperative 128 x 256 x 64 or ping-pong 64 x 256 x 64 tiles, clusters of 2 x 1, and for
+// the ops over routed rows 1 x 1 and 1 x 2 too), a persistent grid over all groups' tiles, no split-K. A small kernel
 // turns the device offsets into the per-group problem sizes, pointers and strides the GEMM reads (no host copy, no
 // synchronisation); the GEMM object and its device workspace are built once per (op, stream, G, N, K) and cached.
 // Each output tile is computed by one warp group or CTA along the whole reduction in a fixed order, so a row's result
@@ -43,11 +43,23 @@ using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>
 using Problem = ProblemShape::UnderlyingProblemShape;
 using Bf16 = cutlass::bfloat16_t;
 
+// The cluster shapes (M, N, 1): how many CTAs share one operand tile through TMA multicast. CUTLASS's grouped tile
+// scheduler rounds each group's tiles along M up to a multiple of the cluster's M extent, and along N to its N extent
+// (sm90_tile_scheduler_group.hpp, problem_blocks_m / _n); the tiles it adds run the whole mainloop on zeros. So with
+// pairs along M (the weight tile multicast to two row tiles) a group's rows are padded to a multiple of two row tiles
+// (128 rows of ping-pong tiles, 256 of cooperative ones), which costs the expert GEMMs of a routed step (512 +- 22
+// rows a group) an eighth to a quarter more tiles. A single CTA (no multicast) or pairs along N (the row tile
+// multicast to two weight tiles) pad the rows to one tile; pairs along N pad N to two tiles (512) instead.
+using ClusterPairAlongM = cute::Shape<cute::_2, cute::_1, cute::_1>;
+using ClusterSingle = cute::Shape<cute::_1, cute::_1, cute::_1>;
+using ClusterPairAlongN = cute::Shape<cute::_1, cute::_2, cute::_1>;
+
 // The cooperative schedule: the two consumer warp groups share one 128 x 256 tile, and a tile's epilogue follows its
 // mainloop. The tile configuration PyTorch picks for groups of more than 128 rows.
+template <class Cluster = ClusterPairAlongM>
 struct CooperativeSchedule {
   using TileShape = cute::Shape<cute::_128, cute::_256, cute::_64>;
-  using ClusterShape = cute::Shape<cute::_2, cute::_1, cute::_1>;
+  using ClusterShape = Cluster;
   using Kernel = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
   using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
 };
@@ -57,9 +69,10 @@ struct CooperativeSchedule {
 // epilogue reads and writes the f32 gradient (8 bytes an element against a reduction over ~500 rows): on the
 // cooperative schedule that traffic does not overlap the tensor cores. Its 64-row tiles also halve the rows a group
 // of routed rows is padded by (forward, backward input).
+template <class Cluster = ClusterPairAlongM>
 struct PingpongSchedule {
   using TileShape = cute::Shape<cute::_64, cute::_256, cute::_64>;
-  using ClusterShape = cute::Shape<cute::_2, cute::_1, cute::_1>;
+  using ClusterShape = Cluster;
   using Kernel = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong;
   using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
 };
@@ -67,7 +80,7 @@ struct PingpongSchedule {
 // One grouped GEMM D_g [M, N] = A_g [M, K] * B_g [K, N] (+ C_g when ElementC is not void) in CUTLASS's terms: LayoutA
 // RowMajor = A K-contiguous, ColumnMajor = M-contiguous; LayoutB ColumnMajor = B K-contiguous ([N, K] rows),
 // RowMajor = N-contiguous. C and D are row-major. Few tile configurations keep the compile short.
-template <class LayoutA, class LayoutB, class ElementC, class ElementD, class Schedule = CooperativeSchedule>
+template <class LayoutA, class LayoutB, class ElementC, class ElementD, class Schedule = CooperativeSchedule<>>
 struct GroupedGemm {
   using TileShape = typename Schedule::TileShape;
   using ClusterShape = typename Schedule::ClusterShape;
@@ -98,20 +111,18 @@ struct GroupedGemm {
 };
 
 // y = x w^T: A = x_g [m, K] row-major, B = w[g] [N, K] (K-contiguous), D = y_g [m, N].
-using ForwardGemm = GroupedGemm<cutlass::layout::RowMajor, cutlass::layout::ColumnMajor, void, Bf16>;
+template <class Schedule>
+using ForwardGemmOn = GroupedGemm<cutlass::layout::RowMajor, cutlass::layout::ColumnMajor, void, Bf16, Schedule>;
 // dx = dy w: A = dy_g [m, N] row-major, B(n, k) = w[g][n][k] (N-contiguous in GEMM terms), D = dx_g [m, K].
-using BackwardInputGemm = GroupedGemm<cutlass::layout::RowMajor, cutlass::layout::RowMajor, void, Bf16>;
-// The same two on the ping-pong schedule's 64-row tiles: a group's rows round up to a multiple of 64 instead of 128,
-// which wastes half as many multiplications when routing leaves the groups near but not at a multiple of 128.
-using ForwardPingpongGemm =
-    GroupedGemm<cutlass::layout::RowMajor, cutlass::layout::ColumnMajor, void, Bf16, PingpongSchedule>;
-using BackwardInputPingpongGemm =
-    GroupedGemm<cutlass::layout::RowMajor, cutlass::layout::RowMajor, void, Bf16, PingpongSchedule>;
+template <class Schedule>
+using BackwardInputGemmOn = GroupedGemm<cutlass::layout::RowMajor, cutlass::layout::RowMajor, void, Bf16, Schedule>;
+using ForwardGemm = ForwardGemmOn<CooperativeSchedule<>>;
+using BackwardInputGemm = BackwardInputGemmOn<CooperativeSchedule<>>;
 // dw += dy^T x: A(n, r) = dy_g[r][n] (M-contiguous), B(r, k) = x_g[r][k] (N-contiguous), C = D = dw[g] [N, K] f32.
 using BackwardWeightGemm = GroupedGemm<cutlass::layout::ColumnMajor, cutlass::layout::RowMajor, float, float>;
 // The same on the ping-pong schedule (the epilogue's f32 traffic beside the other warp group's multiplications).
 using BackwardWeightPingpongGemm =
-    GroupedGemm<cutlass::layout::ColumnMajor, cutlass::layout::RowMajor, float, float, PingpongSchedule>;
+    GroupedGemm<cutlass::layout::ColumnMajor, cutlass::layout::RowMajor, float, float, PingpongSchedule<>>;
 // dw = dy^T x without reading dw (C void): the f32 read of the accumulation is ~1/3 of the weight gradient's time on
 // the expert shapes. Empty groups get no tiles here; zero_empty_groups writes their zeros.
 using BackwardWeightOverwriteGemm = GroupedGemm<cutlass::layout::ColumnMajor, cutlass::layout::RowMajor, void, float>;

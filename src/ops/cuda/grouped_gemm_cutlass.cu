@@ -1,6 +1,6 @@
-// defines: the grouped expert GEMMs on the CUTLASS machinery of ops/cuda/cutlass_grouped.cuh. Seven instantiations:
-// forward, backward input and backward weight accumulating into f32 dw (C = D = dw, beta = 1), each on the
-// cooperative and on the ping-pong schedule, and the weight gradient overwriting dw (no C).
+// defines: the grouped expert GEMMs on the CUTLASS machinery of ops/cuda/cutlass_grouped.cuh. Fifteen instantiations:
+// forward and backward input on the cooperative and the ping-pong schedule, each with three cluster shapes; the
+// weight gradient accumulating into f32 dw (C = D = dw, beta = 1) on either schedule, and overwriting dw (no C).
 #include "ops/cuda/grouped_gemm_cutlass.h"
 
 #include <algorithm>
@@ -43,6 +43,24 @@ void zero_empty_groups(const Stream& stream, const Tensor& dw, const Tensor& off
   MT_CUDA_CHECK(cudaGetLastError());
 }
 
+// Calls run.template operator()<Schedule>(op) with the schedule type of (schedule, cluster).
+template <class Run>
+void with_routed_rows_schedule(GroupedGemmSchedule schedule, GroupedGemmCluster cluster, const char* op, Run&& run) {
+  const bool pingpong = schedule == GroupedGemmSchedule::Pingpong;
+  switch (cluster) {
+    case GroupedGemmCluster::PairAlongM:
+      return pingpong ? run.template operator()<PingpongSchedule<ClusterPairAlongM>>(op)
+                      : run.template operator()<CooperativeSchedule<ClusterPairAlongM>>(op);
+    case GroupedGemmCluster::Single:
+      return pingpong ? run.template operator()<PingpongSchedule<ClusterSingle>>(op)
+                      : run.template operator()<CooperativeSchedule<ClusterSingle>>(op);
+    case GroupedGemmCluster::PairAlongN:
+      return pingpong ? run.template operator()<PingpongSchedule<ClusterPairAlongN>>(op)
+                      : run.template operator()<CooperativeSchedule<ClusterPairAlongN>>(op);
+  }
+  MT_FAIL("{} (CUTLASS): unknown cluster {}", op, static_cast<int>(cluster));
+}
+
 }  // namespace
 
 bool cutlass_grouped_gemm_supported(DType activations, int64_t rows, int64_t n_out, int64_t n_in,
@@ -56,27 +74,20 @@ bool cutlass_grouped_gemm_supported(DType activations, int64_t rows, int64_t n_o
 }
 
 void grouped_linear_forward_cutlass(const Stream& stream, const Tensor& y, const Tensor& x, const Tensor& w,
-                                    const Tensor& offsets, GroupedGemmSchedule schedule) {
-  constexpr const char* op = "grouped_linear_forward";
-  if (schedule == GroupedGemmSchedule::Pingpong) {
-    run_grouped<ForwardPingpongGemm, OpKind::kForward>(stream, x, w, y, offsets.data<int32_t>(), w.size(0), x.size(0),
-                                                       w.size(1), w.size(2), op);
-    return;
-  }
-  run_grouped<ForwardGemm, OpKind::kForward>(stream, x, w, y, offsets.data<int32_t>(), w.size(0), x.size(0), w.size(1),
-                                             w.size(2), op);
+                                    const Tensor& offsets, GroupedGemmSchedule schedule, GroupedGemmCluster cluster) {
+  with_routed_rows_schedule(schedule, cluster, "grouped_linear_forward", [&]<class Schedule>(const char* op) {
+    run_grouped<ForwardGemmOn<Schedule>, OpKind::kForward>(stream, x, w, y, offsets.data<int32_t>(), w.size(0),
+                                                           x.size(0), w.size(1), w.size(2), op);
+  });
 }
 
 void grouped_linear_backward_input_cutlass(const Stream& stream, const Tensor& dx, const Tensor& dy, const Tensor& w,
-                                           const Tensor& offsets, GroupedGemmSchedule schedule) {
-  constexpr const char* op = "grouped_linear_backward_input";
-  if (schedule == GroupedGemmSchedule::Pingpong) {
-    run_grouped<BackwardInputPingpongGemm, OpKind::kBackwardInput>(stream, dy, w, dx, offsets.data<int32_t>(),
-                                                                   w.size(0), dy.size(0), w.size(1), w.size(2), op);
-    return;
-  }
-  run_grouped<BackwardInputGemm, OpKind::kBackwardInput>(stream, dy, w, dx, offsets.data<int32_t>(), w.size(0),
-                                                         dy.size(0), w.size(1), w.size(2), op);
+                                           const Tensor& offsets, GroupedGemmSchedule schedule,
+                                           GroupedGemmCluster cluster) {
+  with_routed_rows_schedule(schedule, cluster, "grouped_linear_backward_input", [&]<class Schedule>(const char* op) {
+    run_grouped<BackwardInputGemmOn<Schedule>, OpKind::kBackwardInput>(stream, dy, w, dx, offsets.data<int32_t>(),
+                                                                       w.size(0), dy.size(0), w.size(1), w.size(2), op);
+  });
 }
 
 void grouped_linear_backward_weight_cutlass(const Stream& stream, const Tensor& dw, const Tensor& dy, const Tensor& x,

@@ -38,12 +38,24 @@ enum class GroupedGemmSchedule { Cooperative, Pingpong };
 // multiple of 128 rows (docs/gpu_notes.md, sixteenth session).
 inline constexpr GroupedGemmSchedule kRoutedRowsSchedule = GroupedGemmSchedule::Pingpong;
 
+// The thread-block cluster of the ops over routed rows (ops/cuda/cutlass_grouped.cuh): pairs of CTAs along M share a
+// weight tile, pairs along N share a row tile, a single CTA shares nothing. CUTLASS's grouped scheduler pads each
+// group's row tiles to a multiple of the cluster's M extent, so pairs along M pad a group's rows to two tiles (128
+// rows on ping-pong tiles): the routed groups' padding is then an eighth of their tiles where one tile's would be a
+// sixteenth. Pairs along N pad N to two 256-wide tiles instead. The bytes are the same for every cluster (the same
+// wgmma over the same k-blocks per output element); CudaGroupedGemmBench.DISABLED_ExpertShapes times them. The weight
+// gradient, whose M is the weight's N, keeps pairs along M.
+enum class GroupedGemmCluster { PairAlongM, Single, PairAlongN };
+inline constexpr GroupedGemmCluster kRoutedRowsCluster = GroupedGemmCluster::PairAlongM;
+
 // y [R, N] (bf16) = x [R, K] (bf16) * w[g]^T, w [G, N, K] bf16.
 void grouped_linear_forward_cutlass(const Stream& stream, const Tensor& y, const Tensor& x, const Tensor& w,
-                                    const Tensor& offsets, GroupedGemmSchedule schedule = kRoutedRowsSchedule);
+                                    const Tensor& offsets, GroupedGemmSchedule schedule = kRoutedRowsSchedule,
+                                    GroupedGemmCluster cluster = kRoutedRowsCluster);
 // dx [R, K] (bf16) = dy [R, N] (bf16) * w[g] (overwrites dx).
 void grouped_linear_backward_input_cutlass(const Stream& stream, const Tensor& dx, const Tensor& dy, const Tensor& w,
-                                           const Tensor& offsets, GroupedGemmSchedule schedule = kRoutedRowsSchedule);
+                                           const Tensor& offsets, GroupedGemmSchedule schedule = kRoutedRowsSchedule,
+                                           GroupedGemmCluster cluster = kRoutedRowsCluster);
 
 // dw[g] [N, K] (f32) += dy_g^T * x_g (dy, x bf16): the group's sum is formed in f32 and then added to dw[g]; an
 // empty group leaves dw[g] untouched. With accumulate = false, dw[g] = dy_g^T * x_g instead (an empty group's dw[g]
