@@ -246,6 +246,28 @@ TEST(CudaGroupedGemmCutlass, BackwardWeightPingpongAccumulatesWithTheCooperative
   }
 }
 
+// The overwriting weight gradient (the step's expert gradients written once) on the ping-pong schedule gives the
+// cooperative one's bytes, empty groups' zeros included; the stale values it starts from are never read.
+TEST(CudaGroupedGemmCutlass, BackwardWeightOverwritePingpongGivesTheCooperativeBytes) {
+  MT_REQUIRE_GPU();
+  uint64_t seed = 970;
+  for (const GroupCase& c : cases()) {
+    SCOPED_TRACE(c.name);
+    const Inputs in = make_inputs(c, seed++);
+    Tensor want = Tensor::zeros({c.groups(), c.n_out, c.n_in}, DType::F32);
+    ops::grouped_linear_backward_weight(Stream::cpu(), want, in.dy, in.x, in.offsets);
+    const Tensor dy = bf16_gpu(in.dy), x = bf16_gpu(in.x), offsets = on_gpu(in.offsets);
+    Tensor cooperative = on_gpu(in.dw_start), pingpong = on_gpu(in.dw_start);
+    ops::cuda::grouped_linear_backward_weight_cutlass(gpu(), cooperative, dy, x, offsets, /*accumulate=*/false,
+                                                      ops::cuda::GroupedGemmSchedule::Cooperative);
+    ops::cuda::grouped_linear_backward_weight_cutlass(gpu(), pingpong, dy, x, offsets, /*accumulate=*/false,
+                                                      ops::cuda::GroupedGemmSchedule::Pingpong);
+    const Tensor got = host_f32(pingpong);
+    expect_close(got, want, kF32GradientTolerance, "backward_weight overwrite ping-pong: " + c.name);
+    EXPECT_TRUE(same_bytes(got, host_f32(cooperative))) << c.name << ": ping-pong and cooperative bytes differ";
+  }
+}
+
 // The forward and the backward input on the ping-pong schedule (64-row tiles) and on every cluster shape give the
 // cooperative schedule's bytes, for the same reason: each output element's k-blocks in the same order through the same
 // wgmma. The cluster only changes which CTAs share an operand tile and which tiles are padding.
@@ -482,6 +504,40 @@ TEST(CudaGroupedGemmBench, DISABLED_ExpertShapes) {
         std::printf("  %-26s %s%d rows) %-16s %8.3f ms %7.1f TFLOP/s\n", s.name, routing, largest, op.c_str(), ms,
                     flops / (ms * 1e-3) / 1e12);
       }
+    }
+  }
+}
+
+// Benchmark: the expert weight gradients once a step (model.expert_weight_gradient = step), written once over a step's
+// rows: the workload of record's 8 micro-batches (524,288 routed rows) and DeepSeek-V2-Lite's 4 (98,304), random
+// routing, on the cooperative and the ping-pong schedule.
+TEST(CudaGroupedGemmBench, DISABLED_ExpertWeightGradientOverAStep) {
+  MT_REQUIRE_GPU();
+  struct StepShape {
+    const char* name;
+    int experts, rows;
+    int64_t n_out, n_in;
+  };
+  const StepShape shapes[] = {{"gate_up (N=1536, K=2048)", 128, 524288, 1536, 2048},
+                              {"down (N=2048, K=768)", 128, 524288, 2048, 768},
+                              {"v2-lite gate_up (N=2816, K=2048)", 64, 98304, 2816, 2048},
+                              {"v2-lite down (N=2048, K=1408)", 64, 98304, 2048, 1408}};
+  Rng rng(8);
+  std::printf("moetrain CUTLASS grouped weight gradient over a step: bf16 in, f32 written once\n");
+  for (const StepShape& s : shapes) {
+    const Tensor x = bench_tensor({s.rows, s.n_in}, rng), dy = bench_tensor({s.rows, s.n_out}, rng);
+    Tensor dw = Tensor::zeros({s.experts, s.n_out, s.n_in}, DType::F32, Device::cuda(0));
+    const std::vector<int32_t> sizes = bench_sizes(BenchRouting::Random, s.experts, s.rows);
+    const Tensor offsets = on_gpu(offsets_tensor(offsets_from_sizes(sizes)));
+    ASSERT_TRUE(ops::cuda::cutlass_grouped_gemm_supported(DType::BF16, s.rows, s.n_out, s.n_in, {&x, &dy, &dw}));
+    const double flops = 2.0 * s.rows * static_cast<double>(s.n_out) * static_cast<double>(s.n_in);
+    for (auto [schedule, name] : {std::pair{ops::cuda::GroupedGemmSchedule::Cooperative, "cooperative"},
+                                  std::pair{ops::cuda::GroupedGemmSchedule::Pingpong, "ping-pong"}}) {
+      const double ms = time_ms([&] {
+        ops::cuda::grouped_linear_backward_weight_cutlass(gpu(), dw, dy, x, offsets, /*accumulate=*/false, schedule);
+      });
+      std::printf("  %-34s %d experts, %d rows: overwrite %-12s %8.3f ms %7.1f TFLOP/s\n", s.name, s.experts, s.rows,
+                  name, ms, flops / (ms * 1e-3) / 1e12);
     }
   }
 }

@@ -126,6 +126,10 @@ using BackwardWeightPingpongGemm =
 // dw = dy^T x without reading dw (C void): the f32 read of the accumulation is ~1/3 of the weight gradient's time on
 // the expert shapes. Empty groups get no tiles here; zero_empty_groups writes their zeros.
 using BackwardWeightOverwriteGemm = GroupedGemm<cutlass::layout::ColumnMajor, cutlass::layout::RowMajor, void, float>;
+// The same on the ping-pong schedule: over a step's rows (~4,096 a group on the workload) each tile's reduction is
+// long and its f32 write comes once, beside the other warp group's multiplications instead of after its own.
+using BackwardWeightOverwritePingpongGemm =
+    GroupedGemm<cutlass::layout::ColumnMajor, cutlass::layout::RowMajor, void, float, PingpongSchedule<>>;
 // The exact lanes' dense GEMMs with an f32 output (ops/cuda/gemm_batch_invariant.h): y = x w^T, dx = dy w, and
 // dx += dy w (C = D = dx).
 using ForwardF32Gemm = GroupedGemm<cutlass::layout::RowMajor, cutlass::layout::ColumnMajor, void, float>;

@@ -1,6 +1,6 @@
-// defines: the grouped expert GEMMs on the CUTLASS machinery of ops/cuda/cutlass_grouped.cuh. Fifteen instantiations:
+// defines: the grouped expert GEMMs on the CUTLASS machinery of ops/cuda/cutlass_grouped.cuh. Sixteen instantiations:
 // forward and backward input on the cooperative and the ping-pong schedule, each with three cluster shapes; the
-// weight gradient accumulating into f32 dw (C = D = dw, beta = 1) on either schedule, and overwriting dw (no C).
+// weight gradient accumulating into f32 dw (C = D = dw, beta = 1) or overwriting dw (no C), on either schedule.
 #include "ops/cuda/grouped_gemm_cutlass.h"
 
 #include <algorithm>
@@ -103,8 +103,13 @@ void grouped_linear_backward_weight_cutlass(const Stream& stream, const Tensor& 
                                                              x.size(0), dw.size(1), dw.size(2), op);
     return;
   }
-  run_grouped<BackwardWeightOverwriteGemm, OpKind::kBackwardWeightOverwrite>(
-      stream, dy, x, dw, offsets.data<int32_t>(), dw.size(0), x.size(0), dw.size(1), dw.size(2), op);
+  if (schedule == GroupedGemmSchedule::Pingpong) {
+    run_grouped<BackwardWeightOverwritePingpongGemm, OpKind::kBackwardWeightOverwrite>(
+        stream, dy, x, dw, offsets.data<int32_t>(), dw.size(0), x.size(0), dw.size(1), dw.size(2), op);
+  } else {
+    run_grouped<BackwardWeightOverwriteGemm, OpKind::kBackwardWeightOverwrite>(
+        stream, dy, x, dw, offsets.data<int32_t>(), dw.size(0), x.size(0), dw.size(1), dw.size(2), op);
+  }
   zero_empty_groups(stream, dw, offsets, x.size(0), op);
 }
 

@@ -60,10 +60,14 @@ void grouped_linear_backward_input_cutlass(const Stream& stream, const Tensor& d
 // dw[g] [N, K] (f32) += dy_g^T * x_g (dy, x bf16): the group's sum is formed in f32 and then added to dw[g]; an
 // empty group leaves dw[g] untouched. With accumulate = false, dw[g] = dy_g^T * x_g instead (an empty group's dw[g]
 // becomes 0) and dw is never read: ~1.5x faster on the expert shapes, for the first write of a step (the public op's
-// GradientWrite::Overwrite). `schedule` applies to the accumulating form; the overwriting one is cooperative.
+// GradientWrite::Overwrite). Both forms run on either schedule.
+// The public op's schedule for both forms: cooperative. On ping-pong the accumulating form was 8-10% faster alone and
+// no faster in the step (seventeenth session); the overwriting form over a step's rows is timed by
+// CudaGroupedGemmBench.DISABLED_ExpertWeightGradientOverAStep (thirty-fifth session, not yet on a GPU).
+inline constexpr GroupedGemmSchedule kWeightGradientSchedule = GroupedGemmSchedule::Cooperative;
 void grouped_linear_backward_weight_cutlass(const Stream& stream, const Tensor& dw, const Tensor& dy, const Tensor& x,
                                             const Tensor& offsets, bool accumulate = true,
-                                            GroupedGemmSchedule schedule = GroupedGemmSchedule::Cooperative);
+                                            GroupedGemmSchedule schedule = kWeightGradientSchedule);
 
 // The exact lanes' dense GEMMs on the same bf16 instantiations, as one group of all R rows (no offsets); callers check
 // cutlass_grouped_gemm_supported first (ops/cuda/gemm_batch_invariant.h). w [N, K] bf16.
