@@ -222,49 +222,32 @@ TEST(CudaGroupedGemmCutlass, PublicOverwriteGivesTheBytesOfAccumulatingOntoZeros
   }
 }
 
-// The ping-pong weight gradient (GroupedGemmSchedule::Pingpong) accumulates like the cooperative one: against the
-// CPU as closely, and with the same bytes, because both run the same 64 x 256 x 16 wgmma over the same k-blocks in the
-// same order per output element and the same epilogue arithmetic (acc + C); only which warp group computes a tile and
-// when differ. The same bytes let it replace the cooperative kernel without changing any bitwise result.
-TEST(CudaGroupedGemmCutlass, BackwardWeightPingpongAccumulatesWithTheCooperativeBytes) {
+// The ping-pong weight gradient (GroupedGemmSchedule::Pingpong) accumulates and overwrites like the cooperative one:
+// against the CPU as closely, and with the same bytes, because both run the same 64 x 256 x 16 wgmma over the same
+// k-blocks in the same order per output element and the same epilogue arithmetic (acc + C, or acc alone); only which
+// warp group computes a tile and when differ. The same bytes let it replace the cooperative kernel without changing
+// any bitwise result. Overwriting (the step's expert gradients written once), the stale dw it starts from is never
+// read and empty groups get zeros.
+TEST(CudaGroupedGemmCutlass, BackwardWeightPingpongAccumulatesAndOverwritesWithTheCooperativeBytes) {
   MT_REQUIRE_GPU();
   uint64_t seed = 900;
   for (const GroupCase& c : cases()) {
-    SCOPED_TRACE(c.name);
-    const Inputs in = make_inputs(c, seed++);
-    Tensor want = in.dw_start.clone();
-    ops::grouped_linear_backward_weight(Stream::cpu(), want, in.dy, in.x, in.offsets);
-    const Tensor dy = bf16_gpu(in.dy), x = bf16_gpu(in.x), offsets = on_gpu(in.offsets);
-    Tensor cooperative = on_gpu(in.dw_start), pingpong = on_gpu(in.dw_start);
-    ops::cuda::grouped_linear_backward_weight_cutlass(gpu(), cooperative, dy, x, offsets, /*accumulate=*/true,
-                                                      ops::cuda::GroupedGemmSchedule::Cooperative);
-    ops::cuda::grouped_linear_backward_weight_cutlass(gpu(), pingpong, dy, x, offsets, /*accumulate=*/true,
-                                                      ops::cuda::GroupedGemmSchedule::Pingpong);
-    const Tensor got = host_f32(pingpong);
-    expect_close(got, want, kF32GradientTolerance, "backward_weight ping-pong: " + c.name);
-    EXPECT_TRUE(same_bytes(got, host_f32(cooperative))) << c.name << ": ping-pong and cooperative bytes differ";
-  }
-}
-
-// The overwriting weight gradient (the step's expert gradients written once) on the ping-pong schedule gives the
-// cooperative one's bytes, empty groups' zeros included; the stale values it starts from are never read.
-TEST(CudaGroupedGemmCutlass, BackwardWeightOverwritePingpongGivesTheCooperativeBytes) {
-  MT_REQUIRE_GPU();
-  uint64_t seed = 970;
-  for (const GroupCase& c : cases()) {
-    SCOPED_TRACE(c.name);
-    const Inputs in = make_inputs(c, seed++);
-    Tensor want = Tensor::zeros({c.groups(), c.n_out, c.n_in}, DType::F32);
-    ops::grouped_linear_backward_weight(Stream::cpu(), want, in.dy, in.x, in.offsets);
-    const Tensor dy = bf16_gpu(in.dy), x = bf16_gpu(in.x), offsets = on_gpu(in.offsets);
-    Tensor cooperative = on_gpu(in.dw_start), pingpong = on_gpu(in.dw_start);
-    ops::cuda::grouped_linear_backward_weight_cutlass(gpu(), cooperative, dy, x, offsets, /*accumulate=*/false,
-                                                      ops::cuda::GroupedGemmSchedule::Cooperative);
-    ops::cuda::grouped_linear_backward_weight_cutlass(gpu(), pingpong, dy, x, offsets, /*accumulate=*/false,
-                                                      ops::cuda::GroupedGemmSchedule::Pingpong);
-    const Tensor got = host_f32(pingpong);
-    expect_close(got, want, kF32GradientTolerance, "backward_weight overwrite ping-pong: " + c.name);
-    EXPECT_TRUE(same_bytes(got, host_f32(cooperative))) << c.name << ": ping-pong and cooperative bytes differ";
+    for (const bool accumulate : {true, false}) {
+      const std::string what = c.name + (accumulate ? ", accumulating" : ", overwriting");
+      SCOPED_TRACE(what);
+      const Inputs in = make_inputs(c, seed++);
+      Tensor want = accumulate ? in.dw_start.clone() : Tensor::zeros({c.groups(), c.n_out, c.n_in}, DType::F32);
+      ops::grouped_linear_backward_weight(Stream::cpu(), want, in.dy, in.x, in.offsets);
+      const Tensor dy = bf16_gpu(in.dy), x = bf16_gpu(in.x), offsets = on_gpu(in.offsets);
+      Tensor cooperative = on_gpu(in.dw_start), pingpong = on_gpu(in.dw_start);
+      ops::cuda::grouped_linear_backward_weight_cutlass(gpu(), cooperative, dy, x, offsets, accumulate,
+                                                        ops::cuda::GroupedGemmSchedule::Cooperative);
+      ops::cuda::grouped_linear_backward_weight_cutlass(gpu(), pingpong, dy, x, offsets, accumulate,
+                                                        ops::cuda::GroupedGemmSchedule::Pingpong);
+      const Tensor got = host_f32(pingpong);
+      expect_close(got, want, kF32GradientTolerance, "backward_weight ping-pong: " + what);
+      EXPECT_TRUE(same_bytes(got, host_f32(cooperative))) << what << ": ping-pong and cooperative bytes differ";
+    }
   }
 }
 
@@ -441,22 +424,28 @@ double time_ms(F&& call) {
   return static_cast<double>(ms) / kTimed;
 }
 
+struct ExpertShape {
+  const char* name;
+  int experts, rows;
+  int64_t n_out, n_in;
+};
+
+// The expert GEMMs of the workload of record (a micro-batch: 8192 tokens, top-8 of 128) and DeepSeek-V2-Lite's
+// (bench/deepseek_v2_lite, a micro-batch: 4096 tokens, top-6 of 64, expert width 1408), over the routed rows of
+// `workload_micro_batches` and `deepseek_micro_batches` micro-batches.
+std::vector<ExpertShape> expert_shapes(int workload_micro_batches, int deepseek_micro_batches) {
+  const int workload_rows = 65536 * workload_micro_batches, deepseek_rows = 24576 * deepseek_micro_batches;
+  return {{"gate_up (N=1536, K=2048)", 128, workload_rows, 1536, 2048},
+          {"down (N=2048, K=768)", 128, workload_rows, 2048, 768},
+          {"v2-lite gate_up (N=2816, K=2048)", 64, deepseek_rows, 2816, 2048},
+          {"v2-lite down (N=2048, K=1408)", 64, deepseek_rows, 2048, 1408}};
+}
+
 TEST(CudaGroupedGemmBench, DISABLED_ExpertShapes) {
   MT_REQUIRE_GPU();
-  struct ExpertShape {
-    const char* name;
-    int experts, rows;
-    int64_t n_out, n_in;
-  };
-  // The workload of record's micro-batch (8192 tokens, top-8 of 128), and DeepSeek-V2-Lite's (bench/deepseek_v2_lite:
-  // 4096 tokens, top-6 of 64, expert width 1408).
-  const ExpertShape shapes[] = {{"gate_up (N=1536, K=2048)", 128, 65536, 1536, 2048},
-                                {"down (N=2048, K=768)", 128, 65536, 2048, 768},
-                                {"v2-lite gate_up (N=2816, K=2048)", 64, 24576, 2816, 2048},
-                                {"v2-lite down (N=2048, K=1408)", 64, 24576, 2048, 1408}};
   Rng rng(7);
   std::printf("moetrain CUTLASS grouped GEMM: bf16 in, f32 accumulate\n");
-  for (const ExpertShape& s : shapes) {
+  for (const ExpertShape& s : expert_shapes(1, 1)) {
     std::printf("  %s: %d experts, %d rows\n", s.name, s.experts, s.rows);
     const Tensor x = bench_tensor({s.rows, s.n_in}, rng), w = bench_tensor({s.experts, s.n_out, s.n_in}, rng);
     const Tensor dy = bench_tensor({s.rows, s.n_out}, rng);
@@ -513,18 +502,9 @@ TEST(CudaGroupedGemmBench, DISABLED_ExpertShapes) {
 // routing, on the cooperative and the ping-pong schedule.
 TEST(CudaGroupedGemmBench, DISABLED_ExpertWeightGradientOverAStep) {
   MT_REQUIRE_GPU();
-  struct StepShape {
-    const char* name;
-    int experts, rows;
-    int64_t n_out, n_in;
-  };
-  const StepShape shapes[] = {{"gate_up (N=1536, K=2048)", 128, 524288, 1536, 2048},
-                              {"down (N=2048, K=768)", 128, 524288, 2048, 768},
-                              {"v2-lite gate_up (N=2816, K=2048)", 64, 98304, 2816, 2048},
-                              {"v2-lite down (N=2048, K=1408)", 64, 98304, 2048, 1408}};
   Rng rng(8);
   std::printf("moetrain CUTLASS grouped weight gradient over a step: bf16 in, f32 written once\n");
-  for (const StepShape& s : shapes) {
+  for (const ExpertShape& s : expert_shapes(8, 4)) {
     const Tensor x = bench_tensor({s.rows, s.n_in}, rng), dy = bench_tensor({s.rows, s.n_out}, rng);
     Tensor dw = Tensor::zeros({s.experts, s.n_out, s.n_in}, DType::F32, Device::cuda(0));
     const std::vector<int32_t> sizes = bench_sizes(BenchRouting::Random, s.experts, s.rows);
