@@ -87,6 +87,8 @@ std::vector<GroupCase> cases() {
   all.push_back({"a single group (G = 1)", offsets_from_sizes({333}), 64, 128});
   all.push_back({"no rows at all (R = 0)", offsets_from_sizes({0, 0, 0}), 16, 32});
   all.push_back({"odd row counts", offsets_from_sizes({1, 3, 255, 17, 129}), 128, 72});
+  // Two 256-wide tiles along N and along K, the second partial: the clusters paired along N run on both ops.
+  all.push_back({"N and K of two tiles, the second partial", offsets_from_sizes({70, 0, 200, 130}), 392, 264});
   Rng rng(91);
   std::vector<int32_t> small(40);
   for (int32_t& s : small) s = static_cast<int32_t>(rng.below(10));

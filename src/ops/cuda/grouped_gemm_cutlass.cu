@@ -43,10 +43,17 @@ void zero_empty_groups(const Stream& stream, const Tensor& dw, const Tensor& off
   MT_CUDA_CHECK(cudaGetLastError());
 }
 
-// Calls run.template operator()<Schedule>(op) with the schedule type of (schedule, cluster).
+// Calls run.template operator()<Schedule>(op) with the schedule type of (schedule, cluster) for an output `width`
+// wide: pairs along N become a single CTA where the output's 256-wide tiles are odd in number (a pair would pad N by
+// a tile).
 template <class Run>
-void with_routed_rows_schedule(GroupedGemmSchedule schedule, GroupedGemmCluster cluster, const char* op, Run&& run) {
+void with_routed_rows_schedule(GroupedGemmSchedule schedule, GroupedGemmCluster cluster, int64_t width, const char* op,
+                               Run&& run) {
   const bool pingpong = schedule == GroupedGemmSchedule::Pingpong;
+  constexpr int64_t kTileWidth = cute::size<1>(typename PingpongSchedule<>::TileShape{});
+  static_assert(kTileWidth == cute::size<1>(typename CooperativeSchedule<>::TileShape{}));
+  const int64_t tiles = (width + kTileWidth - 1) / kTileWidth;
+  if (cluster == GroupedGemmCluster::PairAlongN && tiles % 2 != 0) cluster = GroupedGemmCluster::Single;
   switch (cluster) {
     case GroupedGemmCluster::PairAlongM:
       return pingpong ? run.template operator()<PingpongSchedule<ClusterPairAlongM>>(op)
@@ -75,19 +82,21 @@ bool cutlass_grouped_gemm_supported(DType activations, int64_t rows, int64_t n_o
 
 void grouped_linear_forward_cutlass(const Stream& stream, const Tensor& y, const Tensor& x, const Tensor& w,
                                     const Tensor& offsets, GroupedGemmSchedule schedule, GroupedGemmCluster cluster) {
-  with_routed_rows_schedule(schedule, cluster, "grouped_linear_forward", [&]<class Schedule>(const char* op) {
-    run_grouped<ForwardGemmOn<Schedule>, OpKind::kForward>(stream, x, w, y, offsets.data<int32_t>(), w.size(0),
-                                                           x.size(0), w.size(1), w.size(2), op);
-  });
+  with_routed_rows_schedule(
+      schedule, cluster, w.size(1), "grouped_linear_forward", [&]<class Schedule>(const char* op) {
+        run_grouped<ForwardGemmOn<Schedule>, OpKind::kForward>(stream, x, w, y, offsets.data<int32_t>(), w.size(0),
+                                                               x.size(0), w.size(1), w.size(2), op);
+      });
 }
 
 void grouped_linear_backward_input_cutlass(const Stream& stream, const Tensor& dx, const Tensor& dy, const Tensor& w,
                                            const Tensor& offsets, GroupedGemmSchedule schedule,
                                            GroupedGemmCluster cluster) {
-  with_routed_rows_schedule(schedule, cluster, "grouped_linear_backward_input", [&]<class Schedule>(const char* op) {
-    run_grouped<BackwardInputGemmOn<Schedule>, OpKind::kBackwardInput>(stream, dy, w, dx, offsets.data<int32_t>(),
-                                                                       w.size(0), dy.size(0), w.size(1), w.size(2), op);
-  });
+  with_routed_rows_schedule(
+      schedule, cluster, w.size(2), "grouped_linear_backward_input", [&]<class Schedule>(const char* op) {
+        run_grouped<BackwardInputGemmOn<Schedule>, OpKind::kBackwardInput>(
+            stream, dy, w, dx, offsets.data<int32_t>(), w.size(0), dy.size(0), w.size(1), w.size(2), op);
+      });
 }
 
 void grouped_linear_backward_weight_cutlass(const Stream& stream, const Tensor& dw, const Tensor& dy, const Tensor& x,

@@ -42,9 +42,10 @@ inline constexpr GroupedGemmSchedule kRoutedRowsSchedule = GroupedGemmSchedule::
 // weight tile, pairs along N share a row tile, a single CTA shares nothing. CUTLASS's grouped scheduler pads each
 // group's row tiles to a multiple of the cluster's M extent, so pairs along M pad a group's rows to two tiles (128
 // rows on ping-pong tiles): the routed groups' padding is then an eighth of their tiles where one tile's would be a
-// sixteenth. Pairs along N pad N to two 256-wide tiles instead. The bytes are the same for every cluster (the same
-// wgmma over the same k-blocks per output element); CudaGroupedGemmBench.DISABLED_ExpertShapes times them. The weight
-// gradient, whose M is the weight's N, keeps pairs along M.
+// sixteenth. Pairs along N would pad N to two 256-wide tiles instead, so an output of an odd number of tiles runs on a
+// single CTA when pairs along N are asked for. The bytes are the same for every cluster (the same wgmma over the same
+// k-blocks per output element); CudaGroupedGemmBench.DISABLED_ExpertShapes times them. The weight gradient, whose M
+// is the weight's N, keeps pairs along M.
 enum class GroupedGemmCluster { PairAlongM, Single, PairAlongN };
 inline constexpr GroupedGemmCluster kRoutedRowsCluster = GroupedGemmCluster::PairAlongM;
 
