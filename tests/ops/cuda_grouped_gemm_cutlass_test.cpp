@@ -25,7 +25,6 @@
 #include "ops/cuda/runtime.h"
 #endif
 #include "testing/cuda_compare.h"
-#include "testing/error_message.h"
 #include "testing/gpu.h"
 #include "testing/test_data.h"
 
@@ -275,11 +274,12 @@ TEST(CudaGroupedGemmCutlass, ForwardAndBackwardInputOnEveryScheduleAndClusterGiv
       return std::pair{y.to(Device::cpu()), dx.to(Device::cpu())};
     };
     const auto [y_cooperative, dx_cooperative] = run(GroupedGemmSchedule::Cooperative, GroupedGemmCluster::PairAlongM);
-    for (GroupedGemmSchedule schedule : {GroupedGemmSchedule::Cooperative, GroupedGemmSchedule::Pingpong}) {
-      for (GroupedGemmCluster cluster :
-           {GroupedGemmCluster::PairAlongM, GroupedGemmCluster::Single, GroupedGemmCluster::PairAlongN}) {
-        const std::string what = c.name + ", schedule " + std::to_string(static_cast<int>(schedule)) + ", cluster " +
-                                 std::to_string(static_cast<int>(cluster));
+    for (auto [schedule, schedule_name] : {std::pair{GroupedGemmSchedule::Cooperative, "cooperative"},
+                                           std::pair{GroupedGemmSchedule::Pingpong, "ping-pong"}}) {
+      for (auto [cluster, cluster_name] : {std::pair{GroupedGemmCluster::PairAlongM, "pairs along M"},
+                                           std::pair{GroupedGemmCluster::Single, "one CTA"},
+                                           std::pair{GroupedGemmCluster::PairAlongN, "pairs along N"}}) {
+        const std::string what = c.name + ", " + schedule_name + ", " + cluster_name;
         const auto [y, dx] = run(schedule, cluster);
         expect_close(host_f32(y), want, kBf16OutputTolerance, "forward: " + what);
         EXPECT_TRUE(same_bytes(y, y_cooperative)) << what << ": forward bytes differ";
