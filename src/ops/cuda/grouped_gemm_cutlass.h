@@ -32,22 +32,24 @@ bool cutlass_grouped_gemm_supported(DType activations, int64_t rows, int64_t n_o
 // same bytes (the same wgmma over the same k-blocks in the same order per output element);
 // CudaGroupedGemmBench.DISABLED_ExpertShapes times them.
 enum class GroupedGemmSchedule { Cooperative, Pingpong };
-// The schedule of the ops over routed rows (forward, backward input) that the public ops run: ping-pong, whose 64-row
-// tiles pad a group half as much. With routed groups (random routing, 512 +- 22 rows; a Zipf skew) it is 6-14% faster
-// on the workload's and DeepSeek-V2-Lite's expert shapes, and 5-8% slower only when every group holds exactly a
-// multiple of 128 rows (docs/gpu_notes.md, sixteenth session).
-inline constexpr GroupedGemmSchedule kRoutedRowsSchedule = GroupedGemmSchedule::Pingpong;
+// The schedule of the ops over routed rows (forward, backward input) that the public ops run: cooperative, on single
+// CTAs (kRoutedRowsCluster). Ping-pong's 64-row tiles pad a group half as much, and beat cooperative tiles in pairs
+// along M by 6-14% (docs/gpu_notes.md, sixteenth session); but on single CTAs, which pad no group beyond its own
+// tiles, the cooperative tiles are the faster: 14-18% below ping-pong pairs along M on DeepSeek-V2-Lite's routed
+// expert shapes, 8% on the workload's (H100), where ping-pong tiles on single CTAs ask ~1.7 times their L2 bandwidth
+// and are slower still (docs/gpu_notes.md, thirty-sixth session).
+inline constexpr GroupedGemmSchedule kRoutedRowsSchedule = GroupedGemmSchedule::Cooperative;
 
 // The thread-block cluster of the ops over routed rows (ops/cuda/cutlass_grouped.cuh): pairs of CTAs along M share a
 // weight tile, pairs along N share a row tile, a single CTA shares nothing. CUTLASS's grouped scheduler pads each
-// group's row tiles to a multiple of the cluster's M extent, so pairs along M pad a group's rows to two tiles (128
-// rows on ping-pong tiles): the routed groups' padding is then an eighth of their tiles where one tile's would be a
-// sixteenth. Pairs along N would pad N to two 256-wide tiles instead, so an output of an odd number of tiles runs on a
-// single CTA when pairs along N are asked for. The bytes are the same for every cluster (the same wgmma over the same
-// k-blocks per output element); CudaGroupedGemmBench.DISABLED_ExpertShapes times them. The weight gradient, whose M
-// is the weight's N, keeps pairs along M.
+// group's row tiles to a multiple of the cluster's M extent, so pairs along M pad a group's rows to two tiles (256
+// rows on cooperative tiles): with routed groups that is a quarter more tiles than the rows need where one CTA pads
+// them by an eighth. Pairs along N would pad N to two 256-wide tiles instead, so an output of an odd number of tiles
+// runs on a single CTA when pairs along N are asked for. The bytes are the same for every cluster (the same wgmma
+// over the same k-blocks per output element); CudaGroupedGemmBench.DISABLED_ExpertShapes times them. The weight
+// gradient, whose M is the weight's N, keeps pairs along M.
 enum class GroupedGemmCluster { PairAlongM, Single, PairAlongN };
-inline constexpr GroupedGemmCluster kRoutedRowsCluster = GroupedGemmCluster::PairAlongM;
+inline constexpr GroupedGemmCluster kRoutedRowsCluster = GroupedGemmCluster::Single;
 
 // y [R, N] (bf16) = x [R, K] (bf16) * w[g]^T, w [G, N, K] bf16.
 void grouped_linear_forward_cutlass(const Stream& stream, const Tensor& y, const Tensor& x, const Tensor& w,
