@@ -75,21 +75,19 @@ std::optional<ops::cuda::GpuPowerReading> gpu_power_when_idle(Device device) {
   return ops::cuda::read_gpu_power();
 }
 
-// The energy between two readings: joules a step, the mean power over the wall time between them, the limit and the
-// SM clock at the end (a step at the limit is as fast as the energy it spends allows). The driver updates its counter
-// in steps and holds the limit as an average, so a window under a second or two scatters (DeepSeek-V2-Lite's 0.55 s:
-// 89 and 106 J a step in two runs, the second's mean above the limit); more --steps make it steady.
-nlohmann::json energy_of(const ops::cuda::GpuPowerReading& before, const ops::cuda::GpuPowerReading& after,
-                         double wall_seconds, int64_t steps) {
-  const double joules = after.energy_joules - before.energy_joules;
-  return {{"joules_per_step", joules / static_cast<double>(steps)},
-          {"window_s", wall_seconds},
-          {"mean_power_W", joules / wall_seconds},
-          {"power_limit_W", after.power_limit_watts},
-          {"sm_clock_MHz_at_end", after.sm_clock_mhz}};
-}
-
 }  // namespace
+
+std::optional<nlohmann::json> energy_of_timed_steps(const ops::cuda::GpuPowerReading& before,
+                                                    const ops::cuda::GpuPowerReading& after, double wall_seconds,
+                                                    int64_t steps) {
+  const double joules = after.energy_joules - before.energy_joules;
+  if (!(joules > 0.0)) return std::nullopt;
+  return nlohmann::json{{"joules_per_step", joules / static_cast<double>(steps)},
+                        {"window_s", wall_seconds},
+                        {"mean_power_W", joules / wall_seconds},
+                        {"power_limit_W", after.power_limit_watts},
+                        {"sm_clock_MHz_at_end", after.sm_clock_mhz}};
+}
 
 int run_bench(const BenchOptions& options) {
   MT_CHECK(options.warmup >= 0 && options.steps >= 1,
@@ -147,8 +145,15 @@ int run_bench(const BenchOptions& options) {
                            {"memory", memory_breakdown(trainer, peak)},
                            {"startup_peak_GiB", startup_peak / kGiB}};
   if (kind == DeviceKind::CUDA) result["cudnn_version"] = ops::cuda::cudnn_runtime_version();
-  if (power_before && power_after)
-    result["energy"] = energy_of(*power_before, *power_after, wall_seconds, options.steps);
+  if (power_before && power_after) {
+    if (auto energy = energy_of_timed_steps(*power_before, *power_after, wall_seconds, options.steps)) {
+      result["energy"] = *energy;
+    } else {
+      result["energy_not_measured"] = fmt::format(
+          "the GPU's energy counter did not advance over the {:.3f} s of the timed steps; time more --steps",
+          wall_seconds);
+    }
+  }
   if (mesh != nullptr && mesh->rank() != 0) return 0;  // the reductions gave every rank the same figures
   std::printf("bench: %d rank(s)%s\n", world, mesh == nullptr ? "" : (", mesh " + mesh->shape().str()).c_str());
   std::printf("bench: %s, %lld layers, %lld parameters, %s compute on %s\n", result["model"].get<std::string>().c_str(),
@@ -175,6 +180,8 @@ int run_bench(const BenchOptions& options) {
         e["joules_per_step"].get<double>(), e["window_s"].get<double>(), e["mean_power_W"].get<double>(),
         e["power_limit_W"].get<double>(), e["sm_clock_MHz_at_end"].get<int>());
   }
+  if (result.contains("energy_not_measured"))
+    std::printf("bench: energy not measured: %s\n", result["energy_not_measured"].get<std::string>().c_str());
   std::vector<std::pair<double, std::string>> families;
   double device_seconds = 0.0;
   for (const auto& [family, s] : op_times.by_family) {

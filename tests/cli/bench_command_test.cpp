@@ -1,6 +1,7 @@
 // Tests for `moetrain bench`: a CPU run of the tiny example on synthetic tokens writes every figure
 // it prints (tokens/s, memory by role, time by op family and by op), the materialised head's loss in one pass pair,
-// and bad step counts fail before any work; on a GPU, the timed steps' energy.
+// and bad step counts fail before any work; the timed steps' energy only where the GPU's counter advanced, and on a GPU
+// that energy.
 #include "cli/bench_command.h"
 
 #include <fstream>
@@ -76,19 +77,20 @@ TEST(BenchCommand, MaterialisedHeadMakesTheLossGradientInTheLossPass) {
 }
 
 // On a GPU the timed steps' energy comes from the driver's counter: some joules a step, a mean power within the
-// device's range, the limit it is held to and a running SM clock.
+// device's range, the limit it is held to and a running SM clock. The tiny model's steps take ~14 ms on an H100, and
+// four of them once fell inside one update of the counter: 40 steps give it half a second.
 TEST(CudaBenchCommand, ReportsTheGpuEnergyOfTheTimedSteps) {
   MT_REQUIRE_GPU();
   const std::string out = testing::make_temp_dir("bench_command_cuda") + "/bench.json";
   BenchOptions o = tiny_bench(out);
-  o.steps = 4;
+  o.steps = 40;
   o.overrides.push_back("model.device=cuda");
   o.overrides.push_back("model.compute_dtype=bf16");
   ASSERT_EQ(run_bench(o), 0);
   std::ifstream in(out);
   ASSERT_TRUE(in.good()) << out;
   const nlohmann::json r = nlohmann::json::parse(in);
-  ASSERT_TRUE(r.contains("energy")) << "NVML read nothing on a machine with a GPU";
+  ASSERT_TRUE(r.contains("energy")) << r.value("energy_not_measured", "NVML read nothing on a machine with a GPU");
   const nlohmann::json& e = r.at("energy");
   const double limit = e.at("power_limit_W").get<double>();
   EXPECT_GT(limit, 50.0);
@@ -98,6 +100,25 @@ TEST(CudaBenchCommand, ReportsTheGpuEnergyOfTheTimedSteps) {
   // The limit holds as an average: a short window's mean may pass it, but not by far.
   EXPECT_LT(e.at("mean_power_W").get<double>(), 1.5 * limit);
   EXPECT_GT(e.at("sm_clock_MHz_at_end").get<int>(), 0);
+}
+
+// The driver's energy counter moves in steps: a window it did not advance over measured nothing, and the bench must
+// not report that as zero joules. One that did gives joules a step and the mean power over the wall time.
+TEST(BenchCommand, EnergyOfTimedStepsNeedsTheCounterToAdvance) {
+  ops::cuda::GpuPowerReading before{.energy_joules = 5000.0, .power_limit_watts = 700.0, .sm_clock_mhz = 1980};
+  ops::cuda::GpuPowerReading after = before;
+  after.sm_clock_mhz = 1590;
+  EXPECT_FALSE(energy_of_timed_steps(before, after, 0.055, 4).has_value()) << "a counter that did not move";
+  after.energy_joules = 4999.0;
+  EXPECT_FALSE(energy_of_timed_steps(before, after, 0.055, 4).has_value()) << "a counter that went back";
+  after.energy_joules = 5000.0 + 1400.0;
+  const std::optional<nlohmann::json> energy = energy_of_timed_steps(before, after, 2.0, 4);
+  ASSERT_TRUE(energy.has_value());
+  EXPECT_DOUBLE_EQ(energy->at("joules_per_step").get<double>(), 350.0);
+  EXPECT_DOUBLE_EQ(energy->at("mean_power_W").get<double>(), 700.0);
+  EXPECT_DOUBLE_EQ(energy->at("window_s").get<double>(), 2.0);
+  EXPECT_DOUBLE_EQ(energy->at("power_limit_W").get<double>(), 700.0);
+  EXPECT_EQ(energy->at("sm_clock_MHz_at_end").get<int>(), 1590);
 }
 
 TEST(BenchCommand, RejectsStepCountsBeforeAnyWork) {
