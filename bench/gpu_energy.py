@@ -24,5 +24,8 @@ def gpu_energy_j(device="cuda"):
 
 
 def joules_between(before, after, calls):
-    """Joules a call between two readings, None when either is missing."""
-    return (after - before) / calls if before is not None and after is not None else None
+    """Joules a call between two readings; None when either is missing or the counter did not advance between them
+    (the driver updates it in steps: a window shorter than one measured nothing, which is not zero joules)."""
+    if before is None or after is None or not after > before:
+        return None
+    return (after - before) / calls
