@@ -37,7 +37,8 @@ enum class GroupedGemmSchedule { Cooperative, Pingpong };
 // along M by 6-14% (docs/gpu_notes.md, sixteenth session); but on single CTAs, which pad no group beyond its own
 // tiles, the cooperative tiles are the faster: 14-18% below ping-pong pairs along M on DeepSeek-V2-Lite's routed
 // expert shapes, 8% on the workload's (H100), where ping-pong tiles on single CTAs ask ~1.7 times their L2 bandwidth
-// and are slower still (docs/gpu_notes.md, thirty-sixth session).
+// and are slower still (docs/gpu_notes.md, thirty-sixth session). That gain is the H100's: on an H200 the two run
+// alike in the workload's and DeepSeek-V2-Lite's steps (thirty-seventh session), so this choice costs nothing there.
 inline constexpr GroupedGemmSchedule kRoutedRowsSchedule = GroupedGemmSchedule::Cooperative;
 
 // The thread-block cluster of the ops over routed rows (ops/cuda/cutlass_grouped.cuh): pairs of CTAs along M share a
