@@ -1,42 +1,176 @@
-# defines: the joules a TFLOP (or a GB) of each kind of work in the workload of record's step, at the GPU's power
-# limit, through PyTorch's kernels on random operands, each held for ~1.5 s: dense GEMM (the head's forward shape),
-# grouped GEMM (the experts' gate_up shape), cuDNN causal attention forward and forward + backward (the workload's
-# shape), an HBM copy, and the idle power after them. A step at the limit is as fast as its joules allow, so these
-# rates, weighted by the step's FLOPs and bytes, say where its joules go (docs/gpu_notes.md, twenty-fifth session).
-#   python3 bench/energy_by_kind.py
-import time, torch, torch.nn.functional as F
-from gpu_energy import gpu_energy_j
-dev = "cuda"
-def measure(name, fn, work, unit):
-    for _ in range(3): fn()
-    torch.cuda.synchronize(); t0 = time.time(); n = 0
-    while time.time() - t0 < 0.3: fn(); n += 1
-    torch.cuda.synchronize(); per = (time.time() - t0) / n; calls = max(10, int(1.5 / per))
-    torch.cuda.synchronize(); j0 = gpu_energy_j(); t0 = time.time()
-    for _ in range(calls): fn()
-    torch.cuda.synchronize(); t = (time.time() - t0) / calls; j1 = gpu_energy_j()
-    if j0 is None or j1 is None: raise SystemExit("energy_by_kind: NVML's energy counter cannot be read here")
-    j = (j1 - j0) / calls
-    print(f"{name:34s} {t*1e3:8.3f} ms {work/t:8.1f} {unit}/s {j/t:6.0f} W {j/work:7.3f} J/{unit}", flush=True)
-x = torch.randn(8192, 2048, device=dev, dtype=torch.bfloat16); w = torch.randn(151936, 2048, device=dev, dtype=torch.bfloat16)
-measure("dense gemm, head forward", lambda: x @ w.t(), 2 * 8192 * 2048 * 151936 / 1e12, "TFLOP")
-del w
-E, K, N, rows = 128, 2048, 1536, 65536
-A = torch.randn(rows, K, device=dev, dtype=torch.bfloat16); Wt = torch.randn(E, K, N, device=dev, dtype=torch.bfloat16)
-offs = torch.cumsum(torch.full((E,), rows // E, dtype=torch.int32), 0).to(torch.int32).to(dev)
-measure("grouped gemm, gate_up forward", lambda: torch._grouped_mm(A, Wt, offs=offs), 2 * rows * K * N / 1e12, "TFLOP")
-del A, Wt
-from torch.nn.attention import sdpa_kernel, SDPBackend
-B, H, S, D = 2, 32, 4096, 128
-q = torch.randn(B, H, S, D, device=dev, dtype=torch.bfloat16, requires_grad=True)
-k = torch.randn(B, H, S, D, device=dev, dtype=torch.bfloat16, requires_grad=True)
-v = torch.randn(B, H, S, D, device=dev, dtype=torch.bfloat16, requires_grad=True)
-fl = 4 * B * H * S * S * D / 2 / 1e12
-with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-    measure("cudnn attention forward", lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), fl, "TFLOP")
-    go = torch.randn(B, H, S, D, device=dev, dtype=torch.bfloat16)
-    measure("cudnn attention forward+backward", lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(go), 3.5 * fl, "TFLOP")
-del q, k, v
-a = torch.empty(2 * 1024**3, dtype=torch.uint8, device=dev); b = torch.empty_like(a)
-measure("hbm copy (read + write)", lambda: b.copy_(a), 2 * a.numel() / 1e9, "GB")
-idle0 = gpu_energy_j(); time.sleep(1.0); print(f"{'idle':34s} {gpu_energy_j() - idle0:6.0f} W")
+# defines: the joules a TFLOP (or a GB) of each kind of work in a benchmark's step, at the GPU's power limit, through
+# PyTorch's kernels on random operands at the step's shapes, each held for ~1.5 s: dense GEMM (the head's forward),
+# grouped GEMM (the experts' gate_up forward), cuDNN causal attention forward and forward + backward, an HBM copy, and
+# the idle power after them. A step at the limit is as fast as its joules allow, so these rates, weighted by the step's
+# FLOPs and the bytes it cannot avoid moving, give the least energy a step can take and so the most tokens/s the limit
+# allows (docs/gpu_notes.md, twenty-fifth and thirty-eighth sessions).
+#   python3 bench/energy_by_kind.py [--job workload_of_record|deepseek_v2_lite] [--baseline TOKENS_PER_S]
+#   python3 bench/energy_by_kind.py --job deepseek_v2_lite --rates dense=1.05,grouped=1.23,attention=1.65,hbm=0.145
+# (--rates: no GPU needed; the floor from given joules a TFLOP / GB.) --moetrain BENCH_JSON (`moetrain bench --out`'s
+# file for the same job) adds moetrain's own rates in its step, each op family's time at the step's mean power (a
+# lower bound: memory-bound ops draw less than the mean, so the GEMMs and attention draw more), and takes the lower
+# rate of each kind for the floor; it also states how far that run's joules are above the floor.
+import argparse, json, os, time
+
+BENCH = os.path.dirname(os.path.abspath(__file__))
+# Each job's step as its bench/*.toml sets it: tokens a micro-batch, sequences a micro-batch, micro-batches a step.
+JOBS = {
+    "workload_of_record": dict(config="qwen3_30b_a3b/config.json", seq_len=4096, seqs=2, micro_batches=8),
+    "deepseek_v2_lite": dict(config="deepseek_v2_lite/config.json", seq_len=4096, seqs=1, micro_batches=4),
+}
+
+
+def step_shapes(job):
+    """The step's FLOPs by kind of work and the bytes no implementation of its recipe avoids (bf16 compute, fp32
+    masters, bf16 AdamW moments, f32 gradients, materialised bf16 logits), from the job's config.json."""
+    c = json.load(open(os.path.join(BENCH, JOBS[job]["config"])))
+    seq, seqs, micro = JOBS[job]["seq_len"], JOBS[job]["seqs"], JOBS[job]["micro_batches"]
+    tokens = seq * seqs * micro
+    h, v, layers = c["hidden_size"], c["vocab_size"], c["num_hidden_layers"]
+    heads = c["num_attention_heads"]
+    if c["model_type"] == "deepseek_v2":
+        d_qk, d_v = c["qk_nope_head_dim"] + c["qk_rope_head_dim"], c["v_head_dim"]
+        q_in = c["q_lora_rank"] or h
+        attention = (h * c["q_lora_rank"] if c["q_lora_rank"] else 0) + q_in * heads * d_qk
+        attention += h * (c["kv_lora_rank"] + c["qk_rope_head_dim"])
+        attention += c["kv_lora_rank"] * heads * (c["qk_nope_head_dim"] + d_v) + heads * d_v * h
+        experts, top_k, width = c["n_routed_experts"], c["num_experts_per_tok"], c["moe_intermediate_size"]
+        dense_layers = c["first_k_dense_replace"]
+        shared = c["n_shared_experts"] * 3 * h * width
+    else:
+        d_qk = d_v = c["head_dim"]
+        attention = h * heads * d_qk + 2 * h * c["num_key_value_heads"] * d_qk + heads * d_v * h
+        experts, top_k, width = c["num_experts"], c["num_experts_per_tok"], c["moe_intermediate_size"]
+        dense_layers, shared = len(c.get("mlp_only_layers", [])), 0
+    moe_layers = layers - dense_layers
+    dense_params = v * h  # the head (the embedding's gradient is a scatter, not a GEMM)
+    dense_params += layers * attention + dense_layers * 3 * h * c["intermediate_size"]
+    dense_params += moe_layers * (shared + h * experts)
+    active_expert_params = moe_layers * top_k * 3 * h * width
+    params = v * h + dense_params + moe_layers * experts * 3 * h * width  # the embedding, the rest, the experts
+    attention_forward = layers * micro * seqs * heads * seq * seq * (d_qk + d_v)  # causal: half of 2 * S^2 * d
+    logits = tokens * v * 2
+    return dict(
+        tokens=tokens,
+        params=params,
+        tflop=dict(dense=6 * tokens * dense_params / 1e12, grouped=6 * tokens * active_expert_params / 1e12,
+                   attention=3.5 * attention_forward / 1e12),
+        # The optimizer's 22 bytes a parameter (f32 gradient read, f32 master read and written, two bf16 moments read
+        # and written, the bf16 weight written), each gradient written once in f32, and the logits' four passes
+        # (written, read by the loss, their gradient written, read by the two head GEMMs at once).
+        gb=(params * (22 + 4) + 4 * logits) / 1e9,
+        micro_tokens=seq * seqs, h=h, v=v, experts=experts, top_k=top_k, width=width, heads=heads, d_qk=d_qk,
+        d_v=d_v, seq=seq, seqs=seqs)
+
+
+def measure_rates(s):
+    import torch, torch.nn.functional as F
+    from torch.nn.attention import sdpa_kernel, SDPBackend
+    from gpu_energy import gpu_energy_j
+    dev, rates = "cuda", {}
+
+    def measure(kind, name, fn, work, unit):
+        for _ in range(3): fn()
+        torch.cuda.synchronize(); t0 = time.time(); n = 0
+        while time.time() - t0 < 0.3: fn(); n += 1
+        torch.cuda.synchronize(); per = (time.time() - t0) / n; calls = max(10, int(1.5 / per))
+        torch.cuda.synchronize(); j0 = gpu_energy_j(); t0 = time.time()
+        for _ in range(calls): fn()
+        torch.cuda.synchronize(); t = (time.time() - t0) / calls; j1 = gpu_energy_j()
+        if j0 is None or j1 is None: raise SystemExit("energy_by_kind: NVML's energy counter cannot be read here")
+        j = (j1 - j0) / calls
+        print(f"{name:40s} {t*1e3:8.3f} ms {work/t:8.1f} {unit}/s {j/t:6.0f} W {j/work:7.3f} J/{unit}", flush=True)
+        rates[kind] = j / work
+
+    m, h, v = s["micro_tokens"], s["h"], s["v"]
+    x = torch.randn(m, h, device=dev, dtype=torch.bfloat16); w = torch.randn(v, h, device=dev, dtype=torch.bfloat16)
+    measure("dense", "dense gemm, head forward", lambda: x @ w.t(), 2 * m * h * v / 1e12, "TFLOP")
+    del x, w
+    e, rows, n = s["experts"], m * s["top_k"], 2 * s["width"]
+    a = torch.randn(rows, h, device=dev, dtype=torch.bfloat16)
+    wt = torch.randn(e, h, n, device=dev, dtype=torch.bfloat16)
+    offs = torch.cumsum(torch.full((e,), rows // e, dtype=torch.int32), 0).to(torch.int32).to(dev)
+    measure("grouped", "grouped gemm, gate_up forward", lambda: torch._grouped_mm(a, wt, offs=offs),
+            2 * rows * h * n / 1e12, "TFLOP")
+    del a, wt
+    b, hd, sq = s["seqs"], s["heads"], s["seq"]
+    q = torch.randn(b, hd, sq, s["d_qk"], device=dev, dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(b, hd, sq, s["d_qk"], device=dev, dtype=torch.bfloat16, requires_grad=True)
+    vv = torch.randn(b, hd, sq, s["d_v"], device=dev, dtype=torch.bfloat16, requires_grad=True)
+    go = torch.randn(b, hd, sq, s["d_v"], device=dev, dtype=torch.bfloat16)
+    fl = b * hd * sq * sq * (s["d_qk"] + s["d_v"]) / 1e12
+    for backend in (SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION):
+        try:
+            with sdpa_kernel([backend]):
+                f = lambda: F.scaled_dot_product_attention(q, k, vv, is_causal=True)
+                measure("attention_forward", f"{backend.name.lower()} attention forward", f, fl, "TFLOP")
+                measure("attention", f"{backend.name.lower()} attention forward+backward", lambda: f().backward(go),
+                        3.5 * fl, "TFLOP")
+            break
+        except RuntimeError as ex:
+            print(f"{backend.name.lower()} attention: not run here ({str(ex)[:100]})")
+    del q, k, vv, go
+    a = torch.empty(2 * 1024**3, dtype=torch.uint8, device=dev); b2 = torch.empty_like(a)
+    measure("hbm", "hbm copy (read + write)", lambda: b2.copy_(a), 2 * a.numel() / 1e9, "GB")
+    idle0 = gpu_energy_j(); time.sleep(1.0); print(f"{'idle':40s} {gpu_energy_j() - idle0:6.0f} W")
+    return rates
+
+
+def power_limit_w():
+    import ctypes, torch
+    nvml = ctypes.CDLL("libnvidia-ml.so.1"); nvml.nvmlInit_v2()
+    p = torch.cuda.get_device_properties("cuda")
+    bus = f"{p.pci_domain_id:08X}:{p.pci_bus_id:02X}:{p.pci_device_id:02X}.0".encode()
+    handle, milliwatts = ctypes.c_void_p(), ctypes.c_uint()
+    nvml.nvmlDeviceGetHandleByPciBusId_v2(bus, ctypes.byref(handle))
+    if nvml.nvmlDeviceGetEnforcedPowerLimit(handle, ctypes.byref(milliwatts)): return None
+    return milliwatts.value / 1e3
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--job", choices=sorted(JOBS), default="workload_of_record")
+    ap.add_argument("--rates", help="kind=J_per_TFLOP_or_GB,... (dense, grouped, attention, hbm): no GPU needed")
+    ap.add_argument("--limit-w", type=float, default=700.0, help="the power limit with --rates (700 W: H100, H200)")
+    ap.add_argument("--baseline", type=float, help="a baseline's tokens/s, to state the floor as a ratio to it")
+    ap.add_argument("--moetrain", help="moetrain bench's JSON for this job: its own rates in the step")
+    args = ap.parse_args()
+    s = step_shapes(args.job)
+    if args.rates:
+        rates = {k: float(x) for k, x in (p.split("=") for p in args.rates.split(","))}
+        limit = args.limit_w
+    else:
+        rates = measure_rates(s)
+        limit = power_limit_w() or args.limit_w
+    run = None
+    if args.moetrain:
+        run = json.load(open(args.moetrain))
+        if run["tokens_per_step"] != s["tokens"]:
+            raise SystemExit(f"energy_by_kind: {args.moetrain} ran {run['tokens_per_step']:.0f} tokens a step, "
+                             f"but {args.job} takes {s['tokens']}")
+        watts, times = run["energy"]["mean_power_W"], run["time_per_step_s"]
+        for kind, family in (("dense", "gemm"), ("grouped", "grouped_gemm"), ("attention", "attention")):
+            own = times[family] * watts / s["tflop"][kind]
+            print(f"moetrain's {family} in its step: {1e3 * times[family]:.1f} ms at {watts:.0f} W, "
+                  f"{own:.3f} J/TFLOP" + (" (the lower rate, taken)" if own < rates.get(kind, float("inf")) else ""))
+            rates[kind] = min(own, rates.get(kind, float("inf")))
+    missing = {"dense", "grouped", "attention", "hbm"} - set(rates)
+    if missing: raise SystemExit(f"energy_by_kind: no rate for {sorted(missing)}")
+    parts = {kind: s["tflop"][kind] * rates[kind] for kind in ("dense", "grouped", "attention")}
+    parts["bytes"] = s["gb"] * rates["hbm"]
+    floor = sum(parts.values())
+    print(f"{args.job}: {s['tokens']} tokens a step, {s['params'] / 1e9:.3f}B parameters; TFLOP a step: "
+          + ", ".join(f"{k} {x:.2f}" for k, x in s["tflop"].items()) + f"; unavoidable bytes {s['gb']:.1f} GB")
+    print(f"floor: {floor:.1f} J a step (" + ", ".join(f"{k} {x:.1f}" for k, x in parts.items())
+          + f"), with every other op free: at {limit:.0f} W a step of at least {1e3 * floor / limit:.1f} ms, at most "
+          f"{s['tokens'] * limit / floor:,.0f} tokens/s"
+          + (f" = {s['tokens'] * limit / floor / args.baseline:.2f}x the baseline's {args.baseline:,.0f}"
+             if args.baseline else ""))
+    if run:
+        joules = run["energy"]["joules_per_step"]
+        print(f"moetrain's run: {joules:.1f} J a step, {run['tokens_per_s']:,.0f} tokens/s: {joules - floor:.1f} J "
+              f"({100 * (joules / floor - 1):.0f}%) above the floor")
+
+
+if __name__ == "__main__":
+    main()
