@@ -93,6 +93,22 @@ def measure_rates(s):
     measure("grouped", "grouped gemm, gate_up forward", lambda: torch._grouped_mm(a, wt, offs=offs),
             2 * rows * h * n / 1e12, "TFLOP")
     del a, wt
+    # The same two GEMMs in FP8 (e4m3, row-wise scales), for what FP8 GEMMs would make of the floor; not the recipe.
+    f8 = torch.float8_e4m3fn
+    try:
+        x8 = torch.randn(m, h, device=dev).to(f8); w8 = torch.randn(v, h, device=dev).to(f8)
+        sx, sw = torch.ones(m, 1, device=dev), torch.ones(1, v, device=dev)
+        measure("dense_fp8", "dense gemm, head forward, fp8",
+                lambda: torch._scaled_mm(x8, w8.t(), sx, sw, out_dtype=torch.bfloat16), 2 * m * h * v / 1e12, "TFLOP")
+        del x8, w8
+        a8 = torch.randn(rows, h, device=dev).to(f8); w8 = torch.randn(e, n, h, device=dev).to(f8)
+        sa, sb = torch.ones(rows, device=dev), torch.ones(e, n, device=dev)
+        measure("grouped_fp8", "grouped gemm, gate_up forward, fp8",
+                lambda: torch._scaled_grouped_mm(a8, w8.transpose(-2, -1), sa, sb, offs=offs,
+                                                 out_dtype=torch.bfloat16), 2 * rows * h * n / 1e12, "TFLOP")
+        del a8, w8
+    except (RuntimeError, AttributeError) as ex:
+        print(f"fp8 gemms: not run here ({str(ex)[:100]})")
     b, hd, sq = s["seqs"], s["heads"], s["seq"]
     q = torch.randn(b, hd, sq, s["d_qk"], device=dev, dtype=torch.bfloat16, requires_grad=True)
     k = torch.randn(b, hd, sq, s["d_qk"], device=dev, dtype=torch.bfloat16, requires_grad=True)
@@ -166,6 +182,12 @@ def main():
           f"{s['tokens'] * limit / floor:,.0f} tokens/s"
           + (f" = {s['tokens'] * limit / floor / args.baseline:.2f}x the baseline's {args.baseline:,.0f}"
              if args.baseline else ""))
+    if "dense_fp8" in rates and "grouped_fp8" in rates:
+        fp8 = floor + s["tflop"]["dense"] * (rates["dense_fp8"] - rates["dense"])
+        fp8 += s["tflop"]["grouped"] * (rates["grouped_fp8"] - rates["grouped"])
+        print(f"floor with FP8 dense and expert GEMMs at the rates above (attention in bf16): {fp8:.1f} J a step, at "
+              f"most {s['tokens'] * limit / fp8:,.0f} tokens/s"
+              + (f" = {s['tokens'] * limit / fp8 / args.baseline:.2f}x the baseline" if args.baseline else ""))
     if run:
         joules = run["energy"]["joules_per_step"]
         print(f"moetrain's run: {joules:.1f} J a step, {run['tokens_per_s']:,.0f} tokens/s: {joules - floor:.1f} J "
