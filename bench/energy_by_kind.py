@@ -48,7 +48,9 @@ def step_shapes(job):
     dense_params += moe_layers * (shared + h * experts)
     active_expert_params = moe_layers * top_k * 3 * h * width
     params = v * h + dense_params + moe_layers * experts * 3 * h * width  # the embedding, the rest, the experts
-    attention_forward = layers * micro * seqs * heads * seq * seq * (d_qk + d_v)  # causal: half of 2 * S^2 * d
+    # Causal: half of 2 * S^2 * d for each of QK^T and PV. Forward + backward is 3.5 forwards (the backward recomputes
+    # the scores), as the attention rates below count it; moetrain's MFU counts 3, so its FLOPs a token are ~2% fewer.
+    attention_forward = layers * micro * seqs * heads * seq * seq * (d_qk + d_v)
     logits = tokens * v * 2
     return dict(
         tokens=tokens,
