@@ -4,7 +4,7 @@
 # the idle power after them. A step at the limit is as fast as its joules allow, so these rates, weighted by the step's
 # FLOPs and the bytes it cannot avoid moving, give the least energy a step can take and so the most tokens/s the limit
 # allows (docs/gpu_notes.md, twenty-fifth and thirty-eighth sessions).
-#   python3 bench/energy_by_kind.py [--job workload_of_record|deepseek_v2_lite] [--baseline TOKENS_PER_S]
+#   python3 bench/energy_by_kind.py [--job workload_of_record|deepseek_v2_lite] [--baseline TOKENS_PER_S | JSON]
 #   python3 bench/energy_by_kind.py --job deepseek_v2_lite --rates dense=1.05,grouped=1.23,attention=1.65,hbm=0.145
 # (--rates: no GPU needed; the floor from given joules a TFLOP / GB.) --moetrain BENCH_JSON (`moetrain bench --out`'s
 # file for the same job) adds moetrain's own rates in its step, each op family's time at the step's mean power (a
@@ -150,10 +150,14 @@ def main():
     ap.add_argument("--job", choices=sorted(JOBS), default="workload_of_record")
     ap.add_argument("--rates", help="kind=J_per_TFLOP_or_GB,... (dense, grouped, attention, hbm): no GPU needed")
     ap.add_argument("--limit-w", type=float, default=700.0, help="the power limit with --rates (700 W: H100, H200)")
-    ap.add_argument("--baseline", type=float, help="a baseline's tokens/s, to state the floor as a ratio to it")
+    ap.add_argument("--baseline", help="a baseline's tokens/s, or bench/torch_baseline.py's JSON (its compiled run's), "
+                    "to state the floor as a ratio to it")
     ap.add_argument("--moetrain", help="moetrain bench's JSON for this job: its own rates in the step")
     args = ap.parse_args()
     s = step_shapes(args.job)
+    if args.baseline is not None:
+        args.baseline = (json.load(open(args.baseline))["compiled_tok_s"] if os.path.isfile(args.baseline)
+                         else float(args.baseline))
     if args.rates:
         rates = {k: float(x) for k, x in (p.split("=") for p in args.rates.split(","))}
         limit = args.limit_w

@@ -3,7 +3,8 @@
 # of record (bench/workload_of_record.toml), then the PyTorch baseline on the same GPU
 # (bench/torch_baseline.py; PREC=bf16, the default: pure bf16, issue 16's yardstick; PREC=amp too when
 # BASELINE_PRECS="amp bf16": fp32 masters and moments + bf16 compute, the job's recipe with
-# --optim.state_dtype=f32), then the ratios. Results (JSON and logs) go to $RESULTS_DIR.
+# --optim.state_dtype=f32), then the ratios; with ENERGY_FLOOR=1 the step's energy floor (bench/energy_by_kind.py).
+# Results (JSON and logs) go to $RESULTS_DIR.
 #   RESULTS_DIR=/tmp/bench bash bench/run_bench.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -21,3 +22,12 @@ for prec in ${BASELINE_PRECS:-bf16}; do
 done
 
 python3 bench/summarize_bench.py "$out"
+
+# ENERGY_FLOOR=1: the step's energy floor at this GPU's power limit, and how far this run is above it
+# (bench/energy_by_kind.py: ~20 s more on the GPU).
+if [[ -n "${ENERGY_FLOOR:-}" ]]; then
+  baseline=()
+  [[ -f "$out/bench_torch_bf16_acc8.json" ]] && baseline=(--baseline "$out/bench_torch_bf16_acc8.json")
+  python3 bench/energy_by_kind.py --job workload_of_record --moetrain "$out/bench_moetrain.json" "${baseline[@]}" \
+    2>&1 | tee "$out/energy_floor.log" | tail -4
+fi
