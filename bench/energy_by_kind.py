@@ -159,7 +159,13 @@ def main():
         args.baseline = (json.load(open(args.baseline))["compiled_tok_s"] if os.path.isfile(args.baseline)
                          else float(args.baseline))
     if args.rates:
-        rates = {k: float(x) for k, x in (p.split("=") for p in args.rates.split(","))}
+        rates = {}
+        for pair in args.rates.split(","):
+            kind, _, value = pair.partition("=")
+            try:
+                rates[kind.strip()] = float(value)
+            except ValueError:
+                raise SystemExit(f"energy_by_kind: --rates expects kind=number pairs, found {pair!r}")
         limit = args.limit_w
     else:
         rates = measure_rates(s)
@@ -167,6 +173,9 @@ def main():
     run = None
     if args.moetrain:
         run = json.load(open(args.moetrain))
+        if "energy" not in run:
+            raise SystemExit(f"energy_by_kind: {args.moetrain} has no energy (a GPU run whose counter advanced is "
+                             f"needed): {run.get('energy_not_measured', 'not a GPU run')}")
         if run["tokens_per_step"] != s["tokens"]:
             raise SystemExit(f"energy_by_kind: {args.moetrain} ran {run['tokens_per_step']:.0f} tokens a step, "
                              f"but {args.job} takes {s['tokens']}")
