@@ -94,12 +94,13 @@ ModelConfig config_from_json(const nlohmann::json& root, const std::string& sour
     const std::optional<io::JsonFields> inner = fields.object_opt(wrapped.key.c_str());
     MT_CHECK(inner.has_value(), "{}: model_type '{}' keeps the model's config in the object '{}', which is missing",
              source, model_type, wrapped.key);
+    // Read through the checked reader: a wrapped model_type of another type than a string is refused by name.
+    const std::string inner_type = inner->string_opt("model_type").value_or(wrapped.model_type);
     std::vector<std::string> left_out;
     for (const auto& [key, value] : root.items())
       if (value.is_object() && key != wrapped.key) left_out.push_back(key);
     log_info("{}: model_type '{}': training the model of its '{}' ({}); left out: {}", source, model_type, wrapped.key,
-             root.at(wrapped.key).value("model_type", wrapped.model_type),
-             left_out.empty() ? std::string("nothing else") : fmt::format("{}", fmt::join(left_out, ", ")));
+             inner_type, left_out.empty() ? std::string("nothing else") : fmt::format("{}", fmt::join(left_out, ", ")));
     nlohmann::json text = root.at(wrapped.key);
     if (!text.contains("model_type") || text.at("model_type").is_null()) text["model_type"] = wrapped.model_type;
     return config_from_json(text, source + ": " + wrapped.key, true);

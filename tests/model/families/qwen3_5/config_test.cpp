@@ -182,6 +182,9 @@ TEST(Qwen3_5Config, RefusesWhatItDoesNotRun) {
                       {"model_type 'qwen3_5' keeps the model's config in the object 'text_config', which is missing"});
   expect_config_error(json{{"model_type", "qwen3_5"}, {"text_config", {{"model_type", "qwen3_5"}}}},
                       {"wraps its model in 'text_config', but it is itself the wrapped config"});
+  // A wrapped model_type that is not a string (found by the fuzzer: it escaped as a JSON library exception).
+  expect_config_error(json{{"model_type", "qwen3_5_moe"}, {"text_config", {{"model_type", 512}}}},
+                      {"field 'text_config.model_type' must be a string but found"});
 }
 
 }  // namespace
