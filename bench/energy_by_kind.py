@@ -10,21 +10,27 @@
 # file for the same job) adds moetrain's own rates in its step, each op family's time at the step's mean power (a
 # lower bound: memory-bound ops draw less than the mean, so the GEMMs and attention draw more), and takes the lower
 # rate of each kind for the floor; it also states how far that run's joules are above the floor.
-import argparse, json, os, time
+import argparse, json, os, time, tomllib
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
-# Each job's step as its bench/*.toml sets it: tokens a micro-batch, sequences a micro-batch, micro-batches a step.
-JOBS = {
-    "workload_of_record": dict(config="qwen3_30b_a3b/config.json", seq_len=4096, seqs=2, micro_batches=8),
-    "deepseek_v2_lite": dict(config="deepseek_v2_lite/config.json", seq_len=4096, seqs=1, micro_batches=4),
-}
+# Each benchmark's job file: its step (train.seq_len, train.micro_batch and train.global_batch in sequences) and its
+# model (model.config, relative to the job file) are read from there, as `moetrain bench --config` reads them.
+JOBS = {"workload_of_record": "workload_of_record.toml", "deepseek_v2_lite": "deepseek_v2_lite/job.toml"}
 
 
 def step_shapes(job):
     """The step's FLOPs by kind of work and the bytes no implementation of its recipe avoids (bf16 compute, fp32
-    masters, bf16 AdamW moments, f32 gradients, materialised bf16 logits), from the job's config.json."""
-    c = json.load(open(os.path.join(BENCH, JOBS[job]["config"])))
-    seq, seqs, micro = JOBS[job]["seq_len"], JOBS[job]["seqs"], JOBS[job]["micro_batches"]
+    masters, bf16 AdamW moments, f32 gradients, materialised bf16 logits), from the job file and its config.json."""
+    job_path = os.path.join(BENCH, JOBS[job])
+    with open(job_path, "rb") as f:
+        spec = tomllib.load(f)
+    train = spec["train"]
+    seq, seqs, batch = train["seq_len"], train["micro_batch"], train["global_batch"]
+    if batch % seqs:
+        raise SystemExit(f"energy_by_kind: {job_path}: train.global_batch ({batch}) is not a multiple of "
+                         f"train.micro_batch ({seqs})")
+    micro = batch // seqs
+    c = json.load(open(os.path.join(os.path.dirname(job_path), spec["model"]["config"])))
     tokens = seq * seqs * micro
     h, v, layers = c["hidden_size"], c["vocab_size"], c["num_hidden_layers"]
     heads = c["num_attention_heads"]
