@@ -19,8 +19,9 @@ JOBS = {"workload_of_record": "workload_of_record.toml", "deepseek_v2_lite": "de
 
 
 def step_shapes(job):
-    """The step's FLOPs by kind of work and the bytes no implementation of its recipe avoids (bf16 compute, fp32
-    masters, bf16 AdamW moments, f32 gradients, materialised bf16 logits), from the job file and its config.json."""
+    """The step's FLOPs by kind of work and the bytes outside the GEMMs that no implementation of its recipe avoids
+    (bf16 compute, fp32 masters, bf16 AdamW moments, f32 gradients, materialised bf16 logits), from the job file and
+    its config.json."""
     job_path = os.path.join(BENCH, JOBS[job])
     with open(job_path, "rb") as f:
         spec = tomllib.load(f)
@@ -64,11 +65,61 @@ def step_shapes(job):
         tflop=dict(dense=6 * tokens * dense_params / 1e12, grouped=6 * tokens * active_expert_params / 1e12,
                    attention=3.5 * attention_forward / 1e12),
         # The optimizer's 22 bytes a parameter (f32 gradient read, f32 master read and written, two bf16 moments read
-        # and written, the bf16 weight written), each gradient written once in f32, and the logits' four passes
-        # (written, read by the loss, their gradient written, read by the two head GEMMs at once).
-        gb=(params * (22 + 4) + 4 * logits) / 1e9,
+        # and written, the bf16 weight written) and the loss's two passes over the logits (read, their gradient
+        # written). What a GEMM reads and writes itself (the logits' write and the head's reads of their gradient, the
+        # f32 weight gradients' writes) is in its joules a TFLOP: the rates below are measured on GEMMs that move
+        # their operands and outputs through HBM as the step's do.
+        gb=(params * 22 + 2 * logits) / 1e9,
         micro_tokens=seq * seqs, h=h, v=v, experts=experts, top_k=top_k, width=width, heads=heads, d_qk=d_qk,
-        d_v=d_v, seq=seq, seqs=seqs)
+        d_v=d_v, seq=seq, seqs=seqs, handoffs=hopper_handoffs(c))
+
+
+def hopper_handoffs(c):
+    """The activations' passes through HBM that a step's decoder layers make on Hopper outside their GEMMs and
+    attention (whose own reads and writes are in their joules a TFLOP), a token's worth: (tensor and the passes that
+    move it, elements, passes, whether it is an expert row gathered from or scattered to token order, the layers that
+    have it). A lower bound, on these assumptions:
+    - every elementwise or row-wise op (norms, rope, q/k norm, SwiGLU and its backward, residual adds, the routing
+      weights) is free, fused into a GEMM's epilogue or into another pass, reading only what that pass does not
+      already read (a residual, the SwiGLU input its backward needs);
+    - every tensor a GEMM or attention reads is in HBM, and so is what a GEMM writes: a GEMM's tile reads whole rows
+      along its reduction, which the producer's tiles make in pieces, so two GEMMs do not fuse;
+    - the expert GEMMs' rows are gathered from token order, and their outputs summed back to it, by passes of their
+      own: Hopper's TMA cannot gather rows, a GEMM fed by cp.async runs 1.4-1.5x slower (CUTLASS example 52,
+      docs/gpu_notes.md, thirty-eighth session), and a token's K expert outputs come from K tiles;
+    - what the backward reads of the forward is kept, not recomputed (a GEMM again costs more than its bytes).
+    Only the residual stream's and the routed experts' passes are counted: DeepSeek-V2's latent attention (the key's
+    assembly and its rope part), its shared experts and the dense layers' MLPs have passes of their own that are left
+    out, which keeps it a lower bound. None where the MoE layers are not one kind a layer (not modelled)."""
+    layers = c["num_hidden_layers"]
+    if c["model_type"] == "qwen3_moe" and c.get("decoder_sparse_step", 1) == 1:
+        moe_layers = layers - len(c.get("mlp_only_layers", []))
+        k, i = c["num_experts_per_tok"], c["moe_intermediate_size"]
+    elif c["model_type"] == "deepseek_v2" and c.get("moe_layer_freq", 1) == 1:
+        moe_layers = layers - c["first_k_dense_replace"]
+        k, i = c["num_experts_per_tok"], c["moe_intermediate_size"]
+    else:
+        return None
+    h = c["hidden_size"]
+    return [
+        # forward
+        ("layer input: written by the sum to token order; the residual in o_proj's epilogue and in the norm's "
+         "backward", h, 3, False, layers),
+        ("attention block output: the gather, the residual in the sum to token order and in the norm's backward", h, 3,
+         False, layers),
+        ("expert input rows: written by the gather", k * h, 1, True, moe_layers),
+        ("gate_up: read by SwiGLU's backward in the down input gradient's epilogue", k * 2 * i, 1, False, moe_layers),
+        ("SwiGLU output: written in gate_up's epilogue, read for the routing weight's gradient", k * i, 2, False,
+         moe_layers),
+        ("expert output rows: read by the sum to token order", k * h, 1, True, moe_layers),
+        # backward
+        ("layer output gradient: the gather into the down rows, the residual in the norm's backward", h, 2, False,
+         layers),
+        ("down output gradient rows: written by the gather", k * h, 1, True, moe_layers),
+        ("expert input gradient rows: read by the sum to token order", k * h, 1, True, moe_layers),
+        ("attention block output gradient: written by the sum to token order, the residual in the qkv input "
+         "gradient's epilogue", h, 2, False, layers),
+    ]
 
 
 def measure_rates(s):
@@ -203,6 +254,19 @@ def main():
           f"{s['tokens'] * limit / floor:,.0f} tokens/s"
           + (f" = {s['tokens'] * limit / floor / args.baseline:.2f}x the baseline's {args.baseline:,.0f}"
              if args.baseline else ""))
+    if s["handoffs"] is None:
+        print(f"{args.job}: the activations' passes through HBM are not modelled for this family")
+    else:
+        # bf16 activations, 2 bytes an element; split into the expert rows' gathers and scatters and the rest.
+        gb = {rows: 2 * s["tokens"] * sum(n * a * l for _, n, a, r, l in s["handoffs"] if r == rows) / 1e9
+              for rows in (True, False)}
+        with_all, without_rows = floor + (gb[True] + gb[False]) * rates["hbm"], floor + gb[False] * rates["hbm"]
+        ratio = lambda j: (f" = {s['tokens'] * limit / j / args.baseline:.2f}x the baseline" if args.baseline else "")
+        print(f"the activations' passes outside the GEMMs and attention on Hopper, at the least (hopper_handoffs): "
+              f"{gb[False]:.1f} GB, and {gb[True]:.1f} GB for the expert rows' gathers and sums")
+        print(f"floor with them: {with_all:.1f} J a step, at most {s['tokens'] * limit / with_all:,.0f} tokens/s"
+              + ratio(with_all) + f"; with the rows' gathers free: {without_rows:.1f} J, at most "
+              f"{s['tokens'] * limit / without_rows:,.0f} tokens/s" + ratio(without_rows))
     if "dense_fp8" in rates and "grouped_fp8" in rates:
         # Each GEMM kind in FP8 only where FP8 measured cheaper (torch's FP8 grouped kernel is slow at some shapes).
         fp8 = floor + sum(s["tflop"][k] * min(0.0, rates[k + "_fp8"] - rates[k]) for k in ("dense", "grouped"))
