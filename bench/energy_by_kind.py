@@ -9,7 +9,8 @@
 # (--rates: no GPU needed; the floor from given joules a TFLOP / GB.) --moetrain BENCH_JSON (`moetrain bench --out`'s
 # file for the same job) adds moetrain's own rates in its step, each op family's time at the step's mean power (a
 # lower bound: memory-bound ops draw less than the mean, so the GEMMs and attention draw more), and takes the lower
-# rate of each kind for the floor; it also states how far that run's joules are above the floor.
+# rate of each kind for the floor; it also states how far that run's joules are above the floor, op family by op
+# family (each family's time at the run's mean power beside its share of the floor).
 import argparse, json, os, time, tomllib
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
@@ -69,7 +70,7 @@ def step_shapes(job):
         # written). What a GEMM reads and writes itself (the logits' write and the head's reads of their gradient, the
         # f32 weight gradients' writes) is in its joules a TFLOP: the rates below are measured on GEMMs that move
         # their operands and outputs through HBM as the step's do.
-        gb=(params * 22 + 2 * logits) / 1e9,
+        gb_parts=dict(optimizer=params * 22 / 1e9, loss=2 * logits / 1e9),
         micro_tokens=seq * seqs, h=h, v=v, experts=experts, top_k=top_k, width=width, heads=heads, d_qk=d_qk,
         d_v=d_v, seq=seq, seqs=seqs, handoffs=hopper_handoffs(c))
 
@@ -245,15 +246,16 @@ def main():
     missing = {"dense", "grouped", "attention", "hbm"} - set(rates)
     if missing: raise SystemExit(f"energy_by_kind: no rate for {sorted(missing)}")
     parts = {kind: s["tflop"][kind] * rates[kind] for kind in ("dense", "grouped", "attention")}
-    parts["bytes"] = s["gb"] * rates["hbm"]
+    parts["bytes"] = sum(s["gb_parts"].values()) * rates["hbm"]
     floor = sum(parts.values())
     print(f"{args.job}: {s['tokens']} tokens a step, {s['params'] / 1e9:.3f}B parameters; TFLOP a step: "
-          + ", ".join(f"{k} {x:.2f}" for k, x in s["tflop"].items()) + f"; unavoidable bytes {s['gb']:.1f} GB")
+          + ", ".join(f"{k} {x:.2f}" for k, x in s["tflop"].items()) + f"; unavoidable bytes {sum(s['gb_parts'].values()):.1f} GB")
     print(f"floor: {floor:.1f} J a step (" + ", ".join(f"{k} {x:.1f}" for k, x in parts.items())
           + f"), with every other op free: at {limit:.0f} W a step of at least {1e3 * floor / limit:.1f} ms, at most "
           f"{s['tokens'] * limit / floor:,.0f} tokens/s"
           + (f" = {s['tokens'] * limit / floor / args.baseline:.2f}x the baseline's {args.baseline:,.0f}"
              if args.baseline else ""))
+    gb = None
     if s["handoffs"] is None:
         print(f"{args.job}: the activations' passes through HBM are not modelled for this family")
     else:
@@ -276,7 +278,23 @@ def main():
     if run:
         joules = run["energy"]["joules_per_step"]
         print(f"moetrain's run: {joules:.1f} J a step, {run['tokens_per_s']:,.0f} tokens/s: {joules - floor:.1f} J "
-              f"({100 * (joules / floor - 1):.0f}%) above the floor")
+              f"({100 * (joules / floor - 1):.0f}%) above the floor"
+              + (f", {joules - with_all:.1f} J ({100 * (joules / with_all - 1):.0f}%) above the one with the passes "
+                 f"Hopper cannot fuse" if gb else ""))
+        # Where the joules above the floor are: each op family's time at the run's mean power beside the floor's share
+        # of it. GEMMs draw more than the mean and memory-bound ops less, so this puts too much on the latter.
+        floor_of = {"gemm": parts["dense"], "grouped_gemm": parts["grouped"], "attention": parts["attention"],
+                    "optimizer": s["gb_parts"]["optimizer"] * rates["hbm"], "loss": s["gb_parts"]["loss"] * rates["hbm"],
+                    "expert rows": gb[True] * rates["hbm"] if gb else 0.0,
+                    "other memory-bound": gb[False] * rates["hbm"] if gb else 0.0, "other": 0.0}
+        spent = dict.fromkeys(floor_of, 0.0)
+        for family, seconds in run["time_per_step_s"].items():
+            group = (family if family in floor_of else "expert rows" if family in ("permute", "row_gather")
+                     else "other memory-bound")
+            spent[group] += seconds * watts
+        print(f"{'op families':20s} {'moetrain J':>11s} {'floor J':>8s} {'above':>7s}  (other: host work and gaps)")
+        for group in floor_of:
+            print(f"{group:20s} {spent[group]:11.1f} {floor_of[group]:8.1f} {spent[group] - floor_of[group]:7.1f}")
 
 
 if __name__ == "__main__":
