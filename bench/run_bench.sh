@@ -29,5 +29,5 @@ if [[ -n "${ENERGY_FLOOR:-}" ]]; then
   baseline=()
   [[ -f "$out/bench_torch_bf16_acc8.json" ]] && baseline=(--baseline "$out/bench_torch_bf16_acc8.json")
   python3 bench/energy_by_kind.py --job workload_of_record --moetrain "$out/bench_moetrain.json" "${baseline[@]}" \
-    2>&1 | tee "$out/energy_floor.log" | tail -4
+    2>&1 | tee "$out/energy_floor.log"
 fi
