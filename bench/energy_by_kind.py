@@ -249,7 +249,8 @@ def main():
     parts["bytes"] = sum(s["gb_parts"].values()) * rates["hbm"]
     floor = sum(parts.values())
     print(f"{args.job}: {s['tokens']} tokens a step, {s['params'] / 1e9:.3f}B parameters; TFLOP a step: "
-          + ", ".join(f"{k} {x:.2f}" for k, x in s["tflop"].items()) + f"; unavoidable bytes {sum(s['gb_parts'].values()):.1f} GB")
+          + ", ".join(f"{k} {x:.2f}" for k, x in s["tflop"].items())
+          + f"; unavoidable bytes {sum(s['gb_parts'].values()):.1f} GB")
     print(f"floor: {floor:.1f} J a step (" + ", ".join(f"{k} {x:.1f}" for k, x in parts.items())
           + f"), with every other op free: at {limit:.0f} W a step of at least {1e3 * floor / limit:.1f} ms, at most "
           f"{s['tokens'] * limit / floor:,.0f} tokens/s"
@@ -284,7 +285,8 @@ def main():
         # Where the joules above the floor are: each op family's time at the run's mean power beside the floor's share
         # of it. GEMMs draw more than the mean and memory-bound ops less, so this puts too much on the latter.
         floor_of = {"gemm": parts["dense"], "grouped_gemm": parts["grouped"], "attention": parts["attention"],
-                    "optimizer": s["gb_parts"]["optimizer"] * rates["hbm"], "loss": s["gb_parts"]["loss"] * rates["hbm"],
+                    "optimizer": s["gb_parts"]["optimizer"] * rates["hbm"],
+                    "loss": s["gb_parts"]["loss"] * rates["hbm"],
                     "expert rows": gb[True] * rates["hbm"] if gb else 0.0,
                     "other memory-bound": gb[False] * rates["hbm"] if gb else 0.0, "other": 0.0}
         spent = dict.fromkeys(floor_of, 0.0)
