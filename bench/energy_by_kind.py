@@ -238,7 +238,11 @@ def main():
         if run["tokens_per_step"] != s["tokens"]:
             raise SystemExit(f"energy_by_kind: {args.moetrain} ran {run['tokens_per_step']:.0f} tokens a step, "
                              f"but {args.job} takes {s['tokens']}")
-        watts, times = run["energy"]["mean_power_W"], run["time_per_step_s"]
+        watts, times = run["energy"]["mean_power_W"], run.get("time_per_step_s", {})
+        missing = {"gemm", "grouped_gemm", "attention"} - set(times)
+        if missing:
+            raise SystemExit(f"energy_by_kind: {args.moetrain} has no time a step for {sorted(missing)} "
+                             f"(time_per_step_s holds {sorted(times)})")
         for kind, family in (("dense", "gemm"), ("grouped", "grouped_gemm"), ("attention", "attention")):
             own = times[family] * watts / s["tflop"][kind]
             print(f"moetrain's {family} in its step: {1e3 * times[family]:.1f} ms at {watts:.0f} W, "
