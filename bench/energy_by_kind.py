@@ -206,8 +206,8 @@ def power_limit_w():
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--job", choices=sorted(JOBS), default="workload_of_record")
-    ap.add_argument("--rates", help="kind=J_per_TFLOP_or_GB,... (dense, grouped, attention, hbm; dense_fp8 and grouped_fp8 "
-                    "for the FP8 floor): no GPU needed")
+    ap.add_argument("--rates", help="kind=J_per_TFLOP_or_GB,... (dense, grouped, attention, hbm; dense_fp8 and "
+                    "grouped_fp8 for the FP8 floor): no GPU needed")
     ap.add_argument("--limit-w", type=float, default=700.0, help="the power limit with --rates (700 W: H100, H200)")
     ap.add_argument("--baseline", help="a baseline's tokens/s, or bench/torch_baseline.py's JSON (its compiled run's), "
                     "to state the floor as a ratio to it")
