@@ -278,8 +278,8 @@ def main():
     if "dense_fp8" in rates and "grouped_fp8" in rates:
         # Each GEMM kind in FP8 only where FP8 measured cheaper (torch's FP8 grouped kernel is slow at some shapes).
         fp8 = floor + sum(s["tflop"][k] * min(0.0, rates[k + "_fp8"] - rates[k]) for k in ("dense", "grouped"))
-        print(f"floor with FP8 dense and expert GEMMs where the rates above make them cheaper (attention in bf16; every "
-              f"op outside the GEMMs free, the FP8 quantizations too): "
+        print(f"floor with FP8 dense and expert GEMMs where the rates above make them cheaper (attention in bf16; "
+              f"every op outside the GEMMs free, the FP8 quantizations too): "
               f"{fp8:.1f} J a step, at most {s['tokens'] * limit / fp8:,.0f} tokens/s"
               + (f" = {s['tokens'] * limit / fp8 / args.baseline:.2f}x the baseline" if args.baseline else ""))
     if run:
