@@ -72,10 +72,10 @@ def step_shapes(job):
         # their operands and outputs through HBM as the step's do.
         gb_parts=dict(optimizer=params * 22 / 1e9, loss=2 * logits / 1e9),
         micro_tokens=seq * seqs, h=h, v=v, experts=experts, top_k=top_k, width=width, heads=heads, d_qk=d_qk,
-        d_v=d_v, seq=seq, seqs=seqs, handoffs=hopper_handoffs(c))
+        d_v=d_v, seq=seq, seqs=seqs, handoffs=hopper_handoffs(h, top_k, width, layers, moe_layers))
 
 
-def hopper_handoffs(c):
+def hopper_handoffs(h, k, i, layers, moe_layers):
     """The activations' passes through HBM that a step's decoder layers make on Hopper outside their GEMMs and
     attention (whose own reads and writes are in their joules a TFLOP), a token's worth: (tensor and the passes that
     move it, elements, passes, whether it is an expert row gathered from or scattered to token order, the layers that
@@ -91,17 +91,8 @@ def hopper_handoffs(c):
     - what the backward reads of the forward is kept, not recomputed (a GEMM again costs more than its bytes).
     Only the residual stream's and the routed experts' passes are counted: DeepSeek-V2's latent attention (the key's
     assembly and its rope part), its shared experts and the dense layers' MLPs have passes of their own that are left
-    out, which keeps it a lower bound. None where the MoE layers are not one kind a layer (not modelled)."""
-    layers = c["num_hidden_layers"]
-    if c["model_type"] == "qwen3_moe" and c.get("decoder_sparse_step", 1) == 1:
-        moe_layers = layers - len(c.get("mlp_only_layers", []))
-        k, i = c["num_experts_per_tok"], c["moe_intermediate_size"]
-    elif c["model_type"] == "deepseek_v2" and c.get("moe_layer_freq", 1) == 1:
-        moe_layers = layers - c["first_k_dense_replace"]
-        k, i = c["num_experts_per_tok"], c["moe_intermediate_size"]
-    else:
-        return None
-    h = c["hidden_size"]
+    out, which keeps it a lower bound. h: the hidden size, k: the experts a token, i: an expert's width; the layers'
+    count and how many of them are MoE layers, as step_shapes counts them for the FLOPs."""
     return [
         # forward
         ("layer input: written by the sum to token order; the residual in o_proj's epilogue and in the norm's "
@@ -261,20 +252,16 @@ def main():
           f"{s['tokens'] * limit / floor:,.0f} tokens/s"
           + (f" = {s['tokens'] * limit / floor / args.baseline:.2f}x the baseline's {args.baseline:,.0f}"
              if args.baseline else ""))
-    gb = None
-    if s["handoffs"] is None:
-        print(f"{args.job}: the activations' passes through HBM are not modelled for this family")
-    else:
-        # bf16 activations, 2 bytes an element; split into the expert rows' gathers and scatters and the rest.
-        gb = {rows: 2 * s["tokens"] * sum(n * a * l for _, n, a, r, l in s["handoffs"] if r == rows) / 1e9
-              for rows in (True, False)}
-        with_all, without_rows = floor + (gb[True] + gb[False]) * rates["hbm"], floor + gb[False] * rates["hbm"]
-        ratio = lambda j: (f" = {s['tokens'] * limit / j / args.baseline:.2f}x the baseline" if args.baseline else "")
-        print(f"the activations' passes outside the GEMMs and attention on Hopper, at the least (hopper_handoffs): "
-              f"{gb[False]:.1f} GB, and {gb[True]:.1f} GB for the expert rows' gathers and sums")
-        print(f"floor with them: {with_all:.1f} J a step, at most {s['tokens'] * limit / with_all:,.0f} tokens/s"
-              + ratio(with_all) + f"; with the rows' gathers free: {without_rows:.1f} J, at most "
-              f"{s['tokens'] * limit / without_rows:,.0f} tokens/s" + ratio(without_rows))
+    # bf16 activations, 2 bytes an element; split into the expert rows' gathers and scatters and the rest.
+    gb = {rows: 2 * s["tokens"] * sum(n * a * l for _, n, a, r, l in s["handoffs"] if r == rows) / 1e9
+          for rows in (True, False)}
+    with_all, without_rows = floor + (gb[True] + gb[False]) * rates["hbm"], floor + gb[False] * rates["hbm"]
+    ratio = lambda j: (f" = {s['tokens'] * limit / j / args.baseline:.2f}x the baseline" if args.baseline else "")
+    print(f"the activations' passes outside the GEMMs and attention on Hopper, at the least (hopper_handoffs): "
+          f"{gb[False]:.1f} GB, and {gb[True]:.1f} GB for the expert rows' gathers and sums")
+    print(f"floor with them: {with_all:.1f} J a step, at most {s['tokens'] * limit / with_all:,.0f} tokens/s"
+          + ratio(with_all) + f"; with the rows' gathers free: {without_rows:.1f} J, at most "
+          f"{s['tokens'] * limit / without_rows:,.0f} tokens/s" + ratio(without_rows))
     if "dense_fp8" in rates and "grouped_fp8" in rates:
         # Each GEMM kind in FP8 only where FP8 measured cheaper (torch's FP8 grouped kernel is slow at some shapes).
         fp8 = floor + sum(s["tflop"][k] * min(0.0, rates[k + "_fp8"] - rates[k]) for k in ("dense", "grouped"))
@@ -286,15 +273,15 @@ def main():
         joules = run["energy"]["joules_per_step"]
         print(f"moetrain's run: {joules:.1f} J a step, {run['tokens_per_s']:,.0f} tokens/s: {joules - floor:.1f} J "
               f"({100 * (joules / floor - 1):.0f}%) above the floor"
-              + (f", {joules - with_all:.1f} J ({100 * (joules / with_all - 1):.0f}%) above the one with the passes "
-                 f"Hopper cannot fuse" if gb else ""))
+              + f", {joules - with_all:.1f} J ({100 * (joules / with_all - 1):.0f}%) above the one with the passes "
+              f"Hopper cannot fuse")
         # Where the joules above the floor are: each op family's time at the run's mean power beside the floor's share
         # of it. GEMMs draw more than the mean and memory-bound ops less, so this puts too much on the latter.
         floor_of = {"gemm": parts["dense"], "grouped_gemm": parts["grouped"], "attention": parts["attention"],
                     "optimizer": s["gb_parts"]["optimizer"] * rates["hbm"],
                     "loss": s["gb_parts"]["loss"] * rates["hbm"],
-                    "expert rows": gb[True] * rates["hbm"] if gb else 0.0,
-                    "other memory-bound": gb[False] * rates["hbm"] if gb else 0.0, "other": 0.0}
+                    "expert rows": gb[True] * rates["hbm"], "other memory-bound": gb[False] * rates["hbm"],
+                    "other": 0.0}
         spent = dict.fromkeys(floor_of, 0.0)
         for family, seconds in run["time_per_step_s"].items():
             group = (family if family in floor_of else "expert rows" if family in ("permute", "row_gather")
