@@ -13,6 +13,7 @@
 #include "core/device.h"
 #include "core/rng.h"
 #include "core/tensor.h"
+#include "event_timer.h"
 #include "ops/cuda/check.h"
 #include "ops/cuda/gated_delta.h"
 #include "ops/cuda/gated_delta_chunked.h"
@@ -57,19 +58,7 @@ Tensor random_on_gpu(const Shape& shape, Rng& rng) {
 // Mean seconds per call of f over kIterations after kWarmup calls, by CUDA events on the compute stream.
 template <typename F>
 double seconds_per_call(cudaStream_t stream, F&& f) {
-  for (int i = 0; i < kWarmup; ++i) f();
-  cudaEvent_t start, stop;
-  MT_CUDA_CHECK(cudaEventCreate(&start));
-  MT_CUDA_CHECK(cudaEventCreate(&stop));
-  MT_CUDA_CHECK(cudaEventRecord(start, stream));
-  for (int i = 0; i < kIterations; ++i) f();
-  MT_CUDA_CHECK(cudaEventRecord(stop, stream));
-  MT_CUDA_CHECK(cudaEventSynchronize(stop));
-  float ms = 0.0f;
-  MT_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-  MT_CUDA_CHECK(cudaEventDestroy(start));
-  MT_CUDA_CHECK(cudaEventDestroy(stop));
-  return double(ms) * 1e-3 / kIterations;
+  return bench::seconds_per_call(stream, kWarmup, kIterations, f);
 }
 
 // sqrt(sum (a - b)^2 / sum b^2) of two device tensors.

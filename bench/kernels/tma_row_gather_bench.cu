@@ -23,6 +23,7 @@
 #include <cuda_runtime.h>
 
 #include "core/error.h"
+#include "event_timer.h"
 #include "ops/cuda/check.h"
 
 namespace {
@@ -42,13 +43,21 @@ enum class Load : int {
   RowsWarp = 1,  // 128 boxes of 1 x 64 from the source by index, four a lane of the producer warp
   RowsOne = 2,   // the same 128 boxes issued by one thread, as CUTLASS's producer issues its copies
   CpAsync = 3,   // the rows by index in 16-byte cp.async copies of four producer warps, swizzled by hand
+  CpAsync2 = 4,  // the same copies by two producer warps (what a CUTLASS producer warp group lends:
+                 // ops/cuda/cutlass_gather_rows.cuh)
+  CpAsync1 = 5,  // and by one
 };
 
 // Four producer warps for the cp.async copies (a thread per 16-byte chunk of 16 rows at a time), one otherwise; then
 // the consumer warp.
-__host__ __device__ constexpr int producer_warps(Load load) { return load == Load::CpAsync ? 4 : 1; }
+__host__ __device__ constexpr int producer_warps(Load load) {
+  return load == Load::CpAsync ? 4 : load == Load::CpAsync2 ? 2 : 1;
+}
+__host__ __device__ constexpr bool copies(Load load) {
+  return load == Load::CpAsync || load == Load::CpAsync2 || load == Load::CpAsync1;
+}
 __host__ __device__ constexpr int threads_of(Load load) { return 32 * (producer_warps(load) + 1); }
-constexpr int kCopyThreads = 128;
+constexpr int kCopyThreads = 128;  // the capture kernel's
 
 __device__ __forceinline__ uint32_t smem_address(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -98,14 +107,16 @@ __device__ __forceinline__ void cp_async_arrive(uint64_t* bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_address(bar)) : "memory");
 }
 
-// Copy thread t's share of A's tile: chunk t % 8 of rows t / 8, t / 8 + 16, ..., each at the 128-byte swizzle's place
-// of that chunk (chunk c of row r at r * 128 + 16 (c ^ (r % 8)), which is where TMA's SWIZZLE_128B puts it).
-__device__ __forceinline__ void copy_rows_by_thread(uint8_t* a, const __nv_bfloat16* source, const int (&token)[8],
-                                                    int kb, int t) {
+// Copy thread t's share of A's tile, one of kThreads: chunk t % 8 of rows t / 8, t / 8 + kThreads / 8, ..., each at
+// the 128-byte swizzle's place of that chunk (chunk c of row r at r * 128 + 16 (c ^ (r % 8)), which is where TMA's
+// SWIZZLE_128B puts it).
+template <int kThreads = kCopyThreads>
+__device__ __forceinline__ void copy_rows_by_thread(uint8_t* a, const __nv_bfloat16* source,
+                                                    const int (&token)[kTileM * 8 / kThreads], int kb, int t) {
   const int chunk = t % 8;
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const int r = t / 8 + 16 * i;
+  for (int i = 0; i < kTileM * 8 / kThreads; ++i) {
+    const int r = t / 8 + kThreads / 8 * i;
     cp_async_16(a + r * kRowBytes + 16 * (chunk ^ (r % 8)), source + size_t(token[i]) * kK + kb * kTileK + chunk * 8);
   }
 }
@@ -146,10 +157,10 @@ __global__ void __launch_bounds__(threads_of(kLoad), 1)
   uint8_t* stages = aligned_stages(raw);
   __shared__ __align__(8) uint64_t full[kStages], empty[kStages];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  constexpr bool kCopies = kLoad == Load::CpAsync;
+  constexpr bool kCopies = copies(kLoad);
+  constexpr int kThreads = 32 * producer_warps(kLoad);
   if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s)
-      barrier_init(&full[s], 1 + (kCopies ? kCopyThreads : 0)), barrier_init(&empty[s], 1);
+    for (int s = 0; s < kStages; ++s) barrier_init(&full[s], 1 + (kCopies ? kThreads : 0)), barrier_init(&empty[s], 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
@@ -160,7 +171,7 @@ __global__ void __launch_bounds__(threads_of(kLoad), 1)
   for (int tile = blockIdx.x; tile < m_tiles * n_tiles; tile += gridDim.x) {
     const int m = tile / n_tiles, n = tile % n_tiles;
     if (warp < producer_warps(kLoad)) {
-      [[maybe_unused]] int row_index[kLoad == Load::RowsOne ? kTileM : kTileM / 16];
+      [[maybe_unused]] int row_index[kLoad == Load::RowsOne ? kTileM : kTileM * 8 / kThreads];
       if constexpr (kLoad == Load::RowsWarp) {
 #pragma unroll
         for (int j = 0; j < kTileM / 32; ++j) row_index[j] = index[m * kTileM + lane + 32 * j];
@@ -168,7 +179,8 @@ __global__ void __launch_bounds__(threads_of(kLoad), 1)
         for (int r = 0; r < kTileM; ++r) row_index[r] = index[m * kTileM + r];
       } else if constexpr (kCopies) {
 #pragma unroll
-        for (int i = 0; i < 8; ++i) row_index[i] = index[m * kTileM + threadIdx.x / 8 + 16 * i];
+        for (int i = 0; i < kTileM * 8 / kThreads; ++i)
+          row_index[i] = index[m * kTileM + threadIdx.x / 8 + kThreads / 8 * i];
       }
       for (int kb = 0; kb < k_blocks; ++kb) {
         wait_parity(&empty[stage], phase ^ 1);
@@ -178,7 +190,7 @@ __global__ void __launch_bounds__(threads_of(kLoad), 1)
           if (with_b) tma_load_2d(a + kABytes, &b_map, kb * kTileK, n * kTileN, &full[stage]);
         }
         if constexpr (kCopies) {
-          copy_rows_by_thread(a, source, row_index, kb, threadIdx.x);
+          copy_rows_by_thread<kThreads>(a, source, row_index, kb, threadIdx.x);
           cp_async_arrive(&full[stage]);
         } else {
           __syncwarp();
@@ -283,19 +295,7 @@ std::vector<int> routed_row_tokens() {
 
 template <typename F>
 double seconds_per_pass(F&& f) {
-  for (int i = 0; i < kWarmup; ++i) f();
-  cudaEvent_t start, stop;
-  MT_CUDA_CHECK(cudaEventCreate(&start));
-  MT_CUDA_CHECK(cudaEventCreate(&stop));
-  MT_CUDA_CHECK(cudaEventRecord(start));
-  for (int i = 0; i < kIterations; ++i) f();
-  MT_CUDA_CHECK(cudaEventRecord(stop));
-  MT_CUDA_CHECK(cudaEventSynchronize(stop));
-  float ms = 0.0f;
-  MT_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-  MT_CUDA_CHECK(cudaEventDestroy(start));
-  MT_CUDA_CHECK(cudaEventDestroy(stop));
-  return double(ms) * 1e-3 / kIterations;
+  return moetrain::bench::seconds_per_call(nullptr, kWarmup, kIterations, f);
 }
 
 template <typename T>
@@ -333,6 +333,10 @@ int run() {
       cudaFuncSetAttribute(load_pass_kernel<Load::RowsOne>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   MT_CUDA_CHECK(
       cudaFuncSetAttribute(load_pass_kernel<Load::CpAsync>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  MT_CUDA_CHECK(
+      cudaFuncSetAttribute(load_pass_kernel<Load::CpAsync2>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  MT_CUDA_CHECK(
+      cudaFuncSetAttribute(load_pass_kernel<Load::CpAsync1>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
 
   // The bytes check: several row tiles and k-blocks, each loaded both ways.
   uint8_t* d_captured = nullptr;
@@ -366,7 +370,9 @@ int run() {
                       {"rows_warp_ab", Load::RowsWarp, 1},
                       {"rows_one_thread_ab", Load::RowsOne, 1},
                       {"cp_async_a", Load::CpAsync, 0},
-                      {"cp_async_ab", Load::CpAsync, 1}};
+                      {"cp_async_ab", Load::CpAsync, 1},
+                      {"cp_async_2warps_ab", Load::CpAsync2, 1},
+                      {"cp_async_1warp_ab", Load::CpAsync1, 1}};
   std::vector<double> seconds;
   for (const Way& way : ways) {
     const double s = seconds_per_pass([&] {
@@ -380,8 +386,12 @@ int run() {
         launch.template operator()<Load::RowsWarp>();
       } else if (way.load == Load::RowsOne) {
         launch.template operator()<Load::RowsOne>();
-      } else {
+      } else if (way.load == Load::CpAsync) {
         launch.template operator()<Load::CpAsync>();
+      } else if (way.load == Load::CpAsync2) {
+        launch.template operator()<Load::CpAsync2>();
+      } else {
+        launch.template operator()<Load::CpAsync1>();
       }
       MT_CUDA_CHECK(cudaGetLastError());
     });

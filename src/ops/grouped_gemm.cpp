@@ -120,6 +120,33 @@ void grouped_linear_forward(Stream& stream, Tensor y, const Tensor& x, const Ten
   cpu::grouped_linear_forward(y, x, w, offsets);
 }
 
+void grouped_linear_forward_gathered(Stream& stream, Tensor y, const Tensor& x, const RoutingPlan& plan,
+                                     const Tensor& w) {
+  constexpr const char* op = "grouped_linear_forward_gathered";
+  check_weight_rank(w, op, "w");
+  check_matrix_rank(x, op, "x", "[T, K]");
+  const int64_t groups = w.size(0), n_out = w.size(1), n_in = w.size(2), rows = plan.num_tokens * plan.top_k;
+  MT_CHECK(groups == plan.num_experts && x.size(0) == plan.num_tokens,
+           "{}: expected w's {} groups and x's {} tokens to match the plan's {} experts and {} tokens", op, groups,
+           x.size(0), plan.num_experts, plan.num_tokens);
+  const DType dtype = w.dtype();
+  check_argument(stream, x, {plan.num_tokens, n_in}, dtype, op, "x");
+  check_argument(stream, y, {rows, n_out}, dtype, op, "y");
+  check_argument(stream, plan.row_choice, {rows}, DType::I32, op, "plan.row_choice");
+  check_offsets(stream, plan.expert_offsets, groups, rows, op);
+#if MOETRAIN_HAS_CUDA
+  if (on_cuda(y) && !batch_invariant(stream) &&
+      cuda::cutlass_grouped_gemm_supported(dtype, rows, n_out, n_in, {&y, &x, &w})) {
+    OpScope profile(stream, "grouped_gemm", op);
+    cuda::grouped_linear_forward_gathered_cutlass(stream, y, x, plan.row_choice, plan.top_k, w, plan.expert_offsets);
+    return;
+  }
+#endif
+  Tensor permuted = Tensor::empty({rows, n_in}, dtype, x.device());
+  permute_forward(stream, permuted, x, plan);
+  grouped_linear_forward(stream, y, permuted, w, plan.expert_offsets);
+}
+
 void grouped_linear_backward_input(Stream& stream, Tensor dx, const Tensor& dy, const Tensor& w,
                                    const Tensor& offsets) {
   constexpr const char* op = "grouped_linear_backward_input";

@@ -19,6 +19,7 @@
 
 #include "core/rng.h"
 #include "ops/grouped_gemm.h"
+#include "ops/permute.h"
 #if MOETRAIN_HAS_CUDA
 #include "ops/cuda/check.h"
 #include "ops/cuda/grouped_gemm_cutlass.h"
@@ -289,6 +290,65 @@ TEST(CudaGroupedGemmCutlass, ForwardAndBackwardInputOnEveryScheduleAndClusterGiv
   }
 }
 
+// Each token's top_k distinct experts: at random over all experts, or (skewed) mostly among the first top_k + 2, so
+// that most groups are long and many of the rest empty.
+Tensor random_topk_index(int64_t tokens, int64_t top_k, int64_t experts, bool skewed, Rng& rng) {
+  std::vector<int32_t> chosen;
+  for (int64_t t = 0; t < tokens; ++t) {
+    std::vector<int32_t> mine;
+    while (static_cast<int64_t>(mine.size()) < top_k) {
+      const int64_t pool = skewed && rng.below(8) != 0 ? std::min(experts, top_k + 2) : experts;
+      const auto e = static_cast<int32_t>(rng.below(static_cast<uint64_t>(pool)));
+      if (std::find(mine.begin(), mine.end(), e) == mine.end()) mine.push_back(e);
+    }
+    chosen.insert(chosen.end(), mine.begin(), mine.end());
+  }
+  return Tensor::from_vector<int32_t>(chosen, {tokens, top_k});
+}
+
+// The forward over routed rows gathered inside the GEMM's loads gives the bytes of permute_forward followed by the
+// forward, and stays within the bf16 bound of the CPU's: K of one partial 64-column block, of several with the last
+// partial, and of 2,048 (the workload's); groups long, short, one row and empty; N of partial 256-wide tiles.
+TEST(CudaGroupedGemmCutlass, ForwardGatheredGivesTheBytesOfPermuteThenForward) {
+  MT_REQUIRE_GPU();
+  struct Case {
+    const char* name;
+    int64_t tokens, top_k, experts, n_out, n_in;
+    bool skewed;
+  };
+  uint64_t seed = 1210;
+  for (const Case& c :
+       {Case{"300 tokens, top-4 of 16 experts, N 200, K 136", 300, 4, 16, 200, 136, false},
+        Case{"skewed: 700 tokens, top-8 of 64 experts, N 256, K 2048", 700, 8, 64, 256, 2048, true},
+        Case{"one token, top-2 of 8 experts, N 64, K 40", 1, 2, 8, 64, 40, false},
+        Case{"skewed: 1000 tokens, top-2 of 128 experts, N 392, K 264", 1000, 2, 128, 392, 264, true}}) {
+    SCOPED_TRACE(c.name);
+    Rng rng(seed++);
+    const int64_t rows = c.tokens * c.top_k;
+    const Tensor topk_index = random_topk_index(c.tokens, c.top_k, c.experts, c.skewed, rng);
+    const ops::RoutingPlan plan = ops::make_routing_plan(gpu(), on_gpu(topk_index), c.experts);
+    const Tensor x_host = rounded_to_bf16(random_tensor({c.tokens, c.n_in}, DType::F32, rng));
+    const Tensor w_host = rounded_to_bf16(random_tensor({c.experts, c.n_out, c.n_in}, DType::F32, rng));
+    const Tensor x = bf16_gpu(x_host), w = bf16_gpu(w_host);
+    ASSERT_TRUE(ops::cuda::cutlass_grouped_gemm_supported(DType::BF16, rows, c.n_out, c.n_in, {&x, &w}));
+    Tensor permuted = on_gpu(Tensor::zeros({rows, c.n_in}, DType::BF16));
+    ops::permute_forward(gpu(), permuted, x, plan);
+    Tensor want = on_gpu(Tensor::zeros({rows, c.n_out}, DType::BF16));
+    ops::grouped_linear_forward(gpu(), want, permuted, w, plan.expert_offsets);
+    // Filled with 7s first, so that a row the kernel skipped would show.
+    Tensor got = bf16_gpu(
+        Tensor::from_vector<float>(std::vector<float>(static_cast<size_t>(rows * c.n_out), 7.0f), {rows, c.n_out}));
+    ops::grouped_linear_forward_gathered(gpu(), got, x, plan, w);
+    EXPECT_TRUE(same_bytes(got.to(Device::cpu()), want.to(Device::cpu()))) << "the gathered forward's bytes differ";
+    const ops::RoutingPlan host_plan = ops::make_routing_plan(Stream::cpu(), topk_index, c.experts);
+    Tensor permuted_host = Tensor::empty({rows, c.n_in}, DType::F32);
+    ops::permute_forward(Stream::cpu(), permuted_host, x_host, host_plan);
+    Tensor cpu = Tensor::empty({rows, c.n_out}, DType::F32);
+    ops::grouped_linear_forward(Stream::cpu(), cpu, permuted_host, w_host, host_plan.expert_offsets);
+    expect_close(host_f32(got), cpu, kBf16OutputTolerance, std::string("gathered forward: ") + c.name);
+  }
+}
+
 TEST(CudaGroupedGemmCutlass, RepeatedRunsAreBitwiseIdentical) {
   MT_REQUIRE_GPU();
   for (const GroupCase& c : cases()) {
@@ -521,6 +581,38 @@ TEST(CudaGroupedGemmBench, DISABLED_ExpertWeightGradientOverAStep) {
       std::printf("  %-34s %d experts, %d rows: overwrite %-12s %8.3f ms %7.1f TFLOP/s\n", s.name, s.experts, s.rows,
                   name, ms, flops / (ms * 1e-3) / 1e12);
     }
+  }
+}
+
+// Benchmark: the gate_up forward over routed rows gathered inside the GEMM's loads against permute_forward followed by
+// the forward over the permuted copy (and the forward alone), at the workload of record's shape (8,192 tokens, top-8
+// of 128 experts, N 1,536, K 2,048) and DeepSeek-V2-Lite's (8,192 tokens, top-6 of 64, N 2,816, K 2,048), random
+// routing.
+TEST(CudaGroupedGemmBench, DISABLED_GatheredForward) {
+  MT_REQUIRE_GPU();
+  struct Shape3 {
+    const char* name;
+    int64_t tokens, top_k, experts, n_out, n_in;
+  };
+  Rng rng(11);
+  for (const Shape3& s : {Shape3{"qwen3_30b_a3b gate_up", 8192, 8, 128, 1536, 2048},
+                          Shape3{"deepseek_v2_lite gate_up", 8192, 6, 64, 2816, 2048}}) {
+    const int64_t rows = s.tokens * s.top_k;
+    const ops::RoutingPlan plan =
+        ops::make_routing_plan(gpu(), on_gpu(random_topk_index(s.tokens, s.top_k, s.experts, false, rng)), s.experts);
+    const Tensor x = bench_tensor({s.tokens, s.n_in}, rng), w = bench_tensor({s.experts, s.n_out, s.n_in}, rng);
+    Tensor permuted = Tensor::empty({rows, s.n_in}, DType::BF16, Device::cuda(0));
+    Tensor y = Tensor::empty({rows, s.n_out}, DType::BF16, Device::cuda(0));
+    const double flops = 2.0 * rows * static_cast<double>(s.n_out) * static_cast<double>(s.n_in);
+    const double permute = time_ms([&] { ops::permute_forward(gpu(), permuted, x, plan); });
+    const double forward =
+        time_ms([&] { ops::cuda::grouped_linear_forward_cutlass(gpu(), y, permuted, w, plan.expert_offsets); });
+    const double gathered = time_ms([&] { ops::grouped_linear_forward_gathered(gpu(), y, x, plan, w); });
+    std::printf(
+        "  %-26s permute_forward %7.3f ms + forward %7.3f ms (%6.1f TFLOP/s) = %7.3f ms; gathered %7.3f ms "
+        "(%6.1f TFLOP/s): %.3fx\n",
+        s.name, permute, forward, flops / (forward * 1e-3) / 1e12, permute + forward, gathered,
+        flops / (gathered * 1e-3) / 1e12, (permute + forward) / gathered);
   }
 }
 

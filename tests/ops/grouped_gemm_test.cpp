@@ -184,5 +184,38 @@ TEST(GroupedLinear, RejectsBadOffsetsAndShapes) {
       "grouped_linear_backward_weight: expected dw [G, N, K] but found f32[7, 9] on cpu");
 }
 
+// The gathered forward is permute_forward followed by the forward (on the CPU it runs them), and refuses a plan that
+// does not match its operands.
+TEST(GroupedLinear, ForwardGatheredIsPermuteThenForwardAndChecksThePlan) {
+  Stream& s = Stream::cpu();
+  Rng rng(8);
+  constexpr int64_t kTokens = 6, kTopK = 2;
+  // Six tokens' two experts each, among the 4 groups.
+  const Tensor topk_index = Tensor::from_vector<int32_t>({0, 1, 1, 2, 2, 3, 3, 0, 0, 1, 1, 3}, {kTokens, kTopK});
+  const ops::RoutingPlan plan = ops::make_routing_plan(s, topk_index, kGroups);
+  const Tensor x = random_tensor({kTokens, kIn}, DType::F32, rng);
+  const Tensor w = random_tensor({kGroups, kOut, kIn}, DType::F32, rng);
+  Tensor permuted = Tensor::empty({kTokens * kTopK, kIn}, DType::F32);
+  ops::permute_forward(s, permuted, x, plan);
+  Tensor want = Tensor::empty({kTokens * kTopK, kOut}, DType::F32);
+  ops::grouped_linear_forward(s, want, permuted, w, plan.expert_offsets);
+  Tensor got = Tensor::empty({kTokens * kTopK, kOut}, DType::F32);
+  ops::grouped_linear_forward_gathered(s, got, x, plan, w);
+  EXPECT_EQ(std::memcmp(got.raw_data(), want.raw_data(), got.nbytes()), 0);
+
+  expect_error([&] { ops::grouped_linear_forward_gathered(s, got, x.slice(0, 5), plan, w); },
+               "grouped_linear_forward_gathered: expected w's 4 groups and x's 5 tokens to match the plan's 4 "
+               "experts and 6 tokens");
+  expect_error(
+      [&] {
+        ops::grouped_linear_forward_gathered(s, got, x, plan, random_tensor({3, kOut, kIn}, DType::F32, rng));
+      },
+      "grouped_linear_forward_gathered: expected w's 3 groups and x's 6 tokens to match the plan's 4 experts");
+  expect_error([&] { ops::grouped_linear_forward_gathered(s, got.slice(0, 11), x, plan, w); },
+               "grouped_linear_forward_gathered: y: expected shape [12, 7] but found [11, 7]");
+  expect_error([&] { ops::grouped_linear_forward_gathered(s, got, x.to(DType::F64), plan, w); },
+               "grouped_linear_forward_gathered: x: expected dtype f32 but found f64");
+}
+
 }  // namespace
 }  // namespace moetrain

@@ -136,7 +136,19 @@ using ForwardF32Gemm = GroupedGemm<cutlass::layout::RowMajor, cutlass::layout::C
 using BackwardInputF32Gemm = GroupedGemm<cutlass::layout::RowMajor, cutlass::layout::RowMajor, void, float>;
 using BackwardInputF32AccumulateGemm = GroupedGemm<cutlass::layout::RowMajor, cutlass::layout::RowMajor, float, float>;
 
-// The per-group argument arrays the GEMM reads, carved out of one device buffer.
+// Where a gathered GEMM's A rows come from (ops/cuda/cutlass_gather_rows.cuh): routed row r (counted over all groups)
+// is row row_choice[r] / top_k of `tokens` ([tokens, K] row-major); `offsets` [G + 1] are the groups' routed rows, as
+// the GEMM's problem sizes.
+struct GatheredRows {
+  const Bf16* tokens = nullptr;
+  const int32_t* row_choice = nullptr;
+  const int32_t* offsets = nullptr;
+  int rows = 0;  // routed rows in all (the offsets are clamped into [0, rows])
+  int top_k = 1;
+  int k = 0;  // the row length (elements)
+};
+
+// The per-group argument arrays the GEMM reads, carved out of one device buffer (and a gathered GEMM's row source).
 template <class Config>
 struct DeviceArrays {
   Problem* problems;
@@ -148,6 +160,7 @@ struct DeviceArrays {
   typename Config::StrideB* stride_b;
   typename Config::StrideC* stride_c;
   typename Config::StrideD* stride_d;
+  GatheredRows* gathered;
 };
 
 // A packed 2-D stride whose one dynamic mode (the leading dimension; the other mode is 1, the group mode 0) is `ld`.
@@ -185,6 +198,7 @@ enum class OpKind : int {
   kBackwardWeight = 2,
   kBackwardWeightOverwrite = 3,
   kBackwardInputAccumulate = 4,
+  kForwardGathered = 5,  // kForward with A's rows gathered (ops/cuda/cutlass_gather_rows.cuh)
 };
 
 constexpr bool accumulates(OpKind op) {
@@ -273,6 +287,7 @@ typename Config::Gemm::Arguments make_arguments(const DeviceArrays<Config>& arra
   args.mainloop.dA = arrays.stride_a;
   args.mainloop.ptr_B = arrays.ptr_b;
   args.mainloop.dB = arrays.stride_b;
+  if constexpr (requires { args.mainloop.gathered; }) args.mainloop.gathered = arrays.gathered;
   args.epilogue.thread.alpha = 1.0f;
   args.epilogue.thread.beta = accumulate ? 1.0f : 0.0f;
   // Without accumulation C is void (no source read); its stride array is never read, the D one stands in.
@@ -316,6 +331,7 @@ Plan<Config>& get_plan(OpKind op, const Stream& stream, Device device, int group
   const size_t at_sb = section(g * sizeof(typename Config::StrideB));
   const size_t at_sc = section(g * sizeof(typename Config::StrideC));
   const size_t at_sd = section(g * sizeof(typename Config::StrideD));
+  const size_t at_gathered = section(sizeof(GatheredRows));
   const size_t at_workspace = offset;
 
   // The workspace size depends on G and the SM count, not on pointer values: size it with null arrays first.
@@ -336,6 +352,7 @@ Plan<Config>& get_plan(OpKind op, const Stream& stream, Device device, int group
   arrays.stride_b = reinterpret_cast<typename Config::StrideB*>(base + at_sb);
   arrays.stride_c = reinterpret_cast<typename Config::StrideC*>(base + at_sc);
   arrays.stride_d = reinterpret_cast<typename Config::StrideD*>(base + at_sd);
+  arrays.gathered = reinterpret_cast<GatheredRows*>(base + at_gathered);
 
   const auto args = make_arguments<Config>(arrays, groups, device.index, accumulate);
   const cutlass::Status can = plan->gemm.can_implement(args);

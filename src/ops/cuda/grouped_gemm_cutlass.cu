@@ -7,6 +7,7 @@
 #include <climits>
 #include <cstdint>
 
+#include "ops/cuda/cutlass_gather_rows.cuh"
 #include "ops/cuda/cutlass_grouped.cuh"
 
 namespace moetrain::ops::cuda {
@@ -87,6 +88,13 @@ void grouped_linear_forward_cutlass(const Stream& stream, const Tensor& y, const
         run_grouped<ForwardGemmOn<Schedule>, OpKind::kForward>(stream, x, w, y, offsets.data<int32_t>(), w.size(0),
                                                                x.size(0), w.size(1), w.size(2), op);
       });
+}
+
+void grouped_linear_forward_gathered_cutlass(const Stream& stream, const Tensor& y, const Tensor& tokens,
+                                             const Tensor& row_choice, int64_t top_k, const Tensor& w,
+                                             const Tensor& offsets) {
+  run_gathered_forward<GatheredForwardGemm<>>(stream, y, tokens, row_choice, top_k, w, offsets,
+                                              "grouped_linear_forward_gathered");
 }
 
 void grouped_linear_backward_input_cutlass(const Stream& stream, const Tensor& dx, const Tensor& dy, const Tensor& w,

@@ -68,6 +68,13 @@ void grouped_linear_backward_input_cutlass(const Stream& stream, const Tensor& d
 // The public op's schedule for both forms: cooperative. On ping-pong the accumulating form was 8-10% faster alone and
 // no faster in the step (seventeenth session); the overwriting form over a step's rows is timed by
 // CudaGroupedGemmBench.DISABLED_ExpertWeightGradientOverAStep (thirty-fifth session, not yet on a GPU).
+// y [R, N] = tokens[row_choice[r] / top_k] w[g]^T per group: grouped_linear_forward_cutlass on the rows
+// permute_forward would write, gathered inside the GEMM's loads instead (the same bytes). tokens [T, K], row_choice
+// i32 [R]; the cooperative schedule on single CTAs.
+void grouped_linear_forward_gathered_cutlass(const Stream& stream, const Tensor& y, const Tensor& tokens,
+                                             const Tensor& row_choice, int64_t top_k, const Tensor& w,
+                                             const Tensor& offsets);
+
 inline constexpr GroupedGemmSchedule kWeightGradientSchedule = GroupedGemmSchedule::Cooperative;
 void grouped_linear_backward_weight_cutlass(const Stream& stream, const Tensor& dw, const Tensor& dy, const Tensor& x,
                                             const Tensor& offsets, bool accumulate = true,
