@@ -184,8 +184,8 @@ TEST(GroupedLinear, RejectsBadOffsetsAndShapes) {
       "grouped_linear_backward_weight: expected dw [G, N, K] but found f32[7, 9] on cpu");
 }
 
-// The gathered forward is permute_forward followed by the forward (on the CPU it runs them), and refuses a plan that
-// does not match its operands.
+// The gathered forward is permute_forward followed by the forward (on the CPU it runs them), and refuses operands and
+// a plan that do not match: tokens, experts, y's shape, x's dtype, the row choices' length, the offsets.
 TEST(GroupedLinear, ForwardGatheredIsPermuteThenForwardAndChecksThePlan) {
   Stream& s = Stream::cpu();
   Rng rng(8);
@@ -215,6 +215,15 @@ TEST(GroupedLinear, ForwardGatheredIsPermuteThenForwardAndChecksThePlan) {
                "grouped_linear_forward_gathered: y: expected shape [12, 7] but found [11, 7]");
   expect_error([&] { ops::grouped_linear_forward_gathered(s, got, x.to(DType::F64), plan, w); },
                "grouped_linear_forward_gathered: x: expected dtype f32 but found f64");
+  ops::RoutingPlan short_choices = plan;
+  short_choices.row_choice = plan.row_choice.slice(0, 11);
+  expect_error([&] { ops::grouped_linear_forward_gathered(s, got, x, short_choices, w); },
+               "grouped_linear_forward_gathered: plan.row_choice: expected shape [12] but found [11]");
+  ops::RoutingPlan bad_offsets = plan;
+  bad_offsets.expert_offsets = Tensor::from_vector<int32_t>({0, 3, 6, 9, 11}, {5});
+  expect_error([&] { ops::grouped_linear_forward_gathered(s, got, x, bad_offsets, w); },
+               "grouped_linear_forward_gathered: the last offset offsets[4] must equal the row count R = 12 but "
+               "found 11");
 }
 
 }  // namespace
