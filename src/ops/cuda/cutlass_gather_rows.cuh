@@ -5,9 +5,10 @@
 // bytes a lane at a time (cp.async), to where TMA's 128-byte swizzle would have put them. Hopper's TMA has no row
 // gather, and one TMA box per row moves a tile ~5x slower than the multiplications use it; copies by a few warps alone
 // keep up (bench/kernels/tma_row_gather_bench.cu). Every tile is the same multiply in the same order as over the
-// permuted copy: the same bits. Not yet faster than permute_forward and the TMA forward (0.80x of them at the
-// workload's gate_up shape on an H100, the fortieth session in docs/gpu_notes.md): the two producer warps the kernel
-// layer lends, at 40 registers each, stall on their copies' address arithmetic, so the layers do not use it yet.
+// permuted copy: the same bits. A copy is four instructions (the tile's row sources sit in shared memory, the
+// swizzled destinations are compile-time steps from two per lane); at the workload's gate_up shape on an H100 it runs
+// at 0.94-1.02x of permute_forward and the TMA forward together (forty-first session in docs/gpu_notes.md), so the
+// layers do not use it yet.
 #pragma once
 
 #include <cstdint>
@@ -42,28 +43,55 @@ struct GatherRowsMainloop : Base {
   using typename Base::PipelineState;
   using typename Base::SmemLayoutA;
   using typename Base::SmemLayoutB;
-  using typename Base::TensorStorage;
   using typename Base::TileShape;
   using DispatchPolicy = GatherRowsPolicy<typename Base::DispatchPolicy>;
 
   static constexpr int kTileM = cute::size<0>(TileShape{});
   static constexpr int kTileK = cute::size<2>(TileShape{});
+  static constexpr int kStages = cute::size<2>(SmemLayoutA{});
   static constexpr int kChunk = 16 / static_cast<int>(sizeof(Bf16));  // elements a 16-byte copy moves
   static constexpr int kChunksPerRow = kTileK / kChunk;
-  static constexpr int kRowStep = 32 / kChunksPerRow;  // rows a warp's copy instruction covers
-  static constexpr int kWarpRows = kTileM / 2;         // the rows each of the two producer warps copies
-  static_assert(32 % kChunksPerRow == 0 && kWarpRows % 32 == 0 && 32 % kRowStep == 0,
-                "a warp copies whole 16-byte chunks of whole rows of A's tile, a lane holding every 32nd row's token");
+  static constexpr int kRowStep = 32 / kChunksPerRow;        // rows a warp's copy instruction covers
+  static constexpr int kWarpRows = kTileM / 2;               // the rows each of the two producer warps copies
+  static constexpr int kCopiesPerLane = kWarpRows / kRowStep;  // a lane's copies a K block
+  static_assert(kChunksPerRow == 8 && kRowStep == 4 && kWarpRows % 32 == 0 && kCopiesPerLane % 8 == 0,
+                "a warp copies 128-byte rows of A's tile, four a copy instruction (K blocks of 64 bf16)");
   static_assert(cute::size<0>(typename DispatchPolicy::ClusterShape{}) == 1 &&
                     cute::size<1>(typename DispatchPolicy::ClusterShape{}) == 1,
                 "gathered rows are loaded by each CTA for itself: clusters (TMA multicast) are not supported");
-  // The stage's full barrier counts the mainloop warp's leader (its arrival expects B's TMA bytes) and the auxiliary
+
+  // A's tile is TMA's 128-byte swizzle over plain row-major stages: element (row, column, stage) at byte
+  // ((row + stage * kTileM) * kTileK + column) * 2 of the tile, bits 4-6 of the shared address XORed with bits 7-9.
+  // Rows r and r + 8, and stages, are therefore whole multiples of 1,024 bytes apart with the same swizzle, so a lane's
+  // copies are two swizzled addresses (its rows q and q + 4) plus compile-time steps: a copy is a few instructions.
+  static constexpr int kRowBlockBytes = 8 * kTileK * static_cast<int>(sizeof(Bf16));
+  static constexpr int kStageBytes = kTileM * kTileK * static_cast<int>(sizeof(Bf16));
+  static constexpr bool plain_rows_under_the_swizzle() {
+    const auto rows = cute::get_nonswizzle_portion(SmemLayoutA{});
+    for (int stage = 0; stage < kStages; ++stage)
+      for (int row = 0; row < kTileM; ++row)
+        for (int c = 0; c < kTileK; c += kChunk)
+          if (static_cast<int>(rows(row, c, stage)) != (row + stage * kTileM) * kTileK + c) return false;
+    return true;
+  }
+  static_assert(cute::is_same_v<decltype(cute::get_swizzle_portion(SmemLayoutA{})), cute::Swizzle<3, 4, 3>> &&
+                    plain_rows_under_the_swizzle(),
+                "A's shared tile is expected as row-major stages of 128-byte rows under TMA's 128-byte swizzle");
+
+  // The full barrier counts the mainloop warp's leader (its arrival expects B's TMA bytes) and the auxiliary
   // warp's 32 lanes (each arriving once its copies have landed); the mainloop warp's copies join the phase without
   // counting (cp.async.mbarrier.arrive without .noinc).
   static constexpr int NumProducerThreadEvents = 1 + 32;
   static constexpr uint32_t kTmaBytesB =
       cutlass::bits_to_bytes(cute::size<0>(SmemLayoutB{}) * cute::size<1>(SmemLayoutB{}) *
                              static_cast<uint32_t>(cute::sizeof_bits<typename Base::ElementB>::value));
+
+  // Base's shared tiles and, for each producer warp, its current tile's row sources: the offset of each of its rows'
+  // token row from `tokens`, in 16-byte units, ordered so that a lane's rows q, q + 4, q + 8, q + 12 are one 16-byte
+  // load.
+  struct TensorStorage : Base::TensorStorage {
+    alignas(16) uint32_t row_source[2][kWarpRows];
+  };
 
   // The gathered rows' description lives in device memory (the cached plan's buffer, rewritten by each call), so the
   // kernel's parameters stay those the plan was initialised with.
@@ -90,42 +118,56 @@ struct GatherRowsMainloop : Base {
     return Base::tensors_perform_update(input_tensors, params, problem_shape_mnkl, next_batch);
   }
 
-  // One producer warp's half of A's rows for the tile at row tile m_coord of the current group: lane l holds the
-  // token of the half's rows l, l + 32 (-1 past the group's end) and takes the others' from their lanes, so the copies
-  // wait for no load of the row choices. Per K block the lane copies chunk l % 8 of the half's rows l / 8, l / 8 + 4,
-  // ... (a copy instruction reads four whole 128-byte rows; rows past the group's end and columns past K are zeros, as
-  // TMA fills them), then has the stage's full barrier wait for them (`arrive`).
+  // One producer warp's half of A's rows for the tile at row tile m_coord of the current group. First each lane
+  // writes the sources of the half's rows lane and lane + 32 into shared memory; rows past the group's end read
+  // token 0 (their products are never stored: each output row depends on its own A row alone). Then per K block the
+  // lane copies chunk lane % 8 of the half's rows q, q + 4, ..., q + 60 (q = lane / 8; a copy instruction reads four
+  // whole 128-byte rows; columns past K are zeros, as TMA fills them) and has the stage's full barrier wait for them
+  // (`arrive`).
   template <int kHalf, class KTileIterator, class Arrive>
   CUTLASS_DEVICE void copy_rows(Params const& params, MainloopPipeline& pipeline, PipelineState& smem_pipe_write,
                                 int m_coord, KTileIterator& k_tile_iter, int k_tile_count, int lane,
                                 TensorStorage& shared_tensors, Arrive&& arrive) {
-    cute::Tensor sA = cute::make_tensor(cute::make_smem_ptr(shared_tensors.smem_A.data()), SmemLayoutA{});
     const GatheredRows g = *params.gathered;
     int begin = 0, end = 0;
     group_rows(g.offsets, group_, g.rows, &begin, &end);
     const int first_row = kHalf * kWarpRows;  // within the tile
-    const int tile_row = begin + m_coord * kTileM + first_row;
-    int token[kWarpRows / 32];
+    uint32_t* row_source = shared_tensors.row_source[kHalf];
+    const uint32_t row_units = static_cast<uint32_t>(g.k / kChunk);
     CUTLASS_PRAGMA_UNROLL
     for (int j = 0; j < kWarpRows / 32; ++j) {
-      const int row = tile_row + lane + 32 * j;
-      token[j] = row < end ? g.row_choice[row] / g.top_k : -1;
+      const int h = lane + 32 * j;  // within the half
+      const int row = begin + m_coord * kTileM + first_row + h;
+      const uint32_t token = row < end ? static_cast<uint32_t>(g.row_choice[row] / g.top_k) : 0u;
+      row_source[(h % kRowStep) * kCopiesPerLane + h / kRowStep] = token * row_units;
     }
-    const int chunk = lane % kChunksPerRow;
+    __syncwarp();
+    const int q = lane / kChunksPerRow, chunk = lane % kChunksPerRow;
+    const uint4* lane_sources = reinterpret_cast<const uint4*>(row_source + q * kCopiesPerLane);
+    cute::Tensor sA = cute::make_tensor(cute::make_smem_ptr(shared_tensors.smem_A.data()), SmemLayoutA{});
+    const uint32_t to_even = cute::cast_smem_ptr_to_uint(&sA(first_row + q, chunk * kChunk, 0));
+    const uint32_t to_odd = cute::cast_smem_ptr_to_uint(&sA(first_row + q + kRowStep, chunk * kChunk, 0));
     CUTLASS_PRAGMA_NO_UNROLL
     for (; k_tile_count > 0; --k_tile_count) {
       pipeline.producer_acquire(smem_pipe_write);  // every lane waits; the mainloop warp's lane 0 expects B's bytes
       const int write_stage = smem_pipe_write.index();
       const int column = static_cast<int>(*k_tile_iter) * kTileK + chunk * kChunk;
+      const bool inside = column < g.k;
+      const char* from = reinterpret_cast<const char*>(g.tokens + (inside ? column : 0));
+      const uint32_t bytes = inside ? 16u : 0u;
+      const uint32_t stage = static_cast<uint32_t>(write_stage * kStageBytes);
       CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < kWarpRows / kRowStep; ++i) {
-        const int r = lane / kChunksPerRow + kRowStep * i;  // within the half
-        const int t = __shfl_sync(0xffffffffu, token[(kRowStep * i) / 32], r % 32);
-        const bool inside = t >= 0 && column < g.k;
-        const Bf16* from = inside ? g.tokens + static_cast<int64_t>(t) * g.k + column : g.tokens;
-        const uint32_t to = cute::cast_smem_ptr_to_uint(&sA(first_row + r, chunk * kChunk, write_stage));
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(to), "l"(from), "r"(inside ? 16 : 0)
-                     : "memory");
+      for (int j = 0; j < kCopiesPerLane / 4; ++j) {
+        const uint4 sources = lane_sources[j];
+        const uint32_t source[4] = {sources.x, sources.y, sources.z, sources.w};
+        CUTLASS_PRAGMA_UNROLL
+        for (int e = 0; e < 4; ++e) {
+          const int i = 4 * j + e;  // the lane's row q + 4 i
+          const uint32_t to = (i % 2 == 0 ? to_even : to_odd) + stage + (i / 2) * kRowBlockBytes;
+          asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(to), "l"(from + uint64_t{source[e]} * 16),
+                       "r"(bytes)
+                       : "memory");
+        }
       }
       arrive(reinterpret_cast<uint64_t const*>(pipeline.producer_get_barrier(smem_pipe_write)), write_stage,
              k_tile_iter);
@@ -185,6 +227,7 @@ struct GatheredForwardGemm {
   using CollectiveEpilogue = typename Plain::CollectiveEpilogue;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, CollectiveMainloop, CollectiveEpilogue>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+  static_assert(Kernel::SharedStorageSize <= 227 * 1024, "the row sources must fit beside the stages in shared memory");
   using NonVoidC = typename Plain::NonVoidC;
   using StrideA = typename Plain::StrideA;
   using StrideB = typename Plain::StrideB;
@@ -223,6 +266,8 @@ void run_gathered_forward(const Stream& stream, const Tensor& y, const Tensor& t
   check_int(n_out, op_name, "N");
   check_int(n_in, op_name, "K");
   check_int(top_k, op_name, "top_k");
+  MT_CHECK(tokens.numel() / 8 <= int64_t{UINT32_MAX}, "{}: expected tokens of at most 2^35 elements (the row sources "
+           "are 32-bit offsets in 16-byte units), found {}", op_name, tokens.numel());
   const int g = static_cast<int>(groups), n = static_cast<int>(n_out), k = static_cast<int>(n_in);
   Plan<Config>& plan = get_plan<Config>(OpKind::kForwardGathered, stream, y.device(), g, n, k, false, op_name);
   GatheredRows gathered;
