@@ -22,10 +22,8 @@
 namespace moetrain::model {
 
 // What stage 1 hands to the engine's dispatch (stage 2).
-// A routed layer leaves `rows` undefined: its stage 3 gathers them from its own record inside the expert GEMM's loads,
-// without the [T * K, H] copy. An engine stage that moves rows between ranks asks the layer for them (make_rows).
 struct Dispatch {
-  Tensor rows;           // [R, H] rows for stage 3: the T normed tokens (dense); undefined for a routed layer
+  Tensor rows;           // [R, H] rows for stage 3: expert-ordered token copies, or the T normed tokens (dense)
   Tensor group_offsets;  // i32 [E + 1] rows per expert of `rows`; undefined for a dense layer
   Tensor row_choice;     // i32 [R] the flat choice t * K + k each row holds (routed layers)
   Tensor topk_index;     // i32 [T, K] the router's choices (routed layers)
@@ -55,11 +53,7 @@ class DecoderLayer {
   virtual void set_recompute_activation(bool on) = 0;
 
   virtual Dispatch stage1_forward(LayerRecord& record, const Tensor& hidden, const MicroBatch& batch) const = 0;
-  // The [T * K, H] expert-ordered token copies a routed layer's stage 1 left unmade (Dispatch), for an engine stage
-  // that sends them to other ranks. A dense layer has none to make.
-  virtual Tensor make_rows(LayerRecord& record) const = 0;
-  // rows and group_offsets: stage 1's, or what the dispatch delivered (this rank's experts' rows). Undefined rows of a
-  // routed layer: stage 1's own, gathered from the record.
+  // rows and group_offsets: stage 1's, or what the dispatch delivered (this rank's experts' rows).
   virtual Tensor stage3_forward(LayerRecord& record, const Tensor& rows, const Tensor& group_offsets) const = 0;
   // combined: stage 3's output rows as they came back (stage 4). Returns the layer output [T, H].
   virtual Tensor stage5_forward(LayerRecord& record, const Tensor& combined) const = 0;

@@ -61,14 +61,12 @@ StageChunk::StageChunk(const model::CausalLm& model, const StageLayers& stage, d
 // queueing the other micro-batch's stages of an overlapped pair on the compute stream while the all-to-all runs.
 // Their temporaries live in that stream's order (StreamScope), their inputs are dropped there, and the step that
 // consumes their output first makes compute wait for it (await_exchange).
-void StageChunk::expert_dispatch(LayerState& ls, const model::DecoderLayer& layer) const {
+void StageChunk::expert_dispatch(LayerState& ls) const {
   const model::Dispatch dispatch = std::move(ls.dispatch);
   ls.dispatch = model::Dispatch{};
   ls.dispatched = dispatch.rows;
   ls.group_offsets = dispatch.group_offsets;
-  if (ep_ == nullptr || !dispatch.routed()) return;  // stage 3 gathers a routed layer's rows itself
-  // The rows that travel are made on the compute stream, before the exchange waits for it.
-  if (!ls.dispatched.defined()) ls.dispatched = layer.make_rows(*ls.record);
+  if (ep_ == nullptr || !dispatch.routed()) return;
   Stream& comm = begin_exchange(ls);
   ops::cuda::StreamScope scope(comm);
   ls.plan = ExpertExchange::create(*ep_, comm, ls.group_offsets, dispatch.row_choice, dispatch.topk_index,
@@ -225,7 +223,7 @@ std::vector<ChunkStep> StageChunk::plan_forward(int microbatch, const model::Mic
                          if (observe_) st.result.router_logits.push_back(ls.record->router_logits);
                        }
                      }});
-    steps.push_back({l + " s2", true, [this, &ls, &layer] { expert_dispatch(ls, layer); }});
+    steps.push_back({l + " s2", true, [this, &ls] { expert_dispatch(ls); }});
     steps.push_back({l + " s3", false, [this, &ls, &layer] {
                        await_exchange(ls);
                        ls.expert_out = layer.stage3_forward(*ls.record, ls.dispatched, ls.group_offsets);

@@ -138,7 +138,7 @@ class StageChunk {
 
   // Stages 2 and 4 of a layer: the expert-parallel dispatch and combine (and their backwards). Without an ep
   // communicator, or for a dense layer, they pass the rows through unchanged.
-  void expert_dispatch(LayerState& ls, const model::DecoderLayer& layer) const;
+  void expert_dispatch(LayerState& ls) const;
   void expert_combine(LayerState& ls) const;
   void expert_combine_backward(LayerState& ls) const;
   void expert_dispatch_backward(LayerState& ls) const;

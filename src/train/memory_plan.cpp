@@ -47,7 +47,6 @@ struct Sizes {
   bool recompute_activation = false;     // model.recompute = activation: act is not kept from the forward
   bool expert_weights_per_step = false;  // model.expert_weight_gradient = step: the expert MLP records held
   bool held_rows_from_tokens = false;    // ... holding the rows' token-side sources (no expert exchange: ep = 1)
-  bool gathered_rows = false;            // stage 3 gathers the routed rows from the normed tokens (ep = 1): no copy
   bool router_aux = false;               // router losses on: d_probs and d_logits [T, E] per MoE layer
   int64_t head_chunk = 0;
 };
@@ -258,7 +257,7 @@ class StageSim {
     if (s.moe) {
       l.alloc(2 * b.route_e), l.alloc(b.route_k_idx), l.alloc(b.route_k_stat), l.alloc(b.plan);  // routing
       l.alloc(b.aux);   // the router losses' d_probs, d_logits
-      if (!z_.gathered_rows) l.alloc(b.rows);  // the permuted rows (the expert MLP's input), made for the exchange
+      l.alloc(b.rows);  // the permuted rows (the expert MLP's input)
     }
     l.free(b.hid);                                        // the mixer's output
     l.alloc(b.gate_up), l.alloc(b.act), l.alloc(b.rows);  // stage 3: gate_up, act, y
@@ -283,14 +282,10 @@ class StageSim {
     rec += b.gate_up;
     if (z_.recompute_activation) l.alloc(b.act), rec += b.act;  // act recomputed for the weight gradient
     if (with_weight) {  // the MLP record: gate_up, act, d_gate_up and, for experts, the rows x and d_y
-      // Gathered rows: the record holds their tokens (normed_post, the layer's anyway) instead of x.
-      const int64_t row_sets = z_.gathered_rows ? 1 : 2;
-      const int64_t mlp = 2 * b.gate_up + b.act + (s.moe ? row_sets * b.rows : 0);
+      const int64_t mlp = 2 * b.gate_up + b.act + (s.moe ? 2 * b.rows : 0);
       // Held for the step's end (GatedMlp::keep_for_weight_work drops gate_up only, and the rows x and d_y when the
       // layer holds their token-side sources instead): no longer the record's.
-      const int64_t dropped = z_.held_rows_from_tokens ? b.gate_up + row_sets * b.rows : b.gate_up;
-      // The micro-batch's own weight gradient makes gathered rows again for its GEMM.
-      if (s.moe && z_.gathered_rows && !z_.expert_weights_per_step) l.alloc(b.rows), l.free(b.rows);
+      const int64_t dropped = z_.held_rows_from_tokens ? b.gate_up + 2 * b.rows : b.gate_up;
       l.free(s.moe && z_.expert_weights_per_step ? dropped : mlp);
       rec -= mlp;
     }
@@ -499,7 +494,6 @@ MemoryPlan plan_memory(const io::JobConfig& config, int world) {
   z.recompute_activation = config.model.recompute == "activation";
   z.expert_weights_per_step = config.model.expert_weight_gradient == "step";
   z.held_rows_from_tokens = z.expert_weights_per_step && shape.ep == 1;
-  z.gathered_rows = shape.ep == 1;
   z.router_aux = mc.is_moe() && (config.loss.load_balance_coef > 0.0 || config.loss.z_loss_coef > 0.0 ||
                                  config.loss.device_balance_coef > 0.0);
   z.head_chunk = config.model.head_chunk;

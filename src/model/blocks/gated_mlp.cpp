@@ -99,40 +99,26 @@ Tensor GatedMlp::forward(MlpRecord& r, const Tensor& x, const Tensor& group_offs
   MT_CHECK(group_offsets.defined() == is_expert_bank(), "gated MLP: group offsets are {} for {} MLP",
            group_offsets.defined() ? "given" : "missing", is_expert_bank() ? "an expert" : "a dense");
   Stream& s = default_stream(x.device());
+  const int64_t rows = x.size(0);
+  const int64_t width = w_down_.size(-1);
   r.x = x;
   r.group_offsets = group_offsets;
-  r.gate_up = Tensor::empty({x.size(0), 2 * w_down_.size(-1)}, x.dtype(), x.device());
+  r.gate_up = Tensor::empty({rows, 2 * width}, x.dtype(), x.device());
+  r.act = Tensor::empty({rows, width}, x.dtype(), x.device());
+  Tensor y = Tensor::empty({rows, w_down_.size(-2)}, x.dtype(), x.device());
   if (is_expert_bank()) {
     ops::grouped_linear_forward(s, r.gate_up, x, w_gate_up_, group_offsets);
   } else {
     ops::linear_forward(s, r.gate_up, x, w_gate_up_);
   }
-  return forward_from_gate_up(r);
-}
-
-Tensor GatedMlp::forward_gathered(MlpRecord& r, const Tensor& tokens, const ops::RoutingPlan& plan) const {
-  MT_CHECK(is_expert_bank(), "gated MLP: a dense MLP takes its rows, it does not gather them by a routing plan");
-  Stream& s = default_stream(tokens.device());
-  r.x_source = ops::PermutedRows{tokens, Tensor(), plan};
-  r.group_offsets = plan.expert_offsets;
-  r.gate_up = Tensor::empty({plan.num_tokens * plan.top_k, 2 * w_down_.size(-1)}, tokens.dtype(), tokens.device());
-  ops::grouped_linear_forward_gathered(s, r.gate_up, tokens, plan, w_gate_up_);
-  return forward_from_gate_up(r);
-}
-
-Tensor GatedMlp::forward_from_gate_up(MlpRecord& r) const {
-  Stream& s = default_stream(r.gate_up.device());
-  const int64_t rows = r.gate_up.size(0), width = w_down_.size(-1);
-  add_bias(r.gate_up, w_gate_up_bias_, r.group_offsets);
-  r.act = Tensor::empty({rows, width}, r.gate_up.dtype(), r.gate_up.device());
+  add_bias(r.gate_up, w_gate_up_bias_, group_offsets);
   activation_forward(r.act, r.gate_up);
-  Tensor y = Tensor::empty({rows, w_down_.size(-2)}, r.gate_up.dtype(), r.gate_up.device());
   if (is_expert_bank()) {
-    ops::grouped_linear_forward(s, y, r.act, w_down_, r.group_offsets);
+    ops::grouped_linear_forward(s, y, r.act, w_down_, group_offsets);
   } else {
     ops::linear_forward(s, y, r.act, w_down_);
   }
-  add_bias(y, w_down_bias_, r.group_offsets);
+  add_bias(y, w_down_bias_, group_offsets);
   if (recompute_activation_) r.act = Tensor();
   return y;
 }
@@ -143,7 +129,7 @@ Tensor GatedMlp::backward_input(MlpRecord& r, const Tensor& d_y) const {
   const int64_t width = w_down_.size(-1);
   Tensor d_act = Tensor::empty({r.gate_up.size(0), width}, d_y.dtype(), d_y.device());
   r.d_gate_up = Tensor::empty(r.gate_up.shape(), d_y.dtype(), d_y.device());
-  Tensor dx = Tensor::empty({r.gate_up.size(0), w_gate_up_.size(-1)}, d_y.dtype(), d_y.device());
+  Tensor dx = Tensor::empty(r.x.shape(), d_y.dtype(), d_y.device());
   if (is_expert_bank()) {
     ops::grouped_linear_backward_input(s, d_act, d_y, w_down_, r.group_offsets);
   } else {
@@ -164,16 +150,9 @@ Tensor GatedMlp::backward_input(MlpRecord& r, const Tensor& d_y) const {
 }
 
 void GatedMlp::backward_weight(MlpRecord& r) const {
-  Stream& s = default_stream(r.d_gate_up.device());
+  Stream& s = default_stream(r.x.device());
   if (is_expert_bank()) {
     ops::grouped_linear_backward_weight(s, g_down_, r.d_y, r.act, r.group_offsets, down_writer_.next());
-    if (!r.x.defined()) {  // a gathered forward's rows, made again from their tokens
-      const ops::PermutedRows& source = r.x_source;
-      MT_CHECK(source.tokens.defined() && !source.weight.defined(),
-               "gated MLP: the weight gradient expects the forward's rows or their unweighted token source");
-      r.x = Tensor::empty({r.d_gate_up.size(0), source.tokens.size(1)}, source.tokens.dtype(), source.tokens.device());
-      ops::permute_forward(s, r.x, source.tokens, source.plan);
-    }
     ops::grouped_linear_backward_weight(s, g_gate_up_, r.d_gate_up, r.x, r.group_offsets, gate_up_writer_.next());
   } else {
     ops::linear_backward_weight(s, g_down_, r.d_y, r.act, down_writer_.next());

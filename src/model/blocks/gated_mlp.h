@@ -33,7 +33,7 @@ struct GatedMlpOptions {
 };
 
 struct MlpRecord {
-  Tensor x;              // [R, H] input rows (undefined after forward_gathered: x_source holds their tokens)
+  Tensor x;              // [R, H] input rows
   Tensor group_offsets;  // i32 [E + 1] for experts; undefined for a dense MLP
   Tensor gate_up;        // [R, 2I]
   Tensor act;            // [R, I] act(gate) * up (dropped after the forward when recomputed)
@@ -42,8 +42,7 @@ struct MlpRecord {
   // A record held for backward_weight_together may hold these instead of x and d_y: its layer made the rows by
   // permuting its own tokens (no expert exchange), so each row is made again from the token side (a copy of the
   // normed token; the routing weight times the output's gradient), bitwise what x and d_y held, in a fraction of
-  // their memory (the tokens once instead of each of their K copies). forward_gathered's records hold x_source from
-  // the forward on.
+  // their memory (the tokens once instead of each of their K copies).
   ops::PermutedRows x_source, d_y_source;
 };
 
@@ -58,9 +57,6 @@ class GatedMlp {
   bool is_expert_bank() const { return options_.num_experts > 0; }
   // group_offsets must be defined exactly when this is an expert bank.
   Tensor forward(MlpRecord& record, const Tensor& x, const Tensor& group_offsets) const;
-  // An expert bank's forward over the rows permute_forward(tokens, plan) would make, gathered inside the gate_up
-  // GEMM's loads instead (ops::grouped_linear_forward_gathered): the same bits, without the [T * K, H] rows.
-  Tensor forward_gathered(MlpRecord& record, const Tensor& tokens, const ops::RoutingPlan& plan) const;
   // Recomputing the activation: the forward drops act [R, I] once the down projection has read it, and
   // backward_input recomputes it from gate_up (the same kernel on the same input: the same bits) for the down
   // projection's weight gradient. The records of the micro-batches in flight then hold no activation.
@@ -78,8 +74,6 @@ class GatedMlp {
   void backward_weight_together(const std::vector<MlpRecord*>& records) const;
 
  private:
-  // The forward after the gate_up projection: its bias, the activation, the down projection and its bias.
-  Tensor forward_from_gate_up(MlpRecord& record) const;
   void activation_forward(const Tensor& act, const Tensor& gate_up) const;
   void activation_backward(const Tensor& d_gate_up, const Tensor& d_act, const Tensor& gate_up) const;
   // y += the bias of its projection (per group of rows for an expert bank); nothing without biases.

@@ -146,23 +146,13 @@ Dispatch PreNormLayer::stage1_forward(LayerRecord& record, const Tensor& hidden,
   out.group_offsets = r.routing.plan.expert_offsets;
   out.row_choice = r.routing.plan.row_choice;
   out.topk_index = r.routing.topk_index;
-  return out;  // the rows are made by stage 3's gather (or make_rows)
-}
-
-Tensor PreNormLayer::make_rows(LayerRecord& record) const {
-  PreNormRecord& r = as_pre_norm(record);
-  MT_CHECK(router_ != nullptr, "layer {}: a dense layer's stage 1 makes its rows itself", options_.layer);
-  MT_CHECK(r.normed_post.defined(), "layer {}: make_rows before stage 1's forward", options_.layer);
-  Tensor rows = Tensor::empty({r.normed_post.size(0) * r.routing.plan.top_k, r.normed_post.size(1)},
-                              r.normed_post.dtype(), r.normed_post.device());
-  ops::permute_forward(default_stream(rows.device()), rows, r.normed_post, r.routing.plan);
-  return rows;
+  out.rows = Tensor::empty({T * r.routing.plan.top_k, hidden.size(1)}, dt, dev);
+  ops::permute_forward(s, out.rows, r.normed_post, r.routing.plan);
+  return out;
 }
 
 Tensor PreNormLayer::stage3_forward(LayerRecord& record, const Tensor& rows, const Tensor& group_offsets) const {
-  PreNormRecord& r = as_pre_norm(record);
-  if (router_ && !rows.defined()) return mlp_.forward_gathered(r.mlp, r.normed_post, r.routing.plan);
-  return mlp_.forward(r.mlp, rows, group_offsets);
+  return mlp_.forward(as_pre_norm(record).mlp, rows, group_offsets);
 }
 
 Tensor PreNormLayer::stage5_forward(LayerRecord& record, const Tensor& combined) const {

@@ -55,7 +55,6 @@ class PreNormLayer final : public DecoderLayer {
   std::unique_ptr<LayerRecord> new_record() const override;
   void set_recompute_activation(bool on) override;
   Dispatch stage1_forward(LayerRecord& record, const Tensor& hidden, const MicroBatch& batch) const override;
-  Tensor make_rows(LayerRecord& record) const override;
   Tensor stage3_forward(LayerRecord& record, const Tensor& rows, const Tensor& group_offsets) const override;
   Tensor stage5_forward(LayerRecord& record, const Tensor& combined) const override;
 
