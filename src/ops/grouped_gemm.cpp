@@ -135,7 +135,7 @@ void grouped_linear_forward_gathered(Stream& stream, Tensor y, const Tensor& x, 
   check_argument(stream, plan.row_choice, {rows}, DType::I32, op, "plan.row_choice");
   check_offsets(stream, plan.expert_offsets, groups, rows, op);
 #if MOETRAIN_HAS_CUDA
-  if (on_cuda(y) && !batch_invariant(stream) &&
+  if (on_cuda(y) && !batch_invariant(stream) && cuda::cutlass_gathered_rows_fit(x.numel()) &&
       cuda::cutlass_grouped_gemm_supported(dtype, rows, n_out, n_in, {&y, &x, &w})) {
     OpScope profile(stream, "grouped_gemm", op);
     cuda::grouped_linear_forward_gathered_cutlass(stream, y, x, plan.row_choice, plan.top_k, w, plan.expert_offsets);

@@ -407,6 +407,15 @@ TEST(CudaGroupedGemmCutlass, GroupResultsDoNotDependOnOtherGroups) {
 }
 
 // Shapes the CUTLASS path does not take (N or K not a multiple of 8, f32) still run, on the generic kernels.
+// The gathered forward's row sources are 32-bit offsets in 16-byte units: a token matrix of 2^35 elements or more takes
+// permute_forward and the forward instead (host arithmetic: no GPU, and no 64 GiB tensor, needed).
+TEST(CudaGroupedGemmCutlass, GatheredRowsFitBelow2To35TokenElements) {
+  EXPECT_TRUE(ops::cuda::cutlass_gathered_rows_fit(0));
+  EXPECT_TRUE(ops::cuda::cutlass_gathered_rows_fit(8192LL * 2048));  // the workload of record's tokens
+  EXPECT_TRUE(ops::cuda::cutlass_gathered_rows_fit((int64_t{1} << 35) - 1));
+  EXPECT_FALSE(ops::cuda::cutlass_gathered_rows_fit(int64_t{1} << 35));
+}
+
 TEST(CudaGroupedGemmCutlass, UnalignedShapesFallBackToTheGenericKernels) {
   MT_REQUIRE_GPU();
   const GroupCase c{"N = 12 (not a multiple of 8)", offsets_from_sizes({5, 0, 70}), 12, 32};

@@ -267,8 +267,10 @@ void run_gathered_forward(const Stream& stream, const Tensor& y, const Tensor& t
   check_int(n_out, op_name, "N");
   check_int(n_in, op_name, "K");
   check_int(top_k, op_name, "top_k");
-  MT_CHECK(tokens.numel() / 8 <= int64_t{UINT32_MAX}, "{}: expected tokens of at most 2^35 elements (the row sources "
-           "are 32-bit offsets in 16-byte units), found {}", op_name, tokens.numel());
+  MT_CHECK(cutlass_gathered_rows_fit(tokens.numel()),
+           "{}: expected tokens of fewer than 2^35 elements (the row sources are 32-bit offsets in 16-byte units), "
+           "found {}",
+           op_name, tokens.numel());
   const int g = static_cast<int>(groups), n = static_cast<int>(n_out), k = static_cast<int>(n_in);
   Plan<Config>& plan = get_plan<Config>(OpKind::kForwardGathered, stream, y.device(), g, n, k, false, op_name);
   GatheredRows gathered;

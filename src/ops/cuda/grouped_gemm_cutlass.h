@@ -68,9 +68,12 @@ void grouped_linear_backward_input_cutlass(const Stream& stream, const Tensor& d
 // The public op's schedule for both forms: cooperative. On ping-pong the accumulating form was 8-10% faster alone and
 // no faster in the step (seventeenth session); the overwriting form over a step's rows is timed by
 // CudaGroupedGemmBench.DISABLED_ExpertWeightGradientOverAStep (thirty-fifth session, not yet on a GPU).
+// Whether the gathered forward takes a token matrix of this many elements: its row sources are 32-bit offsets in
+// 16-byte units (fewer than 2^35 elements); a larger one runs permute_forward and the forward instead.
+inline bool cutlass_gathered_rows_fit(int64_t token_elements) { return token_elements / 8 <= int64_t{UINT32_MAX}; }
 // y [R, N] = tokens[row_choice[r] / top_k] w[g]^T per group: grouped_linear_forward_cutlass on the rows
-// permute_forward would write, gathered inside the GEMM's loads instead (the same bytes). tokens [T, K], row_choice
-// i32 [R]; the cooperative schedule on single CTAs.
+// permute_forward would write, gathered inside the GEMM's loads instead (the same bytes). tokens [T, K] (within
+// cutlass_gathered_rows_fit), row_choice i32 [R]; the cooperative schedule on single CTAs.
 void grouped_linear_forward_gathered_cutlass(const Stream& stream, const Tensor& y, const Tensor& tokens,
                                              const Tensor& row_choice, int64_t top_k, const Tensor& w,
                                              const Tensor& offsets);
