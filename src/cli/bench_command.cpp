@@ -75,6 +75,45 @@ std::optional<ops::cuda::GpuPowerReading> gpu_power_when_idle(Device device) {
   return ops::cuda::read_gpu_power();
 }
 
+// Prints the profiled steps' device time by op family and by op, and adds it to the results (`time_per_step_s`,
+// `time_per_op_s`, `profiled_step_s`): `seconds` is those steps' wall time, whatever the ops do not cover is "other".
+void print_time_by_op(const ops::OpTimes& op_times, double seconds, int64_t steps, nlohmann::json& result) {
+  const auto per_step = [steps](double s) { return s / static_cast<double>(steps); };
+  std::printf("bench: time by op over %lld profiled steps of %.3f s (their op timers included)\n",
+              static_cast<long long>(steps), per_step(seconds));
+  std::vector<std::pair<double, std::string>> families;
+  double device_seconds = 0.0;
+  for (const auto& [family, s] : op_times.by_family) {
+    families.emplace_back(s, family);
+    device_seconds += s;
+  }
+  std::sort(families.rbegin(), families.rend());
+  nlohmann::json time_json = nlohmann::json::object();
+  nlohmann::json op_json = nlohmann::json::object();
+  for (const auto& [s, family] : families) {
+    std::printf("bench: time %-14s %8.2f ms/step %5.1f%%\n", family.c_str(), 1e3 * per_step(s), 100.0 * s / seconds);
+    time_json[family] = per_step(s);
+    // The family's ops, the slowest first, where it has more than one.
+    std::vector<std::pair<double, std::string>> ops_of_family;
+    for (const auto& [op, op_seconds] : op_times.by_op.at(family)) {
+      ops_of_family.emplace_back(op_seconds, op);
+      op_json[family][op] = per_step(op_seconds);
+    }
+    std::sort(ops_of_family.rbegin(), ops_of_family.rend());
+    if (ops_of_family.size() < 2) continue;
+    for (const auto& [op_seconds, op] : ops_of_family) {
+      std::printf("bench:      %-37s %8.2f ms/step\n", op.c_str(), 1e3 * per_step(op_seconds));
+    }
+  }
+  const double other = per_step(std::max(0.0, seconds - device_seconds));
+  std::printf("bench: time %-14s %8.2f ms/step %5.1f%% (host work and gaps between ops)\n", "other", 1e3 * other,
+              100.0 * other / per_step(seconds));
+  time_json["other"] = other;
+  result["time_per_step_s"] = time_json;
+  result["time_per_op_s"] = op_json;
+  result["profiled_step_s"] = per_step(seconds);
+}
+
 }  // namespace
 
 std::optional<nlohmann::json> energy_of_timed_steps(const ops::cuda::GpuPowerReading& before,
@@ -92,12 +131,15 @@ std::optional<nlohmann::json> energy_of_timed_steps(const ops::cuda::GpuPowerRea
 int run_bench(const BenchOptions& options) {
   MT_CHECK(options.warmup >= 0 && options.steps >= 1,
            "bench: expected --warmup >= 0 and --steps >= 1 but found {} and {}", options.warmup, options.steps);
+  MT_CHECK(options.profile_steps >= -1, "bench: expected --profile-steps >= 0 (or -1: as many as --steps) but found {}",
+           options.profile_steps);
+  const int64_t profile_steps = options.profile_steps < 0 ? options.steps : options.profile_steps;
   std::vector<std::string> overrides = options.overrides;
   overrides.push_back("checkpoint.dir=");  // a benchmark neither resumes nor writes checkpoints
   // It times training steps only: no held-out evaluation, no TensorBoard events.
   overrides.push_back("eval.every=0");
   overrides.push_back("metrics.tensorboard=");
-  overrides.push_back(fmt::format("train.steps={}", options.warmup + options.steps));
+  overrides.push_back(fmt::format("train.steps={}", options.warmup + options.steps + profile_steps));
   io::JobConfig config = io::load_job_config(options.config, overrides);
   // torchrun & co.: one GPU per process; a job that cannot fit its device is refused before it allocates.
   dist::Mesh* mesh = train::setup_process_mesh(config, true);
@@ -108,16 +150,21 @@ int run_bench(const BenchOptions& options) {
   const int64_t startup_peak = memory_stats(kind).peak_bytes;
   reset_peak_memory(kind);
   if (options.warmup > 0) trainer.run(options.warmup);
-  ops::set_op_profiling(true);
-  ops::collect_op_times();  // drop anything recorded before the timed steps
+  // The timed steps run as training runs, without the op timers: their events between the ops stretch a step (a few
+  // thousand ops a step on a GPU), so the time by op comes from the profiled steps after them.
   const Device device = trainer.model().device();
   const std::optional<ops::cuda::GpuPowerReading> power_before = gpu_power_when_idle(device);
   const auto wall_before = std::chrono::steady_clock::now();
   const train::TrainSummary timed = trainer.run(options.steps);
   const std::optional<ops::cuda::GpuPowerReading> power_after = gpu_power_when_idle(device);
   const double wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_before).count();
+  ops::set_op_profiling(true);
+  ops::collect_op_times();  // drop anything recorded before the profiled steps
+  const train::TrainSummary profiled = profile_steps > 0 ? trainer.run(profile_steps) : train::TrainSummary{};
   ops::set_op_profiling(false);
   const ops::OpTimes op_times = ops::collect_op_times();
+  const double profiled_seconds =
+      std::accumulate(profiled.step_seconds.begin(), profiled.step_seconds.end(), 0.0);
 
   const double seconds = std::accumulate(timed.step_seconds.begin(), timed.step_seconds.end(), 0.0);
   const double tokens =
@@ -136,6 +183,7 @@ int run_bench(const BenchOptions& options) {
                            {"tokens_per_step", tokens / static_cast<double>(options.steps)},
                            {"timed_steps", options.steps},
                            {"step_s", seconds / static_cast<double>(options.steps)},
+                           {"profiled_steps", profile_steps},
                            {"tokens_per_s", tokens_per_s},
                            {"ranks", world},
                            {"tokens_per_s_per_gpu", tokens_per_s_per_gpu},
@@ -182,38 +230,9 @@ int run_bench(const BenchOptions& options) {
   }
   if (result.contains("energy_not_measured"))
     std::printf("bench: energy not measured: %s\n", result["energy_not_measured"].get<std::string>().c_str());
-  std::vector<std::pair<double, std::string>> families;
-  double device_seconds = 0.0;
-  for (const auto& [family, s] : op_times.by_family) {
-    families.emplace_back(s, family);
-    device_seconds += s;
+  if (profile_steps > 0) {
+    print_time_by_op(op_times, profiled_seconds, profile_steps, result);
   }
-  std::sort(families.rbegin(), families.rend());
-  nlohmann::json time_json = nlohmann::json::object();
-  nlohmann::json op_json = nlohmann::json::object();
-  for (const auto& [s, family] : families) {
-    const double per_step = s / static_cast<double>(options.steps);
-    std::printf("bench: time %-14s %8.2f ms/step %5.1f%%\n", family.c_str(), 1e3 * per_step, 100.0 * s / seconds);
-    time_json[family] = per_step;
-    // The family's ops, the slowest first, where it has more than one.
-    std::vector<std::pair<double, std::string>> ops_of_family;
-    for (const auto& [op, op_seconds] : op_times.by_op.at(family)) {
-      ops_of_family.emplace_back(op_seconds, op);
-      op_json[family][op] = op_seconds / static_cast<double>(options.steps);
-    }
-    std::sort(ops_of_family.rbegin(), ops_of_family.rend());
-    if (ops_of_family.size() < 2) continue;
-    for (const auto& [op_seconds, op] : ops_of_family) {
-      std::printf("bench:      %-37s %8.2f ms/step\n", op.c_str(),
-                  1e3 * op_seconds / static_cast<double>(options.steps));
-    }
-  }
-  const double other = std::max(0.0, seconds - device_seconds) / static_cast<double>(options.steps);
-  std::printf("bench: time %-14s %8.2f ms/step %5.1f%% (host work and gaps between ops)\n", "other", 1e3 * other,
-              100.0 * other * static_cast<double>(options.steps) / seconds);
-  time_json["other"] = other;
-  result["time_per_step_s"] = time_json;
-  result["time_per_op_s"] = op_json;
   if (!options.out.empty()) {
     std::ofstream out(options.out);
     MT_CHECK(out.good(), "bench: cannot write {}", options.out);
@@ -228,6 +247,9 @@ void add_bench_command(CLI::App& app, std::function<int()>& command) {
   bench->add_option("--config", options->config, "job TOML file")->required();
   bench->add_option("--warmup", options->warmup, "untimed steps first")->capture_default_str();
   bench->add_option("--steps", options->steps, "timed steps")->capture_default_str();
+  bench->add_option("--profile-steps", options->profile_steps,
+                    "steps after the timed ones that time each op (-1: as many as --steps; 0: none)")
+      ->capture_default_str();
   bench->add_option("--out", options->out, "write the results as JSON here");
   bench->allow_extras();
   bench->callback([bench, options, &command] {

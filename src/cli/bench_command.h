@@ -1,7 +1,8 @@
 // defines: `moetrain bench --config job.toml`: the training step of a job measured as the PyTorch
 // baseline measures it (docs/design.md section 7): warm-up steps, then timed steps; prints tokens/s,
 // model TFLOP/s, MFU, peak memory with a breakdown (weights, masters, optimizer state, gradients,
-// activations), and the device time by op family; writes the same as JSON with --out.
+// activations), and the device time by op family from profiled steps after the timed ones; writes the
+// same as JSON with --out.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +22,9 @@ struct BenchOptions {
   std::string config;
   int64_t warmup = 2;
   int64_t steps = 4;
+  // Steps after the timed ones, run with the op timers for the time by op (-1: as many as `steps`; 0: none). The
+  // timed steps never run them: their events between the ops stretch a step.
+  int64_t profile_steps = -1;
   std::string out;  // JSON results; empty: none
   std::vector<std::string> overrides;
 };

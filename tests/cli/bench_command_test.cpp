@@ -1,6 +1,6 @@
 // Tests for `moetrain bench`: a CPU run of the tiny example on synthetic tokens writes every figure
-// it prints (tokens/s, memory by role, time by op family and by op), the materialised head's loss in one pass pair,
-// and bad step counts fail before any work; the timed steps' energy only where the GPU's counter advanced, and on a GPU
+// it prints (tokens/s, memory by role, time by op family and by op from profiled steps, none without them), the
+// materialised head's loss in one pass pair, and bad step counts fail before any work; the timed steps' energy only where the GPU's counter advanced, and on a GPU
 // that energy.
 #include "cli/bench_command.h"
 
@@ -42,6 +42,9 @@ TEST(BenchCommand, WritesThroughputMemoryAndTimeByOpFamilyAndOp) {
   EXPECT_EQ(memory.at("compute_weights_GiB").get<double>(), 0.0);
   EXPECT_DOUBLE_EQ(memory.at("optimizer_state_GiB").get<double>(), 2.0 * memory.at("masters_GiB").get<double>());
   EXPECT_DOUBLE_EQ(memory.at("gradients_GiB").get<double>(), memory.at("masters_GiB").get<double>());
+  // The time by op comes from as many profiled steps after the timed ones, with their own wall time.
+  EXPECT_EQ(r.at("profiled_steps").get<int64_t>(), 2);
+  EXPECT_GT(r.at("profiled_step_s").get<double>(), 0.0);
   const nlohmann::json& time = r.at("time_per_step_s");
   for (const char* family : {"gemm", "attention", "grouped_gemm", "norm", "loss", "optimizer", "other"})
     EXPECT_TRUE(time.contains(family)) << "no time for " << family << " in " << time.dump();
@@ -61,6 +64,23 @@ TEST(BenchCommand, WritesThroughputMemoryAndTimeByOpFamilyAndOp) {
     EXPECT_TRUE(by_op.contains(family) && by_op.at(family).contains(op))
         << "no time for " << family << " / " << op << " in " << by_op.dump();
   }
+}
+
+// --profile-steps 0 runs the timed steps alone: throughput and memory, no time by op.
+TEST(BenchCommand, NoProfiledStepsGivesNoTimeByOp) {
+  const std::string out = testing::make_temp_dir("bench_command_unprofiled") + "/bench.json";
+  BenchOptions o = tiny_bench(out);
+  o.profile_steps = 0;
+  ASSERT_EQ(run_bench(o), 0);
+  std::ifstream in(out);
+  ASSERT_TRUE(in.good()) << out;
+  const nlohmann::json r = nlohmann::json::parse(in);
+  EXPECT_EQ(r.at("timed_steps").get<int64_t>(), 2);
+  EXPECT_EQ(r.at("profiled_steps").get<int64_t>(), 0);
+  EXPECT_GT(r.at("tokens_per_s").get<double>(), 0.0);
+  EXPECT_TRUE(r.contains("memory"));
+  EXPECT_FALSE(r.contains("time_per_step_s")) << r.dump();
+  EXPECT_FALSE(r.contains("time_per_op_s")) << r.dump();
 }
 
 TEST(BenchCommand, MaterialisedHeadMakesTheLossGradientInTheLossPass) {
@@ -127,6 +147,9 @@ TEST(BenchCommand, RejectsStepCountsBeforeAnyWork) {
   EXPECT_THROW(run_bench(o), Error);
   o.steps = 2;
   o.warmup = -1;
+  EXPECT_THROW(run_bench(o), Error);
+  o.warmup = 1;
+  o.profile_steps = -2;
   EXPECT_THROW(run_bench(o), Error);
 }
 
