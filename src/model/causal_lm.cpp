@@ -275,8 +275,12 @@ Tensor CausalLm::head_backward_input(EpilogRecord& r, double loss_scale) const {
     r.d_normed = Tensor::empty(r.normed.shape(), r.normed.dtype(), device_);
     ops::linear_backward_input(s, r.d_normed, r.logits, head_weight());
   }
+  // The final norm's input and weight gradients in one pass where the backend can (its output gradient is then not
+  // held for the weight pass).
   Tensor d_hidden = Tensor::empty(r.hidden.shape(), r.hidden.dtype(), device_);
-  ops::rmsnorm_backward_input(s, d_hidden, r.d_normed, r.hidden, final_norm_weight(), r.rstd, final_norm_);
+  ops::rmsnorm_backward(s, d_hidden, final_norm_grad(), r.d_normed, r.hidden, final_norm_weight(), r.rstd,
+                        final_norm_);
+  r.d_normed = Tensor();
   return d_hidden;
 }
 
@@ -284,7 +288,6 @@ void CausalLm::head_backward_weight(EpilogRecord& r) const {
   Stream& s = default_stream(device_);
   // A fused forward accumulated the head's weight gradient already; r.logits then holds nothing.
   if (!r.fused) ops::linear_backward_weight(s, head_grad(), r.logits, r.normed, head_writer_.next());
-  ops::rmsnorm_backward_weight(s, final_norm_grad(), r.d_normed, r.hidden, r.rstd);
   r = EpilogRecord{};
 }
 

@@ -28,7 +28,7 @@ struct EpilogRecord {
   Tensor logits, lse,
       losses;  // [T, V] (undefined after a fused forward; their gradient after backward_input), [T], [T]
   const MicroBatch* batch = nullptr;
-  Tensor d_normed;  // kept by backward_input for backward_weight; made by a fused forward with a loss scale
+  Tensor d_normed;  // the final norm's output gradient, until backward_input; made by a fused forward with a loss scale
   // Set by a fused head_forward with loss_scale > 0: d_normed exists and the head's weight gradient is accumulated.
   bool fused = false;
   // Set by a materialised head_forward with loss_scale > 0 whose logits the caller does not keep: `logits` holds

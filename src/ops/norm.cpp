@@ -190,6 +190,33 @@ void rmsnorm_backward_input_add(Stream& stream, Tensor dx, const Tensor& dy, con
   cpu::accumulate(dx, addend);
 }
 
+void rmsnorm_backward(Stream& stream, Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x, const Tensor& w,
+                      const Tensor& rstd, const RmsNormParams& params, const Tensor& addend) {
+  constexpr const char* op = "rmsnorm_backward";
+  OpScope profile(stream, "norm", op);
+  check_rmsnorm_backward_input(stream, dx, dy, x, w, rstd, params, op);
+  check_argument(dw, {w.numel()}, w.dtype(), stream, op, "dw");
+  if (addend.defined()) {
+    check_argument(addend, x.shape(), dx.dtype(), stream, op, "addend");
+    MT_CHECK(!share_memory(addend, dx),
+             "{}: expected the addend {} apart from dx {} (dx is written before it is added)", op, addend.describe(),
+             dx.describe());
+  }
+  MT_CHECK(!share_memory(dw, dx) && !share_memory(dw, dy),
+           "{}: expected dw {} apart from dx {} and dy {} (it is summed while they are read and written)", op,
+           dw.describe(), dx.describe(), dy.describe());
+#if MOETRAIN_HAS_CUDA
+  if (x.device().is_cuda()) {
+    cuda::rmsnorm_backward_input_weight(stream, dx, dw, dy, x, w, rstd, params, addend);
+    return;
+  }
+#endif
+  // The weight gradient first: dx may overwrite dy.
+  cpu::rmsnorm_backward_weight(dw, dy, x, rstd);
+  cpu::rmsnorm_backward_input(dx, dy, x, w, rstd, params);
+  if (addend.defined()) cpu::accumulate(dx, addend);
+}
+
 void rmsnorm_backward_weight(Stream& stream, Tensor dw, const Tensor& dy, const Tensor& x, const Tensor& rstd) {
   constexpr const char* op = "rmsnorm_backward_weight";
   OpScope profile(stream, "norm", op);

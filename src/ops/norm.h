@@ -36,6 +36,12 @@ void rmsnorm_backward_input_add(Stream& stream, Tensor dx, const Tensor& dy, con
                                 const Tensor& rstd, const RmsNormParams& params, const Tensor& addend);
 // dw += sum_n dy[n] * xhat[n] (rows summed in ascending order). Same for both variants.
 void rmsnorm_backward_weight(Stream& stream, Tensor dw, const Tensor& dy, const Tensor& x, const Tensor& rstd);
+// The norm's whole backward in one pass over the rows where the backend can: dx = rmsnorm_backward_input(dy), plus
+// the addend where one is given (as rmsnorm_backward_input_add), and dw += rmsnorm_backward_weight(dy). dx has the
+// bits of those ops on either backend; dw those of rmsnorm_backward_weight on the CPU, and on CUDA the same terms
+// summed in another order fixed by the shape of x. dx may alias dy (not the addend).
+void rmsnorm_backward(Stream& stream, Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x, const Tensor& w,
+                      const Tensor& rstd, const RmsNormParams& params, const Tensor& addend = Tensor());
 
 // The argument checks of rmsnorm_forward and rmsnorm_backward_input, under the name `op`: for the ops that fuse more
 // work into those kernels (ops/norm_rope.h).

@@ -1,13 +1,16 @@
 // Tests for the CUDA RMSNorm kernels (ops/cuda/norm.*) through the public ops: forward, input and weight gradients
 // against the CPU reference (plain and zero-centred; f32 and bf16 activations), dx aliasing dy, batch invariance,
-// determinism and argument checks; the fused residual add + RMSNorm against the two CUDA ops (bitwise) and the CPU,
+// determinism and argument checks; the whole backward in one op against the separate ops (dx bitwise, dw within its
+// summation bound); the fused residual add + RMSNorm against the two CUDA ops (bitwise) and the CPU,
 // in place, batch invariance, determinism and argument checks. Run on a GPU; skipped elsewhere.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -229,6 +232,78 @@ TEST(CudaRmsNorm, WeightGradientOfManyRowsIsWithinItsSummationBound) {
     Tensor again = on_gpu(dw0);
     ops::rmsnorm_backward_weight(gpu(), again, on_gpu(dy), on_gpu(x), on_gpu(rstd));
     EXPECT_TRUE(same_bytes(again, dw)) << "a second run";
+  }
+}
+
+// The whole backward in one op: dx with the bits of the CUDA input gradient op (with its addend, and over dy), dw
+// within the summation bound of its order against an f64 sum, and the same bits again on a second run. The shapes
+// take the one-pass kernel (16-byte spans, 129 to 2048 a row: whole and partial 256-column spans, a grid that strides
+// past 2048 blocks, bf16 gradients of an f32 residual stream) and the two-kernel path (narrow rows, rows past 2048,
+// odd widths). Each column's sum is a chain of a warp's rows, the block's 8 warps, at most 40 additions a level of
+// add_column_sums and one into dw, each adding at most u sum |terms| (u = 2^-24), the products one more each.
+TEST(CudaRmsNormBackward, MatchesTheSeparateOpsAndItsSummationBound) {
+  MT_REQUIRE_GPU();
+  struct Case {
+    int64_t rows, dim;
+    DType x_dtype, dy_dtype;
+    bool zero_centered, addend, in_place;
+  };
+  for (const Case& c : {Case{8192, 2048, DType::F32, DType::BF16, false, true, false},
+                        Case{300, 1536, DType::BF16, DType::BF16, true, true, false},
+                        Case{77, 2000, DType::F32, DType::F32, false, false, true},
+                        Case{70001, 256, DType::BF16, DType::BF16, false, false, false},
+                        Case{33, 136, DType::F32, DType::F32, true, true, false},
+                        Case{1000, 128, DType::BF16, DType::BF16, false, true, false},
+                        Case{40, 4096, DType::F32, DType::BF16, false, true, false},
+                        Case{50, 1537, DType::F32, DType::F32, false, false, false}}) {
+    SCOPED_TRACE(::testing::Message() << c.rows << " x " << c.dim << ", x " << dtype_name(c.x_dtype) << ", dy "
+                                      << dtype_name(c.dy_dtype) << (c.zero_centered ? ", zero-centred" : "")
+                                      << (c.addend ? ", addend" : "") << (c.in_place ? ", dx over dy" : ""));
+    Rng rng(47);
+    const ops::RmsNormParams params{1e-6f, c.zero_centered};
+    const Tensor x = on_gpu(random_tensor({c.rows, c.dim}, DType::F32, rng).to(c.x_dtype));
+    const Tensor dy = on_gpu(random_tensor({c.rows, c.dim}, DType::F32, rng).to(c.dy_dtype));
+    const Tensor w = on_gpu(random_tensor({c.dim}, DType::F32, rng));
+    const Tensor addend = c.addend ? on_gpu(random_tensor({c.rows, c.dim}, DType::F32, rng).to(c.x_dtype)) : Tensor();
+    const Tensor dw0 = random_tensor({c.dim}, DType::F32, rng);
+    Tensor y = Tensor::empty({c.rows, c.dim}, c.dy_dtype, Device::cuda(0));
+    Tensor rstd = Tensor::empty({c.rows}, DType::F32, Device::cuda(0));
+    ops::rmsnorm_forward(gpu(), y, rstd, x, w, params);
+
+    Tensor want_dx = Tensor::empty(x.shape(), c.x_dtype, Device::cuda(0));
+    if (c.addend) {
+      ops::rmsnorm_backward_input_add(gpu(), want_dx, dy, x, w, rstd, params, addend);
+    } else {
+      ops::rmsnorm_backward_input(gpu(), want_dx, dy, x, w, rstd, params);
+    }
+    const auto run = [&] {
+      Tensor dy_in = dy.clone(), dw = on_gpu(dw0);
+      Tensor dx = c.in_place ? dy_in : Tensor::empty(x.shape(), c.x_dtype, Device::cuda(0));
+      ops::rmsnorm_backward(gpu(), dx, dw, dy_in, x, w, rstd, params, addend);
+      return std::pair{dx, dw};
+    };
+    const auto [dx, dw] = run();
+    EXPECT_TRUE(same_bytes(dx, want_dx)) << "dx against rmsnorm_backward_input";
+
+    const Tensor got = host_f32(dw), x32 = host_f32(x), dy32 = host_f32(dy), r = host_f32(rstd);
+    const int64_t warps = std::min<int64_t>((c.rows + 31) / 32, 2048) * 8;
+    int levels = 1;
+    for (int64_t sums = warps / 8; sums > 256; sums = (sums + 255) / 256) ++levels;
+    const double chain = static_cast<double>((c.rows + warps - 1) / warps + 8 + 40 * levels + 3);
+    int64_t over = 0;
+    for (int64_t d = 0; d < c.dim; ++d) {
+      double sum = dw0.data<float>()[d], magnitude = std::fabs(sum);
+      for (int64_t n = 0; n < c.rows; ++n) {
+        const double term = static_cast<double>(dy32.data<float>()[n * c.dim + d]) *
+                            (static_cast<double>(x32.data<float>()[n * c.dim + d]) * r.data<float>()[n]);
+        sum += term;
+        magnitude += std::fabs(term);
+      }
+      if (std::fabs(got.data<float>()[d] - sum) > chain * std::ldexp(1.0, -24) * magnitude) ++over;
+    }
+    EXPECT_EQ(over, 0) << "columns of dw over their summation bound";
+    const auto [dx_again, dw_again] = run();
+    EXPECT_TRUE(same_bytes(dw_again, dw)) << "a second run";
   }
 }
 

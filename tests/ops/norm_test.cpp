@@ -1,6 +1,7 @@
 // Tests for ops/norm: RMSNorm forward against a direct computation, input and weight gradients against finite
-// differences (plain and zero-centred), accumulation into dw, batch invariance and argument checks; the fused
-// residual add + RMSNorm against add_forward then rmsnorm_forward (bitwise), in place, and its argument checks.
+// differences (plain and zero-centred), accumulation into dw, batch invariance and argument checks; the whole backward
+// in one op against the input and weight gradient ops (bitwise) and its argument checks; the fused residual add +
+// RMSNorm against add_forward then rmsnorm_forward (bitwise), in place, and its argument checks.
 #include "ops/norm.h"
 
 #include <cmath>
@@ -223,6 +224,62 @@ TEST(RmsNorm, RejectsBadArguments) {
         rmsnorm_backward_weight(s, Tensor::zeros({8}, DType::F64), Tensor::zeros({4, 8}, DType::F32), x, rstd);
       },
       "rmsnorm_backward_weight: dw: expected dtype f32 but found f64");
+}
+
+// The whole backward in one op: on the CPU the bits of the input gradient (with its addend) and the weight gradient
+// ops, dx over dy included (the weight gradient still reads the original dy).
+TEST(RmsNormBackward, MatchesTheInputAndWeightOpsBitwise) {
+  Rng rng(12);
+  for (const bool zero_centered : {false, true}) {
+    for (const bool with_addend : {false, true}) {
+      for (const bool in_place : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << "zero_centered " << zero_centered << ", addend " << with_addend
+                                          << ", dx over dy " << in_place);
+        const RmsNormParams params{1e-5f, zero_centered};
+        const Tensor x = random_tensor({7, 24}, DType::F32, rng);
+        const Tensor w = random_tensor({24}, DType::F32, rng);
+        const Tensor dy = random_tensor({7, 24}, DType::F32, rng);
+        const Tensor addend = with_addend ? random_tensor({7, 24}, DType::F32, rng) : Tensor();
+        const Tensor dw0 = random_tensor({24}, DType::F32, rng);
+        Tensor y = Tensor::empty({7, 24}, DType::F32), rstd = Tensor::empty({7}, DType::F32);
+        rmsnorm_forward(Stream::cpu(), y, rstd, x, w, params);
+
+        Tensor want_dx = Tensor::empty({7, 24}, DType::F32), want_dw = dw0.clone();
+        if (with_addend) {
+          rmsnorm_backward_input_add(Stream::cpu(), want_dx, dy, x, w, rstd, params, addend);
+        } else {
+          rmsnorm_backward_input(Stream::cpu(), want_dx, dy, x, w, rstd, params);
+        }
+        rmsnorm_backward_weight(Stream::cpu(), want_dw, dy, x, rstd);
+
+        Tensor dy_in = dy.clone(), dw = dw0.clone();
+        Tensor dx = in_place ? dy_in : Tensor::empty({7, 24}, DType::F32);
+        rmsnorm_backward(Stream::cpu(), dx, dw, dy_in, x, w, rstd, params, addend);
+        EXPECT_TRUE(bitwise_equal(dx, want_dx));
+        EXPECT_TRUE(bitwise_equal(dw, want_dw));
+      }
+    }
+  }
+}
+
+TEST(RmsNormBackward, RejectsBadArguments) {
+  const Tensor x = Tensor::zeros({4, 8}, DType::F32), w = Tensor::zeros({8}, DType::F32);
+  const Tensor dy = Tensor::zeros({4, 8}, DType::F32), rstd = Tensor::zeros({4}, DType::F32);
+  Tensor dx = Tensor::zeros({4, 8}, DType::F32), dw = Tensor::zeros({8}, DType::F32);
+  Stream& s = Stream::cpu();
+  expect_error([&] { rmsnorm_backward(s, dx, Tensor::zeros({4}, DType::F32), dy, x, w, rstd, {}); },
+               "rmsnorm_backward: dw: expected shape [8] but found [4]");
+  expect_error([&] { rmsnorm_backward(s, dx, Tensor::zeros({8}, DType::F64), dy, x, w, rstd, {}); },
+               "rmsnorm_backward: dw: expected dtype f32 but found f64");
+  expect_error([&] { rmsnorm_backward(s, dx, dw, dy, x, w, rstd, {}, Tensor::zeros({4, 9}, DType::F32)); },
+               "rmsnorm_backward: addend: expected shape [4, 8] but found [4, 9]");
+  expect_error([&] { rmsnorm_backward(s, dx, dw, dy, x, w, rstd, {}, dx); }, "expected the addend");
+  expect_error([&] { rmsnorm_backward(s, dx, dx.view({32}).slice(0, 8), dy, x, w, rstd, {}); },
+               "expected dw");
+  expect_error([&] { rmsnorm_backward(s, dx, dw, Tensor::zeros({8, 4}, DType::F32), x, w, rstd, {}); },
+               "rmsnorm_backward: dy: expected shape [4, 8] but found [8, 4]");
+  expect_error([&] { rmsnorm_backward(s, dx, dw, dy, x, w, Tensor::zeros({5}, DType::F32), {}); },
+               "expected rstd with N = 4 elements");
 }
 
 // The fused op's outputs next to those of add_forward then rmsnorm_forward.

@@ -26,8 +26,6 @@ struct PreNormRecord final : LayerRecord {
   // Kept from stage 5's backward for stage 1's: the gradient of the residual and of the selected weights, and the
   // shared expert's input gradient.
   Tensor d_residual, d_topk_weight, d_shared_in;
-  // Kept by stage 1's backward_input for its backward_weight.
-  Tensor d_normed_input, d_normed_post;
 };
 
 PreNormRecord& as_pre_norm(LayerRecord& record) {
@@ -221,35 +219,33 @@ Tensor PreNormLayer::stage1_backward_input(LayerRecord& record, const Tensor& d_
   const Device dev = d_dispatched.device();
   // Gradient reaching the post-mixer norm's output. Its three parts (experts, router, shared expert) are summed in
   // the stream's dtype: under an f32 stream the sum is f32, as autocast sums the gradients of one f32 tensor.
+  Tensor d_normed_post = d_dispatched;
   if (router_) {
-    r.d_normed_post = Tensor::empty(r.normed_post.shape(), stream_dt, dev);
+    d_normed_post = Tensor::empty(r.normed_post.shape(), stream_dt, dev);
     const Tensor d_router_in = router_->backward_input(r.router, r.routing, r.d_topk_weight, r.d_probs, r.d_logits);
-    ops::permute_backward_add(s, r.d_normed_post, d_dispatched, r.routing.plan, d_router_in);
-    if (shared_expert_) ops::accumulate(s, r.d_normed_post, r.d_shared_in);
-  } else {
-    r.d_normed_post = d_dispatched;
+    ops::permute_backward_add(s, d_normed_post, d_dispatched, r.routing.plan, d_router_in);
+    if (shared_expert_) ops::accumulate(s, d_normed_post, r.d_shared_in);
   }
-  // Each norm's input gradient takes the residual path's gradient in its own pass.
+  // Each norm's input gradient takes the residual path's gradient, and its weight gradient its terms, in one pass
+  // over the rows where the backend can (the norm's weight gradient is made here, not in backward_weight, so the
+  // norm's output gradient is not held until then).
   Tensor d_residual = Tensor::empty(r.residual.shape(), stream_dt, dev);
-  ops::rmsnorm_backward_input_add(s, d_residual, r.d_normed_post, r.residual, w_post_norm_, r.rstd_post, options_.norm,
-                                  r.d_residual);
+  ops::rmsnorm_backward(s, d_residual, g_post_norm_, d_normed_post, r.residual, w_post_norm_, r.rstd_post,
+                        options_.norm, r.d_residual);
 
-  r.d_normed_input = mixer_->backward_input(*r.mixer, ops::in_dtype(s, d_residual, compute_dtype_));
+  const Tensor d_normed_input = mixer_->backward_input(*r.mixer, ops::in_dtype(s, d_residual, compute_dtype_));
   Tensor d_hidden = Tensor::empty(r.hidden.shape(), stream_dt, dev);
-  ops::rmsnorm_backward_input_add(s, d_hidden, r.d_normed_input, r.hidden, w_input_norm_, r.rstd_input, options_.norm,
-                                  d_residual);
+  ops::rmsnorm_backward(s, d_hidden, g_input_norm_, d_normed_input, r.hidden, w_input_norm_, r.rstd_input,
+                        options_.norm, d_residual);
   r.d_residual = r.d_topk_weight = r.d_shared_in = Tensor();
   return d_hidden;
 }
 
 void PreNormLayer::stage1_backward_weight(LayerRecord& record) const {
   PreNormRecord& r = as_pre_norm(record);
-  Stream& s = default_stream(r.hidden.device());
   mixer_->backward_weight(*r.mixer);
   if (router_) router_->backward_weight(r.router);
   if (shared_expert_) shared_expert_->backward_weight(r.shared);
-  ops::rmsnorm_backward_weight(s, g_post_norm_, r.d_normed_post, r.residual, r.rstd_post);
-  ops::rmsnorm_backward_weight(s, g_input_norm_, r.d_normed_input, r.hidden, r.rstd_input);
   // Free the stage-1 activations now (the record itself lives until the executor drops it).
   std::unique_ptr<MixerRecord> mixer = std::move(r.mixer);
   r = PreNormRecord{};

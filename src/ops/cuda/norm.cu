@@ -181,6 +181,93 @@ __global__ void backward_input_kernel(TDX* dx, const TDY* dy, const TX* x, const
   }
 }
 
+// The input gradient of backward_input_rows and the weight gradient's terms in one pass over the rows (a warp a row,
+// in 16-byte spans of 8): pass 1 sums the row as backward_input_rows does; pass 2 reads dy and x again (from cache),
+// forms each element's dx as backward_input_rows does and its weight term dy * (x * rstd) as add_terms does, and adds
+// the term to the lane's sum of its column. After its rows each block adds its warps' sums in warp order into
+// partial[block] [D], which add_column_sums takes into dw. A warp's rows are those for_each_row gives it over a grid
+// fixed by the row count (weight_row_blocks), taken in ascending order, so each column's order of additions follows
+// from the row count alone. A lane holds kMaxWeightSpans spans of sums: rows of up to 2048 elements.
+constexpr int kMaxWeightSpans = 8;
+constexpr int64_t kMaxWeightDim = int64_t{32} * 8 * kMaxWeightSpans;
+constexpr int64_t kRowsPerWarpWithWeight = 4;
+constexpr int64_t kMaxWeightBlocks = 2048;  // a larger row count strides: partial stays at most [2048, D]
+static_assert(kRowThreads == 32 * 8, "a block's threads add one column each of a 256-column span of the warps' sums");
+
+template <typename TDX, typename TDY, typename TX>
+__global__ void __launch_bounds__(kRowThreads)
+    backward_input_weight_kernel(TDX* dx, float* partial, const TDY* dy, const TX* x, const float* w,
+                                 const float* rstd, const TDX* addend, int64_t rows, int64_t dim, bool zero_centered) {
+  constexpr int K = 8;
+  constexpr int kSpanStride = 32 * K;
+  __shared__ float warp_sums[kWarpsPerBlock][kSpanStride];
+  float sums[kMaxWeightSpans][K] = {};
+  for_each_row<32>(rows, [&](const RowLanes<32> at) {
+    const int64_t n = at.row;
+    const TX* xr = x + n * dim;
+    const TDY* dyr = dy + n * dim;
+    TDX* dxr = dx + n * dim;
+    const float r = rstd[n];
+    float sum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kMaxWeightSpans; ++j) {
+      const int64_t d = at.lane * K + j * kSpanStride;
+      if (d >= dim) continue;
+      float g[K], xhat[K];
+      load_gradient_span<K>(dyr, xr, w, d, r, zero_centered, g, xhat);
+#pragma unroll
+      for (int i = 0; i < K; ++i) sum = __fadd_rn(sum, __fmul_rn(g[i], xhat[i]));
+    }
+    const float mean = __fdiv_rn(row_sum<32>(sum), static_cast<float>(dim));
+#pragma unroll
+    for (int j = 0; j < kMaxWeightSpans; ++j) {
+      const int64_t d = at.lane * K + j * kSpanStride;
+      if (d >= dim) continue;
+      float g[K], xv[K], scale[K];
+      load_span<K>(dyr + d, g);
+      load_span<K>(xr + d, xv);
+      load_scale<K>(w + d, zero_centered, scale);
+#pragma unroll
+      for (int i = 0; i < K; ++i) {
+        const float xhat = __fmul_rn(xv[i], r);
+        sums[j][i] = __fadd_rn(sums[j][i], __fmul_rn(g[i], xhat));
+        g[i] = __fmul_rn(r, __fsub_rn(__fmul_rn(scale[i], g[i]), __fmul_rn(xhat, mean)));
+      }
+      if (addend != nullptr) {
+        float a[K];
+        load_span<K>(addend + n * dim + d, a);
+#pragma unroll
+        for (int i = 0; i < K; ++i) g[i] = __fadd_rn(stored_value(g[i], dxr), a[i]);
+      }
+      store_span<K>(dxr + d, g);
+    }
+  });
+  const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
+#pragma unroll
+  for (int j = 0; j < kMaxWeightSpans; ++j) {
+    const int64_t first = int64_t{j} * kSpanStride;  // this span's columns: [first, first + 256)
+    if (first >= dim) break;
+#pragma unroll
+    for (int i = 0; i < K; ++i) warp_sums[warp][lane * K + i] = sums[j][i];
+    __syncthreads();
+    const int64_t column = first + threadIdx.x;
+    if (column < dim) {
+      float total = warp_sums[0][threadIdx.x];
+      for (int other = 1; other < kWarpsPerBlock; ++other) total = __fadd_rn(total, warp_sums[other][threadIdx.x]);
+      partial[static_cast<int64_t>(blockIdx.x) * dim + column] = total;
+    }
+    __syncthreads();  // every thread has read the sums before the next span's are written
+  }
+}
+
+// The fused kernel's grid: kRowsPerWarpWithWeight rows a warp, at most kMaxWeightBlocks blocks: a function of the row
+// count alone.
+int64_t weight_row_blocks(int64_t rows) {
+  const int64_t rows_per_block = kWarpsPerBlock * kRowsPerWarpWithWeight;
+  const int64_t blocks = (rows + rows_per_block - 1) / rows_per_block;
+  return blocks < kMaxWeightBlocks ? blocks : kMaxWeightBlocks;
+}
+
 // The weight gradient's column sums, a block at a time: a block takes kColumnSpans spans of K columns and a row block
 // (kRowsPerTermBlock rows of terms at the first level, kRowsPerSumBlock rows of partial sums at the later ones); row
 // lane l of the block sums rows l, l + kRowLanes, ... in ascending order, then lane 0 adds the lanes' sums in lane
@@ -350,6 +437,33 @@ void rmsnorm_backward_weight(const Stream& stream, const Tensor& dw, const Tenso
     rows = row_blocks;
   });
   if (rows > 1) add_column_sums(stream, dw, partial);
+}
+
+void rmsnorm_backward_input_weight(const Stream& stream, const Tensor& dx, const Tensor& dw, const Tensor& dy,
+                                   const Tensor& x, const Tensor& w, const Tensor& rstd, const RmsNormParams& params,
+                                   const Tensor& addend) {
+  const int64_t dim = w.numel();
+  const int64_t rows = x.numel() / dim;
+  if (rows == 0) return;  // dw += an empty sum
+  const void* addend_base = addend.defined() ? addend.raw_data() : dx.raw_data();
+  const bool packed = spans_of_8(dim, {dx.raw_data(), dy.raw_data(), x.raw_data(), w.raw_data(), addend_base});
+  if (!packed || row_lanes(dim, packed) != 32 || dim > kMaxWeightDim) {
+    // Rows the one pass does not take: the weight gradient first, since dx may overwrite dy.
+    rmsnorm_backward_weight(stream, dw, dy, x, rstd);
+    rmsnorm_backward_input(stream, dx, dy, x, w, rstd, params, addend);
+    return;
+  }
+  const int64_t blocks = weight_row_blocks(rows);
+  const Tensor partial = Tensor::empty({blocks, dim}, DType::F32, dw.device());
+  dispatch_activations(dy, x, "rmsnorm_backward_input_weight", [&]<typename TDY, typename TX>(TDY*, TX*) {
+    backward_input_weight_kernel<<<static_cast<unsigned>(blocks), kRowThreads, 0, native(stream)>>>(
+        static_cast<TX*>(dx.raw_data()), static_cast<float*>(partial.raw_data()),
+        static_cast<const TDY*>(dy.raw_data()), static_cast<const TX*>(x.raw_data()),
+        static_cast<const float*>(w.raw_data()), static_cast<const float*>(rstd.raw_data()),
+        addend.defined() ? static_cast<const TX*>(addend.raw_data()) : nullptr, rows, dim, params.zero_centered);
+  });
+  MT_CUDA_CHECK(cudaGetLastError());
+  add_column_sums(stream, dw, partial);
 }
 
 void add_column_sums(const Stream& stream, const Tensor& dw, const Tensor& partial) {

@@ -28,6 +28,14 @@ void rmsnorm_backward_input(const Stream& stream, const Tensor& dx, const Tensor
 void rmsnorm_backward_weight(const Stream& stream, const Tensor& dw, const Tensor& dy, const Tensor& x,
                              const Tensor& rstd);
 
+// rmsnorm_backward_input (with its addend) and rmsnorm_backward_weight in one pass over the rows where they allow it
+// (16-byte spans, 129 to 2048 elements a row): dx has the bits of rmsnorm_backward_input; dw the same terms summed per
+// column over each warp's rows, a block's warps and then the blocks (add_column_sums), an order fixed by the row
+// count. Otherwise the two kernels, the weight gradient first (dx may alias dy).
+void rmsnorm_backward_input_weight(const Stream& stream, const Tensor& dx, const Tensor& dw, const Tensor& dy,
+                                   const Tensor& x, const Tensor& w, const Tensor& rstd, const RmsNormParams& params,
+                                   const Tensor& addend = Tensor());
+
 // dw [D] += the column sums of partial [R, D] f32 (R > 0: terms already formed, e.g. one row of sums per block of a
 // kernel that made them), by the weight gradient's levels of row blocks: each column's order follows from R alone.
 void add_column_sums(const Stream& stream, const Tensor& dw, const Tensor& partial);
