@@ -134,6 +134,18 @@ __device__ __forceinline__ void load_gradient_span(const TDY* dyr, const TX* xr,
   }
 }
 
+// Stores a span of dx at d: g rounded to TDX, plus the addend row's elements (null: none) rounded again.
+template <int K, typename TDX>
+__device__ __forceinline__ void store_input_gradient(TDX* dxr, const TDX* addend_row, int64_t d, float (&g)[K]) {
+  if (addend_row != nullptr) {
+    float a[K];
+    load_span<K>(addend_row + d, a);
+#pragma unroll
+    for (int i = 0; i < K; ++i) g[i] = __fadd_rn(stored_value(g[i], dxr), a[i]);
+  }
+  store_span<K>(dxr + d, g);
+}
+
 // Every lane reads all of its dy elements for the sum before the butterfly, which no lane leaves before all have
 // entered it; then each lane rewrites only its own elements: dx may alias dy. With an addend (the residual's gradient;
 // null for none) each element of dx is rounded to TDX, then the addend's element added and rounded again: the bits
@@ -160,13 +172,7 @@ __device__ void backward_input_rows(TDX* dx, const TDY* dy, const TX* x, const f
       load_gradient_span<K>(dyr, xr, w, d, r, zero_centered, g, xhat);
 #pragma unroll
       for (int i = 0; i < K; ++i) g[i] = __fmul_rn(r, __fsub_rn(g[i], __fmul_rn(xhat[i], mean)));
-      if (addend != nullptr) {
-        float a[K];
-        load_span<K>(addend + n * dim + d, a);
-#pragma unroll
-        for (int i = 0; i < K; ++i) g[i] = __fadd_rn(stored_value(g[i], dxr), a[i]);
-      }
-      store_span<K>(dxr + d, g);
+      store_input_gradient<K>(dxr, addend == nullptr ? nullptr : addend + n * dim, d, g);
     }
   });
 }
@@ -233,13 +239,7 @@ __global__ void __launch_bounds__(kRowThreads)
         sums[j][i] = __fadd_rn(sums[j][i], __fmul_rn(g[i], xhat));
         g[i] = __fmul_rn(r, __fsub_rn(__fmul_rn(scale[i], g[i]), __fmul_rn(xhat, mean)));
       }
-      if (addend != nullptr) {
-        float a[K];
-        load_span<K>(addend + n * dim + d, a);
-#pragma unroll
-        for (int i = 0; i < K; ++i) g[i] = __fadd_rn(stored_value(g[i], dxr), a[i]);
-      }
-      store_span<K>(dxr + d, g);
+      store_input_gradient<K>(dxr, addend == nullptr ? nullptr : addend + n * dim, d, g);
     }
   });
   const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
