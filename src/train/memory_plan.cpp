@@ -293,16 +293,17 @@ class StageSim {
     if (s.moe) {
       l.alloc(b.stream);  // d_normed_post, summed in the stream's dtype
       l.alloc(b.route_e);
-      rec += b.stream + b.route_e;
+      rec += b.route_e;
       if (z_.c == 2) {  // the router's d_logits rounded to the compute dtype
         l.alloc(z_.T * z_.E * 2), l.free(b.route_e);
         rec += z_.T * z_.E * 2 - b.route_e;
       }
       l.alloc(b.hid);  // the router's input gradient (temporary)
-    } else {
-      rec += b.hid;  // d_normed_post is the MLP's dx
     }
-    l.alloc(b.stream);         // d_residual
+    l.alloc(b.stream);  // d_residual
+    // The post-mixer norm's backward (input and weight gradients) has read d_normed_post: a MoE layer's goes, a dense
+    // layer's is the MLP's dx, which the caller holds until the layer returns.
+    if (s.moe) l.free(b.stream);
     if (cast) l.alloc(b.hid);  // its compute-dtype copy, kept as the attention's d_out
     l.alloc(b.q);              // d_attn
     rec += b.hid + b.q;
@@ -311,14 +312,16 @@ class StageSim {
     rec += b.q + 2 * b.kv;
     if (s.qk_norm) l.alloc(b.q), l.alloc(b.kv), rec += b.q + b.kv;  // d_q, d_k
     if (s.output_gate) l.alloc(2 * b.q), rec += 2 * b.q;            // d_q_proj
-    l.alloc(b.hid), l.alloc(b.hid), l.free(b.hid);                  // dx (d_normed_input, kept), partial
-    rec += b.hid;
+    l.alloc(b.hid), l.alloc(b.hid), l.free(b.hid);                  // dx (d_normed_input), partial
     if (s.output_gate) l.free(2 * b.q);  // d_gated, d_gate
     l.alloc(b.stream);                   // d_hidden: the new incoming gradient
+    l.free(b.hid);                       // d_normed_input, read by the input norm's backward
     if (cast) l.free(b.stream);          // d_residual (the attention kept its copy)
     if (s.moe) {
       l.free(b.route_k_stat), l.free(b.hid), l.free(b.rows);  // d_topk_weight, the router's dx, d_dispatched
       rec -= b.route_k_stat;
+    } else {
+      l.free(b.rows);  // d_dispatched (the MLP's dx)
     }
     // The old incoming gradient: dropped, unless the dense MLP's record still holds it as d_y (no weight pass yet;
     // under an f32 stream the MLP holds a compute-dtype copy and the stream's gradient goes).
@@ -360,11 +363,9 @@ class StageSim {
   int64_t head_backward(Ledger& l, int64_t rec, bool with_weight) {
     const int64_t hid = z_.T * z_.H * z_.c;
     const int64_t stream = z_.T * z_.H * z_.s;
-    if (!fused()) {
-      l.alloc(hid);  // d_normed (the logits' gradient overwrites the logits in their buffer)
-      rec += hid;
-    }
-    l.alloc(stream);  // d_hidden
+    if (!fused()) l.alloc(hid), rec += hid;  // d_normed (the logits' gradient overwrites the logits in their buffer)
+    l.alloc(stream);                          // d_hidden
+    l.free(hid), rec -= hid;                  // d_normed, read by the final norm's backward
     if (with_weight) {
       l.free(rec);
       return 0;

@@ -232,6 +232,7 @@ Tensor PreNormLayer::stage1_backward_input(LayerRecord& record, const Tensor& d_
   Tensor d_residual = Tensor::empty(r.residual.shape(), stream_dt, dev);
   ops::rmsnorm_backward(s, d_residual, g_post_norm_, d_normed_post, r.residual, w_post_norm_, r.rstd_post,
                         options_.norm, r.d_residual);
+  d_normed_post = Tensor();  // not held through the mixer's backward
 
   const Tensor d_normed_input = mixer_->backward_input(*r.mixer, ops::in_dtype(s, d_residual, compute_dtype_));
   Tensor d_hidden = Tensor::empty(r.hidden.shape(), stream_dt, dev);
