@@ -22,6 +22,10 @@
 #include "testing/gpu.h"
 #include "testing/test_data.h"
 
+#if MOETRAIN_HAS_CUDA
+#include "ops/cuda/norm.h"
+#endif
+
 namespace moetrain {
 namespace {
 
@@ -228,6 +232,23 @@ double one_pass_chain(int64_t rows) {
   return static_cast<double>((rows + warps - 1) / warps + 8 + 40 * levels + 3);
 }
 
+// Whether the CUDA backward takes rows of `dim` elements in one pass (aligned tensors); the CUDA tests alone ask.
+bool takes_one_pass([[maybe_unused]] int64_t dim) {
+#if MOETRAIN_HAS_CUDA
+  return ops::cuda::rmsnorm_backward_in_one_pass(dim);
+#else
+  return false;
+#endif
+}
+
+#if MOETRAIN_HAS_CUDA
+// The one pass's row widths (host code: no GPU needed): whole spans of 8 elements, 129 to 2048 a row.
+TEST(CudaRmsNormBackward, OnePassTakesWholeSpansOf129To2048Elements) {
+  for (const int64_t dim : {136, 1536, 2000, 2048}) EXPECT_TRUE(takes_one_pass(dim)) << dim;
+  for (const int64_t dim : {8, 64, 128, 130, 1537, 2056, 4096}) EXPECT_FALSE(takes_one_pass(dim)) << dim;
+}
+#endif
+
 TEST(CudaRmsNorm, WeightGradientOfManyRowsIsWithinItsSummationBound) {
   MT_REQUIRE_GPU();
   // dw over one to four levels of block sums (blocks of 64 rows of terms, then of 256 rows of sums; past 65,535
@@ -308,9 +329,8 @@ TEST(CudaRmsNormBackward, MatchesTheSeparateOpsAndItsSummationBound) {
     const auto [dx, dw] = run();
     EXPECT_TRUE(same_bytes(dx, want_dx)) << "dx against rmsnorm_backward_input";
 
-    // The one pass takes rows of 129 to 2048 elements in 16-byte spans (the tensors here are aligned).
-    const bool one_pass = c.dim % 8 == 0 && c.dim > 128 && c.dim <= 2048;
-    const double chain = one_pass ? one_pass_chain(c.rows) : weight_kernel_chain(c.rows);
+    // The tensors here are 16-byte aligned, so the row width alone says which path ran.
+    const double chain = takes_one_pass(c.dim) ? one_pass_chain(c.rows) : weight_kernel_chain(c.rows);
     EXPECT_EQ(columns_over_summation_bound(dw, dw0, dy, x, rstd, chain), 0) << "columns of dw over their summation bound";
     const auto [dx_again, dw_again] = run();
     EXPECT_TRUE(same_bytes(dw_again, dw)) << "a second run";

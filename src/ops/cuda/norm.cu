@@ -439,6 +439,10 @@ void rmsnorm_backward_weight(const Stream& stream, const Tensor& dw, const Tenso
   if (rows > 1) add_column_sums(stream, dw, partial);
 }
 
+bool rmsnorm_backward_in_one_pass(int64_t dim) {
+  return dim % 8 == 0 && row_lanes(dim, /*packed=*/true) == 32 && dim <= kMaxWeightDim;
+}
+
 void rmsnorm_backward_input_weight(const Stream& stream, const Tensor& dx, const Tensor& dw, const Tensor& dy,
                                    const Tensor& x, const Tensor& w, const Tensor& rstd, const RmsNormParams& params,
                                    const Tensor& addend) {
@@ -447,7 +451,7 @@ void rmsnorm_backward_input_weight(const Stream& stream, const Tensor& dx, const
   if (rows == 0) return;  // dw += an empty sum
   const void* addend_base = addend.defined() ? addend.raw_data() : dx.raw_data();
   const bool packed = spans_of_8(dim, {dx.raw_data(), dy.raw_data(), x.raw_data(), w.raw_data(), addend_base});
-  if (!packed || row_lanes(dim, packed) != 32 || dim > kMaxWeightDim) {
+  if (!packed || !rmsnorm_backward_in_one_pass(dim)) {
     // Rows the one pass does not take: the weight gradient first, since dx may overwrite dy.
     rmsnorm_backward_weight(stream, dw, dy, x, rstd);
     rmsnorm_backward_input(stream, dx, dy, x, w, rstd, params, addend);

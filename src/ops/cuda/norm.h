@@ -29,12 +29,16 @@ void rmsnorm_backward_weight(const Stream& stream, const Tensor& dw, const Tenso
                              const Tensor& rstd);
 
 // rmsnorm_backward_input (with its addend) and rmsnorm_backward_weight in one pass over the rows where they allow it
-// (16-byte spans, 129 to 2048 elements a row): dx has the bits of rmsnorm_backward_input; dw the same terms summed per
-// column over each warp's rows, a block's warps and then the blocks (add_column_sums), an order fixed by the row
-// count. Otherwise the two kernels, the weight gradient first (dx may alias dy).
+// (rows of rmsnorm_backward_in_one_pass's width, every tensor 16-byte aligned): dx has the bits of
+// rmsnorm_backward_input; dw the same terms summed per column over each warp's rows, a block's warps and then the
+// blocks (add_column_sums), an order fixed by the row count. Otherwise the two kernels, the weight gradient first (dx
+// may alias dy).
 void rmsnorm_backward_input_weight(const Stream& stream, const Tensor& dx, const Tensor& dw, const Tensor& dy,
                                    const Tensor& x, const Tensor& w, const Tensor& rstd, const RmsNormParams& params,
                                    const Tensor& addend = Tensor());
+// Whether rmsnorm_backward_input_weight takes rows of `dim` elements in its one pass (given 16-byte aligned tensors):
+// whole spans of 8 elements, 129 to 2048 elements a row.
+bool rmsnorm_backward_in_one_pass(int64_t dim);
 
 // dw [D] += the column sums of partial [R, D] f32 (R > 0: terms already formed, e.g. one row of sums per block of a
 // kernel that made them), by the weight gradient's levels of row blocks: each column's order follows from R alone.
