@@ -18,7 +18,7 @@ namespace {
 
 BenchOptions tiny_bench(const std::string& out) {
   BenchOptions o;
-  o.config = std::string(MOETRAIN_TEST_DATA_DIR) + "/../../examples/tiny_moe/job.toml";
+  o.config = testing::repo_path("examples/tiny_moe/job.toml");
   o.warmup = 1;
   o.steps = 2;
   o.out = out;

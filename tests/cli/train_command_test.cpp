@@ -164,7 +164,7 @@ TEST(TrainCommand, TrainsTheTinyExampleAsShippedInExactMode) {
   prepare.insert(prepare.end(), {"--output", dir + "/data/licenses"});
   ASSERT_EQ(run(prepare), 0);
 
-  const std::string job = std::string(MOETRAIN_TEST_DATA_DIR) + "/../../examples/tiny_moe/job.toml";
+  const std::string job = testing::repo_path("examples/tiny_moe/job.toml");
   // The shipped [eval] held out on the same text here, so the exact run evaluates too (its held-out set of
   // /usr/share/doc files is made by scripts/run.sh, not by the tests).
   ASSERT_EQ(run({"train", "--config", job, "--exact.enabled=true", "--data.path=" + dir + "/data/licenses",

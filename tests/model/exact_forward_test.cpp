@@ -19,7 +19,7 @@ namespace moetrain::model {
 namespace {
 
 model::ModelConfig tiny_moe_config() {
-  return model::load_model_config(std::string(MOETRAIN_TEST_DATA_DIR) + "/../../examples/tiny_moe/config.json");
+  return model::load_model_config(testing::repo_path("examples/tiny_moe/config.json"));
 }
 
 std::vector<int32_t> tokens(int64_t n, int64_t vocab, uint64_t salt) {

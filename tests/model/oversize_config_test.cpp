@@ -14,12 +14,13 @@
 #include "core/error.h"
 #include "model/causal_lm.h"
 #include "model/model_config.h"
+#include "testing/test_data.h"
 
 namespace moetrain::model {
 namespace {
 
 nlohmann::json tiny_moe_json() {
-  std::ifstream in(std::string(MOETRAIN_TEST_DATA_DIR) + "/../../examples/tiny_moe/config.json");
+  std::ifstream in(testing::repo_path("examples/tiny_moe/config.json"));
   std::stringstream text;
   text << in.rdbuf();
   return nlohmann::json::parse(text.str());

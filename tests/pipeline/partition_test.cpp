@@ -15,13 +15,14 @@
 #include "model/families/qwen3_moe/config.h"
 #include "model/model_config.h"
 #include "testing/error_message.h"
+#include "testing/test_data.h"
 
 namespace moetrain::pipeline {
 namespace {
 
 using testing::expect_error;
 
-const std::string kTinyMoe = std::string(MOETRAIN_TEST_DATA_DIR) + "/../../examples/tiny_moe/config.json";
+const std::string kTinyMoe = testing::repo_path("examples/tiny_moe/config.json");
 
 model::ModelConfig tiny_moe() { return model::load_model_config(kTinyMoe); }
 

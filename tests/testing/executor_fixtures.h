@@ -12,11 +12,12 @@
 #include "model/causal_lm.h"
 #include "model/model_config.h"
 #include "model/router_loss.h"
+#include "testing/test_data.h"
 
 namespace moetrain::pipeline::fixtures {
 
 inline model::ModelConfig tiny_moe() {
-  return model::load_model_config(std::string(MOETRAIN_TEST_DATA_DIR) + "/../../examples/tiny_moe/config.json");
+  return model::load_model_config(testing::repo_path("examples/tiny_moe/config.json"));
 }
 
 inline std::unique_ptr<model::CausalLm> make_model(const model::ModelConfig& config, uint64_t seed) {

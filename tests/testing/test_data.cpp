@@ -76,6 +76,8 @@ std::string test_data_path(const std::string& relative) {
   return std::string(override_dir != nullptr ? override_dir : MOETRAIN_TEST_DATA_DIR) + "/" + relative;
 }
 
+std::string repo_path(const std::string& relative) { return test_data_path("../../" + relative); }
+
 std::string make_temp_dir(const std::string& tag) {
   static std::atomic<int> counter{0};
   const auto path = std::filesystem::temp_directory_path() /

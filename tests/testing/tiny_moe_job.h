@@ -7,13 +7,9 @@
 #include <vector>
 
 #include "io/job_config.h"
+#include "testing/test_data.h"
 
 namespace moetrain::testing {
-
-// A path below the repository's root.
-inline std::string repo_path(const std::string& relative) {
-  return std::string(MOETRAIN_TEST_DATA_DIR) + "/../../" + relative;
-}
 
 inline io::JobConfig tiny_moe_job(const std::vector<std::string>& overrides) {
   std::vector<std::string> all = {"model.config=" + repo_path("examples/tiny_moe/config.json"), "data.mode=synthetic",

@@ -205,7 +205,7 @@ TEST(TrainerEval, RefusesAMissingOrMalformedHeldOutSetBeforeWritingAnything) {
 
 // ---- thread ranks: the tiny MoE example (8 MoE layers), synthetic training data, a held-out file ----
 
-std::string tiny_moe_path() { return std::string(MOETRAIN_TEST_DATA_DIR) + "/../../examples/tiny_moe/config.json"; }
+std::string tiny_moe_path() { return testing::repo_path("examples/tiny_moe/config.json"); }
 
 io::JobConfig tiny_job(const std::string& dir) {
   io::JobConfig c;

@@ -30,7 +30,7 @@ namespace {
 
 constexpr int64_t kSteps = 5;
 
-std::string tiny_moe_path() { return std::string(MOETRAIN_TEST_DATA_DIR) + "/../../examples/tiny_moe/config.json"; }
+std::string tiny_moe_path() { return testing::repo_path("examples/tiny_moe/config.json"); }
 
 // 8 micro-batches of 2 rows x 16 tokens per step: the minimum 2P for pp = 4, and 2P per pipeline for pp 2 x dp 2.
 // The clip threshold is low enough that every step clips (checked in the single-rank run), so the pipeline's

@@ -285,7 +285,7 @@ TEST(TensorBoard, TensorBoardsOwnReaderParsesTheFile) {
                     "pip install tensorboard to run this check";
   }
   const std::string dir = write_three_steps("tb_tensorboard");
-  const std::string script = std::string(MOETRAIN_TEST_DATA_DIR) + "/../../scripts/check_tensorboard.py";
+  const std::string script = testing::repo_path("scripts/check_tensorboard.py");
   const std::string command = "'" + python + "' '" + script + "' '" + dir + "' 2>&1";
   std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(command.c_str(), "r"), &pclose);
   ASSERT_NE(pipe, nullptr);

@@ -38,7 +38,7 @@ constexpr int64_t kSteps = 3;
 std::string wide_config_path() {
   static const std::string path = [] {
     const std::string dir = testing::make_temp_dir("wide_vocabulary");
-    std::ifstream in(fs::path(MOETRAIN_TEST_DATA_DIR) / "../../examples/tiny_moe/config.json");
+    std::ifstream in(testing::repo_path("examples/tiny_moe/config.json"));
     nlohmann::json config = nlohmann::json::parse(in);
     config["vocab_size"] = kVocab;
     std::ofstream(dir + "/config.json") << config.dump(2);
