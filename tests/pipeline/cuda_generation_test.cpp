@@ -54,7 +54,7 @@ void expect_gpu_generation_scores_on_cpu(const std::string& config_path, DType c
 
 TEST(CudaGeneration, GpuGenerationScoresAlikeOnTheCpu) {
   MT_REQUIRE_GPU();
-  const std::string tiny = testing::test_data_path("../../examples/tiny_moe/config.json");
+  const std::string tiny = testing::repo_path("examples/tiny_moe/config.json");
   for (const std::string& path : {tiny, testing::test_data_path("golden/gpt_oss/config.json"),
                                   testing::test_data_path("golden/deepseek_v2/config.json"),
                                   testing::test_data_path("golden/qwen3_5_moe/config.json")}) {

@@ -70,7 +70,7 @@ double gradient_error(const StepResult& got, const StepResult& want) {
 TEST(CudaResidualStream, F32StreamTrainsCloserToTheCpuThanABf16Stream) {
   MT_REQUIRE_GPU();
   const std::vector<std::string> configs = {
-      testing::test_data_path("../../examples/tiny_moe/config.json"),
+      testing::repo_path("examples/tiny_moe/config.json"),
       testing::test_data_path("golden/qwen3/config.json"),
       testing::test_data_path("golden/gpt_oss/config.json"),
       testing::test_data_path("golden/deepseek_v2/config.json"),

@@ -50,7 +50,7 @@ TEST(RecomputeActivation, TrainsToTheSameBitsAsKeepingTheActivation) {
 }
 
 TEST(RecomputeActivation, TheJobKeyIsValidatedAndReachesTheModel) {
-  const std::string config = testing::test_data_path("../../examples/tiny_moe/config.json");
+  const std::string config = testing::repo_path("examples/tiny_moe/config.json");
   const auto job = [&](const std::string& recompute) {
     return io::parse_job_config(
         "[model]\nconfig = \"" + config + "\"\nrecompute = \"" + recompute +

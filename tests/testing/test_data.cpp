@@ -76,7 +76,10 @@ std::string test_data_path(const std::string& relative) {
   return std::string(override_dir != nullptr ? override_dir : MOETRAIN_TEST_DATA_DIR) + "/" + relative;
 }
 
-std::string repo_path(const std::string& relative) { return test_data_path("../../" + relative); }
+std::string repo_path(const std::string& relative) {
+  // Normal form, since tests write these paths into job files and compare them with what the engine reports.
+  return std::filesystem::path(test_data_path("../../" + relative)).lexically_normal().string();
+}
 
 std::string make_temp_dir(const std::string& tag) {
   static std::atomic<int> counter{0};

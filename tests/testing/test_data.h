@@ -16,8 +16,8 @@ namespace moetrain::testing {
 // tests/data in the source tree (fixtures copied from ../shared/golden and made by the project),
 // or $MOETRAIN_TEST_DATA when set.
 std::string test_data_path(const std::string& relative);
-// A path below the repository's root (examples/, scripts/), found from the same place as test_data_path, so binaries
-// run from another checkout with $MOETRAIN_TEST_DATA set read that checkout's files.
+// A path below the repository's root (examples/, scripts/), in normal form, found from the same place as
+// test_data_path, so binaries run from another checkout with $MOETRAIN_TEST_DATA set read that checkout's files.
 std::string repo_path(const std::string& relative);
 // A fresh empty directory under the system temp folder, unique per call. Removed with the others the process made
 // when its tests end, unless one of them failed.
